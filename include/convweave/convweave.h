@@ -1,0 +1,324 @@
+/* convweave — convolutions scheduled across streams under a hard temporary-memory cap.
+ * This header is the whole public API. Every call returns a cw_status; the context keeps
+ * a human-readable message (cw_context_last_error) naming the argument, shape or offset. */
+#ifndef CONVWEAVE_H
+#define CONVWEAVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define CW_API
+#elif defined(__GNUC__)
+#define CW_API __attribute__((visibility("default")))
+#else
+#define CW_API
+#endif
+
+#define CW_VERSION_MAJOR 0
+#define CW_VERSION_MINOR 1
+#define CW_VERSION_PATCH 0
+#define CW_VERSION_NUMBER (CW_VERSION_MAJOR * 10000 + CW_VERSION_MINOR * 100 + CW_VERSION_PATCH)
+
+/* Returns CW_VERSION_NUMBER of the library actually loaded (may differ from the header). */
+CW_API int cw_version(void);
+/* Returns the version as a static string, e.g. "0.1.0". */
+CW_API const char *cw_version_string(void);
+
+/* ---------------------------------------------------------------------------------------
+ * Status codes. Append-only: never renumber. */
+#define CW_STATUS_MAP(XX)                                                          \
+    XX(OK, 0, "success")                                                           \
+    XX(ERR_INVALID_ARG, 1, "invalid argument")                                     \
+    XX(ERR_UNSUPPORTED, 2, "unsupported")                                          \
+    XX(ERR_BUDGET, 3, "temporary-memory budget too small")                         \
+    XX(ERR_OUT_OF_MEMORY, 4, "out of memory")                                      \
+    XX(ERR_BACKEND, 5, "backend error")                                            \
+    XX(ERR_NO_DEVICE, 6, "no device")                                              \
+    XX(ERR_IO, 7, "I/O error")                                                     \
+    XX(ERR_FORMAT, 8, "malformed file")                                            \
+    XX(ERR_INTERNAL, 9, "internal error")
+
+typedef enum cw_status {
+#define CW__STATUS_ENUM(name, val, str) CW_##name = val,
+    CW_STATUS_MAP(CW__STATUS_ENUM)
+#undef CW__STATUS_ENUM
+    CW_STATUS_COUNT__
+} cw_status;
+
+/* Returns a static description of a status ("invalid argument"); "unknown status" else. */
+CW_API const char *cw_status_string(cw_status s);
+/* Returns the status's symbolic name ("CW_ERR_BUDGET"); "CW_UNKNOWN" else. */
+CW_API const char *cw_status_name(cw_status s);
+
+/* ---------------------------------------------------------------------------------------
+ * Logging. */
+typedef enum cw_log_level {
+    CW_LOG_ERROR = 0,
+    CW_LOG_WARN = 1,
+    CW_LOG_INFO = 2,
+    CW_LOG_DEBUG = 3
+} cw_log_level;
+
+/* Called for each log line of at most `level` verbosity; msg has no trailing newline.
+ * May be called from any thread the library runs; must be thread-safe. */
+typedef void (*cw_log_fn)(void *user, cw_log_level level, const char *msg);
+
+/* ---------------------------------------------------------------------------------------
+ * Context: one backend, its streams, the budgeted temporary allocator. */
+typedef struct cw_context cw_context;
+
+typedef enum cw_backend_kind {
+    CW_BACKEND_AUTO = 0, /* cuda where a device is usable, else cpu (with an info log line) */
+    CW_BACKEND_CPU = 1,  /* worker threads as streams, OpenBLAS */
+    CW_BACKEND_CUDA = 2  /* CUDA streams, cuDNN graph API; CW_ERR_NO_DEVICE without a GPU */
+} cw_backend_kind;
+
+enum {
+    CW_FLAG_POISON = 1u << 0,     /* fill freed temporaries with NaN once free in stream order */
+    CW_FLAG_CHAOS = 1u << 1,      /* cpu: seeded random delays before each queued item */
+    CW_FLAG_NVTX = 1u << 2,       /* emit NVTX ranges (when compiled with NVTX) */
+    CW_FLAG_TIMING = 1u << 3      /* record per-task times (trace, per-stage stats) */
+};
+
+#define CW_CONTEXT_CONFIG_VERSION 1
+typedef struct cw_context_config {
+    size_t size;              /* sizeof(cw_context_config) */
+    int version;              /* CW_CONTEXT_CONFIG_VERSION */
+    cw_backend_kind backend;  /* default CW_BACKEND_AUTO */
+    int device;               /* CUDA device index; default 0 */
+    int64_t temp_budget;      /* cap on temporary bytes (workspaces, patch buffers); <=0: unlimited */
+    int streams;              /* default stream count for plans; >= 1; default 2 */
+    uint32_t flags;           /* CW_FLAG_* */
+    uint64_t chaos_seed;      /* seed for CW_FLAG_CHAOS; env CONVWEAVE_CHAOS_SEED overrides */
+    int threads;              /* cpu: BLAS threads in total; <=0: all cores */
+    cw_log_fn log_fn;         /* NULL: stderr */
+    void *log_user;
+    cw_log_level log_level;   /* default CW_LOG_WARN */
+} cw_context_config;
+
+#define CW_CONTEXT_CONFIG_INIT                                                              \
+    {                                                                                       \
+        sizeof(cw_context_config), CW_CONTEXT_CONFIG_VERSION, CW_BACKEND_AUTO, 0, 0, 2, 0u, \
+            0u, 0, NULL, NULL, CW_LOG_WARN                                                  \
+    }
+
+/* Creates a context. cfg may be NULL (defaults). Returns CW_ERR_INVALID_ARG for a config of
+ * the wrong size/version or bad field, CW_ERR_NO_DEVICE for backend cuda without a usable
+ * device, CW_ERR_OUT_OF_MEMORY. On failure *out is NULL; the message goes to the log. */
+CW_API cw_status cw_context_create(cw_context **out, const cw_context_config *cfg);
+/* Waits for all queued work, frees everything the context owns. Accepts NULL. */
+CW_API void cw_context_destroy(cw_context *ctx);
+/* The message of the last failed call on this context ("" if none). Valid until the next
+ * call on the context from the same thread. */
+CW_API const char *cw_context_last_error(const cw_context *ctx);
+/* Which backend the context runs ("cpu" or "cuda"). */
+CW_API const char *cw_context_backend_name(const cw_context *ctx);
+/* Blocks until all work queued on the context's streams has finished. */
+CW_API cw_status cw_context_synchronize(cw_context *ctx);
+
+/* ---------------------------------------------------------------------------------------
+ * Tensors (up to 5-D). Dims and strides in elements, outermost first. */
+typedef enum cw_dtype { CW_F32 = 0, CW_F16 = 1, CW_BF16 = 2 } cw_dtype;
+
+#define CW_MAX_RANK 5
+typedef struct cw_tensor_desc {
+    cw_dtype dtype;
+    int rank;
+    int64_t dims[CW_MAX_RANK];
+    int64_t strides[CW_MAX_RANK]; /* all zero: contiguous (filled in by the library) */
+} cw_tensor_desc;
+
+/* Size of one element of dt in bytes (0 for an unknown dtype). */
+CW_API size_t cw_dtype_size(cw_dtype dt);
+/* Fills d as a contiguous tensor of the given dims. Returns CW_ERR_INVALID_ARG for rank
+ * outside 1..5 or a dim < 1. */
+CW_API cw_status cw_tensor_desc_make(cw_tensor_desc *d, cw_dtype dt, int rank, const int64_t *dims);
+
+typedef struct cw_tensor cw_tensor;
+/* Allocates a device tensor (activations memory, not the temp budget). Contents undefined. */
+CW_API cw_status cw_tensor_create(cw_context *ctx, cw_tensor **out, const cw_tensor_desc *desc);
+/* Wraps caller device memory (host memory on the cpu backend); the caller keeps ownership
+ * and must keep it alive while the tensor is used. */
+CW_API cw_status cw_tensor_wrap(cw_context *ctx, cw_tensor **out, const cw_tensor_desc *desc, void *data);
+/* Frees a tensor (and its memory if the library allocated it). Accepts NULL. */
+CW_API void cw_tensor_destroy(cw_tensor *t);
+CW_API const cw_tensor_desc *cw_tensor_get_desc(const cw_tensor *t);
+/* Device pointer of the first element. */
+CW_API void *cw_tensor_data(const cw_tensor *t);
+/* Copies `bytes` of host memory into a contiguous tensor, synchronously. bytes must equal
+ * the tensor's size. */
+CW_API cw_status cw_tensor_upload(cw_tensor *t, const void *host, size_t bytes);
+CW_API cw_status cw_tensor_download(const cw_tensor *t, void *host, size_t bytes);
+/* Number of elements / bytes of a descriptor. */
+CW_API int64_t cw_tensor_desc_numel(const cw_tensor_desc *d);
+
+/* ---------------------------------------------------------------------------------------
+ * Temporary-memory statistics, named like torch.cuda.memory_stats(). */
+typedef struct cw_memory_stats {
+    int64_t budget;                 /* the cap; 0 = unlimited */
+    int64_t reserved_bytes_current; /* bytes held from the device for temporaries */
+    int64_t reserved_bytes_peak;
+    int64_t allocated_bytes_current; /* bytes handed out and not yet freed */
+    int64_t allocated_bytes_peak;
+    int64_t num_allocs;             /* successful allocations */
+    int64_t num_frees;
+    int64_t cache_hits;             /* allocations served from a cached block */
+    int64_t num_device_allocs;      /* segments taken from the device */
+    int64_t num_device_frees;       /* segments given back */
+    int64_t cross_stream_waits;     /* event waits inserted to reuse another stream's block */
+    int64_t host_syncs;             /* host synchronisations the allocator had to make */
+    int64_t budget_failures;        /* requests refused with CW_ERR_BUDGET */
+    int64_t activations_bytes_current; /* tensors between graph stages */
+    int64_t activations_bytes_peak;
+} cw_memory_stats;
+
+CW_API cw_status cw_context_memory_stats(cw_context *ctx, cw_memory_stats *out);
+/* Resets the *_peak fields to the current values. */
+CW_API void cw_context_reset_peak_stats(cw_context *ctx);
+/* Host synchronisations made by the backend since context creation (cpu: exact count). */
+CW_API int64_t cw_context_host_syncs(const cw_context *ctx);
+
+/* ---------------------------------------------------------------------------------------
+ * Convolution parameters. Spatial dims: 2 (x: [N, C, H, W]) or 3 (x: [N, C, D, H, W]);
+ * index 0 is the outermost spatial dim (D for 3-D, H for 2-D). */
+#define CW_CONV_PARAMS_VERSION 1
+typedef struct cw_conv_params {
+    size_t size;
+    int version;
+    int spatial;          /* 2 or 3 */
+    int64_t stride[3];
+    int64_t dilation[3];
+    int64_t pad_pre[3];   /* padding before (top/front/left) */
+    int64_t pad_post[3];  /* padding after (bottom/back/right) */
+    int64_t groups;
+} cw_conv_params;
+
+#define CW_CONV_PARAMS_INIT                                                                  \
+    {                                                                                        \
+        sizeof(cw_conv_params), CW_CONV_PARAMS_VERSION, 2, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, \
+            {0, 0, 0}, 1                                                                     \
+    }
+
+/* ---------------------------------------------------------------------------------------
+ * Graph API: build a forward pass, compile it under a budget into a plan, run the plan. */
+typedef struct cw_graph cw_graph;
+typedef struct cw_plan cw_plan;
+typedef int32_t cw_node;
+#define CW_NODE_NONE ((cw_node)-1)
+
+CW_API cw_status cw_graph_create(cw_graph **out, cw_context *ctx);
+/* Frees the graph; plans compiled from it stay valid. Accepts NULL. */
+CW_API void cw_graph_destroy(cw_graph *g);
+/* A runtime input bound at cw_plan_run; desc gives dtype and dims (strides ignored). */
+CW_API cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_tensor_desc *desc);
+/* A constant tensor (weights). Borrowed: t must outlive every plan compiled from g. */
+CW_API cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t);
+/* y = conv(x, w) + b. x: [N, C, (D,) H, W], w: [K, C/groups, (kd,) kh, kw], b: [K] or
+ * CW_NODE_NONE. */
+CW_API cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node b,
+                               const cw_conv_params *p);
+/* GroupNorm over (C/groups, spatial) per sample, exact statistics; gamma, beta: [C]. */
+CW_API cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamma, cw_node beta,
+                                     int64_t groups, float eps);
+/* y = x * sigmoid(x). */
+CW_API cw_status cw_graph_silu(cw_graph *g, cw_node *out, cw_node x);
+/* y = a + b (same shape). */
+CW_API cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b);
+/* Nearest-neighbour upsampling by 2 in H and W (not D). */
+CW_API cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
+/* Single-head attention over the spatial positions: q, k, v: [N, C, H, W] (or 5-D),
+ * y[n, :, t] = sum_s softmax_s(scale * q[n,:,t] . k[n,:,s]) v[n,:,s]. */
+CW_API cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
+/* Marks a node as the plan's output number `index` (0-based, in call order). */
+CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
+/* Descriptor of a node's result (dims are known at build time). */
+CW_API cw_status cw_graph_node_desc(const cw_graph *g, cw_node node, cw_tensor_desc *out);
+
+typedef enum cw_patch_policy {
+    CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */
+    CW_PATCHES_FIXED = 1, /* `patches` bands per conv (capped at its output height) */
+    CW_PATCHES_NONE = 2   /* unscheduled reference: one patch, no fusion, one stream */
+} cw_patch_policy;
+
+#define CW_COMPILE_OPTIONS_VERSION 1
+typedef struct cw_compile_options {
+    size_t size;
+    int version;
+    int64_t temp_budget;      /* 0: the context's budget; <0: unlimited */
+    int streams;              /* 0: the context's stream count; 1 = in order; N: N-1 heavy + 1 light */
+    cw_patch_policy policy;
+    int patches;              /* for CW_PATCHES_FIXED */
+    int fuse;                 /* fuse GroupNorm-apply + SiLU + upsample into conv prep; default 1 */
+    int64_t max_patch_rows;   /* 0: no cap; else cap on output rows per patch (bounds prep buffers) */
+} cw_compile_options;
+
+#define CW_COMPILE_OPTIONS_INIT \
+    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0 }
+
+/* Lowers g into a plan of tasks on streams. Simulates the run's temporary allocations:
+ * returns CW_ERR_BUDGET, with the smallest budget that would work in the message and in
+ * cw_plan_min_budget-style output `*min_budget` of cw_graph_min_budget, if it cannot fit. */
+CW_API cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
+/* The smallest temp budget under which cw_graph_compile(g, opt) succeeds (opt's budget
+ * ignored). */
+CW_API cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_t *out_bytes);
+CW_API void cw_plan_destroy(cw_plan *p);
+/* Runs the plan: inputs in cw_graph_input order, outputs in cw_graph_output order, each
+ * shaped as declared (outputs may be strided views). Enqueues everything on the context's
+ * streams and waits once at the end; no host synchronisation in between. */
+CW_API cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs,
+                             int n_outputs);
+
+typedef struct cw_plan_stats {
+    double wall_ms;             /* last run, host wall time */
+    double stage_ms[6];         /* summed task time per stage kind (CW_FLAG_TIMING) */
+    double stream_busy_ms[8];   /* summed task time per stream (CW_FLAG_TIMING) */
+    int n_streams;
+    int64_t n_tasks;
+    int64_t n_events;           /* event records per run */
+    int64_t n_patches;          /* conv patches */
+    int64_t temp_peak;          /* peak temporary bytes in use during the last run */
+    int64_t temp_predicted;     /* compile-time prediction of temp_peak */
+    int64_t activations_peak;   /* peak bytes of tensors between stages */
+    int64_t weights_bytes;      /* bytes of constants */
+    int64_t total_peak;         /* max over the run of temp + activations + weights */
+    int64_t host_syncs;         /* host synchronisations during the last run (excl. the final wait) */
+    double conv_gflop;          /* useful conv GFLOP per run (no halo recompute) */
+    double halo_overhead_pct;   /* recomputed conv FLOPs from halos, % */
+} cw_plan_stats;
+
+/* Stage kinds indexing cw_plan_stats.stage_ms. */
+enum { CW_STAGE_CONV = 0, CW_STAGE_PREP = 1, CW_STAGE_EPILOGUE = 2, CW_STAGE_STATS = 3,
+       CW_STAGE_ATTENTION = 4, CW_STAGE_OTHER = 5 };
+
+CW_API cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
+/* Describes the plan: per conv its patches (output rows, input rows, pre/post padding),
+ * algorithm and workspace per patch, predicted peak temp, halo overhead. Returns a
+ * NUL-terminated string the caller frees with cw_free. json != 0: JSON, else text. */
+CW_API cw_status cw_plan_describe(const cw_plan *p, int json, char **out);
+/* Writes a Chrome trace (Perfetto-compatible) JSON of the last run: one track per stream
+ * and a counter track of temp bytes in use. Needs CW_FLAG_TIMING on the context. */
+CW_API cw_status cw_plan_write_trace(const cw_plan *p, const char *path);
+/* Frees memory the library returned (strings from cw_plan_describe). Accepts NULL. */
+CW_API void cw_free(void *ptr);
+
+/* ---------------------------------------------------------------------------------------
+ * One-call convolution: a one-node plan. y = conv(x, w) + b, b may be NULL.
+ * x: [N, C, (D,) H, W], w: [K, C/groups, (kd,) kh, kw], y: [N, K, (Do,) Ho, Wo]; x and y may
+ * be strided views; y must not overlap x. opt may be NULL (defaults: auto patches under the
+ * context budget). Blocks until done. */
+CW_API cw_status cw_conv_forward(cw_context *ctx, const cw_tensor *x, const cw_tensor *w, const cw_tensor *b,
+                                 cw_tensor *y, const cw_conv_params *p, const cw_compile_options *opt);
+/* Output descriptor (contiguous) of a convolution, validating every parameter. */
+CW_API cw_status cw_conv_output_desc(cw_context *ctx, const cw_tensor_desc *x, const cw_tensor_desc *w,
+                                     const cw_conv_params *p, cw_tensor_desc *y);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CONVWEAVE_H */

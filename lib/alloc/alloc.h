@@ -1,0 +1,33 @@
+/* Budgeted caching allocator: stream-ordered reuse of device blocks under a hard cap on
+ * reserved bytes. Used for every temporary buffer (and, unbudgeted, for activations). */
+#ifndef CW_ALLOC_H
+#define CW_ALLOC_H
+
+#include "backend/backend.h"
+
+enum {
+    CW__ALLOC_POISON = 1u << 0 /* fill freed blocks with NaN (0x7fc00000) on their stream */
+};
+
+/* budget <= 0: unlimited. be is borrowed. ctx (may be NULL) receives error messages. */
+cw_status cw__alloc_create(cw__allocator **out, cw_context *ctx, cw__backend *be, int64_t budget, uint32_t flags);
+/* Synchronises outstanding free events, returns every segment to the device. Accepts NULL. */
+void cw__alloc_destroy(cw__allocator *a);
+/* A block of at least `bytes` usable on stream s (already ordered after any previous use
+ * of the memory). At the cap: reuse other streams' free blocks with an event wait, then
+ * release cached segments (host sync) and retry, then CW_ERR_BUDGET with a message naming
+ * the request, the budget, bytes in use and the largest free block. bytes == 0 gives NULL. */
+cw_status cw__alloc_malloc(cw__allocator *a, int64_t bytes, cw__stream *s, void **out);
+/* Frees p after all work queued so far on s (the stream of its last use). */
+cw_status cw__alloc_free(cw__allocator *a, void *p, cw__stream *s);
+/* Returns cached free segments to the device (synchronising their events). */
+cw_status cw__alloc_release_cached(cw__allocator *a);
+/* Fills the temp fields of out (budget, reserved/allocated, counters). */
+void cw__alloc_stats(const cw__allocator *a, cw_memory_stats *out);
+void cw__alloc_reset_peaks(cw__allocator *a);
+/* Rounded size a request of `bytes` occupies (for planners that predict usage). */
+int64_t cw__alloc_round(int64_t bytes);
+/* Test-only: 1 drops the cross-stream event wait (the cross-stream test must then fail). */
+void cw__alloc_test_skip_waits(cw__allocator *a, int skip);
+
+#endif

@@ -1,0 +1,140 @@
+/* The backend interface: a table of function pointers a backend fills (ggml_backend_i).
+ * Each hook is marked required, or optional with the default the wrapper supplies.
+ * All work hooks are asynchronous on the given stream unless they say otherwise. */
+#ifndef CW_BACKEND_H
+#define CW_BACKEND_H
+
+#include "core/core.h"
+
+/* A strided view of device memory: desc + pointer to element [0,...,0]. */
+typedef struct cw__view {
+    cw_tensor_desc d;
+    void *data;
+} cw__view;
+
+/* One convolution as the backend sees it: x and y are (patch) views with their own
+ * strides; pad_pre/pad_post are the patch's paddings. spatial = 2: NCHW, 3: NCDHW. */
+typedef struct cw__conv_problem {
+    cw_tensor_desc x, w, y;
+    int has_bias;
+    int spatial;
+    int64_t stride[3], dilation[3], pad_pre[3], pad_post[3];
+    int64_t groups;
+} cw__conv_problem;
+
+#define CW__ALGO_NAME_LEN 48
+/* A convolution algorithm for one problem, as cuDNN's engine list presents it. */
+typedef struct cw__conv_algo {
+    int id;                 /* backend-specific; cpu: CW__CPU_ALGO_* */
+    char name[CW__ALGO_NAME_LEN];
+    int64_t workspace;      /* bytes of temporary memory it needs for this problem */
+    double cost;            /* relative time estimate; lower is faster */
+} cw__conv_algo;
+
+/* Fused light stage ("prep"): dst = act(src * scale[n,c] + shift[n,c]) with nearest
+ * upsampling by `up` in H and W. dst rows are rows [dst_row0, dst_row0 + dst.H) of the
+ * upsampled tensor; src's first row is row src_row0 of the producer, so
+ * dst[n,c,(d,)r,w] = f(src[n,c,(d,)(dst_row0 + r)/up - src_row0, w/up]).
+ * scale/shift are device float arrays [N*C] or both NULL (no normalisation). */
+typedef struct cw__prep_params {
+    cw__view src, dst;
+    const float *scale, *shift;
+    int silu;
+    int up;
+    int64_t dst_row0, src_row0;
+} cw__prep_params;
+
+/* Row-major GEMM: C = alpha * op(A) * op(B) + beta * C, op(A): M x K, op(B): K x N. */
+typedef struct cw__gemm_params {
+    int trans_a, trans_b;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a; int64_t lda;
+    const float *b; int64_t ldb;
+    float *c; int64_t ldc;
+} cw__gemm_params;
+
+typedef void (*cw__host_fn)(void *arg);
+
+typedef struct cw__backend_i {
+    const char *name;
+    /* required: frees the backend after all its work finished. */
+    void (*destroy)(cw__backend *be);
+
+    /* -- memory -- */
+    /* required: device memory; returns CW_ERR_OUT_OF_MEMORY when the device is full. */
+    cw_status (*dev_alloc)(cw__backend *be, int64_t bytes, void **out);
+    /* required */
+    void (*dev_free)(cw__backend *be, void *p);
+    /* required: synchronous copies between host and device (whole-run boundaries only). */
+    cw_status (*upload)(cw__backend *be, void *dst_dev, const void *src_host, int64_t bytes);
+    cw_status (*download)(cw__backend *be, void *dst_host, const void *src_dev, int64_t bytes);
+    /* required: asynchronous device-to-device copy on s. */
+    cw_status (*copy_async)(cw__backend *be, cw__stream *s, void *dst, const void *src, int64_t bytes);
+    /* required: fills `count` 32-bit words at p with pattern, on s (poison mode, zeroing). */
+    cw_status (*fill32_async)(cw__backend *be, cw__stream *s, void *p, uint32_t pattern, int64_t count);
+
+    /* -- streams and events, with CUDA's semantics -- */
+    cw_status (*stream_create)(cw__backend *be, cw__stream **out);   /* required */
+    void (*stream_destroy)(cw__backend *be, cw__stream *s);         /* required; drains s */
+    cw_status (*event_create)(cw__backend *be, cw__event **out);     /* required */
+    void (*event_destroy)(cw__backend *be, cw__event *e);           /* required */
+    /* required: e completes when all work queued on s before this call has finished. */
+    cw_status (*event_record)(cw__backend *be, cw__event *e, cw__stream *s);
+    /* required: work queued on s after this call waits for the recording of e current at
+     * the time of this call; a never-recorded e is a no-op. */
+    cw_status (*stream_wait_event)(cw__backend *be, cw__stream *s, cw__event *e);
+    /* required: *done = 1 if e's last recording completed (or e never recorded). */
+    cw_status (*event_query)(cw__backend *be, cw__event *e, int *done);
+    /* required: host blocks until e's last recording completed; counts a host sync. */
+    cw_status (*event_synchronize)(cw__backend *be, cw__event *e);
+    /* required: host blocks until all work on s finished; counts a host sync. */
+    cw_status (*stream_synchronize)(cw__backend *be, cw__stream *s);
+    /* required: host synchronisations so far. */
+    int64_t (*host_syncs)(cw__backend *be);
+    /* (optional) default: none. Runs fn(arg) on the host in stream order (trace timing). */
+    cw_status (*launch_host)(cw__backend *be, cw__stream *s, cw__host_fn fn, void *arg);
+
+    /* -- operations (asynchronous on s; views are copied at the call) -- */
+    /* required: algorithms for p, fastest first, at most max; *n how many. */
+    cw_status (*conv_algos)(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
+    /* required: y = conv(x, w) (+ b). ws holds at least algo->workspace bytes. */
+    cw_status (*conv_forward)(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
+                              const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes);
+    /* required: the fused prep stage (see cw__prep_params). */
+    cw_status (*prep)(cw__backend *be, cw__stream *s, const cw__prep_params *p);
+    /* required: GroupNorm partial statistics of x (a row band of the tensor): for each
+     * (n, g), out[(n*G + g)*3 + {0,1,2}] = {count, mean, M2} in double (device memory). */
+    cw_status (*gn_stats)(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out);
+    /* required: merges n_parts partial arrays (each [N*G*3], consecutive in `parts`) in
+     * index order (Chan's formula), then scale[n*C+c] = gamma[c] * rstd(n,g),
+     * shift[n*C+c] = beta[c] - mean(n,g) * scale[n*C+c]. */
+    cw_status (*gn_finalize)(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,
+                             int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
+                             float *scale, float *shift);
+    /* required: dst = a + b (views of equal dims; dst may alias a or b exactly). */
+    cw_status (*add)(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b);
+    /* required */
+    cw_status (*gemm)(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
+    /* required: row-wise softmax in place: rows x cols, row stride ld (floats). */
+    cw_status (*softmax_rows)(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld);
+} cw__backend_i;
+
+struct cw__backend {
+    const cw__backend_i *i;
+    cw_context *ctx;   /* for error messages; may be NULL in tests */
+};
+
+/* Backend constructors. cfg is the context's config (threads, flags, chaos seed). */
+cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out);
+/* Returns CW_ERR_NO_DEVICE (with a message) when there is no driver or device. Defined
+ * only when built with CUDA; cw__backend_cuda_available() is 0 otherwise. */
+cw_status cw__backend_cuda_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out);
+int cw__backend_cuda_compiled(void);
+
+/* A backend that touches no memory: dev_alloc hands out distinct fake addresses, work
+ * hooks do nothing, events complete at once. The scheduler dry-runs plans on it to
+ * simulate their allocation sequence exactly. conv_algos forwards to `real`. */
+cw_status cw__backend_dry_create(cw__backend *real, cw__backend **out);
+
+#endif

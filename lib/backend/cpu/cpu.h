@@ -1,0 +1,47 @@
+/* The cpu backend's internal pieces: the stream worker (cpu_backend.c) exposes a closure
+ * queue; the operation files (conv_cpu.c, ops_cpu.c) implement the op hooks by enqueueing
+ * closures that run the math on the stream's worker thread. */
+#ifndef CW_CPU_H
+#define CW_CPU_H
+
+#include "backend/backend.h"
+
+/* Enqueues fn(arg) on stream s; the worker calls fin(arg) after fn (fin may be NULL;
+ * typically cw__free). On failure to enqueue, fin(arg) is called here and the status
+ * returned. */
+cw_status cw__cpu_enqueue(cw__backend *be, cw__stream *s, void (*fn)(void *), void *arg, void (*fin)(void *));
+/* BLAS threads one operation may use (threads config / number of busy streams). */
+int cw__cpu_blas_threads(cw__backend *be);
+
+/* cpu conv algorithm ids */
+enum { CW__CPU_ALGO_GEMM = 0, CW__CPU_ALGO_DIRECT = 1, CW__CPU_ALGO_COUNT };
+
+/* conv_cpu.c: the backend hooks, and the synchronous math they run (tests use it). */
+cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
+cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
+                               const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes);
+/* Synchronous f32 convolution with the given algorithm id; ws >= workspace bytes. */
+void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
+                      float *ws);
+/* Workspace bytes of algorithm id for p. */
+int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo);
+
+/* ops_cpu.c: the elementwise / reduction / attention hooks and their synchronous math. */
+cw_status cw__cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p);
+cw_status cw__cpu_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out);
+cw_status cw__cpu_gn_finalize(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,
+                              int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
+                              float *scale, float *shift);
+cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b);
+cw_status cw__cpu_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
+cw_status cw__cpu_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld);
+
+void cw__cpu_prep_run(const cw__prep_params *p);
+void cw__cpu_gn_stats_run(const cw__view *x, int64_t groups, double *out);
+void cw__cpu_gn_finalize_run(const double *parts, int64_t n_parts, int64_t n, int64_t c, int64_t groups,
+                             const float *gamma, const float *beta, float eps, float *scale, float *shift);
+void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b);
+void cw__cpu_gemm_run(const cw__gemm_params *p, int threads);
+void cw__cpu_softmax_rows_run(float *x, int64_t rows, int64_t cols, int64_t ld);
+
+#endif

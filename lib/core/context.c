@@ -1,0 +1,146 @@
+/* The context: validates the config, picks the backend (auto: cuda where usable, else
+ * cpu), owns the streams and the two allocators (budgeted temporaries, activations). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc/alloc.h"
+#include "backend/backend.h"
+#include "core/core.h"
+
+static cw_status cw__config_check(const cw_context_config *c, char *msg, size_t n) {
+    if (c->size != sizeof(cw_context_config) || c->version != CW_CONTEXT_CONFIG_VERSION) {
+        snprintf(msg, n, "cw_context_config: size %zu / version %d, expected %zu / %d (use CW_CONTEXT_CONFIG_INIT)",
+                 c->size, c->version, sizeof(cw_context_config), CW_CONTEXT_CONFIG_VERSION);
+        return CW_ERR_INVALID_ARG;
+    }
+    if (c->backend != CW_BACKEND_AUTO && c->backend != CW_BACKEND_CPU && c->backend != CW_BACKEND_CUDA) {
+        snprintf(msg, n, "cw_context_config.backend = %d is not a cw_backend_kind", (int)c->backend);
+        return CW_ERR_INVALID_ARG;
+    }
+    if (c->streams < 1 || c->streams > CW__MAX_STREAMS) {
+        snprintf(msg, n, "cw_context_config.streams = %d, must be in 1..%d", c->streams, CW__MAX_STREAMS);
+        return CW_ERR_INVALID_ARG;
+    }
+    if (c->device < 0) {
+        snprintf(msg, n, "cw_context_config.device = %d must be >= 0", c->device);
+        return CW_ERR_INVALID_ARG;
+    }
+    if (c->log_level < CW_LOG_ERROR || c->log_level > CW_LOG_DEBUG) {
+        snprintf(msg, n, "cw_context_config.log_level = %d is not a cw_log_level", (int)c->log_level);
+        return CW_ERR_INVALID_ARG;
+    }
+    return CW_OK;
+}
+
+static cw_status cw__pick_backend(cw_context *ctx) {
+    const cw_context_config *c = &ctx->cfg;
+    if (c->backend == CW_BACKEND_CUDA || (c->backend == CW_BACKEND_AUTO && cw__backend_cuda_compiled())) {
+        cw_status st = cw__backend_cuda_create(ctx, c, &ctx->be);
+        if (st == CW_OK || c->backend == CW_BACKEND_CUDA || st == CW_ERR_OUT_OF_MEMORY) return st;
+        cw__log(ctx, CW_LOG_INFO, "backend auto: cuda unavailable (%s), using cpu", ctx->err);
+        ctx->err[0] = '\0';
+    } else if (c->backend == CW_BACKEND_AUTO) {
+        cw__log(ctx, CW_LOG_INFO, "backend auto: built without CUDA, using cpu");
+    }
+    return cw__backend_cpu_create(ctx, c, &ctx->be);
+}
+
+cw_status cw_context_create(cw_context **out, const cw_context_config *cfg) {
+    static const cw_context_config dflt = CW_CONTEXT_CONFIG_INIT;
+    char msg[CW__ERR_LEN];
+    cw_status st;
+    if (!out) return CW_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!cfg) cfg = &dflt;
+    if ((st = cw__config_check(cfg, msg, sizeof msg)) != CW_OK) {
+        if (cfg->size == sizeof(cw_context_config) && cfg->log_fn)
+            cfg->log_fn(cfg->log_user, CW_LOG_ERROR, msg);
+        else
+            fprintf(stderr, "convweave error: %s\n", msg);
+        return st;
+    }
+    cw_context *ctx = cw__calloc(1, sizeof *ctx);
+    if (!ctx) return CW_ERR_OUT_OF_MEMORY;
+    ctx->cfg = *cfg;
+    if (pthread_mutex_init(&ctx->mu, NULL) != 0) {
+        cw__free(ctx);
+        return CW_ERR_INTERNAL;
+    }
+    if ((st = cw__pick_backend(ctx)) != CW_OK) goto fail;
+    uint32_t aflags = (cfg->flags & CW_FLAG_POISON) ? CW__ALLOC_POISON : 0;
+    if ((st = cw__alloc_create(&ctx->temp, ctx, ctx->be, cfg->temp_budget, aflags)) != CW_OK) goto fail;
+    if ((st = cw__alloc_create(&ctx->act, ctx, ctx->be, 0, aflags)) != CW_OK) goto fail;
+    *out = ctx;
+    return CW_OK;
+fail:
+    if (ctx->err[0]) cw__log(ctx, CW_LOG_ERROR, "cw_context_create: %s", ctx->err);
+    cw_context_destroy(ctx);
+    return st;
+}
+
+void cw_context_destroy(cw_context *ctx) {
+    if (!ctx) return;
+    if (ctx->be) {
+        for (int i = 0; i < CW__MAX_STREAMS; i++)
+            if (ctx->streams[i]) ctx->be->i->stream_synchronize(ctx->be, ctx->streams[i]);
+    }
+    cw__alloc_destroy(ctx->act);
+    cw__alloc_destroy(ctx->temp);
+    if (ctx->be) {
+        for (int i = 0; i < CW__MAX_STREAMS; i++)
+            if (ctx->streams[i]) ctx->be->i->stream_destroy(ctx->be, ctx->streams[i]);
+        ctx->be->i->destroy(ctx->be);
+    }
+    pthread_mutex_destroy(&ctx->mu);
+    cw__free(ctx);
+}
+
+const char *cw_context_last_error(const cw_context *ctx) { return ctx ? ctx->err : ""; }
+
+const char *cw_context_backend_name(const cw_context *ctx) {
+    return ctx && ctx->be ? ctx->be->i->name : "none";
+}
+
+cw_status cw__context_stream(cw_context *ctx, int i, cw__stream **out) {
+    if (i < 0 || i >= CW__MAX_STREAMS) return cw__error(ctx, CW_ERR_INVALID_ARG, "stream index %d out of range", i);
+    cw_status st = CW_OK;
+    pthread_mutex_lock(&ctx->mu);
+    if (!ctx->streams[i]) st = ctx->be->i->stream_create(ctx->be, &ctx->streams[i]);
+    *out = ctx->streams[i];
+    pthread_mutex_unlock(&ctx->mu);
+    if (st != CW_OK) return cw__error(ctx, st, "creating stream %d failed", i);
+    return CW_OK;
+}
+
+cw_status cw_context_synchronize(cw_context *ctx) {
+    if (!ctx) return CW_ERR_INVALID_ARG;
+    for (int i = 0; i < CW__MAX_STREAMS; i++) {
+        if (!ctx->streams[i]) continue;
+        cw_status st = ctx->be->i->stream_synchronize(ctx->be, ctx->streams[i]);
+        if (st != CW_OK) return st;
+    }
+    return CW_OK;
+}
+
+cw_status cw_context_memory_stats(cw_context *ctx, cw_memory_stats *out) {
+    if (!ctx || !out) return CW_ERR_INVALID_ARG;
+    cw_memory_stats act;
+    memset(out, 0, sizeof *out);
+    cw__alloc_stats(ctx->temp, out);
+    cw__alloc_stats(ctx->act, &act);
+    out->activations_bytes_current = act.allocated_bytes_current;
+    out->activations_bytes_peak = act.allocated_bytes_peak;
+    return CW_OK;
+}
+
+void cw_context_reset_peak_stats(cw_context *ctx) {
+    if (!ctx) return;
+    cw__alloc_reset_peaks(ctx->temp);
+    cw__alloc_reset_peaks(ctx->act);
+}
+
+int64_t cw_context_host_syncs(const cw_context *ctx) {
+    return ctx && ctx->be ? ctx->be->i->host_syncs(ctx->be) : 0;
+}

@@ -1,0 +1,75 @@
+/* Internal core: the context, error recording, logging and the host-allocation hook.
+ * Every library file includes this; nothing here is public API. */
+#ifndef CW_CORE_H
+#define CW_CORE_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "convweave/convweave.h"
+
+#if defined(__GNUC__)
+#define CW__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define CW__PRINTF(a, b)
+#endif
+
+#define CW__MAX_STREAMS 8
+#define CW__ERR_LEN 1024
+
+typedef struct cw__backend cw__backend;
+typedef struct cw__stream cw__stream;
+typedef struct cw__event cw__event;
+typedef struct cw__allocator cw__allocator;
+
+struct cw_context {
+    cw_context_config cfg;
+    cw__backend *be;
+    cw__allocator *temp;  /* budgeted: workspaces, patch buffers, attention chunks */
+    cw__allocator *act;   /* unbudgeted: activations between stages, user tensors */
+    cw__stream *streams[CW__MAX_STREAMS]; /* created lazily by cw__context_stream */
+    pthread_mutex_t mu;   /* guards streams[] and err */
+    char err[CW__ERR_LEN];
+};
+
+/* Records a message as the context's last error, logs it at debug, returns st.
+ * ctx may be NULL (then the message is only logged to stderr at warn). */
+cw_status cw__error(cw_context *ctx, cw_status st, const char *fmt, ...) CW__PRINTF(3, 4);
+void cw__log(const cw_context *ctx, cw_log_level lvl, const char *fmt, ...) CW__PRINTF(3, 4);
+/* The i-th stream of the context (0 <= i < CW__MAX_STREAMS), created on first use. */
+cw_status cw__context_stream(cw_context *ctx, int i, cw__stream **out);
+
+/* Host allocation: every library allocation goes through these so tests can inject
+ * failures. cw__test_fail_after(n): the n-th allocation from now fails (n >= 1), and every
+ * later one succeeds; 0 switches injection off. */
+void *cw__malloc(size_t n);
+void *cw__calloc(size_t count, size_t n);
+void *cw__realloc(void *p, size_t n);
+void cw__free(void *p);
+char *cw__strdup(const char *s);
+void cw__test_fail_after(int64_t n);
+/* Number of host allocations made so far (for sweeps). */
+int64_t cw__test_alloc_count(void);
+
+/* Monotonic clock in nanoseconds. */
+int64_t cw__now_ns(void);
+
+/* Shape helpers. */
+int64_t cw__desc_numel(const cw_tensor_desc *d);
+/* Fills zero strides as contiguous; returns 1 when d's strides are already contiguous. */
+void cw__desc_fill_strides(cw_tensor_desc *d);
+int cw__desc_is_contiguous(const cw_tensor_desc *d);
+/* Byte extent covered by a strided view: (max offset + 1) * elem size. */
+int64_t cw__desc_span_bytes(const cw_tensor_desc *d);
+/* Prints "[1, 32, 64, 64]" into buf. */
+const char *cw__dims_str(const cw_tensor_desc *d, char *buf, size_t n);
+
+struct cw_tensor {
+    cw_context *ctx;
+    cw_tensor_desc desc;
+    void *data;
+    int owned;
+};
+
+#endif

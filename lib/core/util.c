@@ -1,0 +1,181 @@
+/* Status strings, version, the host-allocation hook with failure injection, logging,
+ * error recording and shape helpers: the pieces every other file leans on. */
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/core.h"
+
+int cw_version(void) { return CW_VERSION_NUMBER; }
+
+const char *cw_version_string(void) {
+#define CW__STR2(x) #x
+#define CW__STR(x) CW__STR2(x)
+    return CW__STR(CW_VERSION_MAJOR) "." CW__STR(CW_VERSION_MINOR) "." CW__STR(CW_VERSION_PATCH);
+}
+
+const char *cw_status_string(cw_status s) {
+    switch (s) {
+#define CW__STATUS_STR(name, val, str) \
+    case CW_##name: return str;
+        CW_STATUS_MAP(CW__STATUS_STR)
+#undef CW__STATUS_STR
+    default: return "unknown status";
+    }
+}
+
+const char *cw_status_name(cw_status s) {
+    switch (s) {
+#define CW__STATUS_NAME(name, val, str) \
+    case CW_##name: return "CW_" #name;
+        CW_STATUS_MAP(CW__STATUS_NAME)
+#undef CW__STATUS_NAME
+    default: return "CW_UNKNOWN";
+    }
+}
+
+/* ---- host allocation hook ------------------------------------------------------------ */
+static _Atomic int64_t cw__alloc_calls;
+static _Atomic int64_t cw__fail_at; /* absolute call number that fails; 0 = never */
+
+void cw__test_fail_after(int64_t n) {
+    atomic_store(&cw__fail_at, n > 0 ? atomic_load(&cw__alloc_calls) + n : 0);
+}
+
+int64_t cw__test_alloc_count(void) { return atomic_load(&cw__alloc_calls); }
+
+static int cw__alloc_should_fail(void) {
+    int64_t k = atomic_fetch_add(&cw__alloc_calls, 1) + 1;
+    int64_t f = atomic_load(&cw__fail_at);
+    return f != 0 && k == f;
+}
+
+void *cw__malloc(size_t n) { return cw__alloc_should_fail() ? NULL : malloc(n ? n : 1); }
+void *cw__calloc(size_t count, size_t n) {
+    return cw__alloc_should_fail() ? NULL : calloc(count ? count : 1, n ? n : 1);
+}
+void *cw__realloc(void *p, size_t n) { return cw__alloc_should_fail() ? NULL : realloc(p, n ? n : 1); }
+void cw__free(void *p) { free(p); }
+char *cw__strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = cw__malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+void cw_free(void *p) { cw__free(p); }
+
+int64_t cw__now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- logging and errors ------------------------------------------------------------- */
+static const char *const cw__level_names[] = {"error", "warn", "info", "debug"};
+
+static void cw__vlog(const cw_context *ctx, cw_log_level lvl, const char *fmt, va_list ap) {
+    cw_log_level max = ctx ? ctx->cfg.log_level : CW_LOG_WARN;
+    if (lvl > max) return;
+    char buf[CW__ERR_LEN];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    if (ctx && ctx->cfg.log_fn) {
+        ctx->cfg.log_fn(ctx->cfg.log_user, lvl, buf);
+    } else {
+        fprintf(stderr, "convweave %s: %s\n", cw__level_names[lvl], buf);
+    }
+}
+
+void cw__log(const cw_context *ctx, cw_log_level lvl, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cw__vlog(ctx, lvl, fmt, ap);
+    va_end(ap);
+}
+
+cw_status cw__error(cw_context *ctx, cw_status st, const char *fmt, ...) {
+    char buf[CW__ERR_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (ctx) {
+        pthread_mutex_lock(&ctx->mu);
+        snprintf(ctx->err, sizeof ctx->err, "%s", buf);
+        pthread_mutex_unlock(&ctx->mu);
+        cw__log(ctx, CW_LOG_DEBUG, "%s: %s", cw_status_name(st), buf);
+    } else {
+        cw__log(NULL, CW_LOG_WARN, "%s: %s", cw_status_name(st), buf);
+    }
+    return st;
+}
+
+/* ---- shapes ------------------------------------------------------------------------- */
+int64_t cw__desc_numel(const cw_tensor_desc *d) {
+    int64_t n = 1;
+    for (int i = 0; i < d->rank; i++) n *= d->dims[i];
+    return n;
+}
+
+int64_t cw_tensor_desc_numel(const cw_tensor_desc *d) { return d ? cw__desc_numel(d) : 0; }
+
+void cw__desc_fill_strides(cw_tensor_desc *d) {
+    int all_zero = 1;
+    for (int i = 0; i < d->rank; i++) all_zero &= d->strides[i] == 0;
+    if (!all_zero) return;
+    int64_t s = 1;
+    for (int i = d->rank - 1; i >= 0; i--) {
+        d->strides[i] = s;
+        s *= d->dims[i];
+    }
+}
+
+int cw__desc_is_contiguous(const cw_tensor_desc *d) {
+    int64_t s = 1;
+    for (int i = d->rank - 1; i >= 0; i--) {
+        if (d->dims[i] != 1 && d->strides[i] != s) return 0;
+        s *= d->dims[i];
+    }
+    return 1;
+}
+
+int64_t cw__desc_span_bytes(const cw_tensor_desc *d) {
+    int64_t last = 0;
+    for (int i = 0; i < d->rank; i++) last += (d->dims[i] - 1) * d->strides[i];
+    return (last + 1) * (int64_t)cw_dtype_size(d->dtype);
+}
+
+const char *cw__dims_str(const cw_tensor_desc *d, char *buf, size_t n) {
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, n - off, "[");
+    for (int i = 0; i < d->rank && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, i ? ", %" PRId64 : "%" PRId64, d->dims[i]);
+    if (off < n) snprintf(buf + off, n - off, "]");
+    return buf;
+}
+
+size_t cw_dtype_size(cw_dtype dt) {
+    switch (dt) {
+    case CW_F32: return 4;
+    case CW_F16: return 2;
+    case CW_BF16: return 2;
+    default: return 0;
+    }
+}
+
+cw_status cw_tensor_desc_make(cw_tensor_desc *d, cw_dtype dt, int rank, const int64_t *dims) {
+    if (!d || !dims) return CW_ERR_INVALID_ARG;
+    if (rank < 1 || rank > CW_MAX_RANK) return CW_ERR_INVALID_ARG;
+    if (cw_dtype_size(dt) == 0) return CW_ERR_INVALID_ARG;
+    memset(d, 0, sizeof *d);
+    d->dtype = dt;
+    d->rank = rank;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 1) return CW_ERR_INVALID_ARG;
+        d->dims[i] = dims[i];
+    }
+    cw__desc_fill_strides(d);
+    return CW_OK;
+}
