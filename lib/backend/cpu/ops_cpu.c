@@ -1,0 +1,559 @@
+/* The cpu backend's light operations: fused GroupNorm-apply + SiLU + nearest upsample
+ * ("prep"), GroupNorm statistics and finalize, add, GEMM and row softmax. Each hook
+ * validates, copies its parameters into a closure and enqueues it on the stream's worker;
+ * the *_run functions hold the math (per-element pieces from kernels/kernels.h). */
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "kernels/kernels.h"
+
+/* ---- views ---------------------------------------------------------------------------- */
+
+/* A 4-D NCHW or 5-D NCDHW view as [N, C, D, H, W] (D = 1, stride 0 for 4-D). */
+typedef struct ncdhw {
+    int64_t dim[5];
+    int64_t st[5];
+} ncdhw;
+
+static void view_ncdhw(const cw__view *v, ncdhw *o) {
+    cw_tensor_desc d = v->d;
+    cw__desc_fill_strides(&d);
+    if (d.rank == 5) {
+        for (int i = 0; i < 5; i++) {
+            o->dim[i] = d.dims[i];
+            o->st[i] = d.strides[i];
+        }
+    } else {
+        o->dim[0] = d.dims[0], o->st[0] = d.strides[0];
+        o->dim[1] = d.dims[1], o->st[1] = d.strides[1];
+        o->dim[2] = 1, o->st[2] = 0;
+        o->dim[3] = d.dims[2], o->st[3] = d.strides[2];
+        o->dim[4] = d.dims[3], o->st[4] = d.strides[3];
+    }
+}
+
+/* Any rank 1..5 as 5 dims, left-padded with size-1 dims. */
+static void view_pad5(const cw__view *v, int64_t dim[5], int64_t st[5]) {
+    cw_tensor_desc d = v->d;
+    cw__desc_fill_strides(&d);
+    int pad = 5 - d.rank;
+    for (int i = 0; i < 5; i++) {
+        dim[i] = i < pad ? 1 : d.dims[i - pad];
+        st[i] = i < pad ? 0 : d.strides[i - pad];
+    }
+}
+
+static const char *dims_str(const cw_tensor_desc *d, char *buf, size_t n) { return cw__dims_str(d, buf, n); }
+
+/* Common checks of a view an op reads or writes: f32, rank in [rmin, rmax], dims >= 0,
+ * non-NULL data unless empty. */
+static cw_status check_view(cw__backend *be, const char *op, const char *arg, const cw__view *v, int rmin, int rmax) {
+    char b[96];
+    if (!v) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s is NULL", op, arg);
+    if (v->d.rank < rmin || v->d.rank > rmax)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s has rank %d, expected %d..%d", op, arg, v->d.rank, rmin,
+                         rmax);
+    for (int i = 0; i < v->d.rank; i++)
+        if (v->d.dims[i] < 0)
+            return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s has a negative dim %s", op, arg,
+                             dims_str(&v->d, b, sizeof b));
+    if (v->d.dtype != CW_F32)
+        return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "%s: %s has dtype %d; the cpu backend supports f32 only", op,
+                         arg, (int)v->d.dtype);
+    if (!v->data && cw__desc_numel(&v->d) > 0)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s %s has NULL data", op, arg, dims_str(&v->d, b, sizeof b));
+    return CW_OK;
+}
+
+/* Copies p into a fresh closure and enqueues fn on s (the worker frees it). */
+static cw_status enqueue_copy(cw__backend *be, cw__stream *s, const char *op, void (*fn)(void *), const void *p,
+                              size_t bytes) {
+    void *c = cw__malloc(bytes);
+    if (!c) return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "%s: no host memory for a %zu-byte closure", op, bytes);
+    memcpy(c, p, bytes);
+    return cw__cpu_enqueue(be, s, fn, c, cw__free);
+}
+
+/* ---- prep: GroupNorm apply + SiLU + nearest upsample ------------------------------------ */
+
+/* One destination row from one source row. The flags are passed as constants by the
+ * caller's switch, so each combination compiles into its own straight loop. */
+static inline void prep_row(float *dst, int64_t dsw, const float *src, int64_t ssw, int64_t wd, int64_t up,
+                            float sc, float sh, int norm, int silu) {
+    if (dsw == 1 && ssw == 1) {
+        if (up == 1) {
+            for (int64_t w = 0; w < wd; w++) dst[w] = cw_prep_elem(src[w], sc, sh, norm, silu);
+        } else if (up == 2) {
+            int64_t half = wd >> 1;
+            for (int64_t w = 0; w < half; w++) {
+                float v = cw_prep_elem(src[w], sc, sh, norm, silu);
+                dst[2 * w] = v;
+                dst[2 * w + 1] = v;
+            }
+            if (wd & 1) dst[wd - 1] = cw_prep_elem(src[half], sc, sh, norm, silu);
+        } else {
+            int64_t full = wd / up, w = 0;
+            for (int64_t s = 0; s < full; s++) {
+                float v = cw_prep_elem(src[s], sc, sh, norm, silu);
+                for (int64_t k = 0; k < up; k++) dst[w++] = v;
+            }
+            if (w < wd) {
+                float v = cw_prep_elem(src[full], sc, sh, norm, silu);
+                for (; w < wd; w++) dst[w] = v;
+            }
+        }
+        return;
+    }
+    /* strided W: rare (transposed views); walk source index and its repeat counter. */
+    int64_t s = 0, k = 0;
+    float v = wd > 0 ? cw_prep_elem(src[0], sc, sh, norm, silu) : 0.0f;
+    for (int64_t w = 0; w < wd; w++) {
+        if (k == up) {
+            k = 0;
+            s++;
+            v = cw_prep_elem(src[s * ssw], sc, sh, norm, silu);
+        }
+        dst[w * dsw] = v;
+        k++;
+    }
+}
+
+void cw__cpu_prep_run(const cw__prep_params *p) {
+    ncdhw s, d;
+    view_ncdhw(&p->src, &s);
+    view_ncdhw(&p->dst, &d);
+    const float *src = (const float *)p->src.data;
+    float *dst = (float *)p->dst.data;
+    const int64_t N = d.dim[0], C = d.dim[1], D = d.dim[2], H = d.dim[3], W = d.dim[4];
+    const int64_t up = p->up;
+    const int norm = p->scale != NULL;
+    const int mode = norm * 2 + (p->silu ? 1 : 0);
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t c = 0; c < C; c++) {
+            const float sc = norm ? p->scale[n * C + c] : 1.0f;
+            const float sh = norm ? p->shift[n * C + c] : 0.0f;
+            for (int64_t z = 0; z < D; z++) {
+                const float *sp = src + n * s.st[0] + c * s.st[1] + z * s.st[2];
+                float *dp = dst + n * d.st[0] + c * d.st[1] + z * d.st[2];
+                int64_t prev_sr = -1;
+                float *prev_row = NULL;
+                for (int64_t r = 0; r < H; r++) {
+                    int64_t sr = cw_up_src_index(r, p->dst_row0, p->src_row0, up);
+                    float *drow = dp + r * d.st[3];
+                    const float *srow = sp + sr * s.st[3];
+                    if (sr == prev_sr && d.st[4] == 1) {
+                        /* upsampled rows repeat: copy the row just computed */
+                        memcpy(drow, prev_row, (size_t)W * sizeof(float));
+                        continue;
+                    }
+                    switch (mode) {
+                    case 0: prep_row(drow, d.st[4], srow, s.st[4], W, up, sc, sh, 0, 0); break;
+                    case 1: prep_row(drow, d.st[4], srow, s.st[4], W, up, sc, sh, 0, 1); break;
+                    case 2: prep_row(drow, d.st[4], srow, s.st[4], W, up, sc, sh, 1, 0); break;
+                    default: prep_row(drow, d.st[4], srow, s.st[4], W, up, sc, sh, 1, 1); break;
+                    }
+                    prev_sr = sr;
+                    prev_row = drow;
+                }
+            }
+        }
+    }
+}
+
+static void prep_fn(void *arg) { cw__cpu_prep_run((const cw__prep_params *)arg); }
+
+cw_status cw__cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) {
+    const char *op = "prep";
+    char b1[96], b2[96];
+    cw_status st;
+    if (!p) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: params are NULL");
+    if ((st = check_view(be, op, "src", &p->src, 4, 5)) != CW_OK) return st;
+    if ((st = check_view(be, op, "dst", &p->dst, 4, 5)) != CW_OK) return st;
+    if (p->src.d.rank != p->dst.d.rank)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: src %s and dst %s differ in rank",
+                         dims_str(&p->src.d, b1, sizeof b1), dims_str(&p->dst.d, b2, sizeof b2));
+    if (p->up < 1) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: up = %d, must be >= 1", p->up);
+    if ((p->scale == NULL) != (p->shift == NULL))
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: scale and shift must both be set or both NULL");
+    if (p->dst_row0 < 0 || p->src_row0 < 0)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: dst_row0 = %lld, src_row0 = %lld; must be >= 0",
+                         (long long)p->dst_row0, (long long)p->src_row0);
+    ncdhw s5, d5;
+    view_ncdhw(&p->src, &s5);
+    view_ncdhw(&p->dst, &d5);
+    if (s5.dim[0] != d5.dim[0] || s5.dim[1] != d5.dim[1] || s5.dim[2] != d5.dim[2])
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: src %s and dst %s differ in N, C or D",
+                         dims_str(&p->src.d, b1, sizeof b1), dims_str(&p->dst.d, b2, sizeof b2));
+    if (cw__desc_numel(&p->dst.d) > 0) {
+        int64_t up = p->up, hd = d5.dim[3], wd = d5.dim[4];
+        int64_t r_first = cw_up_src_index(0, p->dst_row0, p->src_row0, up);
+        int64_t r_last = cw_up_src_index(hd - 1, p->dst_row0, p->src_row0, up);
+        if (r_first < 0 || r_last >= s5.dim[3])
+            return cw__error(be->ctx, CW_ERR_INVALID_ARG,
+                             "prep: dst rows [%lld, %lld) at up = %lld need src rows [%lld, %lld) of the band "
+                             "starting at row %lld, but src %s has %lld rows",
+                             (long long)p->dst_row0, (long long)(p->dst_row0 + hd), (long long)up,
+                             (long long)r_first, (long long)(r_last + 1), (long long)p->src_row0,
+                             dims_str(&p->src.d, b1, sizeof b1), (long long)s5.dim[3]);
+        if ((wd - 1) / up >= s5.dim[4])
+            return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: dst W = %lld at up = %lld exceeds src W = %lld",
+                             (long long)wd, (long long)up, (long long)s5.dim[4]);
+    }
+    cw__prep_params c = *p;
+    cw__desc_fill_strides(&c.src.d);
+    cw__desc_fill_strides(&c.dst.d);
+    return enqueue_copy(be, s, op, prep_fn, &c, sizeof c);
+}
+
+/* ---- GroupNorm statistics --------------------------------------------------------------- */
+
+/* Exact (two-pass, in double) mean and M2 of one row of n >= 1 floats with stride s.
+ * Four accumulators break the add chain so the loop pipelines; the order is fixed, so
+ * results are reproducible. */
+static void row_moments(const float *x, int64_t n, int64_t s, double *mean, double *m2) {
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    int64_t i = 0;
+    if (s == 1) {
+        for (; i + 4 <= n; i += 4) {
+            a0 += (double)x[i];
+            a1 += (double)x[i + 1];
+            a2 += (double)x[i + 2];
+            a3 += (double)x[i + 3];
+        }
+        for (; i < n; i++) a0 += (double)x[i];
+    } else {
+        for (; i < n; i++) a0 += (double)x[i * s];
+    }
+    const double mu = ((a0 + a1) + (a2 + a3)) / (double)n;
+    a0 = a1 = a2 = a3 = 0;
+    i = 0;
+    if (s == 1) {
+        for (; i + 4 <= n; i += 4) {
+            double d0 = (double)x[i] - mu, d1 = (double)x[i + 1] - mu;
+            double d2 = (double)x[i + 2] - mu, d3 = (double)x[i + 3] - mu;
+            a0 += d0 * d0;
+            a1 += d1 * d1;
+            a2 += d2 * d2;
+            a3 += d3 * d3;
+        }
+        for (; i < n; i++) {
+            double d0 = (double)x[i] - mu;
+            a0 += d0 * d0;
+        }
+    } else {
+        for (; i < n; i++) {
+            double d0 = (double)x[i * s] - mu;
+            a0 += d0 * d0;
+        }
+    }
+    *mean = mu;
+    *m2 = (a0 + a1) + (a2 + a3);
+}
+
+void cw__cpu_gn_stats_run(const cw__view *x, int64_t groups, double *out) {
+    ncdhw v;
+    view_ncdhw(x, &v);
+    const float *base = (const float *)x->data;
+    const int64_t N = v.dim[0], C = v.dim[1], D = v.dim[2], H = v.dim[3], W = v.dim[4];
+    const int64_t cpg = C / groups;
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t g = 0; g < groups; g++) {
+            /* exact per-row moments merged row by row (Chan): rows stay in L1 for the
+             * second pass, and the merge is as exact as one two-pass over the group. */
+            cw_moments m;
+            cw_moments_zero(&m);
+            if (W > 0) {
+                for (int64_t c = g * cpg; c < (g + 1) * cpg; c++) {
+                    for (int64_t z = 0; z < D; z++) {
+                        const float *p = base + n * v.st[0] + c * v.st[1] + z * v.st[2];
+                        for (int64_t r = 0; r < H; r++) {
+                            double mu, m2;
+                            row_moments(p + r * v.st[3], W, v.st[4], &mu, &m2);
+                            cw_moments_merge(&m, (double)W, mu, m2);
+                        }
+                    }
+                }
+            }
+            double *o = out + (n * groups + g) * 3;
+            o[0] = m.count;
+            o[1] = m.mean;
+            o[2] = m.m2;
+        }
+    }
+}
+
+typedef struct gn_stats_closure {
+    cw__view x;
+    int64_t groups;
+    double *out;
+} gn_stats_closure;
+
+static void gn_stats_fn(void *arg) {
+    gn_stats_closure *c = (gn_stats_closure *)arg;
+    cw__cpu_gn_stats_run(&c->x, c->groups, c->out);
+}
+
+cw_status cw__cpu_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out) {
+    char b[96];
+    cw_status st = check_view(be, "gn_stats", "x", x, 4, 5);
+    if (st != CW_OK) return st;
+    if (groups < 1 || x->d.dims[1] % groups != 0)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_stats: groups = %lld does not divide C of x %s",
+                         (long long)groups, dims_str(&x->d, b, sizeof b));
+    if (!out) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_stats: out is NULL");
+    gn_stats_closure c;
+    c.x = *x;
+    cw__desc_fill_strides(&c.x.d);
+    c.groups = groups;
+    c.out = out;
+    return enqueue_copy(be, s, "gn_stats", gn_stats_fn, &c, sizeof c);
+}
+
+/* ---- GroupNorm finalize --------------------------------------------------------------- */
+
+void cw__cpu_gn_finalize_run(const double *parts, int64_t n_parts, int64_t n, int64_t c, int64_t groups,
+                             const float *gamma, const float *beta, float eps, float *scale, float *shift) {
+    const int64_t cpg = c / groups, stride = n * groups * 3;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t g = 0; g < groups; g++) {
+            cw_moments m;
+            cw_moments_zero(&m);
+            for (int64_t p = 0; p < n_parts; p++) { /* index order: reproducible */
+                const double *q = parts + p * stride + (i * groups + g) * 3;
+                cw_moments_merge(&m, q[0], q[1], q[2]);
+            }
+            const double rstd = cw_gn_rstd(&m, (double)eps);
+            for (int64_t ch = g * cpg; ch < (g + 1) * cpg; ch++) {
+                cw_gn_scale_shift(&m, rstd, gamma ? gamma[ch] : 1.0f, beta ? beta[ch] : 0.0f, &scale[i * c + ch],
+                                  &shift[i * c + ch]);
+            }
+        }
+    }
+}
+
+typedef struct gn_finalize_closure {
+    const double *parts;
+    int64_t n_parts, n, c, groups;
+    const float *gamma, *beta;
+    float eps;
+    float *scale, *shift;
+} gn_finalize_closure;
+
+static void gn_finalize_fn(void *arg) {
+    gn_finalize_closure *k = (gn_finalize_closure *)arg;
+    cw__cpu_gn_finalize_run(k->parts, k->n_parts, k->n, k->c, k->groups, k->gamma, k->beta, k->eps, k->scale,
+                            k->shift);
+}
+
+/* gamma/beta may be NULL (affine-free: 1 and 0). */
+cw_status cw__cpu_gn_finalize(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,
+                              int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
+                              float *scale, float *shift) {
+    if (n_parts < 1 || n < 0 || c < 1 || groups < 1 || c % groups != 0)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
+                         "gn_finalize: n_parts = %lld, N = %lld, C = %lld, groups = %lld: need n_parts >= 1, "
+                         "N >= 0 and groups dividing C",
+                         (long long)n_parts, (long long)n, (long long)c, (long long)groups);
+    if (!(eps >= 0.0f) || isinf(eps))
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_finalize: eps = %g must be finite and >= 0", (double)eps);
+    if (n > 0 && (!parts || !scale || !shift))
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_finalize: parts, scale and shift must not be NULL");
+    gn_finalize_closure k;
+    k.parts = parts;
+    k.n_parts = n_parts;
+    k.n = n;
+    k.c = c;
+    k.groups = groups;
+    k.gamma = gamma;
+    k.beta = beta;
+    k.eps = eps;
+    k.scale = scale;
+    k.shift = shift;
+    return enqueue_copy(be, s, "gn_finalize", gn_finalize_fn, &k, sizeof k);
+}
+
+/* ---- add ------------------------------------------------------------------------------ */
+
+/* Elementwise with plain indexed loads and stores, so an exact alias of dst with a or b
+ * is fine (each element is read before it is written). */
+void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b) {
+    float *y = (float *)dst->data;
+    const float *pa = (const float *)a->data, *pb = (const float *)b->data;
+    cw_tensor_desc dd = dst->d, da = a->d, db = b->d;
+    cw__desc_fill_strides(&dd);
+    cw__desc_fill_strides(&da);
+    cw__desc_fill_strides(&db);
+    if (cw__desc_is_contiguous(&dd) && cw__desc_is_contiguous(&da) && cw__desc_is_contiguous(&db)) {
+        int64_t n = cw__desc_numel(&dd);
+        for (int64_t i = 0; i < n; i++) y[i] = pa[i] + pb[i];
+        return;
+    }
+    int64_t dim[5], sy[5], sa[5], sb[5], tmp[5];
+    view_pad5(dst, dim, sy);
+    view_pad5(a, tmp, sa);
+    view_pad5(b, tmp, sb);
+    const int64_t W = dim[4];
+    for (int64_t i0 = 0; i0 < dim[0]; i0++)
+        for (int64_t i1 = 0; i1 < dim[1]; i1++)
+            for (int64_t i2 = 0; i2 < dim[2]; i2++)
+                for (int64_t i3 = 0; i3 < dim[3]; i3++) {
+                    float *yr = y + i0 * sy[0] + i1 * sy[1] + i2 * sy[2] + i3 * sy[3];
+                    const float *ar = pa + i0 * sa[0] + i1 * sa[1] + i2 * sa[2] + i3 * sa[3];
+                    const float *br = pb + i0 * sb[0] + i1 * sb[1] + i2 * sb[2] + i3 * sb[3];
+                    if (sy[4] == 1 && sa[4] == 1 && sb[4] == 1) {
+                        for (int64_t w = 0; w < W; w++) yr[w] = ar[w] + br[w];
+                    } else {
+                        for (int64_t w = 0; w < W; w++) yr[w * sy[4]] = ar[w * sa[4]] + br[w * sb[4]];
+                    }
+                }
+}
+
+typedef struct add_closure {
+    cw__view dst, a, b;
+} add_closure;
+
+static void add_fn(void *arg) {
+    add_closure *k = (add_closure *)arg;
+    cw__cpu_add_run(&k->dst, &k->a, &k->b);
+}
+
+cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b) {
+    char b1[96], b2[96];
+    cw_status st;
+    if ((st = check_view(be, "add", "dst", dst, 1, 5)) != CW_OK) return st;
+    if ((st = check_view(be, "add", "a", a, 1, 5)) != CW_OK) return st;
+    if ((st = check_view(be, "add", "b", b, 1, 5)) != CW_OK) return st;
+    const cw__view *in[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        int same = in[k]->d.rank == dst->d.rank;
+        for (int i = 0; same && i < dst->d.rank; i++) same = in[k]->d.dims[i] == dst->d.dims[i];
+        if (!same)
+            return cw__error(be->ctx, CW_ERR_INVALID_ARG, "add: %s %s and dst %s differ in shape", k ? "b" : "a",
+                             dims_str(&in[k]->d, b1, sizeof b1), dims_str(&dst->d, b2, sizeof b2));
+    }
+    add_closure k;
+    k.dst = *dst;
+    k.a = *a;
+    k.b = *b;
+    cw__desc_fill_strides(&k.dst.d);
+    cw__desc_fill_strides(&k.a.d);
+    cw__desc_fill_strides(&k.b.d);
+    return enqueue_copy(be, s, "add", add_fn, &k, sizeof k);
+}
+
+/* ---- GEMM ----------------------------------------------------------------------------- */
+
+/* openblas_set_num_threads is process-global and must not race with a running OpenBLAS
+ * call. Every sgemm in the library goes through this gate (conv_cpu.c included, via
+ * cw__cpu_gemm_run): calls that want the current thread count run concurrently; a call
+ * that wants another count waits until none is in flight, then switches it. */
+static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t blas_cv = PTHREAD_COND_INITIALIZER;
+static int blas_threads_set; /* last value given to OpenBLAS; 0 = never set */
+static int blas_active;      /* gemm calls in flight */
+
+static void blas_enter(int threads) {
+    pthread_mutex_lock(&blas_mu);
+    while (blas_active > 0 && blas_threads_set != threads) pthread_cond_wait(&blas_cv, &blas_mu);
+    if (blas_threads_set != threads) {
+        openblas_set_num_threads(threads);
+        blas_threads_set = threads;
+    }
+    blas_active++;
+    pthread_mutex_unlock(&blas_mu);
+}
+
+static void blas_leave(void) {
+    pthread_mutex_lock(&blas_mu);
+    if (--blas_active == 0) pthread_cond_broadcast(&blas_cv);
+    pthread_mutex_unlock(&blas_mu);
+}
+
+void cw__cpu_gemm_run(const cw__gemm_params *p, int threads) {
+    if (p->m == 0 || p->n == 0) return;
+    blas_enter(threads < 1 ? 1 : threads);
+    cblas_sgemm(CblasRowMajor, p->trans_a ? CblasTrans : CblasNoTrans, p->trans_b ? CblasTrans : CblasNoTrans,
+                (blasint)p->m, (blasint)p->n, (blasint)p->k, p->alpha, p->a, (blasint)p->lda, p->b,
+                (blasint)p->ldb, p->beta, p->c, (blasint)p->ldc);
+    blas_leave();
+}
+
+typedef struct gemm_closure {
+    cw__gemm_params p;
+    cw__backend *be;
+} gemm_closure;
+
+static void gemm_fn(void *arg) {
+    gemm_closure *k = (gemm_closure *)arg;
+    /* asked at run time: the share depends on how many streams are busy now */
+    cw__cpu_gemm_run(&k->p, cw__cpu_blas_threads(k->be));
+}
+
+cw_status cw__cpu_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p) {
+    if (!p) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gemm: params are NULL");
+    if (p->m < 0 || p->n < 0 || p->k < 0)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gemm: m = %lld, n = %lld, k = %lld must be >= 0",
+                         (long long)p->m, (long long)p->n, (long long)p->k);
+    /* row-major: op(A) is m x k, so A is stored m x k (lda >= k) or k x m (lda >= m) */
+    int64_t acols = p->trans_a ? p->m : p->k, bcols = p->trans_b ? p->k : p->n;
+    int64_t need[3] = {acols > 1 ? acols : 1, bcols > 1 ? bcols : 1, p->n > 1 ? p->n : 1};
+    int64_t have[3] = {p->lda, p->ldb, p->ldc};
+    static const char *const names[3] = {"lda", "ldb", "ldc"};
+    for (int i = 0; i < 3; i++)
+        if (have[i] < need[i])
+            return cw__error(be->ctx, CW_ERR_INVALID_ARG,
+                             "gemm: %s = %lld < %lld (m = %lld, n = %lld, k = %lld, trans_a = %d, trans_b = %d)",
+                             names[i], (long long)have[i], (long long)need[i], (long long)p->m, (long long)p->n,
+                             (long long)p->k, p->trans_a, p->trans_b);
+    int64_t big = p->m > p->n ? p->m : p->n;
+    big = big > p->k ? big : p->k;
+    for (int i = 0; i < 3; i++) big = big > have[i] ? big : have[i];
+    if (big > INT_MAX)
+        return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "gemm: a size or leading dimension (%lld) exceeds BLAS int",
+                         (long long)big);
+    if (p->m > 0 && p->n > 0 && (!p->c || (p->k > 0 && (!p->a || !p->b))))
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gemm: a, b or c is NULL");
+    gemm_closure k;
+    k.p = *p;
+    k.be = be;
+    return enqueue_copy(be, s, "gemm", gemm_fn, &k, sizeof k);
+}
+
+/* ---- softmax -------------------------------------------------------------------------- */
+
+void cw__cpu_softmax_rows_run(float *x, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * ld;
+        float mx = cw_softmax_row_max(row, cols);
+        double sum = cw_softmax_row_exp_sum(row, cols, mx);
+        cw_softmax_row_scale(row, cols, (float)(1.0 / sum));
+    }
+}
+
+typedef struct softmax_closure {
+    float *x;
+    int64_t rows, cols, ld;
+} softmax_closure;
+
+static void softmax_fn(void *arg) {
+    softmax_closure *k = (softmax_closure *)arg;
+    cw__cpu_softmax_rows_run(k->x, k->rows, k->cols, k->ld);
+}
+
+cw_status cw__cpu_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld) {
+    if (rows < 0 || cols < 1 || ld < cols)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
+                         "softmax_rows: rows = %lld, cols = %lld, ld = %lld: need rows >= 0, cols >= 1, ld >= cols",
+                         (long long)rows, (long long)cols, (long long)ld);
+    if (rows > 0 && !x) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "softmax_rows: x is NULL");
+    softmax_closure k;
+    k.x = x;
+    k.rows = rows;
+    k.cols = cols;
+    k.ld = ld;
+    return enqueue_copy(be, s, "softmax_rows", softmax_fn, &k, sizeof k);
+}

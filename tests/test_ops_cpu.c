@@ -1,0 +1,683 @@
+/* The cpu backend's light ops (prep, GroupNorm stats/finalize, add, gemm, softmax) against
+ * naive double-precision references on random strided shapes, the synchronous *_run
+ * functions directly and the same ops through a real cpu backend's hooks and stream. */
+#include <float.h>
+#include <stdint.h>
+
+#include "backend/cpu/cpu.h"
+#include "kernels/kernels.h"
+#include "testutil.h"
+
+static cw_rng rng;
+
+/* ---- strided buffers ------------------------------------------------------------------ */
+
+/* A view over a padded allocation: random gaps after each dim, inner stride 1 or 2. The
+ * whole allocation is pre-filled so writes outside the view can be detected. */
+typedef struct sbuf {
+    cw__view v;
+    float *mem;
+    int64_t len;
+} sbuf;
+
+static void sbuf_make(sbuf *b, int rank, const int64_t *dims, int strided) {
+    memset(b, 0, sizeof *b);
+    b->v.d.dtype = CW_F32;
+    b->v.d.rank = rank;
+    int64_t s = strided ? cw_rng_range(&rng, 1, 2) : 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        b->v.d.dims[i] = dims[i];
+        b->v.d.strides[i] = s;
+        s = s * dims[i] + (strided ? cw_rng_range(&rng, 0, 3) : 0);
+    }
+    b->len = s;
+    b->mem = malloc((size_t)s * sizeof(float));
+    ASSERT_TRUE(b->mem != NULL);
+    b->v.data = b->mem;
+}
+
+static void sbuf_fill(sbuf *b, float lo, float hi) {
+    for (int64_t i = 0; i < b->len; i++) b->mem[i] = lo + (hi - lo) * 0.5f * (cw_rng_float(&rng) + 1.0f);
+}
+
+static void sbuf_free(sbuf *b) { free(b->mem); }
+
+/* Offset in elements of a multi-index of the view. */
+static int64_t voff(const cw__view *v, const int64_t *idx) {
+    int64_t o = 0;
+    for (int i = 0; i < v->d.rank; i++) o += idx[i] * v->d.strides[i];
+    return o;
+}
+
+/* Marks which allocation slots a view covers (for the untouched-outside check). */
+static unsigned char *covered(const sbuf *b, const cw__view *v) {
+    unsigned char *m = calloc((size_t)b->len, 1);
+    int64_t n = cw__desc_numel(&v->d), idx[CW_MAX_RANK] = {0};
+    int64_t base = (const float *)v->data - b->mem;
+    for (int64_t e = 0; e < n; e++) {
+        m[base + voff(v, idx)] = 1;
+        for (int i = v->d.rank - 1; i >= 0; i--) {
+            if (++idx[i] < v->d.dims[i]) break;
+            idx[i] = 0;
+        }
+    }
+    return m;
+}
+
+static double silu_ref(double x) { return x / (1.0 + exp(-x)); }
+
+static double close_tol(double ref, double rel, double abs_) { return rel * fabs(ref) + abs_; }
+
+/* ---- silu ----------------------------------------------------------------------------- */
+
+static void test_silu(void) {
+    const float xs[] = {-FLT_MAX, -1e30f, -1000.0f, -104.0f, -88.8f, -87.0f, -30.0f, -5.0f, -1e-3f, -1e-30f, 0.0f,
+                        1e-30f,   1e-3f,  0.5f,     5.0f,    30.0f,  88.8f,  1000.0f, 1e30f,  FLT_MAX};
+    for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
+        float got = cw_silu(xs[i]);
+        double ref = silu_ref((double)xs[i]);
+        CHECK(isfinite(got));
+        /* absolute floor: results below ~1e-38 are float denormals */
+        if (!(fabs((double)got - ref) <= close_tol(ref, 2e-6, 1e-38))) {
+            fprintf(stderr, "silu(%g) = %.9g, ref %.17g\n", (double)xs[i], (double)got, ref);
+            cw_test_failures++;
+        }
+    }
+    CHECK(isnan(cw_silu(NAN)));
+    CHECK(cw_silu(INFINITY) == INFINITY);
+    uint32_t bits = CW_POISON_NAN_BITS;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    CHECK(isnan(f));
+}
+
+/* ---- prep ----------------------------------------------------------------------------- */
+
+/* One random prep case. Returns 0 on success. via_be: run through the backend hook. */
+static void prep_case(cw__backend *be, cw__stream *st, int iter) {
+    int rank = cw_rng_range(&rng, 0, 3) ? 4 : 5;
+    int64_t N = cw_rng_range(&rng, 1, 2), C = cw_rng_range(&rng, 1, 5);
+    int64_t D = rank == 5 ? cw_rng_range(&rng, 1, 3) : 1;
+    int64_t Hf = cw_rng_range(&rng, 1, 12), Ws = cw_rng_range(&rng, 1, 19);
+    int64_t up = iter % 3 == 0 ? 1 : (iter % 3 == 1 ? 2 : cw_rng_range(&rng, 1, 4));
+    int norm = cw_rng_range(&rng, 0, 1), silu = cw_rng_range(&rng, 0, 1);
+    int strided = cw_rng_range(&rng, 0, 2) != 0;
+    /* the producer tensor (full height) */
+    int64_t fd[5] = {N, C, D, Hf, Ws};
+    if (rank == 4) fd[2] = Hf, fd[3] = Ws;
+    sbuf full;
+    sbuf_make(&full, rank, fd, strided);
+    sbuf_fill(&full, -4.0f, 4.0f);
+    /* a destination band [r0, r0 + hd) of the upsampled tensor, often in the middle */
+    int64_t Hup = Hf * up;
+    int64_t r0 = cw_rng_range(&rng, 0, Hup - 1), hd = cw_rng_range(&rng, 1, Hup - r0);
+    int64_t need0 = r0 / up, need1 = (r0 + hd - 1) / up + 1;
+    int64_t s0 = cw_rng_range(&rng, 0, need0), s1 = cw_rng_range(&rng, need1, Hf);
+    int64_t Wd = Ws * up - (up > 1 ? cw_rng_range(&rng, 0, up - 1) : 0);
+    /* src: the band [s0, s1) of the producer, as a view with the producer's strides */
+    cw__view src = full.v;
+    src.d.dims[rank - 2] = s1 - s0;
+    src.data = full.mem + s0 * full.v.d.strides[rank - 2];
+    int64_t dd[5] = {N, C, D, hd, Wd};
+    if (rank == 4) dd[2] = hd, dd[3] = Wd;
+    sbuf dst;
+    sbuf_make(&dst, rank, dd, cw_rng_range(&rng, 0, 1));
+    const float sentinel = 12345.0f;
+    for (int64_t i = 0; i < dst.len; i++) dst.mem[i] = sentinel;
+    float *scale = NULL, *shift = NULL;
+    if (norm) {
+        scale = malloc((size_t)(N * C) * sizeof(float));
+        shift = malloc((size_t)(N * C) * sizeof(float));
+        for (int64_t i = 0; i < N * C; i++) {
+            scale[i] = 2.0f * cw_rng_float(&rng);
+            shift[i] = cw_rng_float(&rng);
+        }
+    }
+    cw__prep_params p;
+    memset(&p, 0, sizeof p);
+    p.src = src;
+    p.dst = dst.v;
+    p.scale = scale;
+    p.shift = shift;
+    p.silu = silu;
+    p.up = (int)up;
+    p.dst_row0 = r0;
+    p.src_row0 = s0;
+    if (be) {
+        ASSERT_OK(be->i->prep(be, st, &p));
+        ASSERT_OK(be->i->stream_synchronize(be, st));
+    } else {
+        cw__cpu_prep_run(&p);
+    }
+    /* reference straight from the full producer tensor: row (r0 + r) / up, column w / up */
+    int64_t bad = 0;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t z = 0; z < D; z++)
+                for (int64_t r = 0; r < hd; r++)
+                    for (int64_t w = 0; w < Wd; w++) {
+                        int64_t si[5], di[5];
+                        if (rank == 5) {
+                            int64_t a[5] = {n, c, z, (r0 + r) / up, w / up}, b[5] = {n, c, z, r, w};
+                            memcpy(si, a, sizeof a), memcpy(di, b, sizeof b);
+                        } else {
+                            int64_t a[4] = {n, c, (r0 + r) / up, w / up}, b[4] = {n, c, r, w};
+                            memcpy(si, a, sizeof a), memcpy(di, b, sizeof b);
+                        }
+                        double x = full.mem[voff(&full.v, si)];
+                        if (norm) x = x * scale[n * C + c] + shift[n * C + c];
+                        if (silu) x = silu_ref(x);
+                        double got = dst.mem[voff(&dst.v, di)];
+                        if (!(fabs(got - x) <= close_tol(x, 2e-6, 2e-6))) {
+                            if (bad++ < 5)
+                                fprintf(stderr, "prep iter %d: [%lld,%lld,%lld,%lld,%lld] got %.9g ref %.9g\n", iter,
+                                        (long long)n, (long long)c, (long long)z, (long long)r, (long long)w, got, x);
+                        }
+                    }
+    /* nothing written outside the dst view */
+    unsigned char *m = covered(&dst, &dst.v);
+    for (int64_t i = 0; i < dst.len; i++)
+        if (!m[i] && dst.mem[i] != sentinel) bad++;
+    free(m);
+    if (bad) {
+        fprintf(stderr,
+                "prep iter %d FAILED (%lld bad): rank %d N %lld C %lld D %lld Hf %lld Ws %lld up %lld norm %d silu %d "
+                "r0 %lld hd %lld s0 %lld s1 %lld Wd %lld\n",
+                iter, (long long)bad, rank, (long long)N, (long long)C, (long long)D, (long long)Hf, (long long)Ws,
+                (long long)up, norm, silu, (long long)r0, (long long)hd, (long long)s0, (long long)s1,
+                (long long)Wd);
+        cw_test_failures++;
+    }
+    free(scale);
+    free(shift);
+    sbuf_free(&full);
+    sbuf_free(&dst);
+}
+
+/* ---- GroupNorm ------------------------------------------------------------------------ */
+
+typedef struct gn_ref {
+    double mean, var;
+    int64_t count;
+} gn_ref;
+
+/* Naive two-pass statistics in double over the whole (n, g). */
+static void gn_reference(const sbuf *x, int64_t groups, gn_ref *out) {
+    const cw__view *v = &x->v;
+    int rank = v->d.rank;
+    int64_t N = v->d.dims[0], C = v->d.dims[1], cpg = C / groups;
+    int64_t rest = cw__desc_numel(&v->d) / (N * C); /* elements per (n, c) */
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < groups; g++) {
+            double s = 0, s2 = 0;
+            int64_t cnt = 0;
+            for (int pass = 0; pass < 2; pass++) {
+                double mean = pass ? s / (double)cnt : 0;
+                for (int64_t c = g * cpg; c < (g + 1) * cpg; c++)
+                    for (int64_t e = 0; e < rest; e++) {
+                        int64_t idx[5] = {n, c, 0, 0, 0}, q = e;
+                        for (int i = rank - 1; i >= 2; i--) {
+                            idx[i] = q % v->d.dims[i];
+                            q /= v->d.dims[i];
+                        }
+                        double val = ((const float *)v->data)[voff(v, idx)];
+                        if (pass) {
+                            s2 += (val - mean) * (val - mean);
+                        } else {
+                            s += val;
+                            cnt++;
+                        }
+                    }
+            }
+            out[n * groups + g].count = cnt;
+            out[n * groups + g].mean = s / (double)cnt;
+            out[n * groups + g].var = s2 / (double)cnt;
+        }
+}
+
+/* Random sorted cut points splitting [0, H) into P non-empty bands: bounds[0..P]. */
+static void random_split(int64_t H, int64_t P, int64_t *bounds) {
+    /* choose P-1 distinct cuts in 1..H-1 by a partial Fisher-Yates shuffle */
+    int64_t *pool = malloc((size_t)(H > 1 ? H - 1 : 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < H - 1; i++) pool[i] = i + 1;
+    for (int64_t i = 0; i < P - 1; i++) {
+        int64_t j = cw_rng_range(&rng, i, H - 2);
+        int64_t t = pool[i];
+        pool[i] = pool[j];
+        pool[j] = t;
+    }
+    bounds[0] = 0;
+    for (int64_t i = 0; i < P - 1; i++) bounds[i + 1] = pool[i];
+    bounds[P] = H;
+    for (int64_t i = 1; i < P; i++) /* insertion sort of the cuts */
+        for (int64_t j = i; j > 1 && bounds[j - 1] > bounds[j]; j--) {
+            int64_t t = bounds[j];
+            bounds[j] = bounds[j - 1];
+            bounds[j - 1] = t;
+        }
+    free(pool);
+}
+
+/* Partial stats of the bands given by bounds, each a row-band view of x. */
+static void gn_partials(cw__backend *be, cw__stream *st, const sbuf *x, int64_t groups, const int64_t *bounds,
+                        int64_t P, double *parts) {
+    int rank = x->v.d.rank;
+    int64_t NG3 = x->v.d.dims[0] * groups * 3;
+    for (int64_t p = 0; p < P; p++) {
+        cw__view band = x->v;
+        band.d.dims[rank - 2] = bounds[p + 1] - bounds[p];
+        band.data = (float *)x->v.data + bounds[p] * x->v.d.strides[rank - 2];
+        if (be)
+            ASSERT_OK(be->i->gn_stats(be, st, &band, groups, parts + p * NG3));
+        else
+            cw__cpu_gn_stats_run(&band, groups, parts + p * NG3);
+    }
+}
+
+static double max_rel_mean = 0, max_rel_var = 0, max_rel_ss = 0;
+
+static void gn_case(int iter, int big) {
+    int rank = cw_rng_range(&rng, 0, 2) ? 4 : 5;
+    int64_t groups = big ? 32 : cw_rng_range(&rng, 1, 4);
+    int64_t cpg = big ? 2 : cw_rng_range(&rng, 1, 4);
+    int64_t N = big ? 1 : cw_rng_range(&rng, 1, 2), C = groups * cpg;
+    int64_t D = rank == 5 ? cw_rng_range(&rng, 1, 3) : 1;
+    int64_t H = big ? 96 : cw_rng_range(&rng, 1, 14), W = big ? 80 : cw_rng_range(&rng, 1, 17);
+    int64_t dims[5] = {N, C, D, H, W};
+    if (rank == 4) dims[2] = H, dims[3] = W;
+    sbuf x;
+    sbuf_make(&x, rank, dims, cw_rng_range(&rng, 0, 1));
+    /* per-(n, g) offset and spread; small spread on a large offset stresses cancellation */
+    {
+        sbuf_fill(&x, -1.0f, 1.0f);
+        int64_t rest = cw__desc_numel(&x.v.d) / (N * C);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t g = 0; g < groups; g++) {
+                float off = 8.0f * cw_rng_float(&rng), spread = cw_rng_range(&rng, 0, 3) ? 2.0f : 0.01f;
+                for (int64_t c = g * cpg; c < (g + 1) * cpg; c++)
+                    for (int64_t e = 0; e < rest; e++) {
+                        int64_t idx[5] = {n, c, 0, 0, 0}, q = e;
+                        for (int i = rank - 1; i >= 2; i--) {
+                            idx[i] = q % x.v.d.dims[i];
+                            q /= x.v.d.dims[i];
+                        }
+                        float *px = x.mem + voff(&x.v, idx);
+                        *px = off + spread * *px;
+                    }
+            }
+    }
+    gn_ref *ref = malloc((size_t)(N * groups) * sizeof(gn_ref));
+    gn_reference(&x, groups, ref);
+    float *gamma = malloc((size_t)C * sizeof(float)), *beta = malloc((size_t)C * sizeof(float));
+    for (int64_t c = 0; c < C; c++) {
+        gamma[c] = 1.0f + 0.5f * cw_rng_float(&rng);
+        beta[c] = cw_rng_float(&rng);
+    }
+    const float eps = 1e-6f;
+    int64_t NG3 = N * groups * 3;
+    double *parts = malloc((size_t)(H * NG3) * sizeof(double));
+    int64_t *bounds = malloc((size_t)(H + 1) * sizeof(int64_t));
+    float *sc1 = malloc((size_t)(N * C) * sizeof(float)), *sh1 = malloc((size_t)(N * C) * sizeof(float));
+    float *sc = malloc((size_t)(N * C) * sizeof(float)), *sh = malloc((size_t)(N * C) * sizeof(float));
+    int64_t Pmax = big ? 8 : H, nonbitwise = 0;
+    for (int64_t P = 1; P <= Pmax; P++) {
+        random_split(H, P, bounds);
+        gn_partials(NULL, NULL, &x, groups, bounds, P, parts);
+        /* merged moments vs the naive two-pass reference */
+        for (int64_t i = 0; i < N * groups; i++) {
+            cw_moments m;
+            cw_moments_zero(&m);
+            for (int64_t p = 0; p < P; p++) {
+                const double *q = parts + p * NG3 + i * 3;
+                cw_moments_merge(&m, q[0], q[1], q[2]);
+            }
+            double sd = sqrt(ref[i].var);
+            double em = fabs(m.mean - ref[i].mean) / fmax(fabs(ref[i].mean), sd);
+            double ev = fabs(m.m2 / m.count - ref[i].var) / ref[i].var;
+            if (ref[i].var == 0) ev = fabs(m.m2); /* constant group (W = 1, one element) */
+            max_rel_mean = fmax(max_rel_mean, em);
+            max_rel_var = fmax(max_rel_var, ev);
+            if (m.count != (double)ref[i].count || !(em <= 1e-10) || !(ev <= 1e-10)) {
+                fprintf(stderr, "gn iter %d P %lld (n,g) %lld: count %g/%lld mean %.17g/%.17g var %.17g/%.17g\n",
+                        iter, (long long)P, (long long)i, m.count, (long long)ref[i].count, m.mean, ref[i].mean,
+                        m.m2 / m.count, ref[i].var);
+                cw_test_failures++;
+            }
+        }
+        cw__cpu_gn_finalize_run(parts, P, N, C, groups, gamma, beta, eps, sc, sh);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) {
+                const gn_ref *r = &ref[n * groups + c / cpg];
+                double rs = 1.0 / sqrt(r->var + (double)eps);
+                double s_ref = gamma[c] * rs, h_ref = beta[c] - r->mean * s_ref;
+                double es = fabs(sc[n * C + c] - s_ref) / fabs(s_ref);
+                /* shift relative to its terms: beta - mean*scale can cancel */
+                double eh = fabs(sh[n * C + c] - h_ref) / (fabs(beta[c]) + fabs(r->mean * s_ref));
+                max_rel_ss = fmax(max_rel_ss, fmax(es, eh));
+                if (!(es <= 1e-6) || !(eh <= 1e-6)) {
+                    fprintf(stderr, "gn iter %d P %lld n %lld c %lld: scale %.9g/%.9g shift %.9g/%.9g\n", iter,
+                            (long long)P, (long long)n, (long long)c, (double)sc[n * C + c], s_ref,
+                            (double)sh[n * C + c], h_ref);
+                    cw_test_failures++;
+                }
+            }
+        if (P == 1) {
+            memcpy(sc1, sc, (size_t)(N * C) * sizeof(float));
+            memcpy(sh1, sh, (size_t)(N * C) * sizeof(float));
+        } else {
+            /* every split gives the one-band scale/shift (to float rounding; mostly bitwise) */
+            for (int64_t i = 0; i < N * C; i++) {
+                if (sc[i] != sc1[i] || sh[i] != sh1[i]) nonbitwise++;
+                double d1 = fabs((double)sc[i] - sc1[i]) / fabs((double)sc1[i]);
+                double d2 = fabs((double)sh[i] - sh1[i]) / (fabs((double)sh1[i]) + fabs((double)sc1[i]) * 8.0);
+                if (!(d1 <= 1e-6) || !(d2 <= 1e-6)) {
+                    fprintf(stderr, "gn iter %d: split P %lld differs at %lld: %.9g/%.9g %.9g/%.9g\n", iter,
+                            (long long)P, (long long)i, (double)sc[i], (double)sc1[i], (double)sh[i],
+                            (double)sh1[i]);
+                    cw_test_failures++;
+                }
+            }
+        }
+    }
+    if (big) fprintf(stderr, "gn big case: %lld of %lld split scale/shift values not bitwise equal to P = 1\n",
+                     (long long)nonbitwise, (long long)((Pmax - 1) * N * C));
+    free(sc1), free(sh1), free(sc), free(sh), free(bounds), free(parts), free(gamma), free(beta), free(ref);
+    sbuf_free(&x);
+}
+
+/* ---- add ------------------------------------------------------------------------------ */
+
+static void add_case(cw__backend *be, cw__stream *st, int iter) {
+    int rank = (int)cw_rng_range(&rng, 1, 5);
+    int64_t dims[5];
+    for (int i = 0; i < rank; i++) dims[i] = cw_rng_range(&rng, 1, rank > 3 ? 5 : 11);
+    int alias = (int)cw_rng_range(&rng, 0, 2); /* 0: separate dst, 1: dst = a, 2: dst = b */
+    int strided = iter % 4 != 0;               /* every 4th case all contiguous (fast path) */
+    sbuf a, b, d;
+    sbuf_make(&a, rank, dims, strided);
+    sbuf_make(&b, rank, dims, strided);
+    sbuf_make(&d, rank, dims, strided);
+    sbuf_fill(&a, -100.0f, 100.0f);
+    sbuf_fill(&b, -1.0f, 1.0f);
+    const float sentinel = -777.0f;
+    for (int64_t i = 0; i < d.len; i++) d.mem[i] = sentinel;
+    float *a0 = malloc((size_t)a.len * sizeof(float)), *b0 = malloc((size_t)b.len * sizeof(float));
+    memcpy(a0, a.mem, (size_t)a.len * sizeof(float));
+    memcpy(b0, b.mem, (size_t)b.len * sizeof(float));
+    const cw__view *dv = alias == 1 ? &a.v : alias == 2 ? &b.v : &d.v;
+    if (be) {
+        ASSERT_OK(be->i->add(be, st, dv, &a.v, &b.v));
+        ASSERT_OK(be->i->stream_synchronize(be, st));
+    } else {
+        cw__cpu_add_run(dv, &a.v, &b.v);
+    }
+    const sbuf *db = alias == 1 ? &a : alias == 2 ? &b : &d;
+    int64_t n = cw__desc_numel(&a.v.d), idx[5] = {0}, bad = 0;
+    for (int64_t e = 0; e < n; e++) {
+        /* float addition is correctly rounded: the double sum rounded once must match */
+        float ref = (float)((double)a0[voff(&a.v, idx)] + (double)b0[voff(&b.v, idx)]);
+        if (db->mem[voff(dv, idx)] != ref) bad++;
+        for (int i = rank - 1; i >= 0; i--) {
+            if (++idx[i] < dims[i]) break;
+            idx[i] = 0;
+        }
+    }
+    unsigned char *m = covered(db, dv);
+    const float *orig = alias == 1 ? a0 : alias == 2 ? b0 : NULL;
+    for (int64_t i = 0; i < db->len; i++)
+        if (!m[i] && db->mem[i] != (orig ? orig[i] : sentinel)) bad++;
+    free(m);
+    if (bad) {
+        fprintf(stderr, "add iter %d FAILED: rank %d alias %d strided %d: %lld bad\n", iter, rank, alias, strided,
+                (long long)bad);
+        cw_test_failures++;
+    }
+    free(a0), free(b0);
+    sbuf_free(&a), sbuf_free(&b), sbuf_free(&d);
+}
+
+/* ---- gemm ----------------------------------------------------------------------------- */
+
+static void gemm_case(cw__backend *be, cw__stream *st, int iter, int ta, int tb, int64_t maxdim, int threads) {
+    int64_t M = cw_rng_range(&rng, 1, maxdim), N = cw_rng_range(&rng, 1, maxdim), K = cw_rng_range(&rng, 1, maxdim);
+    int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int64_t lda = ac + cw_rng_range(&rng, 1, 5), ldb = bc + cw_rng_range(&rng, 1, 5), ldc = N + cw_rng_range(&rng, 1, 5);
+    float *A = malloc((size_t)(ar * lda) * sizeof(float)), *B = malloc((size_t)(br * ldb) * sizeof(float));
+    float *Cm = malloc((size_t)(M * ldc) * sizeof(float)), *C0 = malloc((size_t)(M * ldc) * sizeof(float));
+    for (int64_t i = 0; i < ar * lda; i++) A[i] = cw_rng_float(&rng);
+    for (int64_t i = 0; i < br * ldb; i++) B[i] = cw_rng_float(&rng);
+    float alpha = 0.5f + cw_rng_float(&rng), beta = iter % 3 == 0 ? 0.0f : cw_rng_float(&rng);
+    for (int64_t i = 0; i < M * ldc; i++) {
+        int64_t col = i % ldc;
+        /* beta = 0 must ignore C: poison it with NaN there (the padding keeps its value) */
+        C0[i] = (beta == 0.0f && col < N) ? NAN : cw_rng_float(&rng);
+    }
+    memcpy(Cm, C0, (size_t)(M * ldc) * sizeof(float));
+    cw__gemm_params p;
+    memset(&p, 0, sizeof p);
+    p.trans_a = ta, p.trans_b = tb, p.m = M, p.n = N, p.k = K, p.alpha = alpha, p.beta = beta;
+    p.a = A, p.lda = lda, p.b = B, p.ldb = ldb, p.c = Cm, p.ldc = ldc;
+    if (be) {
+        ASSERT_OK(be->i->gemm(be, st, &p));
+        ASSERT_OK(be->i->stream_synchronize(be, st));
+    } else {
+        cw__cpu_gemm_run(&p, threads);
+    }
+    int64_t bad = 0;
+    for (int64_t i = 0; i < M; i++) {
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0, sabs = 0;
+            for (int64_t l = 0; l < K; l++) {
+                double av = ta ? A[l * lda + i] : A[i * lda + l];
+                double bv = tb ? B[j * ldb + l] : B[l * ldb + j];
+                s += av * bv;
+                sabs += fabs(av * bv);
+            }
+            double cv = beta == 0.0f ? 0.0 : (double)C0[i * ldc + j];
+            double ref = alpha * s + beta * cv;
+            double tol = 1e-5 * (fabs(alpha) * sabs + fabs(beta * cv)) + 1e-30;
+            if (!(fabs(Cm[i * ldc + j] - ref) <= tol)) bad++;
+        }
+        for (int64_t j = N; j < ldc; j++)
+            if (memcmp(&Cm[i * ldc + j], &C0[i * ldc + j], sizeof(float)) != 0) bad++;
+    }
+    if (bad) {
+        fprintf(stderr, "gemm iter %d FAILED: ta %d tb %d M %lld N %lld K %lld ld %lld/%lld/%lld beta %g: %lld bad\n",
+                iter, ta, tb, (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb,
+                (long long)ldc, (double)beta, (long long)bad);
+        cw_test_failures++;
+    }
+    if (!be && threads == 1 && maxdim >= 64) {
+        /* thread count must not change the bits: results are identical for any config */
+        float *C2 = malloc((size_t)(M * ldc) * sizeof(float));
+        memcpy(C2, C0, (size_t)(M * ldc) * sizeof(float));
+        p.c = C2;
+        cw__cpu_gemm_run(&p, 2);
+        if (memcmp(C2, Cm, (size_t)(M * ldc) * sizeof(float)) != 0) {
+            fprintf(stderr, "gemm iter %d: 1 and 2 BLAS threads give different bits\n", iter);
+            cw_test_failures++;
+        }
+        free(C2);
+    }
+    free(A), free(B), free(Cm), free(C0);
+}
+
+/* ---- softmax -------------------------------------------------------------------------- */
+
+static void softmax_case(cw__backend *be, cw__stream *st, int iter) {
+    int64_t rows = cw_rng_range(&rng, 1, 9), cols = cw_rng_range(&rng, 1, iter % 5 == 0 ? 3000 : 70);
+    int64_t ld = cols + cw_rng_range(&rng, 0, 4);
+    float *x = malloc((size_t)(rows * ld) * sizeof(float)), *x0 = malloc((size_t)(rows * ld) * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        /* large offsets (+-1000) would overflow exp without the max subtraction */
+        float off = (float)(cw_rng_range(&rng, -1, 1) * 1000), spread = (float)cw_rng_range(&rng, 1, 40);
+        for (int64_t c = 0; c < ld; c++) x[r * ld + c] = c < cols ? off + spread * cw_rng_float(&rng) : -5.0f;
+    }
+    memcpy(x0, x, (size_t)(rows * ld) * sizeof(float));
+    if (be) {
+        ASSERT_OK(be->i->softmax_rows(be, st, x, rows, cols, ld));
+        ASSERT_OK(be->i->stream_synchronize(be, st));
+    } else {
+        cw__cpu_softmax_rows_run(x, rows, cols, ld);
+    }
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double mx = -INFINITY, sum = 0, got_sum = 0;
+        for (int64_t c = 0; c < cols; c++) mx = fmax(mx, x0[r * ld + c]);
+        for (int64_t c = 0; c < cols; c++) sum += exp((double)x0[r * ld + c] - mx);
+        for (int64_t c = 0; c < cols; c++) {
+            double ref = exp((double)x0[r * ld + c] - mx) / sum, got = x[r * ld + c];
+            if (!isfinite(got) || !(fabs(got - ref) <= close_tol(ref, 1e-5, 1e-9))) bad++;
+            got_sum += got;
+        }
+        if (!(fabs(got_sum - 1.0) <= 1e-5)) bad++;
+        for (int64_t c = cols; c < ld; c++)
+            if (x[r * ld + c] != -5.0f) bad++;
+    }
+    if (bad) {
+        fprintf(stderr, "softmax iter %d FAILED: rows %lld cols %lld ld %lld: %lld bad\n", iter, (long long)rows,
+                (long long)cols, (long long)ld, (long long)bad);
+        cw_test_failures++;
+    }
+    free(x), free(x0);
+}
+
+/* ---- through the backend: stream order of a chained GroupNorm, and bad arguments ------- */
+
+static void backend_gn_chain(cw__backend *be, cw__stream *st) {
+    /* stats of 3 bands -> finalize -> prep of the whole tensor, queued without syncs */
+    int64_t N = 2, C = 8, G = 4, H = 9, W = 13, dims[4] = {N, C, H, W};
+    sbuf x, y;
+    sbuf_make(&x, 4, dims, 1);
+    sbuf_fill(&x, -2.0f, 3.0f);
+    sbuf_make(&y, 4, dims, 0);
+    int64_t bounds[4] = {0, 2, 7, 9};
+    double *parts = malloc((size_t)(3 * N * G * 3) * sizeof(double));
+    float gamma[8], beta[8], *sc = malloc(sizeof(float) * N * C), *sh = malloc(sizeof(float) * N * C);
+    for (int c = 0; c < 8; c++) gamma[c] = 1.0f + 0.1f * c, beta[c] = 0.05f * c - 0.2f;
+    gn_partials(be, st, &x, G, bounds, 3, parts);
+    ASSERT_OK(be->i->gn_finalize(be, st, parts, 3, N, C, G, gamma, beta, 1e-5f, sc, sh));
+    cw__prep_params p;
+    memset(&p, 0, sizeof p);
+    p.src = x.v, p.dst = y.v, p.scale = sc, p.shift = sh, p.silu = 1, p.up = 1;
+    ASSERT_OK(be->i->prep(be, st, &p));
+    ASSERT_OK(be->i->stream_synchronize(be, st));
+    gn_ref ref[8];
+    gn_reference(&x, G, ref);
+    int64_t bad = 0;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+            const gn_ref *r = &ref[n * G + c / (C / G)];
+            double rs = 1.0 / sqrt(r->var + 1e-5);
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t w = 0; w < W; w++) {
+                    int64_t i4[4] = {n, c, h, w};
+                    double v = (x.mem[voff(&x.v, i4)] - r->mean) * rs * gamma[c] + beta[c];
+                    v = silu_ref(v);
+                    if (!(fabs(y.mem[voff(&y.v, i4)] - v) <= close_tol(v, 1e-5, 1e-5))) bad++;
+                }
+        }
+    if (bad) {
+        fprintf(stderr, "backend GroupNorm chain: %lld bad elements\n", (long long)bad);
+        cw_test_failures++;
+    }
+    free(parts), free(sc), free(sh);
+    sbuf_free(&x), sbuf_free(&y);
+}
+
+static void backend_bad_args(cw__backend *be, cw__stream *st) {
+    int64_t dims[4] = {1, 4, 6, 5}, ddims[4] = {1, 4, 8, 10};
+    sbuf x, y;
+    sbuf_make(&x, 4, dims, 0);
+    sbuf_make(&y, 4, ddims, 0);
+    cw__prep_params p;
+    memset(&p, 0, sizeof p);
+    p.src = x.v, p.dst = y.v, p.up = 2;
+    /* dst rows [4, 12) at up 2 need src rows [2, 6), the band starts at row 3: missing row 2 */
+    p.dst_row0 = 4, p.src_row0 = 3;
+    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_INVALID_ARG);
+    p.src_row0 = 2; /* a band of 4 rows starting at row 2 holds exactly rows [2, 6): ok */
+    p.src.d.dims[2] = 4;
+    ASSERT_OK(be->i->prep(be, st, &p));
+    p.src.d.dims[2] = 3; /* one row short */
+    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_INVALID_ARG);
+    p.src.d.dims[2] = 4;
+    p.dst.d.dims[3] = 11; /* W beyond src W * up */
+    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_INVALID_ARG);
+    p.dst.d.dims[3] = 10;
+    p.src.d.dtype = CW_F16;
+    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_UNSUPPORTED);
+    p.src.d.dtype = CW_F32;
+    p.up = 0;
+    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_INVALID_ARG);
+    double out[12];
+    ASSERT_STATUS(be->i->gn_stats(be, st, &x.v, 3, out), CW_ERR_INVALID_ARG);
+    cw__view xf16 = x.v;
+    xf16.d.dtype = CW_BF16;
+    ASSERT_STATUS(be->i->gn_stats(be, st, &xf16, 2, out), CW_ERR_UNSUPPORTED);
+    ASSERT_STATUS(be->i->add(be, st, &y.v, &x.v, &x.v), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(be->i->add(be, st, &x.v, &xf16, &x.v), CW_ERR_UNSUPPORTED);
+    float a[6] = {0}, c[6] = {0};
+    cw__gemm_params g;
+    memset(&g, 0, sizeof g);
+    g.m = 2, g.n = 3, g.k = 2, g.alpha = 1, g.a = a, g.lda = 1, g.b = a, g.ldb = 3, g.c = c, g.ldc = 3;
+    ASSERT_STATUS(be->i->gemm(be, st, &g), CW_ERR_INVALID_ARG); /* lda 1 < k 2 */
+    g.lda = 2;
+    g.trans_a = 1; /* A stored k x m: lda must be >= m = 2: ok */
+    ASSERT_OK(be->i->gemm(be, st, &g));
+    ASSERT_STATUS(be->i->softmax_rows(be, st, c, 2, 3, 2), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(be->i->gn_finalize(be, st, out, 1, 1, 4, 3, NULL, NULL, 1e-5f, c, c), CW_ERR_INVALID_ARG);
+    ASSERT_OK(be->i->stream_synchronize(be, st));
+    sbuf_free(&x), sbuf_free(&y);
+}
+
+int main(void) {
+    uint64_t seed = cw_test_seed(0x0b5c0de);
+    rng.s = seed;
+    int quick = cw_test_quick();
+
+    test_silu();
+
+    int n_prep = quick ? 150 : 600;
+    for (int i = 0; i < n_prep; i++) prep_case(NULL, NULL, i);
+
+    int n_gn = quick ? 40 : 150;
+    for (int i = 0; i < n_gn; i++) gn_case(i, 0);
+    gn_case(n_gn, 1);
+    fprintf(stderr, "gn: max relative error mean %.3g var %.3g scale/shift %.3g\n", max_rel_mean, max_rel_var,
+            max_rel_ss);
+
+    int n_add = quick ? 100 : 400;
+    for (int i = 0; i < n_add; i++) add_case(NULL, NULL, i);
+
+    int n_gemm = quick ? 6 : 20;
+    for (int i = 0; i < n_gemm; i++)
+        for (int t = 0; t < 4; t++) {
+            gemm_case(NULL, NULL, i, t & 1, t >> 1, 40, 1);
+            if (i % 5 == 0) gemm_case(NULL, NULL, i, t & 1, t >> 1, 300, 1);
+        }
+
+    int n_soft = quick ? 30 : 100;
+    for (int i = 0; i < n_soft; i++) softmax_case(NULL, NULL, i);
+
+    /* the same ops through a real cpu backend and its stream worker */
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.threads = 2;
+    cw__backend *be = NULL;
+    cw__stream *st = NULL;
+    ASSERT_OK(cw__backend_cpu_create(NULL, &cfg, &be));
+    ASSERT_OK(be->i->stream_create(be, &st));
+    for (int i = 0; i < 20; i++) prep_case(be, st, i);
+    for (int i = 0; i < 20; i++) add_case(be, st, i);
+    for (int t = 0; t < 4; t++) gemm_case(be, st, t, t & 1, t >> 1, 120, 0);
+    for (int i = 0; i < 10; i++) softmax_case(be, st, i);
+    backend_gn_chain(be, st);
+    backend_bad_args(be, st);
+    be->i->stream_destroy(be, st);
+    be->i->destroy(be);
+
+    fprintf(stderr, "ops_cpu: prep %d, gn %d, add %d, gemm %d, softmax %d random cases + backend hooks\n", n_prep,
+            n_gn + 1, n_add, n_gemm * 4 + ((n_gemm + 4) / 5) * 4, n_soft);
+    TEST_DONE();
+}
