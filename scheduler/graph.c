@@ -1,0 +1,270 @@
+/* The graph API: nodes appended in topological order (operands must exist), shapes
+ * inferred and validated as each node is added so errors name the offending call. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "scheduler/patch.h"
+#include "scheduler/sched.h"
+
+cw_status cw_graph_create(cw_graph **out, cw_context *ctx) {
+    if (!out || !ctx) return CW_ERR_INVALID_ARG;
+    *out = NULL;
+    cw_graph *g = cw__calloc(1, sizeof *g);
+    if (!g) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cw_graph_create: out of host memory");
+    g->ctx = ctx;
+    *out = g;
+    return CW_OK;
+}
+
+void cw_graph_destroy(cw_graph *g) {
+    if (!g) return;
+    cw__free(g->nodes);
+    cw__free(g);
+}
+
+const cw__node *cw__graph_node(const cw_graph *g, cw_node id) {
+    return (id >= 0 && id < g->n) ? &g->nodes[id] : NULL;
+}
+
+static cw_status cw__node_add(cw_graph *g, cw__nkind kind, const char *name, cw__node **out, cw_node *id) {
+    if (g->n == g->cap) {
+        int cap = g->cap ? g->cap * 2 : 64;
+        cw__node *nn = cw__realloc(g->nodes, (size_t)cap * sizeof *nn);
+        if (!nn) return cw__error(g->ctx, CW_ERR_OUT_OF_MEMORY, "graph: out of host memory");
+        g->nodes = nn;
+        g->cap = cap;
+    }
+    cw__node *n = &g->nodes[g->n];
+    memset(n, 0, sizeof *n);
+    n->kind = kind;
+    for (int i = 0; i < 4; i++) n->in[i] = -1;
+    snprintf(n->name, sizeof n->name, "%s", name ? name : "");
+    n->index = -1;
+    *out = n;
+    *id = g->n++;
+    return CW_OK;
+}
+
+static cw_status cw__operand(cw_graph *g, cw_node x, const char *call, const char *arg, const cw__node **out) {
+    const cw__node *n = cw__graph_node(g, x);
+    if (!n) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: %s = %d is not a node of this graph", call, arg, (int)x);
+    *out = n;
+    return CW_OK;
+}
+
+static void cw__use(cw_graph *g, cw_node x) {
+    if (x >= 0) g->nodes[x].n_uses++;
+}
+
+cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_tensor_desc *desc) {
+    if (!g || !out || !desc) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    if (desc->dtype != CW_F32)
+        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_input '%s': only f32 activations are supported",
+                         name ? name : "");
+    cw_tensor_desc d;
+    if (cw_tensor_desc_make(&d, desc->dtype, desc->rank, desc->dims) != CW_OK)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_input '%s': bad rank %d or dims", name ? name : "",
+                         desc->rank);
+    cw__node *n = NULL;
+    cw_status st = cw__node_add(g, CW__N_INPUT, name, &n, out);
+    if (st != CW_OK) return st;
+    n->desc = d;
+    n->index = g->n_inputs++;
+    return CW_OK;
+}
+
+cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t) {
+    if (!g || !out || !t) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    if (t->ctx != g->ctx)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_constant '%s': tensor belongs to another context",
+                         name ? name : "");
+    cw__node *n = NULL;
+    cw_status st = cw__node_add(g, CW__N_CONST, name, &n, out);
+    if (st != CW_OK) return st;
+    n->desc = t->desc;
+    n->t = t;
+    return CW_OK;
+}
+
+cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node b, const cw_conv_params *p) {
+    if (!g || !out || !p) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL, *nw = NULL, *nb = NULL;
+    cw_status st;
+    if ((st = cw__operand(g, x, "cw_graph_conv", "x", &nx)) != CW_OK) return st;
+    if ((st = cw__operand(g, w, "cw_graph_conv", "w", &nw)) != CW_OK) return st;
+    if (b != CW_NODE_NONE && (st = cw__operand(g, b, "cw_graph_conv", "b", &nb)) != CW_OK) return st;
+    if (nw->kind != CW__N_CONST || (nb && nb->kind != CW__N_CONST))
+        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_conv: w and b must be constants (cw_graph_constant)");
+    cw_tensor_desc y;
+    if ((st = cw__conv_validate(g->ctx, &nx->desc, &nw->desc, nb ? &nb->desc : NULL, NULL, p, &y)) != CW_OK)
+        return st;
+    if (nw->desc.dtype != CW_F32 || (nb && nb->desc.dtype != CW_F32))
+        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_conv: only f32 weights are supported in graphs");
+    cw__node *n = NULL;
+    if ((st = cw__node_add(g, CW__N_CONV, NULL, &n, out)) != CW_OK) return st;
+    n->desc = y;
+    n->in[0] = x, n->in[1] = w, n->in[2] = b;
+    n->conv = *p;
+    snprintf(n->name, sizeof n->name, "conv%" PRId64 "x%" PRId64 " %" PRId64 "->%" PRId64,
+             nw->desc.dims[nw->desc.rank - 2], nw->desc.dims[nw->desc.rank - 1], nx->desc.dims[1], y.dims[1]);
+    cw__use(g, x);
+    return CW_OK;
+}
+
+static cw_status cw__check_vec(cw_graph *g, cw_node v, int64_t c, const char *call, const char *arg) {
+    const cw__node *n = NULL;
+    cw_status st = cw__operand(g, v, call, arg, &n);
+    if (st != CW_OK) return st;
+    if (n->kind != CW__N_CONST || n->desc.rank != 1 || n->desc.dims[0] != c || n->desc.dtype != CW_F32 ||
+        !cw__desc_is_contiguous(&n->desc)) {
+        char buf[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: %s must be a contiguous f32 constant of dims [%" PRId64
+                         "], got %s", call, arg, c, cw__dims_str(&n->desc, buf, sizeof buf));
+    }
+    return CW_OK;
+}
+
+static cw_status cw__check_act(cw_graph *g, cw_node x, const char *call, const cw__node **nx) {
+    cw_status st = cw__operand(g, x, call, "x", nx);
+    if (st != CW_OK) return st;
+    if ((*nx)->desc.rank != 4 && (*nx)->desc.rank != 5) {
+        char buf[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: x must be [N, C, H, W] or [N, C, D, H, W], got %s", call,
+                         cw__dims_str(&(*nx)->desc, buf, sizeof buf));
+    }
+    return CW_OK;
+}
+
+cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamma, cw_node beta, int64_t groups,
+                              float eps) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if ((st = cw__check_act(g, x, "cw_graph_group_norm", &nx)) != CW_OK) return st;
+    int64_t c = nx->desc.dims[1];
+    if (groups < 1 || c % groups != 0)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_group_norm: groups = %" PRId64
+                         " must divide channels C = %" PRId64, groups, c);
+    if (!(eps > 0.0f)) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_group_norm: eps = %g must be > 0", eps);
+    if ((st = cw__check_vec(g, gamma, c, "cw_graph_group_norm", "gamma")) != CW_OK) return st;
+    if ((st = cw__check_vec(g, beta, c, "cw_graph_group_norm", "beta")) != CW_OK) return st;
+    cw__node *n = NULL;
+    if ((st = cw__node_add(g, CW__N_GN, "group_norm", &n, out)) != CW_OK) return st;
+    n->desc = g->nodes[x].desc;
+    n->in[0] = x, n->in[1] = gamma, n->in[2] = beta;
+    n->groups = groups;
+    n->eps = eps;
+    cw__use(g, x);
+    return CW_OK;
+}
+
+static cw_status cw__unary(cw_graph *g, cw_node *out, cw_node x, cw__nkind kind, const char *call) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if ((st = cw__check_act(g, x, call, &nx)) != CW_OK) return st;
+    cw_tensor_desc d = nx->desc;
+    cw__node *n = NULL;
+    if ((st = cw__node_add(g, kind, kind == CW__N_SILU ? "silu" : "upsample2x", &n, out)) != CW_OK) return st;
+    if (kind == CW__N_UP2) {
+        d.dims[d.rank - 2] *= 2;
+        d.dims[d.rank - 1] *= 2;
+        memset(d.strides, 0, sizeof d.strides);
+        cw__desc_fill_strides(&d);
+    }
+    n->desc = d;
+    n->in[0] = x;
+    cw__use(g, x);
+    return CW_OK;
+}
+
+cw_status cw_graph_silu(cw_graph *g, cw_node *out, cw_node x) { return cw__unary(g, out, x, CW__N_SILU, "cw_graph_silu"); }
+cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x) {
+    return cw__unary(g, out, x, CW__N_UP2, "cw_graph_upsample2x");
+}
+
+static int cw__same_dims(const cw_tensor_desc *a, const cw_tensor_desc *b) {
+    if (a->rank != b->rank) return 0;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return 0;
+    return 1;
+}
+
+cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *na = NULL, *nb = NULL;
+    cw_status st;
+    if ((st = cw__check_act(g, a, "cw_graph_add", &na)) != CW_OK) return st;
+    if ((st = cw__check_act(g, b, "cw_graph_add", &nb)) != CW_OK) return st;
+    if (!cw__same_dims(&na->desc, &nb->desc)) {
+        char b1[96], b2[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_add: a %s and b %s differ in shape",
+                         cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2));
+    }
+    cw__node *n = NULL;
+    if ((st = cw__node_add(g, CW__N_ADD, "add", &n, out)) != CW_OK) return st;
+    n->desc = g->nodes[a].desc;
+    n->in[0] = a, n->in[1] = b;
+    cw__use(g, a);
+    cw__use(g, b);
+    return CW_OK;
+}
+
+cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nq = NULL, *nk = NULL, *nv = NULL;
+    cw_status st;
+    if ((st = cw__check_act(g, q, "cw_graph_attention", &nq)) != CW_OK) return st;
+    if ((st = cw__check_act(g, k, "cw_graph_attention", &nk)) != CW_OK) return st;
+    if ((st = cw__check_act(g, v, "cw_graph_attention", &nv)) != CW_OK) return st;
+    if (!cw__same_dims(&nq->desc, &nk->desc) || !cw__same_dims(&nq->desc, &nv->desc)) {
+        char b1[96], b2[96], b3[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_attention: q %s, k %s, v %s must have equal shapes",
+                         cw__dims_str(&nq->desc, b1, sizeof b1), cw__dims_str(&nk->desc, b2, sizeof b2),
+                         cw__dims_str(&nv->desc, b3, sizeof b3));
+    }
+    if (!(scale > 0.0f)) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_attention: scale = %g must be > 0", scale);
+    cw__node *n = NULL;
+    if ((st = cw__node_add(g, CW__N_ATTN, "attention", &n, out)) != CW_OK) return st;
+    n->desc = g->nodes[q].desc;
+    n->in[0] = q, n->in[1] = k, n->in[2] = v;
+    n->scale = scale;
+    cw__use(g, q);
+    cw__use(g, k);
+    cw__use(g, v);
+    return CW_OK;
+}
+
+cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name) {
+    if (!g) return CW_ERR_INVALID_ARG;
+    const cw__node *n = NULL;
+    cw_status st = cw__operand(g, node, "cw_graph_output", "node", &n);
+    if (st != CW_OK) return st;
+    if (n->kind == CW__N_INPUT || n->kind == CW__N_CONST)
+        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_output: node %d is an input or constant, not computed",
+                         (int)node);
+    if (n->is_output) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_output: node %d is already an output", (int)node);
+    if (g->n_outputs == (int)(sizeof g->outputs / sizeof g->outputs[0]))
+        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_output: at most 64 outputs");
+    g->nodes[node].is_output = 1;
+    g->nodes[node].index = g->n_outputs;
+    if (name && name[0]) snprintf(g->nodes[node].name, sizeof g->nodes[node].name, "%s", name);
+    g->outputs[g->n_outputs++] = node;
+    return CW_OK;
+}
+
+cw_status cw_graph_node_desc(const cw_graph *g, cw_node node, cw_tensor_desc *out) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    const cw__node *n = cw__graph_node(g, node);
+    if (!n) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_node_desc: %d is not a node", (int)node);
+    *out = n->desc;
+    return CW_OK;
+}

@@ -1,0 +1,169 @@
+/* Internal structures of the scheduler: the graph as the user built it, and the plan it
+ * lowers into — buffers, tasks on streams, and the host-ordered action list that
+ * cw_plan_run replays (allocate, enqueue task with event waits, free). */
+#ifndef CW_SCHED_H
+#define CW_SCHED_H
+
+#include "alloc/alloc.h"
+#include "backend/backend.h"
+#include "core/core.h"
+
+typedef enum { CW__N_INPUT, CW__N_CONST, CW__N_CONV, CW__N_GN, CW__N_SILU, CW__N_ADD, CW__N_UP2, CW__N_ATTN } cw__nkind;
+
+typedef struct cw__node {
+    cw__nkind kind;
+    char name[64];
+    cw_tensor_desc desc; /* result, contiguous dims */
+    int in[4];           /* operand nodes, -1 unused */
+    cw_conv_params conv;
+    int64_t groups;
+    float eps, scale;
+    cw_tensor *t;        /* constants */
+    int index;           /* input / output position */
+    int is_output;
+    int n_uses;
+} cw__node;
+
+struct cw_graph {
+    cw_context *ctx;
+    cw__node *nodes;
+    int n, cap;
+    int n_inputs;
+    int outputs[64];
+    int n_outputs;
+};
+
+/* Buffers the plan refers to. External ones get their memory at run time. */
+typedef enum { CW__B_INPUT, CW__B_OUTPUT, CW__B_CONST, CW__B_ACT, CW__B_TEMP } cw__bkind;
+
+typedef struct cw__buf {
+    cw__bkind kind;
+    int ext;             /* input/output index, or node id of the constant */
+    cw_tensor_desc d;    /* dims; strides are the run-time tensor's for externals */
+    int64_t bytes;       /* for ACT/TEMP */
+    cw_tensor *t;        /* for CONST */
+} cw__buf;
+
+/* A view of a buffer: start index and extent per dim; strides resolved at run time. */
+typedef struct cw__vref {
+    int buf;
+    int rank;
+    int64_t start[CW_MAX_RANK];
+    int64_t dims[CW_MAX_RANK];
+} cw__vref;
+
+typedef enum { CW__T_CONV, CW__T_PREP, CW__T_ADD, CW__T_STATS, CW__T_FINALIZE, CW__T_ATTN } cw__tkind;
+
+typedef struct cw__task {
+    cw__tkind kind;
+    int stage;           /* CW_STAGE_* */
+    int stream;          /* plan stream index */
+    char name[128];
+    int *deps;
+    int n_deps;
+    int event;           /* index into plan events, -1 if no cross-stream consumer */
+    int *waits;          /* tasks whose events this one waits on (deduplicated) */
+    int n_waits;
+    double flops;
+    int node;
+    union {
+        struct {
+            cw__conv_problem prob; /* descs' strides filled at run time */
+            cw__conv_algo algo;
+            cw__vref x, w, b, y;
+            int has_b;
+            int ws_buf;
+        } conv;
+        struct {
+            cw__vref src, dst;
+            int ss_buf;          /* scale/shift buffer (2*N*C floats), -1 none */
+            int silu, up;
+            int64_t dst_row0, src_row0;
+        } prep;
+        struct {
+            cw__vref dst, a, b;
+        } add;
+        struct {
+            cw__vref x;
+            int64_t groups;
+            int part_buf;
+            int64_t part_index;
+        } stats;
+        struct {
+            int part_buf;
+            int64_t n_parts, n, c, groups;
+            cw__vref gamma, beta;
+            float eps;
+            int ss_buf;
+        } fin;
+        struct {
+            cw__vref q, k, v, o;
+            int64_t n, t0, t1, T, C;
+            int s_buf;
+            float scale;
+        } attn;
+    } u;
+} cw__task;
+
+typedef enum { CW__A_ALLOC, CW__A_FREE, CW__A_TASK } cw__akind;
+typedef struct cw__action {
+    cw__akind kind;
+    int id;              /* buffer or task */
+    int stream;          /* ALLOC/FREE: stream */
+    int *joins;          /* FREE: tasks on other streams to wait for first */
+    int n_joins;
+} cw__action;
+
+/* Describes one conv's patching for cw_plan_describe. */
+typedef struct cw__conv_info {
+    int node;
+    int patches;
+    int first_task;      /* conv tasks of this conv are first_task.. in steps of `stride` tasks (listed) */
+    int *tasks;
+    int64_t h_out;
+    int fused_prep;
+    double halo_pct;
+} cw__conv_info;
+
+struct cw_plan {
+    cw_context *ctx;
+    cw_compile_options opt;
+    int64_t budget;        /* <= 0 unlimited */
+    int n_streams;         /* plan streams; heavy = max(1, n-1), light = n-1 (or 0) */
+    cw__buf *bufs;
+    int n_bufs, cap_bufs;
+    cw__task *tasks;
+    int n_tasks, cap_tasks;
+    cw__action *acts;
+    int n_acts, cap_acts;
+    int n_events;
+    int n_inputs, n_outputs;
+    cw_tensor_desc *in_desc, *out_desc;
+    cw__conv_info *convs;
+    int n_convs, cap_convs;
+    int64_t weights_bytes;
+    int64_t temp_predicted;
+    double conv_gflop, halo_flop;
+    /* run state */
+    cw__allocator *temp;   /* the context's when the plan's budget is the context's */
+    int own_temp;
+    cw__event **events;
+    void **ptrs;           /* per buffer, during a run */
+    cw_tensor_desc *rdesc; /* per buffer run-time desc (strides) */
+    int64_t *t0, *t1;      /* per task timestamps (ns) when timing */
+    int64_t run_t0;
+    cw_plan_stats stats;
+    int ran;
+};
+
+/* graph.c */
+const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
+/* compile.c */
+cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, cw_plan **out);
+/* run.c: replays the action list on a backend; dry = allocation simulation only. */
+cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw__allocator *act, int dry,
+                           int64_t *peak_temp);
+void cw__plan_free(cw_plan *p);
+/* nvtx (lib/prof) */
+
+#endif
