@@ -1,0 +1,368 @@
+/* cw-vae end to end on the committed tiny diffusers fixtures (tests/fixtures/tiny_*): the
+ * decode via vae.c (the CLI's code path) against diffusers' float64 output, scheduled runs
+ * against the unscheduled reference, legacy key names, and bad-weight messages. */
+#include <cjson/cJSON.h>
+#include <unistd.h>
+
+#include "convweave/convweave.h"
+#include "npy.h"
+#include "safetensors.h"
+#include "testutil.h"
+#include "vae.h"
+
+#define FIX CW_SOURCE_DIR "/tests/fixtures/"
+
+static cw_context *ctx;
+
+/* max|a - r| / max|r| */
+static double rel_err(const float *a, const float *r, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)r[i]);
+        if (!(d <= num)) num = d; /* NaN sticks */
+        if (fabs((double)r[i]) > den) den = fabs((double)r[i]);
+    }
+    return den > 0 ? num / den : num;
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    ASSERT_TRUE(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    ASSERT_TRUE(s && fread(s, 1, (size_t)n, f) == (size_t)n);
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* The tiny preset must be exactly the fixture's architecture. */
+static void check_preset_matches_config(void) {
+    vae_config c;
+    char err[VAE_ERR_LEN];
+    ASSERT_EQ_I(vae_preset(&c, "tiny", err, sizeof(err)), 0);
+    char *text = read_text(FIX "tiny_config.json");
+    cJSON *j = cJSON_Parse(text);
+    ASSERT_TRUE(j != NULL);
+    cJSON *boc = cJSON_GetObjectItem(j, "block_out_channels");
+    ASSERT_EQ_I(cJSON_GetArraySize(boc), c.n_blocks);
+    for (int i = 0; i < c.n_blocks; i++) ASSERT_EQ_I(cJSON_GetArrayItem(boc, i)->valueint, c.block_out[i]);
+    ASSERT_EQ_I(cJSON_GetObjectItem(j, "layers_per_block")->valueint, c.layers_per_block);
+    ASSERT_EQ_I(cJSON_GetObjectItem(j, "norm_num_groups")->valueint, c.groups);
+    ASSERT_EQ_I(cJSON_GetObjectItem(j, "latent_channels")->valueint, c.latent_channels);
+    ASSERT_EQ_I(cJSON_GetObjectItem(j, "out_channels")->valueint, c.out_channels);
+    CHECK(fabs(cJSON_GetObjectItem(j, "norm_eps")->valuedouble - c.eps) < 1e-12);
+    CHECK(fabs(cJSON_GetObjectItem(j, "scaling_factor")->valuedouble - c.scaling_factor) < 1e-12);
+    cJSON_Delete(j);
+    free(text);
+}
+
+typedef struct decoded {
+    float *y;
+    int64_t n;
+    cw_plan_stats stats;
+} decoded;
+
+/* Builds the tiny decoder from `weights` and decodes the fixture latent with opt. */
+static cw_status decode_with(const char *weights, const float *z, const int64_t zd[4], const cw_compile_options *opt,
+                             decoded *out, char *err, size_t errlen) {
+    vae_config cfg;
+    ASSERT_EQ_I(vae_preset(&cfg, "tiny", err, errlen), 0);
+    vae_weights *w = NULL;
+    if (vae_weights_open_file(&w, weights, err, errlen)) return CW_ERR_FORMAT;
+    vae_model *m = NULL;
+    cw_status st = vae_build(&m, ctx, &cfg, w, zd[2], zd[3], CW_F32, err, errlen);
+    vae_weights_close(w);
+    if (st != CW_OK) return st;
+    ASSERT_EQ_I(m->out_desc.rank, 4);
+    ASSERT_EQ_I(m->out_desc.dims[1], 3);
+    ASSERT_EQ_I(m->out_desc.dims[2], zd[2] * 8);
+    ASSERT_EQ_I(m->out_desc.dims[3], zd[3] * 8);
+    cw_plan *plan = NULL;
+    st = vae_compile(m, opt, &plan, err, errlen);
+    if (st == CW_OK) {
+        out->n = cw_tensor_desc_numel(&m->out_desc);
+        out->y = malloc((size_t)out->n * sizeof(float));
+        ASSERT_TRUE(out->y != NULL);
+        st = vae_decode(m, plan, z, out->y, err, errlen);
+        if (st == CW_OK) ASSERT_OK_CTX(ctx, cw_plan_get_stats(plan, &out->stats));
+    }
+    cw_plan_destroy(plan);
+    vae_model_destroy(m);
+    return st;
+}
+
+/* Rewrites the fixture weights into path with `edit` applied to each (name, shape). */
+typedef void (*edit_fn)(char *name, size_t len, int64_t *shape, int *rank, int *drop);
+
+static void rewrite_weights(const char *path, edit_fn edit) {
+    char err[VAE_ERR_LEN];
+    st_file *f = NULL;
+    if (st_open(&f, FIX "tiny_vae.safetensors", err, sizeof(err))) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
+    size_t n = st_count(f);
+    char **names = calloc(n, sizeof(char *));
+    int64_t **shapes = calloc(n, sizeof(int64_t *));
+    int *ranks = calloc(n, sizeof(int));
+    float **data = calloc(n, sizeof(float *));
+    ASSERT_TRUE(names && shapes && ranks && data);
+    int k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = st_at(f, i);
+        char *name = malloc(256);
+        int64_t *shape = calloc(ST_MAX_RANK, sizeof(int64_t));
+        float *d = malloc((size_t)t->numel * sizeof(float));
+        ASSERT_TRUE(name && shape && d);
+        snprintf(name, 256, "%s", t->name);
+        memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->rank);
+        int rank = t->rank, drop = 0;
+        ASSERT_EQ_I(st_read_f32(f, t, d, (size_t)t->numel, err, sizeof(err)), 0);
+        edit(name, 256, shape, &rank, &drop);
+        if (drop) {
+            free(name), free(shape), free(d);
+            continue;
+        }
+        names[k] = name, shapes[k] = shape, ranks[k] = rank, data[k] = d;
+        k++;
+    }
+    if (st_write(path, k, (const char *const *)names, (const int64_t *const *)shapes, ranks,
+                 (const float *const *)data, err, sizeof(err))) {
+        fprintf(stderr, "st_write %s: %s\n", path, err);
+        exit(1);
+    }
+    for (int i = 0; i < k; i++) free(names[i]), free(shapes[i]), free(data[i]);
+    free(names), free(shapes), free(ranks), free(data);
+    st_close(f);
+}
+
+/* Legacy attention names; q/k/v/out weights as [C, C, 1, 1] convs. */
+static void edit_legacy(char *name, size_t len, int64_t *shape, int *rank, int *drop) {
+    static const char *const map[][2] = {
+        {".to_q.", ".query."}, {".to_k.", ".key."}, {".to_v.", ".value."}, {".to_out.0.", ".proj_attn."}};
+    for (int i = 0; i < 4; i++) {
+        char *p = strstr(name, map[i][0]);
+        if (!p) continue;
+        char tmp[256];
+        snprintf(tmp, sizeof(tmp), "%.*s%s%s", (int)(p - name), name, map[i][1], p + strlen(map[i][0]));
+        snprintf(name, len, "%s", tmp);
+        if (*rank == 2 && i != 1) { /* leave key's weight as Linear [C, C]: both forms */
+            shape[2] = shape[3] = 1;
+            *rank = 4;
+        }
+    }
+    (void)drop;
+}
+
+static void edit_drop_key(char *name, size_t len, int64_t *shape, int *rank, int *drop) {
+    (void)len, (void)shape, (void)rank;
+    *drop = !strcmp(name, "decoder.up_blocks.2.resnets.1.conv2.bias");
+}
+
+/* a transposed shortcut: [16, 32, 1, 1] -> [32, 16, 1, 1] (same element count) */
+static void edit_bad_shape(char *name, size_t len, int64_t *shape, int *rank, int *drop) {
+    (void)len, (void)rank, (void)drop;
+    if (!strcmp(name, "decoder.up_blocks.2.resnets.0.conv_shortcut.weight")) {
+        int64_t t = shape[0];
+        shape[0] = shape[1];
+        shape[1] = t;
+    }
+}
+
+static int contains(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
+
+int main(void) {
+    uint64_t seed = cw_test_seed(20240611);
+    char err[VAE_ERR_LEN];
+    cw_context_config cc = CW_CONTEXT_CONFIG_INIT;
+    cc.backend = CW_BACKEND_CPU;
+    cc.threads = 2;
+    ASSERT_OK(cw_context_create(&ctx, &cc));
+
+    check_preset_matches_config();
+
+    float *z = NULL;
+    int64_t zd[4];
+    if (vae_latent_load(FIX "tiny_latent.npy", &z, zd, err, sizeof(err))) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    ASSERT_EQ_I(zd[1], 4);
+    npy_array ref;
+    ASSERT_EQ_I(npy_read(FIX "tiny_out.npy", &ref, err, sizeof(err)), 0);
+
+    /* 1. unscheduled reference vs diffusers (float64): relative error <= 1e-4 */
+    cw_compile_options none = CW_COMPILE_OPTIONS_INIT;
+    none.policy = CW_PATCHES_NONE;
+    none.streams = 1;
+    none.temp_budget = -1;
+    decoded r = {0};
+    cw_status st = decode_with(FIX "tiny_vae.safetensors", z, zd, &none, &r, err, sizeof(err));
+    if (st != CW_OK) fprintf(stderr, "reference decode: %s\n", err);
+    ASSERT_EQ_I(st, CW_OK);
+    ASSERT_EQ_I(r.n, ref.numel);
+    double e = rel_err(r.y, ref.data, r.n);
+    fprintf(stderr, "reference vs diffusers: rel err %.3g\n", e);
+    CHECK(e <= 1e-4);
+
+    /* 2. F16 / BF16 weight files against diffusers decoding the same rounded weights */
+    static const char *const half[][2] = {{FIX "tiny_vae_f16.safetensors", FIX "tiny_out_f16w.npy"},
+                                           {FIX "tiny_vae_bf16.safetensors", FIX "tiny_out_bf16w.npy"}};
+    for (int i = 0; i < 2; i++) {
+        npy_array hr;
+        ASSERT_EQ_I(npy_read(half[i][1], &hr, err, sizeof(err)), 0);
+        decoded h = {0};
+        ASSERT_EQ_I(decode_with(half[i][0], z, zd, &none, &h, err, sizeof(err)), CW_OK);
+        double eh = rel_err(h.y, hr.data, h.n);
+        fprintf(stderr, "%s: rel err %.3g\n", half[i][0], eh);
+        CHECK(eh <= 1e-4);
+        free(h.y);
+        npy_free(&hr);
+    }
+
+    /* 3. scheduled runs (auto/fixed patches, small budgets, 2-3 streams) vs the reference */
+    {
+        vae_config cfg;
+        vae_preset(&cfg, "tiny", err, sizeof(err));
+        vae_weights *w = NULL;
+        ASSERT_EQ_I(vae_weights_open_file(&w, FIX "tiny_vae.safetensors", err, sizeof(err)), 0);
+        vae_model *m = NULL;
+        ASSERT_EQ_I(vae_build(&m, ctx, &cfg, w, zd[2], zd[3], CW_F32, err, sizeof(err)), CW_OK);
+        vae_weights_close(w);
+        cw_rng rng = {seed};
+        for (int k = 0; k < 4; k++) {
+            cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+            o.streams = 2 + (int)cw_rng_range(&rng, 0, 1);
+            o.policy = k < 2 ? CW_PATCHES_AUTO : CW_PATCHES_FIXED;
+            o.patches = (int)cw_rng_range(&rng, 2, 6);
+            int64_t minb = 0;
+            ASSERT_OK_CTX(ctx, cw_graph_min_budget(m->graph, &o, &minb));
+            /* k = 0: the smallest budget that works; else a little above it */
+            o.temp_budget = k == 0 ? minb : minb + cw_rng_range(&rng, 0, minb);
+            cw_plan *plan = NULL;
+            st = vae_compile(m, &o, &plan, err, sizeof(err));
+            if (st != CW_OK) fprintf(stderr, "compile (budget %lld): %s\n", (long long)o.temp_budget, err);
+            ASSERT_EQ_I(st, CW_OK);
+            float *y = malloc((size_t)r.n * sizeof(float));
+            ASSERT_TRUE(y != NULL);
+            ASSERT_EQ_I(vae_decode(m, plan, z, y, err, sizeof(err)), CW_OK);
+            cw_plan_stats s;
+            ASSERT_OK_CTX(ctx, cw_plan_get_stats(plan, &s));
+            double es = rel_err(y, r.y, r.n);
+            fprintf(stderr, "scheduled: %s patches=%d, streams %d, budget %lld (min %lld): %lld conv patches, "
+                            "temp peak %lld, rel diff vs reference %.3g\n",
+                    o.policy == CW_PATCHES_AUTO ? "auto" : "fixed", o.patches, o.streams,
+                    (long long)o.temp_budget, (long long)minb, (long long)s.n_patches, (long long)s.temp_peak, es);
+            CHECK(es <= 1e-5);
+            ASSERT_LE_I(s.temp_peak, o.temp_budget);
+            /* a budget this small must actually split the convolutions */
+            CHECK(s.n_patches > r.stats.n_patches);
+            free(y);
+            cw_plan_destroy(plan);
+        }
+        vae_model_destroy(m);
+    }
+
+    /* 4. legacy attention names (query/key/value/proj_attn) and [C, C, 1, 1] forms decode
+     * to the same result */
+    char path[512];
+    snprintf(path, sizeof(path), "%s/vae_fixture_%d.safetensors", CW_BINARY_DIR, (int)getpid());
+    rewrite_weights(path, edit_legacy);
+    {
+        decoded l = {0};
+        st = decode_with(path, z, zd, &none, &l, err, sizeof(err));
+        if (st != CW_OK) fprintf(stderr, "legacy names: %s\n", err);
+        ASSERT_EQ_I(st, CW_OK);
+        double el = rel_err(l.y, r.y, r.n);
+        fprintf(stderr, "legacy names vs current: rel diff %.3g\n", el);
+        CHECK(el == 0.0);
+        free(l.y);
+    }
+
+    /* 5. bad weights: one-line messages naming the key (and both shapes) */
+    rewrite_weights(path, edit_drop_key);
+    {
+        decoded d = {0};
+        st = decode_with(path, z, zd, &none, &d, err, sizeof(err));
+        fprintf(stderr, "missing key: %s: %s\n", cw_status_name(st), err);
+        CHECK(st == CW_ERR_FORMAT);
+        CHECK(contains(err, "decoder.up_blocks.2.resnets.1.conv2.bias"));
+        CHECK(contains(err, "missing"));
+        CHECK(!contains(err, "\n"));
+        CHECK(d.y == NULL);
+    }
+    rewrite_weights(path, edit_bad_shape);
+    {
+        decoded d = {0};
+        st = decode_with(path, z, zd, &none, &d, err, sizeof(err));
+        fprintf(stderr, "mis-shaped key: %s: %s\n", cw_status_name(st), err);
+        CHECK(st == CW_ERR_FORMAT);
+        CHECK(contains(err, "decoder.up_blocks.2.resnets.0.conv_shortcut.weight"));
+        CHECK(contains(err, "[32, 16, 1, 1]")); /* in the file */
+        CHECK(contains(err, "[16, 32, 1, 1]")); /* expected */
+        CHECK(d.y == NULL);
+    }
+    /* a truncated file fails to open with a message, never a crash */
+    {
+        FILE *src = fopen(FIX "tiny_vae.safetensors", "rb");
+        FILE *dst = fopen(path, "wb");
+        ASSERT_TRUE(src && dst);
+        char buf[4096];
+        size_t total = 0, n;
+        while ((n = fread(buf, 1, sizeof(buf), src)) > 0 && total < 100000) {
+            fwrite(buf, 1, n, dst);
+            total += n;
+        }
+        fclose(src);
+        fclose(dst);
+        vae_weights *w = NULL;
+        int rc = vae_weights_open_file(&w, path, err, sizeof(err));
+        fprintf(stderr, "truncated: %s\n", err);
+        CHECK(rc == -1 && w == NULL);
+        CHECK(contains(err, path));
+    }
+    unlink(path);
+
+    /* 6. random weights depend on (seed, key) only; configs other than the preset are rejected */
+    {
+        vae_weights *a = NULL, *b = NULL;
+        ASSERT_EQ_I(vae_weights_random(&a, seed, err, sizeof(err)), 0);
+        ASSERT_EQ_I(vae_weights_random(&b, seed, err, sizeof(err)), 0);
+        int64_t s1[4] = {16, 32, 3, 3}, s2[1] = {32};
+        float x1[16 * 32 * 9], x2[16 * 32 * 9], g1[32], g2[32];
+        ASSERT_EQ_I(vae_weights_get(a, "decoder.conv_in.weight", 4, s1, x1, err, sizeof(err)), 0);
+        ASSERT_EQ_I(vae_weights_get(a, "decoder.conv_norm_out.weight", 1, s2, g1, err, sizeof(err)), 0);
+        ASSERT_EQ_I(vae_weights_get(b, "decoder.conv_norm_out.weight", 1, s2, g2, err, sizeof(err)), 0);
+        ASSERT_EQ_I(vae_weights_get(b, "decoder.conv_in.weight", 4, s1, x2, err, sizeof(err)), 0);
+        CHECK(!memcmp(x1, x2, sizeof(x1)) && !memcmp(g1, g2, sizeof(g1)));
+        double ss = 0, mean = 0;
+        for (int i = 0; i < 16 * 32 * 9; i++) ss += (double)x1[i] * x1[i];
+        for (int i = 0; i < 32; i++) mean += g1[i] / 32.0;
+        double std = sqrt(ss / (16 * 32 * 9)), want = 1.0 / sqrt(32 * 9);
+        fprintf(stderr, "random conv std %.4f (want %.4f), gamma mean %.4f\n", std, want, mean);
+        CHECK(fabs(std - want) < 0.1 * want);
+        CHECK(fabs(mean - 1.0) < 0.05);
+        vae_weights_close(a);
+        vae_weights_close(b);
+
+        vae_config c;
+        vae_preset(&c, "sd", err, sizeof(err));
+        c.groups = 24; /* 128 % 24 != 0 */
+        CHECK(vae_config_validate(&c, err, sizeof(err)) == -1 && contains(err, "24"));
+        CHECK(vae_preset(&c, "sd4", err, sizeof(err)) == -1 && contains(err, "sd4"));
+        /* --scaled-latent: z / scaling + shift */
+        ASSERT_EQ_I(vae_preset(&c, "sd3", err, sizeof(err)), 0);
+        float zz[2] = {1.5305f, 0.0f};
+        vae_latent_unscale(&c, zz, 2);
+        CHECK(fabsf(zz[0] - (1.0f + 0.0609f)) < 1e-6f && fabsf(zz[1] - 0.0609f) < 1e-7f);
+    }
+
+    free(r.y);
+    free(z);
+    npy_free(&ref);
+    cw_context_destroy(ctx);
+    TEST_DONE();
+}
