@@ -6,7 +6,6 @@
 #include "test_alloc_fake.h"
 
 #define NS 3
-#define BUDGET (INT64_C(24) << 20)
 #define MAX_LIVE 128
 #define MAX_HIST 200000
 
@@ -30,6 +29,7 @@ static int g_nlive;
 static hist g_hist[MAX_HIST];
 static int g_nhist;
 static fake_backend *g_f;
+static int64_t g_budget; /* of the configuration being run */
 
 static int overlaps(uintptr_t a, int64_t an, uintptr_t b, int64_t bn) {
     return a < b + (uintptr_t)bn && b < a + (uintptr_t)an;
@@ -85,7 +85,7 @@ typedef struct expect {
     int64_t allocs, frees, cur, peak, hits, budget_failures;
 } expect;
 
-static void check_stats(cw__allocator *a, const expect *e, int64_t op) {
+static void check_stats(cw__allocator *a, const expect *e, int64_t op, int poison) {
     cw_memory_stats s;
     memset(&s, 0, sizeof s);
     cw__alloc_stats(a, &s);
@@ -93,9 +93,9 @@ static void check_stats(cw__allocator *a, const expect *e, int64_t op) {
         fprintf(stderr, "op %" PRId64 ": dev_alloc went over the budget\n", op);
         exit(1);
     }
-    ASSERT_EQ_I(s.budget, BUDGET);
-    ASSERT_LE_I(s.reserved_bytes_current, BUDGET);
-    ASSERT_LE_I(s.reserved_bytes_peak, BUDGET);
+    ASSERT_EQ_I(s.budget, g_budget);
+    ASSERT_LE_I(s.reserved_bytes_current, g_budget);
+    ASSERT_LE_I(s.reserved_bytes_peak, g_budget);
     ASSERT_EQ_I(s.reserved_bytes_current, g_f->outstanding);
     ASSERT_EQ_I(s.reserved_bytes_peak, g_f->peak);
     ASSERT_EQ_I(s.allocated_bytes_current, e->cur);
@@ -109,6 +109,7 @@ static void check_stats(cw__allocator *a, const expect *e, int64_t op) {
     ASSERT_EQ_I(s.host_syncs, g_f->n_syncs);
     ASSERT_EQ_I(s.budget_failures, e->budget_failures);
     ASSERT_EQ_I(s.activations_bytes_current, 0); /* not the allocator's field: untouched */
+    if (poison) ASSERT_EQ_I(g_f->n_fills, e->frees); /* one NaN fill per free, on its stream */
 }
 
 /* After CW_ERR_BUDGET for n bytes: no free gap of n bytes inside any segment (free
@@ -140,22 +141,21 @@ static void check_failure_genuine(int64_t n, int64_t op) {
         }
         if (!any) free_segs += g->size;
     }
-    if (BUDGET - g_f->outstanding + free_segs >= n) {
+    if (g_budget - g_f->outstanding + free_segs >= n) {
         fprintf(stderr, "op %" PRId64 ": budget failure for %" PRId64 " bytes though release would make room\n",
                 op, n);
         exit(1);
     }
 }
 
-int main(void) {
-    uint64_t seed = cw_test_seed(20240611);
+static void run(cw_context *ctx, uint64_t seed, int64_t budget, int64_t n_ops, uint32_t flags) {
     cw_rng rng = {seed};
-    int64_t n_ops = cw_test_quick() ? 30000 : 120000;
-    cw_context *ctx = fk_context();
-    g_f = fk_create(ctx, BUDGET);
+    g_budget = budget;
+    g_nlive = g_nhist = 0;
+    g_f = fk_create(ctx, g_budget);
     g_f->on_dev_free = on_dev_free;
     cw__allocator *a = NULL;
-    ASSERT_OK(cw__alloc_create(&a, ctx, &g_f->base, BUDGET, 0));
+    ASSERT_OK(cw__alloc_create(&a, ctx, &g_f->base, g_budget, flags));
     expect e = {0};
     int64_t n_cross_frees = 0, n_releases = 0;
 
@@ -166,7 +166,7 @@ int main(void) {
         hist_prune();
 
         int64_t u = cw_rng_range(&rng, 0, 999);
-        int alloc_pct = e.cur > BUDGET * 3 / 4 ? 30 : 60;
+        int alloc_pct = e.cur > g_budget * 3 / 4 ? 30 : 60;
         if (u < 2) {
             int64_t before = g_f->n_dev_free;
             ASSERT_OK(cw__alloc_release_cached(a));
@@ -186,7 +186,7 @@ int main(void) {
             if (st == CW_ERR_BUDGET) {
                 ASSERT_TRUE(p == NULL);
                 e.budget_failures++;
-                if (n <= BUDGET) check_failure_genuine(n, op);
+                if (n <= g_budget) check_failure_genuine(n, op);
                 char want[64];
                 snprintf(want, sizeof want, "%" PRId64 " bytes", bytes);
                 ASSERT_TRUE(strstr(cw_context_last_error(ctx), want) != NULL);
@@ -247,19 +247,19 @@ int main(void) {
             e.frees++;
             e.cur -= l.n;
         }
-        check_stats(a, &e, op);
+        check_stats(a, &e, op, (flags & CW__ALLOC_POISON) != 0);
     }
 
     cw_memory_stats s;
     memset(&s, 0, sizeof s);
     cw__alloc_stats(a, &s);
     fprintf(stderr,
-            "%" PRId64 " ops: %" PRId64 " allocs (%" PRId64 " cache hits), %" PRId64 " frees (%" PRId64
+            "budget %" PRId64 " B, flags %u, %" PRId64 " ops: %" PRId64 " allocs (%" PRId64 " cache hits), %" PRId64 " frees (%" PRId64
             " on another stream), %" PRId64 " budget failures, %" PRId64 " cross-stream waits, %" PRId64
             " host syncs, %" PRId64 " device allocs / %" PRId64 " frees, %" PRId64 " explicit releases, peak reserved %"
             PRId64 " of %" PRId64 "\n",
-            n_ops, s.num_allocs, s.cache_hits, s.num_frees, n_cross_frees, s.budget_failures, s.cross_stream_waits,
-            s.host_syncs, s.num_device_allocs, s.num_device_frees, n_releases, s.reserved_bytes_peak, BUDGET);
+            g_budget, flags, n_ops, s.num_allocs, s.cache_hits, s.num_frees, n_cross_frees, s.budget_failures, s.cross_stream_waits,
+            s.host_syncs, s.num_device_allocs, s.num_device_frees, n_releases, s.reserved_bytes_peak, g_budget);
     /* the run must have exercised every path, or it proves little */
     ASSERT_TRUE(s.cache_hits > 0 && s.cache_hits < s.num_allocs);
     ASSERT_TRUE(s.cross_stream_waits > 0);
@@ -282,6 +282,17 @@ int main(void) {
     cw__alloc_destroy(a);
     ASSERT_EQ_I(g_f->n_events, 0); /* every event the allocator created was destroyed */
     free(g_f);
+}
+
+int main(void) {
+    uint64_t seed = cw_test_seed(20240611);
+    int quick = cw_test_quick();
+    cw_context *ctx = fk_context();
+    /* the main run (>= 100,000 operations), then a tight budget (exact-size segments,
+     * cross-pool reuse) and a roomy one with poison on */
+    run(ctx, seed, INT64_C(24) << 20, quick ? 30000 : 120000, 0);
+    run(ctx, seed + 1, INT64_C(7) << 20, quick ? 10000 : 40000, 0);
+    run(ctx, seed + 2, INT64_C(64) << 20, quick ? 10000 : 40000, CW__ALLOC_POISON);
     cw_context_destroy(ctx);
     TEST_DONE();
 }
