@@ -1,0 +1,487 @@
+/* cpu convolution (f32, NCHW / NCDHW, strided views, groups, dilation, asymmetric padding):
+ * GEMM = im2col/vol2col + OpenBLAS sgemm (workspace: one column buffer per (n, group)), and
+ * DIRECT = per output row tile, accumulate over kernel taps (no workspace).
+ *
+ * BLAS threads: Debian's OpenBLAS 0.3.21 (pthreads) has only the process-wide
+ * openblas_set_num_threads (per-thread counts arrive in 0.3.27). Each conv closure takes
+ * total / (convs running now) threads, at least 1, so two heavy streams on 2 cores run
+ * 1 + 1 BLAS threads instead of 2 + 2 (OpenBLAS's pool threads busy-wait after a call, so
+ * oversubscription costs more than it looks). Threaded level-3 calls from two callers
+ * also serialise inside OpenBLAS, so a stale global count can slow a call but never
+ * oversubscribe by more than one thread per stream. */
+#include <assert.h>
+#include <cblas.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+
+/* ---- geometry: 2-D is treated as 3-D with D = 1 ---------------------------------------- */
+typedef struct cv_geom {
+    int64_t n, c, k, g, cg, kg;       /* batch, in/out channels, groups, per-group C and K */
+    int64_t in[3], out[3], ks[3];     /* D, H, W extents */
+    int64_t st[3], dl[3], pp[3];      /* stride, dilation, pad_pre */
+    int64_t xs[5], ys[5], wsd[5];     /* strides in elements: n/k, c, d, h, w (d = 0 in 2-D) */
+    int has_bias;
+} cv_geom;
+
+/* Strides of d, or contiguous ones when d's are all zero. */
+static void cv_strides(const cw_tensor_desc *d, int64_t *st) {
+    int any = 0;
+    for (int i = 0; i < d->rank; i++) any |= d->strides[i] != 0;
+    if (any) {
+        for (int i = 0; i < d->rank; i++) st[i] = d->strides[i];
+        return;
+    }
+    int64_t s = 1;
+    for (int i = d->rank - 1; i >= 0; i--) {
+        st[i] = s;
+        s *= d->dims[i];
+    }
+}
+
+/* Expands a rank-(2+sp) desc's dims/strides to 5 slots (n, c, d, h, w). */
+static void cv_expand(const cw_tensor_desc *d, int sp, int64_t *dims5, int64_t *st5) {
+    int64_t st[CW_MAX_RANK];
+    cv_strides(d, st);
+    dims5[0] = d->dims[0], st5[0] = st[0];
+    dims5[1] = d->dims[1], st5[1] = st[1];
+    if (sp == 2) {
+        dims5[2] = 1, st5[2] = 0;
+        dims5[3] = d->dims[2], st5[3] = st[2];
+        dims5[4] = d->dims[3], st5[4] = st[3];
+    } else {
+        for (int i = 2; i < 5; i++) dims5[i] = d->dims[i], st5[i] = st[i];
+    }
+}
+
+static void cv_geom_make(const cw__conv_problem *p, cv_geom *g) {
+    int sp = p->spatial;
+    int64_t xd[5], yd[5], wd[5];
+    cv_expand(&p->x, sp, xd, g->xs);
+    cv_expand(&p->y, sp, yd, g->ys);
+    cv_expand(&p->w, sp, wd, g->wsd);
+    g->n = xd[0];
+    g->c = xd[1];
+    g->k = yd[1];
+    g->g = p->groups;
+    g->cg = g->c / g->g;
+    g->kg = g->k / g->g;
+    for (int i = 0; i < 3; i++) {
+        g->in[i] = xd[2 + i];
+        g->out[i] = yd[2 + i];
+        g->ks[i] = wd[2 + i];
+    }
+    if (sp == 2) {
+        g->st[0] = g->dl[0] = 1;
+        g->pp[0] = 0;
+        for (int i = 0; i < 2; i++) {
+            g->st[1 + i] = p->stride[i];
+            g->dl[1 + i] = p->dilation[i];
+            g->pp[1 + i] = p->pad_pre[i];
+        }
+    } else {
+        for (int i = 0; i < 3; i++) {
+            g->st[i] = p->stride[i];
+            g->dl[i] = p->dilation[i];
+            g->pp[i] = p->pad_pre[i];
+        }
+    }
+    g->has_bias = p->has_bias;
+}
+
+/* Output positions o in [0, n_out) whose input index o*s + off lies in [0, n_in):
+ * [*lo, *hi) (empty when *lo == *hi). */
+static void cv_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int64_t *lo, int64_t *hi) {
+    int64_t l = off >= 0 ? 0 : (-off + s - 1) / s;
+    int64_t h = (n_in - 1 - off) >= 0 ? (n_in - 1 - off) / s + 1 : 0;
+    if (l > n_out) l = n_out;
+    if (h > n_out) h = n_out;
+    if (h < l) h = l;
+    *lo = l;
+    *hi = h;
+}
+
+/* Elements of the longest suffix of (D, H, W) that is one unit-stride run; 0 when even W
+ * is not unit-stride. *levels: how many dims the run spans (1 = W only). */
+static int64_t cv_run(const int64_t *ext, const int64_t *st, int *levels) {
+    int64_t len = 1;
+    int lv = 0;
+    for (int i = 2; i >= 0; i--) {
+        if (ext[i] == 1 || st[2 + i] == len) {
+            len *= ext[i];
+            lv++;
+        } else {
+            break;
+        }
+    }
+    *levels = lv;
+    return lv == 0 ? 0 : len;
+}
+
+/* ---- GEMM (im2col + sgemm) ------------------------------------------------------------ */
+
+/* A 1x1, stride-1, unpadded conv whose x and y spatial blocks are single runs reads x
+ * directly as the GEMM's B matrix: no column buffer. */
+static int gemm_direct_b(const cv_geom *g) {
+    for (int i = 0; i < 3; i++)
+        if (g->ks[i] != 1 || g->st[i] != 1 || g->pp[i] != 0 || g->out[i] != g->in[i]) return 0;
+    int lx, ly;
+    int64_t P = g->out[0] * g->out[1] * g->out[2];
+    if (cv_run(g->in, g->xs, &lx) != P || cv_run(g->out, g->ys, &ly) != P) return 0;
+    if (g->cg > 1 && g->xs[1] < P) return 0; /* ldb */
+    return 1;
+}
+
+/* 1 when the GEMM algorithm can write y and read w with these strides. */
+static int gemm_supported(const cv_geom *g) {
+    int lv;
+    int64_t run = cv_run(g->out, g->ys, &lv);
+    if (run == 0) return 0;                     /* y's W is not unit-stride */
+    if (g->kg > 1 && g->ys[1] < run) return 0;  /* ldc < run */
+    /* w [K, Cg, kd, kh, kw] must be a row-major matrix [K, R] with lda >= R. */
+    int64_t e = 1;
+    for (int i = 4; i >= 1; i--) {
+        int64_t ext = i == 1 ? g->cg : g->ks[i - 2];
+        if (ext != 1 && g->wsd[i] != e) return 0;
+        e *= ext;
+    }
+    if (g->kg > 1 && g->wsd[0] < e) return 0;
+    /* cblas takes int sizes and leading dimensions */
+    int64_t P = g->out[0] * g->out[1] * g->out[2];
+    if (P > INT_MAX || e > INT_MAX || g->kg > INT_MAX || g->wsd[0] > INT_MAX || g->ys[1] > INT_MAX ||
+        g->xs[1] > INT_MAX)
+        return 0;
+    return 1;
+}
+
+static int64_t gemm_workspace(const cv_geom *g) {
+    if (gemm_direct_b(g)) return 0;
+    int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
+    int64_t P = g->out[0] * g->out[1] * g->out[2];
+    return R * P * (int64_t)sizeof(float);
+}
+
+/* col[R, P] for image n, group gi: row r = (c, kd, kh, kw), column = (od, oh, ow). */
+static void im2col(const cv_geom *g, const float *x, int64_t n, int64_t gi, float *col) {
+    const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
+    const int64_t P = Do * Ho * Wo;
+    float *dst = col;
+    for (int64_t c = 0; c < g->cg; c++) {
+        const float *xc = x + n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
+        for (int64_t kd = 0; kd < g->ks[0]; kd++) {
+            for (int64_t kh = 0; kh < g->ks[1]; kh++) {
+                for (int64_t kw = 0; kw < g->ks[2]; kw++, dst += P) {
+                    int64_t offw = kw * g->dl[2] - g->pp[2], wlo, whi;
+                    cv_range(offw, g->st[2], g->in[2], Wo, &wlo, &whi);
+                    for (int64_t od = 0; od < Do; od++) {
+                        int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
+                        for (int64_t oh = 0; oh < Ho; oh++) {
+                            int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
+                            float *row = dst + (od * Ho + oh) * Wo;
+                            if (id < 0 || id >= g->in[0] || ih < 0 || ih >= g->in[1]) {
+                                memset(row, 0, (size_t)Wo * sizeof(float));
+                                continue;
+                            }
+                            const float *src = xc + id * g->xs[2] + ih * g->xs[3];
+                            if (wlo > 0) memset(row, 0, (size_t)wlo * sizeof(float));
+                            if (g->st[2] == 1 && g->xs[4] == 1) {
+                                if (whi > wlo) memcpy(row + wlo, src + wlo + offw, (size_t)(whi - wlo) * sizeof(float));
+                            } else {
+                                const int64_t sx = g->st[2] * g->xs[4];
+                                const float *s0 = src + offw * g->xs[4];
+                                for (int64_t ow = wlo; ow < whi; ow++) row[ow] = s0[ow * sx];
+                            }
+                            if (whi < Wo) memset(row + whi, 0, (size_t)(Wo - whi) * sizeof(float));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void conv_gemm(const cv_geom *g, const float *x, const float *w, const float *b, float *y, float *ws) {
+    const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
+    const int64_t P = Do * Ho * Wo;
+    const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
+    int levels;
+    const int64_t run = cv_run(g->out, g->ys, &levels);
+    assert(run > 0);
+    const int direct_b = gemm_direct_b(g);
+    const int64_t lda = g->kg > 1 ? g->wsd[0] : R;
+    const int64_t ldc = g->kg > 1 ? g->ys[1] : run;
+    /* Runs: the outer (not collapsed) spatial dims are looped over. */
+    const int64_t outer_d = levels >= 3 ? 1 : Do;
+    const int64_t outer_h = levels >= 2 ? 1 : Ho;
+    for (int64_t n = 0; n < g->n; n++) {
+        for (int64_t gi = 0; gi < g->g; gi++) {
+            const float *B;
+            int64_t ldb;
+            if (direct_b) {
+                B = x + n * g->xs[0] + gi * g->cg * g->xs[1];
+                ldb = g->cg > 1 ? g->xs[1] : P;
+            } else {
+                im2col(g, x, n, gi, ws);
+                B = ws;
+                ldb = P;
+            }
+            const float *A = w + gi * g->kg * g->wsd[0];
+            float *yg = y + n * g->ys[0] + gi * g->kg * g->ys[1];
+            for (int64_t od = 0; od < outer_d; od++) {
+                for (int64_t oh = 0; oh < outer_h; oh++) {
+                    /* column index of the run's first output position */
+                    int64_t col0 = (od * Ho + oh) * Wo;
+                    float *C = yg + od * g->ys[2] + oh * g->ys[3];
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g->kg, (int)run, (int)R, 1.0f, A,
+                                (int)lda, B + col0, (int)ldb, 0.0f, C, (int)ldc);
+                    if (g->has_bias) {
+                        for (int64_t m = 0; m < g->kg; m++) {
+                            const float bv = b[gi * g->kg + m];
+                            float *cr = C + m * g->ys[1];
+                            for (int64_t j = 0; j < run; j++) cr[j] += bv;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---- DIRECT --------------------------------------------------------------------------- */
+enum { DIRECT_TW = 256, DIRECT_KB = 4 }; /* W tile (floats) and output channels per pass */
+
+/* acc[0..n) += wv * src[i*sx] (sx = 1 is the vectorised common case). */
+static inline void axpy_strided(float *restrict acc, const float *restrict src, int64_t n, int64_t sx, float wv) {
+    if (sx == 1) {
+        for (int64_t i = 0; i < n; i++) acc[i] += wv * src[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) acc[i] += wv * src[i * sx];
+    }
+}
+
+static void conv_direct(const cv_geom *g, const float *x, const float *w, const float *b, float *y) {
+    const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
+    float acc[DIRECT_KB][DIRECT_TW];
+    for (int64_t n = 0; n < g->n; n++) {
+        for (int64_t gi = 0; gi < g->g; gi++) {
+            for (int64_t m0 = 0; m0 < g->kg; m0 += DIRECT_KB) {
+                const int64_t nb = g->kg - m0 < DIRECT_KB ? g->kg - m0 : DIRECT_KB;
+                const int64_t k0 = gi * g->kg + m0; /* first output channel of the block */
+                for (int64_t od = 0; od < Do; od++) {
+                    for (int64_t oh = 0; oh < Ho; oh++) {
+                        for (int64_t t0 = 0; t0 < Wo; t0 += DIRECT_TW) {
+                            const int64_t tw = Wo - t0 < DIRECT_TW ? Wo - t0 : DIRECT_TW;
+                            for (int64_t j = 0; j < nb; j++) {
+                                const float bv = g->has_bias ? b[k0 + j] : 0.0f;
+                                for (int64_t i = 0; i < tw; i++) acc[j][i] = bv;
+                            }
+                            for (int64_t c = 0; c < g->cg; c++) {
+                                const float *xc = x + n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
+                                for (int64_t kd = 0; kd < g->ks[0]; kd++) {
+                                    const int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
+                                    if (id < 0 || id >= g->in[0]) continue;
+                                    for (int64_t kh = 0; kh < g->ks[1]; kh++) {
+                                        const int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
+                                        if (ih < 0 || ih >= g->in[1]) continue;
+                                        const float *xrow = xc + id * g->xs[2] + ih * g->xs[3];
+                                        for (int64_t kw = 0; kw < g->ks[2]; kw++) {
+                                            int64_t offw = kw * g->dl[2] - g->pp[2], lo, hi;
+                                            cv_range(offw, g->st[2], g->in[2], Wo, &lo, &hi);
+                                            if (lo < t0) lo = t0;
+                                            if (hi > t0 + tw) hi = t0 + tw;
+                                            if (hi <= lo) continue;
+                                            const int64_t sx = g->st[2] * g->xs[4];
+                                            const float *src = xrow + (lo * g->st[2] + offw) * g->xs[4];
+                                            for (int64_t j = 0; j < nb; j++) {
+                                                const float wv = w[(k0 + j) * g->wsd[0] + c * g->wsd[1] +
+                                                                   kd * g->wsd[2] + kh * g->wsd[3] + kw * g->wsd[4]];
+                                                axpy_strided(acc[j] + (lo - t0), src, hi - lo, sx, wv);
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            for (int64_t j = 0; j < nb; j++) {
+                                float *yrow = y + n * g->ys[0] + (k0 + j) * g->ys[1] + od * g->ys[2] +
+                                              oh * g->ys[3] + t0 * g->ys[4];
+                                if (g->ys[4] == 1) {
+                                    memcpy(yrow, acc[j], (size_t)tw * sizeof(float));
+                                } else {
+                                    for (int64_t i = 0; i < tw; i++) yrow[i * g->ys[4]] = acc[j][i];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---- entry points --------------------------------------------------------------------- */
+
+int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
+    if (algo != CW__CPU_ALGO_GEMM) return 0;
+    cv_geom g;
+    cv_geom_make(p, &g);
+    return gemm_workspace(&g);
+}
+
+void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
+                      float *ws) {
+    cv_geom g;
+    cv_geom_make(p, &g);
+    if (algo == CW__CPU_ALGO_GEMM) {
+        assert(gemm_supported(&g));
+        conv_gemm(&g, x, w, b, y, ws);
+    } else {
+        conv_direct(&g, x, w, b, y);
+    }
+}
+
+static const char *dtype_name(cw_dtype dt) {
+    switch (dt) {
+    case CW_F32: return "f32";
+    case CW_F16: return "f16";
+    case CW_BF16: return "bf16";
+    }
+    return "unknown";
+}
+
+/* CW_OK when the cpu backend can run p at all (f32, 2-D/3-D, consistent ranks). */
+static cw_status check_problem(cw__backend *be, const cw__conv_problem *p, const char *who) {
+    cw_context *ctx = be ? be->ctx : NULL;
+    if (!p) return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu %s: problem is NULL", who);
+    const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
+    static const char *const names[3] = {"x", "w", "y"};
+    for (int i = 0; i < 3; i++) {
+        if (t[i]->dtype != CW_F32)
+            return cw__error(ctx, CW_ERR_UNSUPPORTED, "cpu %s: %s dtype %s is unsupported (the cpu backend runs f32 only)",
+                             who, names[i], dtype_name(t[i]->dtype));
+    }
+    if ((p->spatial != 2 && p->spatial != 3) || p->x.rank != p->spatial + 2 || p->w.rank != p->spatial + 2 ||
+        p->y.rank != p->spatial + 2)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu %s: spatial=%d with ranks x=%d w=%d y=%d (need spatial+2)", who,
+                         p->spatial, p->x.rank, p->w.rank, p->y.rank);
+    if (p->groups < 1 || p->x.dims[1] % p->groups || p->y.dims[1] % p->groups)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu %s: groups=%lld vs C=%lld, K=%lld", who, (long long)p->groups,
+                         (long long)p->x.dims[1], (long long)p->y.dims[1]);
+    return CW_OK;
+}
+
+/* Relative cost model, in estimated nanoseconds on one core: sgemm ~ 40 GFLOP/s when the
+ * matrix is big enough (degrading for few output channels per group, where sgemm is a
+ * gemv), ~1 us per sgemm call, ~0.5 ns per column element written; direct ~ 6 GFLOP/s. */
+static double cost_gemm(const cv_geom *g, double flops) {
+    int lv;
+    int64_t run = cv_run(g->out, g->ys, &lv);
+    double calls = (double)g->n * (double)g->g * (double)(g->out[0] * g->out[1] * g->out[2] / (run > 0 ? run : 1));
+    double eff_m = g->kg >= 32 ? 1.0 : (double)g->kg / 32.0;
+    double R = (double)(g->cg * g->ks[0] * g->ks[1] * g->ks[2]);
+    double eff_k = R >= 32 ? 1.0 : R / 32.0;
+    double eff = eff_m * eff_k;
+    if (eff < 0.05) eff = 0.05;
+    double col = gemm_direct_b(g) ? 0.0 : (double)gemm_workspace(g) / sizeof(float) * (double)(g->n * g->g);
+    return flops / (40.0 * eff) + calls * 1000.0 + col * 0.5;
+}
+
+cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
+    cw_status st = check_problem(be, p, "conv_algos");
+    if (st != CW_OK) return st;
+    if (!out || !n || max < 0)
+        return cw__error(be ? be->ctx : NULL, CW_ERR_INVALID_ARG, "cpu conv_algos: out/n NULL or max=%d", max);
+    cv_geom g;
+    cv_geom_make(p, &g);
+    double flops = 2.0 * (double)g.n * (double)g.k * (double)(g.out[0] * g.out[1] * g.out[2]) * (double)g.cg *
+                   (double)(g.ks[0] * g.ks[1] * g.ks[2]);
+    cw__conv_algo list[CW__CPU_ALGO_COUNT];
+    int cnt = 0;
+    if (gemm_supported(&g)) {
+        cw__conv_algo *a = &list[cnt++];
+        memset(a, 0, sizeof *a);
+        a->id = CW__CPU_ALGO_GEMM;
+        snprintf(a->name, sizeof a->name, "%s", gemm_direct_b(&g) ? "cpu_gemm_1x1" : "cpu_im2col_gemm");
+        a->workspace = gemm_workspace(&g);
+        a->cost = cost_gemm(&g, flops);
+    }
+    {
+        cw__conv_algo *a = &list[cnt++];
+        memset(a, 0, sizeof *a);
+        a->id = CW__CPU_ALGO_DIRECT;
+        snprintf(a->name, sizeof a->name, "%s", "cpu_direct");
+        a->workspace = 0;
+        a->cost = flops / 6.0 + 1000.0;
+    }
+    if (cnt == 2 && list[1].cost < list[0].cost) {
+        cw__conv_algo t = list[0];
+        list[0] = list[1];
+        list[1] = t;
+    }
+    int k = cnt < max ? cnt : max;
+    for (int i = 0; i < k; i++) out[i] = list[i];
+    *n = k;
+    return CW_OK;
+}
+
+/* ---- the asynchronous hook ------------------------------------------------------------ */
+typedef struct conv_job {
+    cw__conv_problem prob;
+    int algo;
+    int total_threads;
+    const float *x, *w, *b;
+    float *y, *ws;
+} conv_job;
+
+static atomic_int g_convs_running;        /* conv closures running now, all backends */
+static pthread_mutex_t g_blas_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises the global setter */
+
+static void set_blas_threads(int t) {
+    if (t < 1) t = 1;
+    pthread_mutex_lock(&g_blas_mu);
+    if (openblas_get_num_threads() != t) openblas_set_num_threads(t);
+    pthread_mutex_unlock(&g_blas_mu);
+}
+
+static void conv_job_run(void *arg) {
+    conv_job *j = arg;
+    int running = atomic_fetch_add(&g_convs_running, 1) + 1;
+    if (j->algo == CW__CPU_ALGO_GEMM) set_blas_threads(j->total_threads / running);
+    cw__cpu_conv_run(&j->prob, j->algo, j->x, j->w, j->b, j->y, j->ws);
+    atomic_fetch_sub(&g_convs_running, 1);
+}
+
+cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
+                               const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes) {
+    cw_status st = check_problem(be, p, "conv_forward");
+    if (st != CW_OK) return st;
+    cw_context *ctx = be ? be->ctx : NULL;
+    if (!algo || algo->id < 0 || algo->id >= CW__CPU_ALGO_COUNT)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: algo %d is not a cpu algorithm",
+                         algo ? algo->id : -1);
+    if (!x || !w || !y || (p->has_bias && !b))
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: %s pointer is NULL",
+                         !x ? "x" : !w ? "w" : !y ? "y" : "bias");
+    cv_geom g;
+    cv_geom_make(p, &g);
+    if (algo->id == CW__CPU_ALGO_GEMM && !gemm_supported(&g))
+        return cw__error(ctx, CW_ERR_UNSUPPORTED,
+                         "cpu conv_forward: cpu_im2col_gemm needs y's W stride 1 and contiguous weights");
+    int64_t need = algo->id == CW__CPU_ALGO_GEMM ? gemm_workspace(&g) : 0;
+    if (need > 0 && (!ws || ws_bytes < need))
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: workspace %lld bytes at %p < %lld needed by %s",
+                         (long long)ws_bytes, ws, (long long)need, algo->name);
+    conv_job *j = cw__malloc(sizeof *j);
+    if (!j) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu conv_forward: out of host memory for the closure");
+    j->prob = *p;
+    j->algo = algo->id;
+    j->total_threads = be ? cw__cpu_blas_threads(be) : 1;
+    j->x = x;
+    j->w = w;
+    j->b = p->has_bias ? b : NULL;
+    j->y = y;
+    j->ws = ws;
+    return cw__cpu_enqueue(be, s, conv_job_run, j, cw__free);
+}
