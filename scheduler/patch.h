@@ -1,0 +1,102 @@
+/* Height patches: the exact halo math of DESIGN.md, the planner that picks the patch count
+ * and algorithm from a workspace cap, and convolution parameter validation (conv_check.c).
+ * A patch is a view into the full input/output tensors: same strides, fewer rows. */
+#ifndef CW_PATCH_H
+#define CW_PATCH_H
+
+#include "backend/backend.h"
+
+/* One output row band [o0, o1) of a convolution along H (the last-but-one dim: index 2 in
+ * NCHW, 3 in NCDHW). It reads input rows [a, b); pad_pre/pad_post are its own H paddings.
+ * prob is the patch's problem: x dims with b-a rows, y dims with o1-o0 rows, the full
+ * tensors' strides, H paddings pad_pre/pad_post, everything else as the full problem.
+ * x_offset / y_offset: element offsets of the view starts in the full x and y.
+ *
+ * Empty-input patches: when every row of the band reads only padding (possible when the
+ * padding is larger than the kernel's reach, e.g. k=1, pad=3), a == b and prob.x has
+ * 0 rows; its output is the bias (or 0). cw__cpu_conv_run handles such a problem; a
+ * backend that rejects empty tensors (cuDNN) must lower it to a fill: see
+ * cw__patch_is_empty. */
+typedef struct cw__patch {
+    int64_t o0, o1, a, b, pad_pre, pad_post;
+    cw__conv_problem prob;
+    int64_t x_offset, y_offset;
+} cw__patch;
+
+/* Index of H in the tensor dims (2 for 2-D, 3 for 3-D) and in the params arrays (0 / 1). */
+static inline int cw__patch_hdim(const cw__conv_problem *p) { return p->spatial; }
+static inline int cw__patch_hpar(const cw__conv_problem *p) { return p->spatial - 2; }
+
+/* Fills *out for output rows [o0, o1) of `full` (0 <= o0 < o1 <= H_out). Strides of the
+ * full problem may be zero (contiguous); the patch gets them filled in. Returns
+ * CW_ERR_INVALID_ARG for a row range outside the output. */
+cw_status cw__patch_make(const cw__conv_problem *full, int64_t o0, int64_t o1, cw__patch *out);
+/* 1 when the patch reads no input rows (its output is the bias, or zero). */
+static inline int cw__patch_is_empty(const cw__patch *p) { return p->a >= p->b; }
+
+/* p+1 balanced boundaries of h_out rows into p bands: bounds[i] = floor(i*h_out/p), so
+ * band sizes differ by at most one and none is empty. Requires 1 <= p <= h_out. */
+void cw__patch_bounds(int64_t h_out, int p, int64_t *bounds);
+
+/* Picks the patch count and algorithm for `full` under a workspace cap (bytes):
+ * - p_max <= 0 means no cap on P other than H_out;
+ * - ws_cap < 0: unlimited: P = 1 with the fastest algorithm;
+ * - else, for each algorithm in the order the backend lists them for the full problem
+ *   (fastest first): the smallest P in 1..min(p_max, H_out) whose patches' workspace
+ *   for that algorithm is <= ws_cap. A slower algorithm is used only when no P fits the
+ *   faster one. The workspace of a plan is the max over its first, last and most
+ *   central tallest patch (rows differ by <= 1; interior patches of equal height are
+ *   identical shapes).
+ * *algo_out is the algorithm as listed for the tallest patch (its workspace field is the
+ * plan's max). When nothing fits: CW_ERR_BUDGET (message names the cap and the minimum)
+ * and *min_cap = the smallest cap that would work (else *min_cap is the chosen plan's
+ * workspace). min_cap may be NULL. */
+cw_status cw__patch_choose(cw__backend *be, const cw__conv_problem *full, int64_t ws_cap, int p_max, int *p_out,
+                           cw__conv_algo *algo_out, int64_t *min_cap);
+
+/* Useful convolution FLOPs of a problem: 2 * N * K * prod(out spatial) * (C/groups) *
+ * prod(kernel) (multiply and add counted separately; the bias add is not counted).
+ * Padding taps are counted as work, as every dense conv library does. */
+double cw__conv_flops(const cw__conv_problem *p);
+
+/* Halo overhead of a patch plan. Each output row is computed exactly once, so patching
+ * adds no convolution FLOPs. What is repeated is the *input side*: the rows two adjacent
+ * patches both read (the halo) are read — and, when the input is produced on the fly by
+ * a fused prep stage (GroupNorm apply + SiLU + upsample), prepared — once per patch.
+ *   rows_read    = sum over patches of (b - a)
+ *   rows_needed  = rows the unpatched conv reads (b - a of the single full patch)
+ *   extra_rows   = rows_read - rows_needed (input rows read/prepared twice or more)
+ *   extra_rows_pct = 100 * extra_rows / rows_needed (0 when rows_needed == 0)
+ *   prep_flops_extra = extra_rows * (N * C * [D] * W) * prep_flops_per_elem: the prep
+ *                      work recomputed on halo rows, for a prep of that cost per element.
+ * halo_pct = 100 * prep_flops_extra / conv FLOPs of the full problem: the "recomputed
+ * FLOPs from halos" in cw_plan_stats (0 when there is no prep stage). */
+typedef struct cw__halo {
+    int64_t rows_read, rows_needed, extra_rows;
+    double extra_rows_pct;
+    double prep_flops_extra;
+    double halo_pct;
+} cw__halo;
+/* bounds: p+1 output row boundaries (cw__patch_bounds or any increasing split). */
+cw_status cw__patch_halo(const cw__conv_problem *full, const int64_t *bounds, int p, double prep_flops_per_elem,
+                         cw__halo *out);
+
+/* ---- conv_check.c: parameter validation ---- */
+
+/* Validates a convolution: params size/version, spatial 2/3 vs rank 4/5, dtypes, dims
+ * >= 1, groups vs channels, strides/dilations >= 1, paddings >= 0, kernel no larger than
+ * the padded input, bias [K], and y's dims (y NULL: not checked). b may be NULL. Every
+ * error is CW_ERR_INVALID_ARG with a message naming the field and values. On success
+ * fills *y_expected_out (may be NULL) with the contiguous output descriptor. Aliasing of
+ * data pointers is the caller's job (cw__views_overlap). */
+cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_tensor_desc *w,
+                            const cw_tensor_desc *b, const cw_tensor_desc *y, const cw_conv_params *p,
+                            cw_tensor_desc *y_expected_out);
+/* 1 when the byte spans [data, data + span) of the two views intersect (strides of all
+ * zero mean contiguous). A conservative test: interleaved views may report overlap. */
+int cw__views_overlap(const cw_tensor_desc *a, const void *pa, const cw_tensor_desc *b, const void *pb);
+/* Builds the backend problem of a validated convolution (strides filled in). */
+void cw__conv_problem_init(cw__conv_problem *out, const cw_tensor_desc *x, const cw_tensor_desc *w, int has_bias,
+                           const cw_tensor_desc *y, const cw_conv_params *p);
+
+#endif
