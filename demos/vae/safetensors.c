@@ -1,0 +1,693 @@
+/* .safetensors parsing (cJSON header, strict validation with messages naming the key,
+ * offset or byte), F16/BF16 -> F32 conversion, and the writer with atomic replacement.
+ * Uses libc and cJSON only: the fuzz target links this file alone. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct st_file {
+    uint8_t *buf;          /* whole file */
+    size_t len;
+    int mapped;            /* buf is an mmap (else malloc) */
+    const uint8_t *data;   /* data section: buf + 8 + N */
+    uint64_t data_len;
+    st_tensor *t;          /* header order */
+    size_t n;
+    const st_tensor **by_name; /* t sorted by name, for st_find */
+    char **meta;           /* key, value, key, value ... */
+    size_t nmeta;
+};
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static int st_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+const char *st_dtype_name(st_dtype dt) {
+    switch (dt) {
+    case ST_F32: return "F32";
+    case ST_F16: return "F16";
+    case ST_BF16: return "BF16";
+    }
+    return "?";
+}
+
+size_t st_dtype_size(st_dtype dt) {
+    switch (dt) {
+    case ST_F32: return 4;
+    case ST_F16: return 2;
+    case ST_BF16: return 2;
+    }
+    return 0;
+}
+
+/* ---- conversions (bit manipulation, so they do not depend on the FPU's modes) ---- */
+
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float st_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13)); /* inf, NaN payload kept */
+    if (exp == 0) {
+        if (mant == 0) return bits_f32(sign);
+        /* subnormal mant * 2^-24: normalise so the leading one becomes the implicit bit */
+        int e = -1;
+        do {
+            e++;
+            mant <<= 1;
+        } while (!(mant & 0x400u));
+        return bits_f32(sign | ((uint32_t)(112 - e) << 23) | ((mant & 0x3ffu) << 13));
+    }
+    return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+float st_bf16_to_f32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
+
+uint16_t st_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf, or NaN kept quiet with the top payload bits */
+        return (uint16_t)(sign | (ax > 0x7f800000u ? 0x7e00u | ((ax >> 13) & 0x3ffu) : 0x7c00u));
+    if (ax >= 0x47800000u) return (uint16_t)(sign | 0x7c00u); /* >= 2^16: overflow */
+    if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal */
+        if (ax < 0x33000000u) return sign;                    /* <= 2^-25 rounds to 0 */
+        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e, q = m >> shift, rem = m & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t bits = (((ax >> 23) - 112u) << 10) | ((ax >> 13) & 0x3ffu), rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (bits & 1u))) bits++; /* carry may give inf */
+    return (uint16_t)(sign | bits);
+}
+
+uint16_t st_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+static uint64_t le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* ---- header validation ---- */
+
+#define ST_MAX_INT 9007199254740992.0 /* 2^53: JSON numbers past it lose integer precision */
+
+/* A JSON value that is an integer in [0, 2^53]; describes it in what otherwise. */
+static int json_uint(const cJSON *v, uint64_t *out, char *what, size_t whatlen) {
+    if (!cJSON_IsNumber(v)) {
+        snprintf(what, whatlen, "is not a number");
+        return 0;
+    }
+    double d = v->valuedouble;
+    if (!(d >= 0.0) || d > ST_MAX_INT || d != floor(d)) {
+        snprintf(what, whatlen, "= %.17g is not a non-negative integer <= 2^53", d);
+        return 0;
+    }
+    *out = (uint64_t)d;
+    return 1;
+}
+
+static int cmp_offset(const void *a, const void *b) {
+    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return 0;
+}
+
+static int cmp_name(const void *a, const void *b) {
+    return strcmp((*(const st_tensor *const *)a)->name, (*(const st_tensor *const *)b)->name);
+}
+
+static int parse_tensor(st_file *f, st_tensor *t, const cJSON *e, char *err, size_t errlen) {
+    const char *k = t->name;
+    char what[96];
+    if (!cJSON_IsObject(e)) return st_err(err, errlen, "tensor '%s': entry is not a JSON object", k);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!dt) return st_err(err, errlen, "tensor '%s': missing \"dtype\"", k);
+    if (!sh) return st_err(err, errlen, "tensor '%s': missing \"shape\"", k);
+    if (!off) return st_err(err, errlen, "tensor '%s': missing \"data_offsets\"", k);
+
+    if (!cJSON_IsString(dt) || !dt->valuestring)
+        return st_err(err, errlen, "tensor '%s': \"dtype\" is not a string", k);
+    if (!strcmp(dt->valuestring, "F32")) t->dtype = ST_F32;
+    else if (!strcmp(dt->valuestring, "F16")) t->dtype = ST_F16;
+    else if (!strcmp(dt->valuestring, "BF16")) t->dtype = ST_BF16;
+    else
+        return st_err(err, errlen, "tensor '%s': dtype '%.32s' is not supported (F32, F16, BF16)", k,
+                      dt->valuestring);
+
+    if (!cJSON_IsArray(sh)) return st_err(err, errlen, "tensor '%s': \"shape\" is not an array", k);
+    int rank = cJSON_GetArraySize(sh);
+    if (rank > ST_MAX_RANK)
+        return st_err(err, errlen, "tensor '%s': shape has %d dims, more than %d", k, rank, ST_MAX_RANK);
+    t->rank = rank;
+    uint64_t numel = 1;
+    int i = 0;
+    for (const cJSON *d = sh->child; d; d = d->next, i++) {
+        uint64_t v;
+        if (!json_uint(d, &v, what, sizeof what))
+            return st_err(err, errlen, "tensor '%s': shape[%d] %s", k, i, what);
+        if (v > (uint64_t)INT64_MAX) return st_err(err, errlen, "tensor '%s': shape[%d] too large", k, i);
+        t->shape[i] = (int64_t)v;
+        /* the product must stay within int64 (and its byte size, checked below) */
+        if (v && numel > (uint64_t)INT64_MAX / v)
+            return st_err(err, errlen, "tensor '%s': shape product overflows 64 bits at shape[%d]", k, i);
+        numel *= v;
+    }
+    t->numel = (int64_t)numel;
+    uint64_t es = st_dtype_size(t->dtype);
+    if (numel > (uint64_t)INT64_MAX / es)
+        return st_err(err, errlen, "tensor '%s': byte size of %" PRIu64 " elements overflows", k, numel);
+    uint64_t nbytes = numel * es;
+
+    if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
+        return st_err(err, errlen, "tensor '%s': \"data_offsets\" is not an array of two integers", k);
+    if (!json_uint(off->child, &t->begin, what, sizeof what))
+        return st_err(err, errlen, "tensor '%s': data_offsets[0] %s", k, what);
+    if (!json_uint(off->child->next, &t->end, what, sizeof what))
+        return st_err(err, errlen, "tensor '%s': data_offsets[1] %s", k, what);
+    if (t->begin > t->end)
+        return st_err(err, errlen, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] begin > end", k,
+                      t->begin, t->end);
+    if (t->end > f->data_len)
+        return st_err(err, errlen,
+                      "tensor '%s': data_offsets end %" PRIu64 " is past the data section's %" PRIu64
+                      " bytes (file byte %" PRIu64 " of %zu)",
+                      k, t->end, f->data_len, (uint64_t)(f->data - f->buf) + t->end, f->len);
+    if (t->end - t->begin != nbytes)
+        return st_err(err, errlen,
+                      "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64
+                      " bytes but %" PRIu64 " %s elements need %" PRIu64,
+                      k, t->begin, t->end, t->end - t->begin, numel, st_dtype_name(t->dtype), nbytes);
+    t->data = f->data + t->begin;
+    return 0;
+}
+
+static int parse_metadata(st_file *f, const cJSON *m, char *err, size_t errlen) {
+    if (f->meta) return st_err(err, errlen, "\"__metadata__\" appears twice");
+    if (!cJSON_IsObject(m)) return st_err(err, errlen, "\"__metadata__\" is not a JSON object");
+    size_t n = (size_t)cJSON_GetArraySize(m);
+    f->meta = calloc(2 * n + 1, sizeof(char *));
+    if (!f->meta) return st_err(err, errlen, "out of memory for %zu metadata entries", n);
+    for (const cJSON *c = m->child; c; c = c->next) {
+        if (!cJSON_IsString(c) || !c->valuestring)
+            return st_err(err, errlen, "\"__metadata__\" entry '%s' is not a string", c->string ? c->string : "");
+        f->meta[2 * f->nmeta] = strdup(c->string ? c->string : "");
+        f->meta[2 * f->nmeta + 1] = strdup(c->valuestring);
+        f->nmeta++;
+        if (!f->meta[2 * f->nmeta - 2] || !f->meta[2 * f->nmeta - 1])
+            return st_err(err, errlen, "out of memory for metadata");
+    }
+    return 0;
+}
+
+/* Validates f->buf / f->len and fills the tensor table. */
+static int parse_buffer(st_file *f, char *err, size_t errlen) {
+    if (f->len < 8)
+        return st_err(err, errlen, "file is %zu bytes, shorter than the 8-byte header length", f->len);
+    uint64_t hl = le64(f->buf);
+    if (hl > f->len - 8)
+        return st_err(err, errlen,
+                      "header length %" PRIu64 " (bytes 0-7) runs past the end of the file: only %zu bytes follow",
+                      hl, f->len - 8);
+    if (hl > ST_MAX_HEADER_BYTES)
+        return st_err(err, errlen, "header length %" PRIu64 " (bytes 0-7) exceeds the %u-byte limit", hl,
+                      ST_MAX_HEADER_BYTES);
+    if (hl < 2) return st_err(err, errlen, "header length %" PRIu64 " (bytes 0-7) is too small for JSON", hl);
+    f->data = f->buf + 8 + hl;
+    f->data_len = f->len - 8 - hl;
+
+    const char *js = (const char *)f->buf + 8, *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(js, (size_t)hl, &end, 0);
+    if (!root) {
+        size_t pos = end && end >= js ? (size_t)(end - js) : 0;
+        return st_err(err, errlen, "header JSON is invalid at header byte %zu (file byte %zu)", pos, pos + 8);
+    }
+    int rc = -1;
+    /* only padding spaces (as the reference writer uses) may follow the JSON value */
+    for (const char *p = end; p < js + hl; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            st_err(err, errlen, "unexpected byte 0x%02x after the header JSON at file byte %zu",
+                   (unsigned char)*p, (size_t)(p - js) + 8);
+            goto out;
+        }
+    }
+    if (!cJSON_IsObject(root)) {
+        st_err(err, errlen, "header JSON is not an object");
+        goto out;
+    }
+    size_t cap = (size_t)cJSON_GetArraySize(root);
+    f->t = calloc(cap ? cap : 1, sizeof(st_tensor));
+    f->by_name = calloc(cap ? cap : 1, sizeof(st_tensor *));
+    if (!f->t || !f->by_name) {
+        st_err(err, errlen, "out of memory for %zu header entries", cap);
+        goto out;
+    }
+    for (const cJSON *c = root->child; c; c = c->next) {
+        const char *k = c->string ? c->string : "";
+        if (!strcmp(k, "__metadata__")) {
+            if (parse_metadata(f, c, err, errlen)) goto out;
+            continue;
+        }
+        st_tensor *t = &f->t[f->n];
+        t->name = strdup(k);
+        if (!t->name) {
+            st_err(err, errlen, "out of memory for tensor names");
+            goto out;
+        }
+        f->n++; /* counted now so st_close frees the name on error */
+        if (parse_tensor(f, t, c, err, errlen)) goto out;
+    }
+
+    for (size_t i = 0; i < f->n; i++) f->by_name[i] = &f->t[i];
+    /* overlap: sorted by (begin, end), each tensor must start at or after the previous end */
+    qsort(f->by_name, f->n, sizeof(st_tensor *), cmp_offset);
+    for (size_t i = 1; i < f->n; i++) {
+        const st_tensor *a = f->by_name[i - 1], *b = f->by_name[i];
+        if (b->begin < a->end) {
+            st_err(err, errlen,
+                   "tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64 ") overlap", a->name,
+                   a->begin, a->end, b->name, b->begin, b->end);
+            goto out;
+        }
+    }
+    qsort(f->by_name, f->n, sizeof(st_tensor *), cmp_name);
+    for (size_t i = 1; i < f->n; i++) {
+        if (!strcmp(f->by_name[i - 1]->name, f->by_name[i]->name)) {
+            st_err(err, errlen, "tensor '%s' appears twice in the header", f->by_name[i]->name);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int st_parse(st_file **out, const uint8_t *buf, size_t len, char *err, size_t errlen) {
+    *out = NULL;
+    if (!buf && len) return st_err(err, errlen, "NULL buffer of %zu bytes", len);
+    st_file *f = calloc(1, sizeof *f);
+    if (!f) return st_err(err, errlen, "out of memory");
+    f->buf = malloc(len ? len : 1);
+    if (!f->buf) {
+        free(f);
+        return st_err(err, errlen, "out of memory for %zu bytes", len);
+    }
+    if (len) memcpy(f->buf, buf, len);
+    f->len = len;
+    if (parse_buffer(f, err, errlen)) {
+        st_close(f);
+        return -1;
+    }
+    *out = f;
+    return 0;
+}
+
+int st_open(st_file **out, const char *path, char *err, size_t errlen) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return st_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return st_err(err, errlen, "%s: not a regular file", path);
+    }
+    st_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        close(fd);
+        return st_err(err, errlen, "%s: out of memory", path);
+    }
+    f->len = (size_t)sb.st_size;
+    void *m = f->len ? mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    if (m != MAP_FAILED) {
+        f->buf = m;
+        f->mapped = 1;
+    } else { /* no mmap (or an empty file): read it whole */
+        f->buf = malloc(f->len ? f->len : 1);
+        size_t got = 0;
+        while (f->buf && got < f->len) {
+            ssize_t r = read(fd, f->buf + got, f->len - got);
+            if (r <= 0) break;
+            got += (size_t)r;
+        }
+        if (!f->buf || got != f->len) {
+            close(fd);
+            st_close(f);
+            return st_err(err, errlen, "%s: cannot read %zu bytes", path, (size_t)sb.st_size);
+        }
+    }
+    close(fd);
+    char msg[512];
+    if (parse_buffer(f, msg, sizeof msg)) {
+        st_close(f);
+        return st_err(err, errlen, "%s: %s", path, msg);
+    }
+    *out = f;
+    return 0;
+}
+
+void st_close(st_file *f) {
+    if (!f) return;
+    for (size_t i = 0; i < f->n; i++) free((void *)f->t[i].name);
+    for (size_t i = 0; i < 2 * f->nmeta; i++) free(f->meta[i]);
+    free(f->meta);
+    free(f->t);
+    free(f->by_name);
+    if (f->mapped) munmap(f->buf, f->len);
+    else free(f->buf);
+    free(f);
+}
+
+size_t st_count(const st_file *f) { return f ? f->n : 0; }
+
+const st_tensor *st_at(const st_file *f, size_t i) { return f && i < f->n ? &f->t[i] : NULL; }
+
+const st_tensor *st_find(const st_file *f, const char *key) {
+    if (!f || !key) return NULL;
+    size_t lo = 0, hi = f->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(f->by_name[mid]->name, key);
+        if (c == 0) return f->by_name[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+const char *st_metadata(const st_file *f, const char *key) {
+    if (!f || !key) return NULL;
+    for (size_t i = 0; i < f->nmeta; i++)
+        if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
+    return NULL;
+}
+
+int st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n, char *err, size_t errlen) {
+    if (!f || !t) return st_err(err, errlen, "st_read_f32: NULL file or tensor");
+    if (t < f->t || t >= f->t + f->n) return st_err(err, errlen, "st_read_f32: tensor is not from this file");
+    if ((uint64_t)n != (uint64_t)t->numel)
+        return st_err(err, errlen, "tensor '%s' has %" PRId64 " elements, the destination holds %zu", t->name,
+                      t->numel, n);
+    if (n && !dst) return st_err(err, errlen, "tensor '%s': NULL destination", t->name);
+    const uint8_t *p = t->data;
+    switch (t->dtype) {
+    case ST_F32:
+        for (size_t i = 0; i < n; i++, p += 4)
+            dst[i] = bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        break;
+    case ST_F16:
+        for (size_t i = 0; i < n; i++, p += 2) dst[i] = st_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+        break;
+    case ST_BF16:
+        for (size_t i = 0; i < n; i++, p += 2) dst[i] = st_bf16_to_f32((uint16_t)(p[0] | p[1] << 8));
+        break;
+    }
+    return 0;
+}
+
+/* ---- atomic replacement ---- */
+
+int st_atomic_begin(st_atomic *a, const char *path, char *err, size_t errlen) {
+    memset(a, 0, sizeof *a);
+    if (!path || !*path) return st_err(err, errlen, "empty output path");
+    size_t L = strlen(path);
+    a->tmp = malloc(L + 16);
+    a->path = strdup(path);
+    if (!a->tmp || !a->path) {
+        free(a->tmp);
+        free(a->path);
+        return st_err(err, errlen, "%s: out of memory", path);
+    }
+    snprintf(a->tmp, L + 16, "%s.tmp-XXXXXX", path);
+    int fd = mkstemp(a->tmp);
+    if (fd < 0) {
+        int e = errno;
+        st_err(err, errlen, "%s: cannot create a temporary file beside it: %s", path, strerror(e));
+        free(a->tmp);
+        free(a->path);
+        memset(a, 0, sizeof *a);
+        return -1;
+    }
+    (void)fchmod(fd, 0644); /* mkstemp makes 0600; outputs are ordinary files (best effort) */
+    a->fp = fdopen(fd, "wb");
+    if (!a->fp) {
+        int e = errno;
+        close(fd);
+        unlink(a->tmp);
+        st_err(err, errlen, "%s: fdopen: %s", path, strerror(e));
+        free(a->tmp);
+        free(a->path);
+        memset(a, 0, sizeof *a);
+        return -1;
+    }
+    return 0;
+}
+
+void st_atomic_abort(st_atomic *a) {
+    if (a->fp) fclose(a->fp);
+    if (a->tmp) unlink(a->tmp);
+    free(a->tmp);
+    free(a->path);
+    memset(a, 0, sizeof *a);
+}
+
+int st_atomic_commit(st_atomic *a, char *err, size_t errlen) {
+    if (!a->fp) return st_err(err, errlen, "st_atomic_commit: no open file");
+    int e = 0;
+    if (fflush(a->fp) != 0 || ferror(a->fp)) e = errno ? errno : EIO;
+    /* the data must be on disk before the rename makes it the only copy */
+    if (!e && fsync(fileno(a->fp)) != 0 && errno != EINVAL) e = errno;
+    if (fclose(a->fp) != 0 && !e) e = errno ? errno : EIO;
+    a->fp = NULL;
+    if (e) {
+        st_err(err, errlen, "%s: writing %s failed: %s", a->path, a->tmp, strerror(e));
+        st_atomic_abort(a);
+        return -1;
+    }
+    if (rename(a->tmp, a->path) != 0) {
+        e = errno;
+        st_err(err, errlen, "%s: cannot replace it with %s: %s", a->path, a->tmp, strerror(e));
+        st_atomic_abort(a);
+        return -1;
+    }
+    free(a->tmp);
+    free(a->path);
+    memset(a, 0, sizeof *a);
+    return 0;
+}
+
+/* ---- writer ---- */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void sb_put(sbuf *s, const char *str, size_t len) {
+    if (s->oom) return;
+    if (s->n + len + 1 > s->cap) {
+        size_t cap = s->cap ? s->cap : 256;
+        while (s->n + len + 1 > cap) cap *= 2;
+        char *q = realloc(s->p, cap);
+        if (!q) {
+            s->oom = 1;
+            return;
+        }
+        s->p = q;
+        s->cap = cap;
+    }
+    memcpy(s->p + s->n, str, len);
+    s->n += len;
+    s->p[s->n] = 0;
+}
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void sb_fmt(sbuf *s, const char *fmt, ...) {
+    char tmp[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (k > 0) sb_put(s, tmp, (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1);
+}
+
+static void sb_json_str(sbuf *s, const char *str) {
+    sb_put(s, "\"", 1);
+    for (const unsigned char *c = (const unsigned char *)str; *c; c++) {
+        if (*c == '"' || *c == '\\') {
+            char e[2] = {'\\', (char)*c};
+            sb_put(s, e, 2);
+        } else if (*c < 0x20) {
+            sb_fmt(s, "\\u%04x", *c);
+        } else {
+            sb_put(s, (const char *)c, 1);
+        }
+    }
+    sb_put(s, "\"", 1);
+}
+
+static int host_le(void) {
+    uint16_t one = 1;
+    uint8_t b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+static int write_tensors(const char *path, int n, const char *const *names, const st_dtype *dtypes,
+                         const int64_t *const *shapes, const int *ranks, const void *const *data, int as_f32,
+                         const char *const *metadata, char *err, size_t errlen) {
+    if (n < 0) return st_err(err, errlen, "%s: negative tensor count %d", path, n);
+    if (n && (!names || !shapes || !ranks || !data))
+        return st_err(err, errlen, "%s: NULL names, shapes, ranks or data", path);
+    uint64_t *nbytes = calloc((size_t)n + 1, sizeof(uint64_t));
+    if (!nbytes) return st_err(err, errlen, "%s: out of memory", path);
+    sbuf h = {0};
+    int rc = -1;
+    sb_put(&h, "{", 1);
+    int first = 1;
+    if (metadata && metadata[0]) {
+        sb_put(&h, "\"__metadata__\":{", 16);
+        for (int i = 0; metadata[i]; i += 2) {
+            if (!metadata[i + 1]) {
+                st_err(err, errlen, "%s: metadata key '%s' has no value", path, metadata[i]);
+                goto out;
+            }
+            if (i) sb_put(&h, ",", 1);
+            sb_json_str(&h, metadata[i]);
+            sb_put(&h, ":", 1);
+            sb_json_str(&h, metadata[i + 1]);
+        }
+        sb_put(&h, "}", 1);
+        first = 0;
+    }
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        st_dtype dt = dtypes ? dtypes[i] : ST_F32;
+        if (!names[i] || !strcmp(names[i], "__metadata__")) {
+            st_err(err, errlen, "%s: tensor %d has no name or a reserved one", path, i);
+            goto out;
+        }
+        for (int j = 0; j < i; j++)
+            if (!strcmp(names[i], names[j])) {
+                st_err(err, errlen, "%s: tensor name '%s' given twice", path, names[i]);
+                goto out;
+            }
+        if (st_dtype_size(dt) == 0) {
+            st_err(err, errlen, "%s: tensor '%s': unknown dtype %d", path, names[i], (int)dt);
+            goto out;
+        }
+        if (ranks[i] < 0 || ranks[i] > ST_MAX_RANK || (ranks[i] && !shapes[i])) {
+            st_err(err, errlen, "%s: tensor '%s': rank %d outside 0..%d", path, names[i], ranks[i], ST_MAX_RANK);
+            goto out;
+        }
+        uint64_t numel = 1;
+        for (int d = 0; d < ranks[i]; d++) {
+            int64_t v = shapes[i][d];
+            if (v < 0 || (v && numel > (uint64_t)INT64_MAX / 8 / (uint64_t)v)) {
+                st_err(err, errlen, "%s: tensor '%s': shape[%d] = %" PRId64 " is negative or too large", path,
+                       names[i], d, v);
+                goto out;
+            }
+            numel *= (uint64_t)v;
+        }
+        if (numel && !data[i]) {
+            st_err(err, errlen, "%s: tensor '%s': NULL data", path, names[i]);
+            goto out;
+        }
+        nbytes[i] = numel * st_dtype_size(dt);
+        if (!first) sb_put(&h, ",", 1);
+        first = 0;
+        sb_json_str(&h, names[i]);
+        sb_fmt(&h, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(dt));
+        for (int d = 0; d < ranks[i]; d++) sb_fmt(&h, d ? ",%" PRId64 : "%" PRId64, shapes[i][d]);
+        sb_fmt(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + nbytes[i]);
+        off += nbytes[i];
+    }
+    sb_put(&h, "}", 1);
+    while ((8 + h.n) % 8) sb_put(&h, " ", 1); /* data section starts 8-byte aligned */
+    if (h.oom) {
+        st_err(err, errlen, "%s: out of memory for the header", path);
+        goto out;
+    }
+    st_atomic a;
+    if (st_atomic_begin(&a, path, err, errlen)) goto out;
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)h.n >> (8 * i));
+    int ok = fwrite(len8, 1, 8, a.fp) == 8 && fwrite(h.p, 1, h.n, a.fp) == h.n;
+    for (int i = 0; ok && i < n; i++) {
+        if (!nbytes[i]) continue; /* data may be NULL for an empty tensor */
+        if (!as_f32 || host_le()) {
+            ok = fwrite(data[i], 1, (size_t)nbytes[i], a.fp) == (size_t)nbytes[i];
+        } else { /* big-endian host: store floats little-endian */
+            const float *src = data[i];
+            for (uint64_t e = 0; ok && e < nbytes[i] / 4; e++) {
+                uint32_t u;
+                memcpy(&u, &src[e], 4);
+                uint8_t b[4] = {(uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24)};
+                ok = fwrite(b, 1, 4, a.fp) == 4;
+            }
+        }
+    }
+    if (!ok) {
+        st_err(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        st_atomic_abort(&a);
+        goto out;
+    }
+    rc = st_atomic_commit(&a, err, errlen);
+out:
+    free(h.p);
+    free(nbytes);
+    return rc;
+}
+
+int st_write(const char *path, int n, const char *const *names, const int64_t *const *shapes, const int *ranks,
+             const float *const *data, char *err, size_t errlen) {
+    return write_tensors(path, n, names, NULL, shapes, ranks, (const void *const *)data, 1, NULL, err, errlen);
+}
+
+int st_write_raw(const char *path, int n, const char *const *names, const st_dtype *dtypes,
+                 const int64_t *const *shapes, const int *ranks, const void *const *data,
+                 const char *const *metadata, char *err, size_t errlen) {
+    return write_tensors(path, n, names, dtypes, shapes, ranks, data, 0, metadata, err, errlen);
+}

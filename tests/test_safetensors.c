@@ -1,0 +1,568 @@
+/* cw-vae safetensors reader/writer: exact F16/BF16 conversion against independent
+ * references (exhaustive), round trips, every malformed-header case with its message,
+ * the regression corpus, every truncation of valid files, random byte corruption. */
+#include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "safetensors.h"
+#include "testutil.h"
+
+#define CHECK_SUBSTR(msg, sub)                                                                      \
+    do {                                                                                            \
+        if (!strstr((msg), (sub))) {                                                                \
+            fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__, (msg), (sub)); \
+            cw_test_failures++;                                                                     \
+        }                                                                                           \
+    } while (0)
+
+static uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* ---- references: plain double arithmetic on the format definitions ---- */
+
+static double ref_f16(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 31) v = m ? NAN : INFINITY;
+    else if (e == 0) v = ldexp((double)m, -24);
+    else v = ldexp((double)(1024 + m), e - 25);
+    return s ? -v : v;
+}
+
+static double ref_bf16(uint16_t b) {
+    int s = b >> 15, e = (b >> 7) & 255, m = b & 127;
+    double v;
+    if (e == 255) v = m ? NAN : INFINITY;
+    else if (e == 0) v = ldexp((double)m, -133);
+    else v = ldexp((double)(128 + m), e - 134);
+    return s ? -v : v;
+}
+
+/* Nearest representable value by binary search over the positive codes (monotonic),
+ * ties to the even code; past the largest finite code the next "value" is where inf
+ * starts for rounding (2^16 for f16, 2^128 for bf16). */
+static uint16_t ref_round(double x, double (*val)(uint16_t), uint16_t maxfin, double beyond, uint16_t inf) {
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    double a = fabs(x);
+    if (isnan(x)) return 0xffff; /* callers compare NaN-ness only */
+    if (a >= beyond) return sign | inf;
+    uint16_t lo = 0, hi = maxfin;
+    while (lo < hi) { /* largest code with val <= a */
+        uint16_t mid = (uint16_t)((lo + hi + 1) / 2);
+        if (val(mid) <= a) lo = mid;
+        else hi = (uint16_t)(mid - 1);
+    }
+    double v0 = val(lo), v1 = lo == maxfin ? beyond : val((uint16_t)(lo + 1));
+    uint16_t c = lo;
+    if (a - v0 > v1 - a || (a - v0 == v1 - a && (lo & 1))) c = (uint16_t)(lo + 1);
+    if (c > maxfin) return sign | inf;
+    return sign | c;
+}
+
+static void test_conversions(cw_rng *r) {
+    int bad = 0;
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint16_t h = (uint16_t)i;
+        float f = st_f16_to_f32(h);
+        double ref = ref_f16(h);
+        if (isnan(ref)) {
+            /* NaN: sign and payload kept in the top mantissa bits */
+            if (!isnan(f) || (fbits(f) >> 31) != (h >> 15u) || ((fbits(f) >> 13) & 1023u) != (h & 1023u)) bad++;
+        } else if ((double)f != ref || !signbit(f) != !signbit(ref)) {
+            if (bad++ < 5) fprintf(stderr, "f16 0x%04x -> %.9g, want %.9g\n", h, f, ref);
+        }
+#if defined(__FLT16_MAX__)
+        _Float16 hf;
+        memcpy(&hf, &h, 2);
+        if (!isnan(ref) && fbits((float)hf) != fbits(f)) bad++; /* compiler's own conversion */
+#endif
+        float b = st_bf16_to_f32(h);
+        double rb = ref_bf16(h);
+        if (isnan(rb) ? !isnan(b) : ((double)b != rb || !signbit(b) != !signbit(rb))) bad++;
+    }
+    ASSERT_EQ_I(bad, 0);
+
+    /* f32 -> f16 / bf16: every f16 midpoint and its neighbours (the ties), then random bits */
+    int n = 0;
+    for (uint32_t i = 0; i < 0x7c00; i++) {
+        double mid = (ref_f16((uint16_t)i) + (i == 0x7bff ? 65536.0 : ref_f16((uint16_t)(i + 1)))) / 2;
+        float m = (float)mid;
+        float cand[3] = {nextafterf(m, -INFINITY), m, nextafterf(m, INFINITY)};
+        for (int k = 0; k < 3; k++)
+            for (int sgn = 0; sgn < 2; sgn++) {
+                float x = sgn ? -cand[k] : cand[k];
+                uint16_t got = st_f32_to_f16(x), want = ref_round(x, ref_f16, 0x7bff, 65536.0, 0x7c00);
+                if (got != want && bad++ < 5) fprintf(stderr, "f32 %.9g -> f16 0x%04x, want 0x%04x\n", x, got, want);
+                n++;
+            }
+    }
+    int iters = cw_test_quick() ? 100000 : 1000000;
+    for (int i = 0; i < iters; i++) {
+        uint32_t u = (uint32_t)cw_rng_next(r);
+        if (i & 1) u = (u & 0x807fffffu) | ((uint32_t)cw_rng_range(r, 96, 150) << 23); /* near f16 range */
+        float x;
+        memcpy(&x, &u, 4);
+        uint16_t got = st_f32_to_f16(x);
+        if (isnan(x)) {
+            if (!isnan(st_f16_to_f32(got))) bad++;
+        } else if (got != ref_round(x, ref_f16, 0x7bff, 65536.0, 0x7c00)) {
+            if (bad++ < 5) fprintf(stderr, "f32 0x%08x -> f16 0x%04x\n", u, got);
+        }
+#if defined(__FLT16_MAX__)
+        _Float16 hf = (_Float16)x;
+        uint16_t hb;
+        memcpy(&hb, &hf, 2);
+        if (!isnan(x) && hb != got) bad++;
+#endif
+        uint16_t gb = st_f32_to_bf16(x);
+        if (isnan(x)) {
+            if (!isnan(st_bf16_to_f32(gb))) bad++;
+        } else if (gb != ref_round(x, ref_bf16, 0x7f7f, ldexp(1.0, 128), 0x7f80)) {
+            if (bad++ < 5) fprintf(stderr, "f32 0x%08x -> bf16 0x%04x\n", u, gb);
+        }
+        n++;
+    }
+    ASSERT_EQ_I(bad, 0);
+    fprintf(stderr, "conversions: 65536 f16 + 65536 bf16 codes, %d f32 roundings exact\n", n);
+}
+
+/* ---- files ---- */
+
+static char tmpdir[256];
+
+static const char *tpath(const char *name) {
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
+    return buf[k];
+}
+
+static uint8_t *slurp(const char *path, size_t *len) {
+    FILE *fp = fopen(path, "rb");
+    ASSERT_TRUE(fp != NULL);
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n + 1);
+    ASSERT_TRUE(b && fread(b, 1, (size_t)n, fp) == (size_t)n);
+    fclose(fp);
+    *len = (size_t)n;
+    return b;
+}
+
+static void test_round_trip(cw_rng *r) {
+    char err[512];
+    enum { NA = 2 * 3 * 5, NB = 37, NC = 4 };
+    float a[NA], b[NB], c[NC];
+    uint16_t b16[NB], c16[NC];
+    for (int i = 0; i < NA; i++) a[i] = cw_rng_float(r) * 100.0f;
+    for (int i = 0; i < NB; i++) b[i] = cw_rng_float(r) * 70000.0f * (i % 3 ? 1e-6f : 1.0f); /* subnormals, inf */
+    b[0] = 1e-8f; /* f16 subnormal */
+    b[1] = NAN;
+    b[2] = -INFINITY;
+    for (int i = 0; i < NC; i++) c[i] = cw_rng_float(r) * 1e30f;
+    for (int i = 0; i < NB; i++) b16[i] = st_f32_to_f16(b[i]);
+    for (int i = 0; i < NC; i++) c16[i] = st_f32_to_bf16(c[i]);
+    const char *names[] = {"decoder.conv_in.weight", "b \"quoted\\\" name", "c", "scalar", "empty"};
+    st_dtype dts[] = {ST_F32, ST_F16, ST_BF16, ST_F32, ST_F16};
+    int64_t sa[] = {2, 3, 5}, sb[] = {NB}, sc[] = {2, 2}, se[] = {3, 0};
+    const int64_t *shapes[] = {sa, sb, sc, NULL, se};
+    int ranks[] = {3, 1, 2, 0, 2};
+    float scalar = 42.5f;
+    const void *data[] = {a, b16, c16, &scalar, NULL};
+    const char *meta[] = {"format", "pt", "note", "line\nbreak", NULL};
+    const char *p = tpath("rt.safetensors");
+    if (st_write_raw(p, 5, names, dts, shapes, ranks, data, meta, err, sizeof err) != 0) {
+        fprintf(stderr, "st_write_raw: %s\n", err);
+        exit(1);
+    }
+    st_file *f = NULL;
+    if (st_open(&f, p, err, sizeof err)) {
+        fprintf(stderr, "st_open: %s\n", err);
+        exit(1);
+    }
+    ASSERT_EQ_I(st_count(f), 5);
+    ASSERT_TRUE(st_metadata(f, "format") && !strcmp(st_metadata(f, "format"), "pt"));
+    ASSERT_TRUE(st_metadata(f, "note") && !strcmp(st_metadata(f, "note"), "line\nbreak"));
+    ASSERT_TRUE(st_metadata(f, "missing") == NULL);
+    for (int i = 0; i < 5; i++) {
+        const st_tensor *t = st_at(f, (size_t)i);
+        ASSERT_TRUE(t && !strcmp(t->name, names[i]));
+        ASSERT_TRUE(st_find(f, names[i]) == t);
+        ASSERT_EQ_I(t->dtype, dts[i]);
+        ASSERT_EQ_I(t->rank, ranks[i]);
+        for (int d = 0; d < ranks[i]; d++) ASSERT_EQ_I(t->shape[d], shapes[i][d]);
+    }
+    ASSERT_TRUE(st_find(f, "nope") == NULL);
+    float out[64];
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, names[0]), out, NA, err, sizeof err), 0);
+    for (int i = 0; i < NA; i++) CHECK(fbits(out[i]) == fbits(a[i]));
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, names[1]), out, NB, err, sizeof err), 0);
+    for (int i = 0; i < NB; i++) {
+        double want = ref_f16(ref_round(b[i], ref_f16, 0x7bff, 65536.0, 0x7c00));
+        if (isnan(b[i])) CHECK(isnan(out[i]));
+        else CHECK((double)out[i] == want);
+    }
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, "c"), out, NC, err, sizeof err), 0);
+    for (int i = 0; i < NC; i++) CHECK((double)out[i] == ref_bf16(ref_round(c[i], ref_bf16, 0x7f7f, ldexp(1.0, 128), 0x7f80)));
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, "scalar"), out, 1, err, sizeof err), 0);
+    CHECK(out[0] == 42.5f);
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, "empty"), out, 0, err, sizeof err), 0);
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, "c"), out, 5, err, sizeof err), -1);
+    CHECK_SUBSTR(err, "tensor 'c' has 4 elements, the destination holds 5");
+    st_close(f);
+
+    /* the data section starts 8-byte aligned, as the reference writer does */
+    size_t len;
+    uint8_t *bytes = slurp(p, &len);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | bytes[i];
+    CHECK((8 + hl) % 8 == 0);
+
+    /* every truncation is an error with a message, never a crash */
+    int trunc = 0;
+    for (size_t n = 0; n < len; n++) {
+        st_file *g = (st_file *)1;
+        err[0] = 0;
+        if (st_parse(&g, bytes, n, err, sizeof err) == 0) {
+            fprintf(stderr, "truncation to %zu of %zu bytes parsed\n", n, len);
+            cw_test_failures++;
+            st_close(g);
+        } else {
+            CHECK(g == NULL && err[0]);
+            trunc++;
+        }
+    }
+    fprintf(stderr, "round trip ok; %d truncations rejected\n", trunc);
+
+    /* random corruption: parses or fails cleanly (sanitizer builds check for crashes) */
+    int iters = cw_test_quick() ? 2000 : 20000, ok = 0;
+    uint8_t *mut = malloc(len);
+    for (int it = 0; it < iters; it++) {
+        memcpy(mut, bytes, len);
+        int flips = (int)cw_rng_range(r, 1, 4);
+        for (int k = 0; k < flips; k++) {
+            size_t at = (size_t)cw_rng_range(r, 0, (int64_t)(8 + hl < len ? 8 + hl : len) - 1);
+            mut[at] = (uint8_t)cw_rng_next(r);
+        }
+        st_file *g = NULL;
+        if (st_parse(&g, mut, len, err, sizeof err) == 0) {
+            ok++;
+            for (size_t i = 0; i < st_count(g); i++) {
+                const st_tensor *t = st_at(g, i);
+                ASSERT_TRUE(t->end - t->begin == (uint64_t)t->numel * st_dtype_size(t->dtype));
+                float *dst = malloc((size_t)t->numel * 4 + 4);
+                ASSERT_EQ_I(st_read_f32(g, t, dst, (size_t)t->numel, err, sizeof err), 0);
+                free(dst);
+            }
+            st_close(g);
+        } else {
+            CHECK(g == NULL && err[0]);
+        }
+    }
+    fprintf(stderr, "%d header corruptions: %d still valid, the rest rejected cleanly\n", iters, ok);
+    free(mut);
+    free(bytes);
+
+    /* the plain f32 writer */
+    int64_t s2[] = {3, 10};
+    const int64_t *sh2[] = {s2};
+    int rk2[] = {2};
+    const float *d2[] = {a};
+    const char *n2[] = {"x"};
+    ASSERT_EQ_I(st_write(tpath("f32.safetensors"), 1, n2, sh2, rk2, d2, err, sizeof err), 0);
+    ASSERT_EQ_I(st_open(&f, tpath("f32.safetensors"), err, sizeof err), 0);
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, "x"), out, 30, err, sizeof err), 0);
+    for (int i = 0; i < 30; i++) CHECK(fbits(out[i]) == fbits(a[i]));
+    st_close(f);
+}
+
+/* Builds "<len><json><data>" in memory and parses it; returns the status, message in err. */
+static int parse_hdr(const char *json, size_t datalen, char *err, size_t errlen) {
+    size_t jl = strlen(json), len = 8 + jl + datalen;
+    uint8_t *b = calloc(1, len);
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)jl >> (8 * i));
+    memcpy(b + 8, json, jl);
+    st_file *f = (st_file *)1;
+    err[0] = 0;
+    int rc = st_parse(&f, b, len, err, errlen);
+    if (rc == 0) st_close(f);
+    else CHECK(f == NULL);
+    free(b);
+    return rc;
+}
+
+static void test_malformed(void) {
+    char err[512];
+    struct {
+        const char *json;
+        size_t datalen;
+        const char *want;
+    } cases[] = {
+        {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],", 8, "header JSON is invalid at header byte"},
+        {"[1,2]", 0, "not an object"},
+        {"{}  x", 0, "unexpected byte 0x78 after the header JSON at file byte 12"},
+        {"{\"w\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, "tensor 'w': dtype 'I64' is not supported"},
+        {"{\"w\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, "tensor 'w': dtype 'F64'"},
+        {"{\"w\":{\"dtype\":1,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'w': \"dtype\" is not a string"},
+        {"{\"w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'w': missing \"dtype\""},
+        {"{\"w\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "tensor 'w': missing \"shape\""},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "tensor 'w': missing \"data_offsets\""},
+        {"{\"w\":3}", 0, "tensor 'w': entry is not a JSON object"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8,
+         "tensor 'w': data_offsets end 16 is past the data section's 8 bytes"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, "tensor 'w': data_offsets [8, 0] begin > end"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 8, "tensor 'w': data_offsets[0] = -4"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4.5]}}", 8, "tensor 'w': data_offsets[1] = 4.5"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 8, "tensor 'w': \"data_offsets\" is not an array of two"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1e300]}}", 8, "tensor 'w': data_offsets[1] = 1.0000000000000001e+300"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         12, "tensors 'a' [0, 8) and 'b' [4, 12) overlap"},
+        {"{\"b\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[6,14]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         14, "tensors 'a' [0, 8) and 'b' [6, 14) overlap"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
+         "tensor 'w': data_offsets [0, 8] span 8 bytes but 3 F32 elements need 12"},
+        {"{\"w\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[0,4]}}", 8,
+         "tensor 'w': data_offsets [0, 4] span 4 bytes but 4 BF16 elements need 8"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, "tensor 'w': shape[0] = -2 is not"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1,2.5],\"data_offsets\":[0,8]}}", 8, "tensor 'w': shape[1] = 2.5 is not"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8, "tensor 'w': shape[0] is not a number"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8, "tensor 'w': \"shape\" is not an array"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, "tensor 'w': shape has 9 dims"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],\"data_offsets\":[0,8]}}", 8,
+         "tensor 'w': shape product overflows 64 bits at shape[1]"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2147483648,2147483648],\"data_offsets\":[0,8]}}", 8,
+         "tensor 'w': byte size of 4611686018427387904 elements overflows"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1e20],\"data_offsets\":[0,8]}}", 8, "tensor 'w': shape[0] = 1e+20 is not"},
+        {"{\"__metadata__\":{\"k\":1}}", 0, "\"__metadata__\" entry 'k' is not a string"},
+        {"{\"__metadata__\":[\"pt\"]}", 0, "\"__metadata__\" is not a JSON object"},
+        {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, "\"__metadata__\" appears twice"},
+        {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         8, "tensor 'x' appears twice"},
+        {"{\"x\"#:1}", 0, "header JSON is invalid at header byte 4 (file byte 12)"},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    for (int i = 0; i < n; i++) {
+        int rc = parse_hdr(cases[i].json, cases[i].datalen, err, sizeof err);
+        if (rc == 0) {
+            fprintf(stderr, "case %d parsed, expected \"%s\"\n", i, cases[i].want);
+            cw_test_failures++;
+            continue;
+        }
+        CHECK_SUBSTR(err, cases[i].want);
+    }
+    /* valid edge cases: metadata only, zero-size tensors sharing an offset, scalars,
+     * unknown per-tensor fields ignored, padding spaces after the JSON */
+    CHECK(parse_hdr("{\"__metadata__\":{\"format\":\"pt\"}}", 0, err, sizeof err) == 0);
+    CHECK(parse_hdr("{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+                    "\"b\":{\"dtype\":\"F32\",\"shape\":[3,0],\"data_offsets\":[4,4]},"
+                    "\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4],\"extra\":1}}    ",
+                    4, err, sizeof err) == 0);
+
+    /* raw-length cases */
+    uint8_t b[16] = {0};
+    st_file *f = NULL;
+    CHECK(st_parse(&f, b, 5, err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "file is 5 bytes, shorter than the 8-byte header length");
+    b[0] = 100;
+    CHECK(st_parse(&f, b, 16, err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "header length 100 (bytes 0-7) runs past the end of the file: only 8 bytes follow");
+    memset(b, 0xff, 8);
+    CHECK(st_parse(&f, b, 16, err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "header length 18446744073709551615 (bytes 0-7) runs past the end");
+    memset(b, 0, 8);
+    CHECK(st_parse(&f, b, 16, err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "header length 0 (bytes 0-7) is too small");
+
+    /* files: the path leads the message */
+    CHECK(st_open(&f, tpath("does-not-exist.safetensors"), err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "does-not-exist.safetensors: cannot open");
+    CHECK(st_open(&f, tmpdir, err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "not a regular file");
+    FILE *fp = fopen(tpath("bad.safetensors"), "wb");
+    fwrite("\x05\0\0\0\0\0\0\0{\"a\":", 1, 13, fp);
+    fclose(fp);
+    CHECK(st_open(&f, tpath("bad.safetensors"), err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "bad.safetensors: header JSON is invalid");
+    fprintf(stderr, "%d malformed headers rejected with the expected messages\n", n);
+}
+
+/* Every corpus file: valid_* parse and read, the others fail with a message. */
+static void test_corpus(void) {
+    char dir[1024], err[512];
+    snprintf(dir, sizeof dir, "%s/tests/corpus/safetensors", CW_SOURCE_DIR);
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "cannot open corpus %s: %s\n", dir, strerror(errno));
+        exit(1);
+    }
+    int files = 0, valid = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char p[2048];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        st_file *f = NULL;
+        int expect_ok = !strncmp(e->d_name, "valid_", 6);
+        err[0] = 0;
+        int rc = st_open(&f, p, err, sizeof err);
+        files++;
+        if (expect_ok) {
+            if (rc) {
+                fprintf(stderr, "%s: %s\n", e->d_name, err);
+                cw_test_failures++;
+                continue;
+            }
+            valid++;
+            for (size_t i = 0; i < st_count(f); i++) {
+                const st_tensor *t = st_at(f, i);
+                float *dst = malloc((size_t)t->numel * 4 + 4);
+                CHECK(st_read_f32(f, t, dst, (size_t)t->numel, err, sizeof err) == 0);
+                free(dst);
+            }
+            st_close(f);
+        } else {
+            if (rc == 0) {
+                fprintf(stderr, "corpus file %s parsed but should fail\n", e->d_name);
+                cw_test_failures++;
+                st_close(f);
+            } else {
+                CHECK(f == NULL && strstr(err, e->d_name));
+            }
+        }
+    }
+    closedir(d);
+    ASSERT_LE_I(30, files); /* the corpus is there */
+    fprintf(stderr, "corpus: %d files, %d valid\n", files, valid);
+
+    /* valid_mixed holds known values: check them exactly */
+    snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/valid_mixed.safetensors");
+    st_file *f = NULL;
+    ASSERT_EQ_I(st_open(&f, dir, err, sizeof err), 0);
+    float v[8];
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, "b"), v, 6, err, sizeof err), 0);
+    CHECK(v[0] == 1.0f && v[1] == ldexpf(1.0f, -24) && v[2] == 65504.0f && v[3] == INFINITY && v[4] == -INFINITY &&
+          isnan(v[5]));
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, "c"), v, 4, err, sizeof err), 0);
+    CHECK(v[0] == 1.0f && v[1] == ldexpf(1.0f, -133) && v[2] == INFINITY && isnan(v[3]));
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, "a.weight"), v, 6, err, sizeof err), 0);
+    CHECK(v[3] == 3.25f && signbit(v[4]));
+    CHECK(st_metadata(f, "format") && !strcmp(st_metadata(f, "format"), "pt"));
+    st_close(f);
+}
+
+/* The committed fixtures: F16 / BF16 copies equal the F32 weights rounded by PyTorch,
+ * which our widening must reproduce through the reference rounding. */
+static void test_fixtures(void) {
+    char p32[1024], p16[1024], pb[1024], err[512];
+    snprintf(p32, sizeof p32, "%s/tests/fixtures/tiny_vae.safetensors", CW_SOURCE_DIR);
+    snprintf(p16, sizeof p16, "%s/tests/fixtures/tiny_vae_f16.safetensors", CW_SOURCE_DIR);
+    snprintf(pb, sizeof pb, "%s/tests/fixtures/tiny_vae_bf16.safetensors", CW_SOURCE_DIR);
+    st_file *a = NULL, *h = NULL, *bf = NULL;
+    if (st_open(&a, p32, err, sizeof err) || st_open(&h, p16, err, sizeof err) || st_open(&bf, pb, err, sizeof err)) {
+        fprintf(stderr, "fixtures: %s\n", err);
+        exit(1);
+    }
+    ASSERT_EQ_I(st_count(a), st_count(h));
+    ASSERT_EQ_I(st_count(a), st_count(bf));
+    CHECK(st_find(a, "decoder.conv_in.weight") && st_find(a, "post_quant_conv.weight") &&
+          st_find(a, "decoder.mid_block.attentions.0.to_q.weight"));
+    int64_t total = 0, bad = 0;
+    for (size_t i = 0; i < st_count(a); i++) {
+        const st_tensor *t = st_at(a, i), *th = st_find(h, t->name), *tb = st_find(bf, t->name);
+        ASSERT_TRUE(th && tb && t->dtype == ST_F32 && th->dtype == ST_F16 && tb->dtype == ST_BF16);
+        ASSERT_EQ_I(th->numel, t->numel);
+        size_t n = (size_t)t->numel;
+        float *x = malloc(n * 4), *y = malloc(n * 4), *z = malloc(n * 4);
+        ASSERT_EQ_I(st_read_f32(a, t, x, n, err, sizeof err), 0);
+        ASSERT_EQ_I(st_read_f32(h, th, y, n, err, sizeof err), 0);
+        ASSERT_EQ_I(st_read_f32(bf, tb, z, n, err, sizeof err), 0);
+        for (size_t k = 0; k < n; k++) {
+            double wh = ref_f16(ref_round(x[k], ref_f16, 0x7bff, 65536.0, 0x7c00));
+            double wb = ref_bf16(ref_round(x[k], ref_bf16, 0x7f7f, ldexp(1.0, 128), 0x7f80));
+            if ((double)y[k] != wh || (double)z[k] != wb) bad++;
+        }
+        total += (int64_t)n;
+        free(x);
+        free(y);
+        free(z);
+    }
+    ASSERT_EQ_I(bad, 0);
+    fprintf(stderr, "fixtures: %zu tensors, %lld values: F16/BF16 files match reference rounding\n", st_count(a),
+            (long long)total);
+    st_close(a);
+    st_close(h);
+    st_close(bf);
+}
+
+static void test_write_errors(void) {
+    char err[512];
+    float v[2] = {1, 2};
+    int64_t s[] = {2};
+    const int64_t *sh[] = {s};
+    int rk[] = {1};
+    const float *d[] = {v};
+    const char *nm[] = {"x"};
+    /* destination is a directory: the directory survives, no temporary is left */
+    const char *dirp = tpath("adir");
+    ASSERT_EQ_I(mkdir(dirp, 0755), 0);
+    CHECK(st_write(dirp, 1, nm, sh, rk, d, err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "adir: cannot replace it");
+    struct stat sb;
+    CHECK(stat(dirp, &sb) == 0 && S_ISDIR(sb.st_mode));
+    CHECK(st_write(tpath("no-such-dir/x.safetensors"), 1, nm, sh, rk, d, err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "no-such-dir/x.safetensors: cannot create a temporary file");
+    const char *nm2[] = {"x", "x"};
+    const int64_t *sh2[] = {s, s};
+    int rk2[] = {1, 1};
+    const float *d2[] = {v, v};
+    CHECK(st_write(tpath("dup.safetensors"), 2, nm2, sh2, rk2, d2, err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "tensor name 'x' given twice");
+    int64_t neg[] = {-1};
+    const int64_t *shn[] = {neg};
+    CHECK(st_write(tpath("neg.safetensors"), 1, nm, shn, rk, d, err, sizeof err) != 0);
+    CHECK_SUBSTR(err, "tensor 'x': shape[0] = -1");
+    DIR *dd = opendir(tmpdir);
+    struct dirent *e;
+    while ((e = readdir(dd))) CHECK(!strstr(e->d_name, ".tmp-"));
+    closedir(dd);
+}
+
+static void rm_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
+        else unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+int main(void) {
+    cw_rng r = {cw_test_seed(20240611)};
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/cw_test_st_XXXXXX");
+    ASSERT_TRUE(mkdtemp(tmpdir) != NULL);
+    test_conversions(&r);
+    test_round_trip(&r);
+    test_malformed();
+    test_corpus();
+    test_fixtures();
+    test_write_errors();
+    rm_tree(tmpdir);
+    TEST_DONE();
+}

@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Reference fixtures for cw-vae, made with PyTorch + diffusers (tools/requirements-fixtures.txt).
+
+Modes:
+  make_fixtures.py                       tiny fixtures -> tests/fixtures/ (committed, < 2 MiB)
+  make_fixtures.py --config sd --size 256 [--out fixtures-big]
+                                         SD-sized random-weight VAE (not committed, see .gitignore);
+                                         --config sdxl differs only in its scaling factor
+  make_fixtures.py --corpus              regression corpus -> tests/corpus/safetensors/ (no torch)
+  make_fixtures.py --compare A.npy B.npy prints max abs / rel error of A against reference B
+
+Comparison with an SD-sized model (weights are random; no hub access is needed):
+  python tools/make_fixtures.py --config sd --size 256
+  cw-vae --weights fixtures-big/sd_vae.safetensors --latent fixtures-big/sd_latent.npy --raw /tmp/sd_cw.npy
+  python tools/make_fixtures.py --compare /tmp/sd_cw.npy fixtures-big/sd_out.npy
+
+Every reference output is `vae.decode(z).sample` computed in float64 (stored as float32),
+with z the stored latent as is: no division by scaling_factor has been applied.
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Architectures. "tiny" mirrors SD's decoder layout (4 levels, 3 upsamplers, two channel
+# changes, attention in the mid block) at widths that keep the committed files small.
+CONFIGS = {
+    "tiny": dict(block_out_channels=(8, 16, 32, 32), layers_per_block=1, norm_num_groups=4,
+                 latent_channels=4, scaling_factor=0.18215),
+    "sd": dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32,
+               latent_channels=4, scaling_factor=0.18215),
+    "sdxl": dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32,
+                 latent_channels=4, scaling_factor=0.13025),
+}
+
+
+def build_vae(cfg, seed):
+    import torch
+    from diffusers import AutoencoderKL
+    from diffusers.utils import logging
+
+    logging.set_verbosity_error()  # silences the "cast with to()" notice for our f64 decode
+    n = len(cfg["block_out_channels"])
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n, up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=cfg["block_out_channels"], layers_per_block=cfg["layers_per_block"],
+        norm_num_groups=cfg["norm_num_groups"], latent_channels=cfg["latent_channels"],
+        scaling_factor=cfg["scaling_factor"], sample_size=32)
+    # Non-trivial weights, so a wrong GroupNorm (grouping, eps, affine), a wrong attention
+    # (scale, softmax axis, transposes) or a swapped tensor changes the output visibly:
+    # conv/linear weights N(0, 1/fan_in) keep activations O(1) through the depth; biases
+    # N(0, 0.2); norm scales N(1, 0.3) and shifts N(0, 0.3).
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in vae.named_parameters():
+            if "norm" in name:
+                base = 1.0 if name.endswith("weight") else 0.0
+                p.copy_(base + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+    return vae.eval()
+
+
+def decoder_state(vae):
+    """Decoder + post_quant_conv tensors under diffusers' key names (as in its checkpoints)."""
+    sd = vae.state_dict()
+    return {k: v.detach().float().contiguous() for k, v in sd.items()
+            if k.startswith("decoder.") or k.startswith("post_quant_conv.")}
+
+
+def decode(vae, z, dtype):
+    import torch
+    with torch.no_grad():
+        v = vae.to(dtype)
+        return v.decode(z.to(dtype)).sample
+
+
+def save_st(path, tensors, dtype):
+    import torch
+    from safetensors.torch import save_file
+    save_file({k: v.to(dtype).contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
+    os.chmod(path, 0o644)
+
+
+def versions():
+    import diffusers
+    import numpy
+    import safetensors
+    import torch
+    return {"torch": torch.__version__, "diffusers": diffusers.__version__,
+            "safetensors": safetensors.__version__, "numpy": numpy.__version__,
+            "python": sys.version.split()[0]}
+
+
+def make(config, out_dir, prefix, latent_hw, seed, with_half):
+    import copy
+
+    import numpy as np
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+    cfg = CONFIGS[config]
+    os.makedirs(out_dir, exist_ok=True)
+    vae = build_vae(cfg, seed)
+    weights = decoder_state(vae)
+    save_st(os.path.join(out_dir, f"{prefix}_vae.safetensors"), weights, torch.float32)
+
+    h, w = latent_hw
+    g = torch.Generator().manual_seed(seed + 1)
+    z = torch.randn((1, cfg["latent_channels"], h, w), generator=g, dtype=torch.float32)
+    np.save(os.path.join(out_dir, f"{prefix}_latent.npy"), z.numpy())
+
+    ref = decode(copy.deepcopy(vae), z, torch.float64)
+    out32 = ref.float().numpy()
+    np.save(os.path.join(out_dir, f"{prefix}_out.npy"), out32)
+    # How far plain float32 PyTorch lands from the float64 reference: a yardstick for the
+    # tolerance of any float32 implementation.
+    f32 = decode(copy.deepcopy(vae), z, torch.float32).double()
+    d = (f32 - ref).abs()
+    stats = {"ref_abs_max": float(ref.abs().max()), "ref_std": float(ref.std()),
+             "torch_f32_vs_f64_max_abs": float(d.max()),
+             "torch_f32_vs_f64_max_rel": float(d.max() / ref.abs().max())}
+
+    files = {"weights_f32": f"{prefix}_vae.safetensors", "latent": f"{prefix}_latent.npy",
+             "out": f"{prefix}_out.npy"}
+    if with_half:
+        # Same weights stored as F16 / BF16; references decode those rounded weights (in
+        # float64), so a reader that widens them exactly matches as tightly as with F32.
+        for dt, tag in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
+            save_st(os.path.join(out_dir, f"{prefix}_vae_{tag}.safetensors"), weights, dt)
+            v2 = copy.deepcopy(vae)
+            with torch.no_grad():
+                for name, p in v2.named_parameters():
+                    if name.startswith("decoder.") or name.startswith("post_quant_conv."):
+                        p.copy_(p.to(dt).float())
+            o = decode(v2, z, torch.float64).float().numpy()
+            np.save(os.path.join(out_dir, f"{prefix}_out_{tag}w.npy"), o)
+            files[f"weights_{tag}"] = f"{prefix}_vae_{tag}.safetensors"
+            files[f"out_{tag}w"] = f"{prefix}_out_{tag}w.npy"
+
+        # Image: diffusers' own postprocess of the stored float32 output, saved with PIL.
+        from diffusers.image_processor import VaeImageProcessor
+        img = VaeImageProcessor().postprocess(torch.from_numpy(out32), output_type="pil")[0]
+        img.save(os.path.join(out_dir, f"{prefix}_out.png"))
+        files["png"] = f"{prefix}_out.png"
+
+    meta = {
+        "config": config,
+        "block_out_channels": list(cfg["block_out_channels"]),
+        "layers_per_block": cfg["layers_per_block"],
+        "norm_num_groups": cfg["norm_num_groups"],
+        "latent_channels": cfg["latent_channels"],
+        "in_channels": 3, "out_channels": 3,
+        "up_block_types": ["UpDecoderBlock2D"] * len(cfg["block_out_channels"]),
+        "mid_block_add_attention": True,
+        "norm_eps": 1e-6,
+        "scaling_factor": cfg["scaling_factor"],
+        "seed": seed,
+        "latent_shape": list(z.shape),
+        "out_shape": list(out32.shape),
+        "decode": "out = vae.decode(latent).sample in float64, stored as float32; "
+                  "the latent is used as is (not divided by scaling_factor)",
+        "files": files,
+        "stats": stats,
+        "versions": versions(),
+    }
+    with open(os.path.join(out_dir, f"{prefix}_config.json"), "w") as fp:
+        json.dump(meta, fp, indent=2)
+        fp.write("\n")
+    with open(os.path.join(out_dir, f"{prefix}_keys.txt"), "w") as fp:
+        fp.write(f"# {prefix}_vae.safetensors: {len(weights)} tensors (diffusers key names), "
+                 f"config {config}\n")
+        for k in sorted(weights):
+            fp.write(f"{k} {list(weights[k].shape)}\n")
+    print(json.dumps(stats, indent=2))
+
+
+# ---- regression corpus for the safetensors parser (pure Python: no torch needed) ----
+
+def st_bytes(header, data=b"", hlen=None, pad=True):
+    js = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        js += b" " * ((8 - (8 + len(js)) % 8) % 8)
+    n = len(js) if hlen is None else hlen
+    return struct.pack("<Q", n) + js + data
+
+
+def corpus(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    f32 = struct.pack("<6f", 1.0, -2.0, 0.5, 3.25, -0.0, 65504.0)
+    f16 = struct.pack("<6H", 0x3C00, 0x0001, 0x7BFF, 0x7C00, 0xFC00, 0x7E01)   # 1, min subnormal, max, +-inf, NaN
+    bf16 = struct.pack("<4H", 0x3F80, 0x0001, 0x7F80, 0x7FC1)
+    good = {"__metadata__": {"format": "pt"},
+            "a.weight": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+            "b": {"dtype": "F16", "shape": [6], "data_offsets": [24, 36]},
+            "c": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [36, 44]},
+            "empty": {"dtype": "F32", "shape": [0, 4], "data_offsets": [44, 44]},
+            "scalar": {"dtype": "F32", "shape": [], "data_offsets": [44, 48]}}
+    data = f32 + f16 + bf16 + struct.pack("<f", 7.0)
+
+    def t(dtype="F32", shape=(2,), off=(0, 8)):
+        return {"dtype": dtype, "shape": list(shape), "data_offsets": list(off)}
+
+    cases = {
+        "valid_mixed.safetensors": st_bytes(good, data),
+        "valid_empty_header.safetensors": st_bytes({}),
+        "valid_no_pad.safetensors": st_bytes({"x": t()}, b"\0" * 8, pad=False),
+        "short_file.safetensors": b"\x10\x00\x00",
+        "header_past_eof.safetensors": struct.pack("<Q", 1000) + b"{}",
+        "header_len_huge.safetensors": struct.pack("<Q", 2 ** 63 + 5) + b"{}      ",
+        "header_len_zero.safetensors": struct.pack("<Q", 0) + b"{}",
+        "bad_json.safetensors": st_bytes(b'{"x": {"dtype": "F32", "shape": [2],'),
+        "json_array.safetensors": st_bytes(b"[1, 2, 3]"),
+        "json_trailing_garbage.safetensors": st_bytes(b'{}  xyz '),
+        "json_deep_nesting.safetensors": st_bytes(b"[" * 5000 + b"]" * 5000),
+        "json_nul_in_header.safetensors": st_bytes(b'{"x"\0: 1}'),
+        "unknown_dtype.safetensors": st_bytes({"x": t("I64", (1,))}, b"\0" * 8),
+        "dtype_not_string.safetensors": st_bytes({"x": {"dtype": 3, "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8),
+        "missing_offsets.safetensors": st_bytes({"x": {"dtype": "F32", "shape": [2]}}, b"\0" * 8),
+        "entry_not_object.safetensors": st_bytes({"x": [1, 2]}),
+        "offsets_past_end.safetensors": st_bytes({"x": t(off=(0, 8))}, b"\0" * 4),
+        "offsets_reversed.safetensors": st_bytes({"x": t(off=(8, 0))}, b"\0" * 8),
+        "offsets_three.safetensors": st_bytes({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4, 8]}}, b"\0" * 8),
+        "offsets_negative.safetensors": st_bytes({"x": t(off=(-8, 0))}, b"\0" * 8),
+        "offsets_huge.safetensors": st_bytes({"x": t(off=(0, 2 ** 64))}, b"\0" * 8),
+        "overlap.safetensors": st_bytes({"x": t(off=(0, 8)), "y": t(off=(4, 12))}, b"\0" * 16),
+        "duplicate_name.safetensors": st_bytes(b'{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+                                               b'"x":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}', b"\0" * 16),
+        "size_mismatch.safetensors": st_bytes({"x": t(shape=(3,), off=(0, 8))}, b"\0" * 8),
+        "shape_negative.safetensors": st_bytes({"x": t(shape=(-2,), off=(0, 8))}, b"\0" * 8),
+        "shape_float.safetensors": st_bytes({"x": t(shape=(2.5,), off=(0, 8))}, b"\0" * 8),
+        "shape_string.safetensors": st_bytes({"x": t(shape=("2",), off=(0, 8))}, b"\0" * 8),
+        "shape_not_array.safetensors": st_bytes({"x": {"dtype": "F32", "shape": 2, "data_offsets": [0, 8]}}, b"\0" * 8),
+        "shape_overflow.safetensors": st_bytes({"x": t(shape=(2 ** 40, 2 ** 40), off=(0, 8))}, b"\0" * 8),
+        "shape_bytes_overflow.safetensors": st_bytes({"x": t(shape=(2 ** 31, 2 ** 31), off=(0, 8))}, b"\0" * 8),
+        "shape_rank9.safetensors": st_bytes({"x": t(shape=(1,) * 9, off=(0, 4))}, b"\0" * 4),
+        "metadata_not_string.safetensors": st_bytes({"__metadata__": {"a": 1}}),
+        "metadata_not_object.safetensors": st_bytes({"__metadata__": "pt"}),
+    }
+    for name, blob in cases.items():
+        with open(os.path.join(out_dir, name), "wb") as fp:
+            fp.write(blob)
+    print(f"wrote {len(cases)} files to {out_dir}")
+
+
+def compare(a_path, b_path):
+    import numpy as np
+    a = np.load(a_path).astype(np.float64)
+    b = np.load(b_path).astype(np.float64)
+    if a.shape != b.shape:
+        print(f"shape mismatch: {a.shape} vs {b.shape}")
+        return 1
+    d = np.abs(a - b)
+    scale = max(float(np.abs(b).max()), 1e-30)
+    print(f"max_abs {d.max():.3e}  max_rel(to max|ref|) {d.max() / scale:.3e}  mean_abs {d.mean():.3e}  "
+          f"at {np.unravel_index(int(d.argmax()), d.shape)}")
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    ap.add_argument("--size", type=int, default=None, help="output image side in pixels (latent = size / 8)")
+    ap.add_argument("--out", default=None, help="output directory")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--corpus", action="store_true", help="write the safetensors regression corpus")
+    ap.add_argument("--compare", nargs=2, metavar=("OUT.npy", "REF.npy"))
+    args = ap.parse_args()
+
+    if args.compare:
+        return compare(*args.compare)
+    if args.corpus:
+        corpus(args.out or os.path.join(ROOT, "tests", "corpus", "safetensors"))
+        return 0
+    if args.config == "tiny":
+        if args.size:
+            s = args.size // 8
+            hw = (s, s)
+        else:
+            hw = (8, 12)  # non-square on purpose
+        make("tiny", args.out or os.path.join(ROOT, "tests", "fixtures"), "tiny", hw, args.seed, with_half=True)
+    else:
+        side = (args.size or 256) // 8
+        make(args.config, args.out or os.path.join(ROOT, "fixtures-big"), args.config, (side, side), args.seed,
+             with_half=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
