@@ -7,14 +7,15 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "scheduler/patch.h"
 #include "scheduler/sched.h"
 
 /* Headroom for the small temporaries (GroupNorm partials and scale/shift) and allocator
- * rounding when sizing patches; the dry run is the real check. */
-#define CW__SMALL_RESERVE ((int64_t)4 << 20)
+ * rounding when sizing patches: 1/8 of the budget; the dry run is the real check. */
+#define CW__SMALL_RESERVE(b) ((b) / 8)
 
 typedef struct cw__wr {
     int task;
@@ -390,7 +391,7 @@ static cw_status cw__size_conv(cw__lower *L, const cw__conv_problem *full, int p
         out->pbuf = cw__pbuf_bytes(&pt.prob, prep);
         return CW_OK;
     }
-    int64_t avail = L->budget < 0 ? INT64_MAX : L->budget - CW__SMALL_RESERVE;
+    int64_t avail = L->budget < 0 ? INT64_MAX : L->budget - CW__SMALL_RESERVE(L->budget);
     int fixed = L->p->opt.policy == CW_PATCHES_FIXED;
     for (int a = 0; a < na; a++) {
         /* tallest patch for P: ceil(h_out / P) rows, at the top (the most padding-free). */
@@ -638,7 +639,7 @@ static cw_status cw__lower_attention(cw__lower *L, int i) {
     for (int k = 2; k < d->rank; k++) T *= d->dims[k];
     int64_t tc = T;
     if (!L->none && L->budget >= 0) {
-        int64_t avail = L->budget - CW__SMALL_RESERVE;
+        int64_t avail = L->budget - CW__SMALL_RESERVE(L->budget);
         tc = avail / (L->heavy * T * 4 + 4096);
         if (tc > T) tc = T;
         if (tc < 1)
@@ -774,6 +775,15 @@ static cw_status cw__finish(cw__lower *L) {
     }
 #undef CW__FIRST
 #undef CW__LAST
+    /* invariant: every allocated buffer is freed exactly once */
+    for (int b = 0; b < nb; b++) first[b] = 0;
+    for (int a = 0; a < p->n_acts; a++)
+        if (p->acts[a].kind == CW__A_ALLOC) first[p->acts[a].id]++;
+        else if (p->acts[a].kind == CW__A_FREE) first[p->acts[a].id]--;
+    for (int b = 0; b < nb && st == CW_OK; b++)
+        if (first[b] != 0)
+            st = cw__error(L->g->ctx, CW_ERR_INTERNAL, "compile: buffer %d (kind %d, %" PRId64 " bytes) %s", b,
+                           (int)p->bufs[b].kind, p->bufs[b].bytes, first[b] > 0 ? "never freed" : "freed twice");
 done:
     cw__free(first), cw__free(lastu), cw__free(waited);
     return st;
@@ -846,24 +856,26 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
     }
     for (int o = 0; o < g->n_outputs; o++) p->out_desc[o] = g->nodes[g->outputs[o]].desc;
     for (int i = 0; i < g->n && st == CW_OK; i++) {
-        cw__node *nd = &g->nodes[i];
+        const cw__node *nd = &g->nodes[i];
         if (nd->kind == CW__N_INPUT || nd->kind == CW__N_CONST || L.fused[i]) continue;
+        /* a conv with a residual epilogue is lowered at its ADD's position, where the
+         * residual operand (which may come after the conv) already exists */
+        if (nd->kind == CW__N_CONV && L.epi_into[i] >= 0) continue;
+        int u = nd->kind == CW__N_ADD && L.epi[i] >= 0 ? L.epi[i] : i; /* the unit lowered */
+        const cw__node *un = &g->nodes[u];
         int rd[4], gns[4];
-        int k = cw__unit_reads(&L, i, rd, gns);
-        if (k < 0) continue; /* ADD fused as epilogue: lowered with its conv */
-        int outn = nd->kind == CW__N_CONV && L.epi_into[i] >= 0 ? L.epi_into[i] : i;
-        cw__node *on = &g->nodes[outn];
-        if (on->is_output) {
-            st = cw__new_buf(&L, CW__B_OUTPUT, on->index, &on->desc, 0, &L.buf[outn]);
-        } else {
-            if ((st = cw__new_buf(&L, CW__B_ACT, -1, &on->desc, cw__desc_numel(&on->desc) * 4, &L.buf[outn])) == CW_OK)
-                st = cw__act(&L, CW__A_ALLOC, L.buf[outn], 0);
+        int k = cw__unit_reads(&L, u, rd, gns);
+        if (k < 0) continue;
+        if (nd->is_output) {
+            st = cw__new_buf(&L, CW__B_OUTPUT, nd->index, &nd->desc, 0, &L.buf[i]);
+        } else if ((st = cw__new_buf(&L, CW__B_ACT, -1, &nd->desc, cw__desc_numel(&nd->desc) * 4, &L.buf[i])) == CW_OK) {
+            st = cw__act(&L, CW__A_ALLOC, L.buf[i], 0);
         }
         if (st != CW_OK) break;
-        if (outn != i) L.buf[i] = L.buf[outn];
-        if (nd->kind == CW__N_CONV) st = cw__lower_conv(&L, i);
-        else if (nd->kind == CW__N_ATTN) st = cw__lower_attention(&L, i);
-        else st = cw__lower_elementwise(&L, i);
+        L.buf[u] = L.buf[i];
+        if (un->kind == CW__N_CONV) st = cw__lower_conv(&L, u);
+        else if (un->kind == CW__N_ATTN) st = cw__lower_attention(&L, u);
+        else st = cw__lower_elementwise(&L, u);
         /* free what this unit was the last to read */
         for (int a = 0; a < k && st == CW_OK; a++) {
             int m = rd[a];
@@ -882,6 +894,11 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
      * partial buffers are released here */
     for (int i = 0; i < g->n && st == CW_OK; i++)
         if (g->nodes[i].kind == CW__N_GN && L.gn_part[i] >= 0 && L.gn_fin[i] < 0) st = cw__release(&L, L.gn_part[i]);
+    if (getenv("CW_DEBUG_PLAN"))
+        for (int i = 0; i < g->n; i++)
+            fprintf(stderr, "node %d kind %d fused %d buf %d reads_left %d uses %d epi %d epi_into %d in %d %d %d\n", i,
+                    (int)g->nodes[i].kind, L.fused[i], L.buf[i], L.reads[i], g->nodes[i].n_uses, L.epi[i], L.epi_into[i],
+                    g->nodes[i].in[0], g->nodes[i].in[1], g->nodes[i].in[2]);
     if (st == CW_OK) st = cw__finish(&L);
     if (st != CW_OK) goto fail;
     cw__lower_free(&L);

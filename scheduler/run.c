@@ -155,6 +155,9 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
     }
     int64_t peak_total = 0;
     cw_memory_stats ms;
+    /* buffers allocated and not yet freed, so a failed run gives them back */
+    char *live = cw__calloc((size_t)p->n_bufs + 1, 1);
+    if (!live && st == CW_OK) st = CW_ERR_OUT_OF_MEMORY;
     for (int a = 0; a < p->n_acts && st == CW_OK; a++) {
         const cw__action *ac = &p->acts[a];
         if (ac->kind == CW__A_ALLOC) {
@@ -162,6 +165,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
             cw__allocator *al = b->kind == CW__B_TEMP ? temp : act;
             st = cw__alloc_malloc(al, b->bytes, streams[ac->stream], &p->ptrs[ac->id]);
             if (st != CW_OK) break;
+            live[ac->id] = 1;
             cw_tensor_desc *d = &p->rdesc[ac->id];
             *d = b->d;
             memset(d->strides, 0, sizeof d->strides);
@@ -180,6 +184,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
             if (st == CW_OK) {
                 cw__allocator *al = p->bufs[ac->id].kind == CW__B_TEMP ? temp : act;
                 st = cw__alloc_free(al, p->ptrs[ac->id], streams[ac->stream]);
+                live[ac->id] = 0;
             }
         } else {
             const cw__task *t = &p->tasks[ac->id];
@@ -199,6 +204,9 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
             cw_status s2 = be->i->stream_synchronize(be, streams[s]);
             if (st == CW_OK) st = s2;
         }
+    for (int b = 0; live && b < p->n_bufs; b++) /* streams are idle: free in host order */
+        if (live[b]) cw__alloc_free(p->bufs[b].kind == CW__B_TEMP ? temp : act, p->ptrs[b], NULL);
+    cw__free(live);
     if (dry) {
         for (int e = 0; ev && e < p->n_events; e++)
             if (ev[e]) be->i->event_destroy(be, ev[e]);
@@ -218,8 +226,8 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak) {
     cw__backend *dry = NULL;
     cw__allocator *temp = NULL, *act = NULL;
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
-    if (st == CW_OK) st = cw__alloc_create(&temp, NULL, dry, p->budget, 0);
-    if (st == CW_OK) st = cw__alloc_create(&act, NULL, dry, 0, 0);
+    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, 0);
+    if (st == CW_OK) st = cw__alloc_create(&act, p->ctx, dry, 0, 0);
     if (st == CW_OK) st = cw__plan_execute(p, dry, temp, act, 1, peak);
     cw__alloc_destroy(temp);
     cw__alloc_destroy(act);
@@ -296,6 +304,16 @@ cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_
     if ((st = cw__compile_at(g, opt, -1, &p)) != CW_OK) return st;
     int64_t hi = p->temp_predicted, lo = 0;
     cw__plan_free(p);
+    for (;;) { /* the unlimited plan's peak is not always feasible as a cap: grow to one that is */
+        st = cw__compile_at(g, opt, hi, &p);
+        if (st == CW_OK) {
+            cw__plan_free(p);
+            break;
+        }
+        if (st != CW_ERR_BUDGET || hi > INT64_MAX / 4) return st;
+        lo = hi;
+        hi *= 2;
+    }
     if (opt->policy == CW_PATCHES_NONE) {
         *out_bytes = hi;
         return CW_OK;

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds and runs every test: a Release build (with CUDA where the toolkit is found), then
+# ASan+UBSan and TSan builds of the cpu backend. Usage: scripts/test.sh [release|asan|tsan]...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+jobs=$(nproc)
+modes=("$@")
+[ ${#modes[@]} -eq 0 ] && modes=(release asan tsan)
+for m in "${modes[@]}"; do
+  case "$m" in
+    release) dir=build;      flags=(-DCMAKE_BUILD_TYPE=Release); env=() ;;
+    asan)    dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_ASAN=ON -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_BENCH=OFF); env=(CW_TEST_QUICK=1) ;;
+    tsan)    dir=build-tsan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_TSAN=ON -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_BENCH=OFF); env=(CW_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1) ;;
+    *) echo "unknown mode $m" >&2; exit 2 ;;
+  esac
+  echo "=== $m build ($dir)"
+  cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
+  cmake --build "$dir" -j"$jobs"
+  echo "=== $m tests"
+  env "${env[@]}" OPENBLAS_NUM_THREADS=1 ctest --test-dir "$dir" --output-on-failure -j"$jobs"
+done
