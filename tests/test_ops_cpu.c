@@ -2,6 +2,7 @@
  * naive double-precision references on random strided shapes, the synchronous *_run
  * functions directly and the same ops through a real cpu backend's hooks and stream. */
 #include <float.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "backend/cpu/cpu.h"
@@ -238,9 +239,10 @@ static void gn_reference(const sbuf *x, int64_t groups, gn_ref *out) {
 /* Random sorted cut points splitting [0, H) into P non-empty bands: bounds[0..P]. */
 static void random_split(int64_t H, int64_t P, int64_t *bounds) {
     /* choose P-1 distinct cuts in 1..H-1 by a partial Fisher-Yates shuffle */
-    int64_t *pool = malloc((size_t)(H > 1 ? H - 1 : 1) * sizeof(int64_t));
+    ASSERT_TRUE(P >= 1 && P <= H);
+    int64_t *pool = malloc((size_t)H * sizeof(int64_t));
     for (int64_t i = 0; i < H - 1; i++) pool[i] = i + 1;
-    for (int64_t i = 0; i < P - 1; i++) {
+    for (int64_t i = 0; i < P - 1 && i < H - 1; i++) {
         int64_t j = cw_rng_range(&rng, i, H - 2);
         int64_t t = pool[i];
         pool[i] = pool[j];
@@ -502,6 +504,88 @@ static void gemm_case(cw__backend *be, cw__stream *st, int iter, int ta, int tb,
     free(A), free(B), free(Cm), free(C0);
 }
 
+/* Concurrent gemm calls with different BLAS thread counts (the process-wide OpenBLAS count
+ * is switched only between calls) from host threads, and from two backend streams. */
+typedef struct gemm_job {
+    cw__gemm_params p;
+    double *ref;
+    int threads, reps;
+} gemm_job;
+
+static void *gemm_thread(void *arg) {
+    gemm_job *j = (gemm_job *)arg;
+    for (int r = 0; r < j->reps; r++) cw__cpu_gemm_run(&j->p, j->threads);
+    return NULL;
+}
+
+static int64_t gemm_job_check(const gemm_job *j) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < j->p.m; i++)
+        for (int64_t c = 0; c < j->p.n; c++) {
+            double ref = j->ref[i * j->p.n + c], got = j->p.c[i * j->p.ldc + c];
+            if (!(fabs(got - ref) <= 1e-5 * (double)j->p.k)) bad++;
+        }
+    return bad;
+}
+
+static void test_gemm_concurrent(cw__backend *be) {
+    enum { J = 4 };
+    gemm_job jobs[J];
+    for (int t = 0; t < J; t++) {
+        gemm_job *j = &jobs[t];
+        int64_t M = 64 + 16 * t, N = 96, K = 80;
+        memset(j, 0, sizeof *j);
+        j->p.trans_a = t & 1, j->p.trans_b = t >> 1, j->p.m = M, j->p.n = N, j->p.k = K;
+        j->p.alpha = 1.0f, j->p.beta = 0.0f; /* repeated runs give the same C */
+        j->p.lda = (t & 1 ? M : K) + 3, j->p.ldb = (t >> 1 ? K : N) + 2, j->p.ldc = N + 1;
+        float *A = malloc(sizeof(float) * (size_t)(K * j->p.lda + M * j->p.lda));
+        float *B = malloc(sizeof(float) * (size_t)(K * j->p.ldb + N * j->p.ldb));
+        for (int64_t i = 0; i < K * j->p.lda + M * j->p.lda; i++) A[i] = cw_rng_float(&rng);
+        for (int64_t i = 0; i < K * j->p.ldb + N * j->p.ldb; i++) B[i] = cw_rng_float(&rng);
+        j->p.a = A, j->p.b = B;
+        j->p.c = calloc((size_t)(M * j->p.ldc), sizeof(float));
+        j->ref = malloc(sizeof(double) * (size_t)(M * N));
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t c = 0; c < N; c++) {
+                double acc = 0;
+                for (int64_t l = 0; l < K; l++)
+                    acc += (double)(j->p.trans_a ? A[l * j->p.lda + i] : A[i * j->p.lda + l]) *
+                           (double)(j->p.trans_b ? B[c * j->p.ldb + l] : B[l * j->p.ldb + c]);
+                j->ref[i * N + c] = acc;
+            }
+        j->threads = 1 + (t & 1);
+        j->reps = 6;
+    }
+    pthread_t th[J];
+    for (int t = 0; t < J; t++) ASSERT_TRUE(pthread_create(&th[t], NULL, gemm_thread, &jobs[t]) == 0);
+    for (int t = 0; t < J; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < J; t++) {
+        int64_t bad = gemm_job_check(&jobs[t]);
+        if (bad) {
+            fprintf(stderr, "concurrent gemm (host threads) job %d: %lld bad\n", t, (long long)bad);
+            cw_test_failures++;
+        }
+        memset(jobs[t].p.c, 0, sizeof(float) * (size_t)(jobs[t].p.m * jobs[t].p.ldc));
+    }
+    cw__stream *s2[2];
+    ASSERT_OK(be->i->stream_create(be, &s2[0]));
+    ASSERT_OK(be->i->stream_create(be, &s2[1]));
+    for (int r = 0; r < 3; r++)
+        for (int t = 0; t < J; t++) ASSERT_OK(be->i->gemm(be, s2[t & 1], &jobs[t].p));
+    ASSERT_OK(be->i->stream_synchronize(be, s2[0]));
+    ASSERT_OK(be->i->stream_synchronize(be, s2[1]));
+    for (int t = 0; t < J; t++) {
+        int64_t bad = gemm_job_check(&jobs[t]);
+        if (bad) {
+            fprintf(stderr, "concurrent gemm (two streams) job %d: %lld bad\n", t, (long long)bad);
+            cw_test_failures++;
+        }
+        free((void *)jobs[t].p.a), free((void *)jobs[t].p.b), free(jobs[t].p.c), free(jobs[t].ref);
+    }
+    be->i->stream_destroy(be, s2[0]);
+    be->i->stream_destroy(be, s2[1]);
+}
+
 /* ---- softmax -------------------------------------------------------------------------- */
 
 static void softmax_case(cw__backend *be, cw__stream *st, int iter) {
@@ -638,26 +722,26 @@ int main(void) {
 
     test_silu();
 
-    int n_prep = quick ? 150 : 600;
+    int n_prep = quick ? 200 : 2000;
     for (int i = 0; i < n_prep; i++) prep_case(NULL, NULL, i);
 
-    int n_gn = quick ? 40 : 150;
+    int n_gn = quick ? 50 : 400;
     for (int i = 0; i < n_gn; i++) gn_case(i, 0);
     gn_case(n_gn, 1);
     fprintf(stderr, "gn: max relative error mean %.3g var %.3g scale/shift %.3g\n", max_rel_mean, max_rel_var,
             max_rel_ss);
 
-    int n_add = quick ? 100 : 400;
+    int n_add = quick ? 150 : 1000;
     for (int i = 0; i < n_add; i++) add_case(NULL, NULL, i);
 
-    int n_gemm = quick ? 6 : 20;
+    int n_gemm = quick ? 6 : 40;
     for (int i = 0; i < n_gemm; i++)
         for (int t = 0; t < 4; t++) {
             gemm_case(NULL, NULL, i, t & 1, t >> 1, 40, 1);
             if (i % 5 == 0) gemm_case(NULL, NULL, i, t & 1, t >> 1, 300, 1);
         }
 
-    int n_soft = quick ? 30 : 100;
+    int n_soft = quick ? 40 : 300;
     for (int i = 0; i < n_soft; i++) softmax_case(NULL, NULL, i);
 
     /* the same ops through a real cpu backend and its stream worker */
@@ -673,6 +757,7 @@ int main(void) {
     for (int t = 0; t < 4; t++) gemm_case(be, st, t, t & 1, t >> 1, 120, 0);
     for (int i = 0; i < 10; i++) softmax_case(be, st, i);
     backend_gn_chain(be, st);
+    test_gemm_concurrent(be);
     backend_bad_args(be, st);
     be->i->stream_destroy(be, st);
     be->i->destroy(be);

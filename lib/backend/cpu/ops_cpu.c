@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
@@ -447,22 +448,36 @@ cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const
 
 /* ---- GEMM ----------------------------------------------------------------------------- */
 
-/* openblas_set_num_threads is process-global and must not race with a running OpenBLAS
- * call. Every sgemm in the library goes through this gate (conv_cpu.c included, via
- * cw__cpu_gemm_run): calls that want the current thread count run concurrently; a call
- * that wants another count waits until none is in flight, then switches it. */
+/* OpenBLAS 0.3.21 (pthreads) has only the process-wide openblas_set_num_threads. Our
+ * gemm calls go through this gate: calls wanting the same count run concurrently; a call
+ * wanting another count waits until ours in flight finished, so the count never changes
+ * under one of them. conv_cpu.c sets the count under its own lock without waiting; that
+ * is benign in 0.3.21 (a running call keeps the thread count it started with), so the
+ * count is re-read from OpenBLAS here rather than cached. */
+#if defined(__SANITIZE_THREAD__)
+#define CW__TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CW__TSAN 1
+#endif
+#endif
+
 static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t blas_cv = PTHREAD_COND_INITIALIZER;
-static int blas_threads_set; /* last value given to OpenBLAS; 0 = never set */
-static int blas_active;      /* gemm calls in flight */
+static int blas_want;   /* count the calls in flight use */
+static int blas_active; /* gemm calls in flight */
 
 static void blas_enter(int threads) {
+#ifdef CW__TSAN
+    /* TSan sees OpenBLAS's pool threads write C but not the uninstrumented spin flags
+     * that order those writes, so every threaded call reads as a race: run it in the
+     * calling thread instead. */
+    threads = 1;
+#endif
     pthread_mutex_lock(&blas_mu);
-    while (blas_active > 0 && blas_threads_set != threads) pthread_cond_wait(&blas_cv, &blas_mu);
-    if (blas_threads_set != threads) {
-        openblas_set_num_threads(threads);
-        blas_threads_set = threads;
-    }
+    while (blas_active > 0 && blas_want != threads) pthread_cond_wait(&blas_cv, &blas_mu);
+    blas_want = threads;
+    if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
     blas_active++;
     pthread_mutex_unlock(&blas_mu);
 }
@@ -487,10 +502,15 @@ typedef struct gemm_closure {
     cw__backend *be;
 } gemm_closure;
 
+static atomic_int gemms_running; /* gemm closures running now, all backends */
+
 static void gemm_fn(void *arg) {
     gemm_closure *k = (gemm_closure *)arg;
-    /* asked at run time: the share depends on how many streams are busy now */
-    cw__cpu_gemm_run(&k->p, cw__cpu_blas_threads(k->be));
+    /* each running gemm closure takes an equal share of the backend's BLAS threads, as
+     * conv_cpu.c does for convolutions: no oversubscription with several heavy streams */
+    int running = atomic_fetch_add(&gemms_running, 1) + 1;
+    cw__cpu_gemm_run(&k->p, cw__cpu_blas_threads(k->be) / running);
+    atomic_fetch_sub(&gemms_running, 1);
 }
 
 cw_status cw__cpu_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p) {
