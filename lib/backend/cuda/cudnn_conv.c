@@ -1,0 +1,695 @@
+/* Convolution through the cuDNN 9 graph (backend) API: descriptors for one patch problem,
+ * heuristics (mode A, then FALLBACK) into a per-problem engine-config list, execution plans
+ * finalised on first use and cached, and the variant pack that runs one. Everything up to
+ * the plan runs without a device (no handle; a device-properties descriptor stands in for
+ * the GPU), which is how CI checks every patch shape. No legacy cudnnConvolutionForward. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+
+/* Like CW__CUDNN_GOTO, but for calls whose failure the caller recovers from (a heuristics
+ * mode or an engine config cuDNN cannot serve): the reason goes to the debug log only, so
+ * the context's last error keeps describing real failures. */
+#define CW__CUDNN_QUIET(ctx, st, label, call)                                                       \
+    do {                                                                                            \
+        cudnnStatus_t cw_q_ = (call);                                                               \
+        if (cw_q_ != CUDNN_STATUS_SUCCESS) {                                                        \
+            char cw_why_[256];                                                                      \
+            cudnnGetLastErrorString(cw_why_, sizeof cw_why_);                                       \
+            cw__log((ctx), CW_LOG_DEBUG, "%s: %s (%s) at %s:%d", #call, cudnnGetErrorString(cw_q_), \
+                    cw_why_, __FILE__, __LINE__);                                                   \
+            (st) = cw__cudnn_status(cw_q_);                                                         \
+            goto label;                                                                             \
+        }                                                                                           \
+    } while (0)
+
+static cudnnDataType_t cw__cudnn_dtype(cw_dtype dt) {
+    switch (dt) {
+    case CW_F16: return CUDNN_DATA_HALF;
+    case CW_BF16: return CUDNN_DATA_BFLOAT16;
+    default: return CUDNN_DATA_FLOAT;
+    }
+}
+
+/* "x [1, 8, 10, 12]/[960, 120, 12, 1] w [...] y [...] stride [1, 1] dil [1, 1] pad [1, 1]/[1, 1] g 1" */
+static const char *cw__problem_str(const cw__conv_problem *p, char *buf, size_t n) {
+    const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
+    const char *nm[3] = {"x", "w", "y"};
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < 3 && k < n; i++) {
+        k += (size_t)snprintf(buf + k, n - k, "%s%s [", i ? " " : "", nm[i]);
+        for (int d = 0; d < t[i]->rank && k < n; d++)
+            k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", t[i]->dims[d]);
+        if (k < n) k += (size_t)snprintf(buf + k, n - k, "]/[");
+        for (int d = 0; d < t[i]->rank && k < n; d++)
+            k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", t[i]->strides[d]);
+        if (k < n) k += (size_t)snprintf(buf + k, n - k, "]");
+    }
+    int sp = p->spatial == 3 ? 3 : 2;
+    const int64_t *arr[4] = {p->stride, p->dilation, p->pad_pre, p->pad_post};
+    const char *an[4] = {" stride [", " dil [", " pad_pre [", " pad_post ["};
+    for (int a = 0; a < 4 && k < n; a++) {
+        k += (size_t)snprintf(buf + k, n - k, "%s", an[a]);
+        for (int d = 0; d < sp && k < n; d++)
+            k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", arr[a][d]);
+        if (k < n) k += (size_t)snprintf(buf + k, n - k, "]");
+    }
+    if (k < n) snprintf(buf + k, n - k, " groups %" PRId64, p->groups);
+    return buf;
+}
+
+/* Strides filled in where the caller left them zero (contiguous). */
+static cw_tensor_desc cw__filled(const cw_tensor_desc *d) {
+    cw_tensor_desc t = *d;
+    cw__desc_fill_strides(&t);
+    return t;
+}
+
+cw_status cw__cudnn_problem_check(cw_context *ctx, const cw__conv_problem *p) {
+    if (!p) return cw__error(ctx, CW_ERR_INVALID_ARG, "cudnn conv: problem is NULL");
+    if (p->spatial != 2 && p->spatial != 3)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cudnn conv: spatial = %d, must be 2 or 3", p->spatial);
+    const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
+    const char *nm[3] = {"x", "w", "y"};
+    for (int i = 0; i < 3; i++) {
+        if (t[i]->rank != p->spatial + 2)
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cudnn conv: %s has rank %d, a %d-D convolution needs %d", nm[i],
+                             t[i]->rank, p->spatial, p->spatial + 2);
+        if (t[i]->dtype != CW_F32 && t[i]->dtype != CW_F16 && t[i]->dtype != CW_BF16)
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cudnn conv: %s dtype %d is not a cw_dtype", nm[i], (int)t[i]->dtype);
+        for (int d = 0; d < t[i]->rank; d++)
+            if (t[i]->dims[d] < 1)
+                return cw__error(ctx, CW_ERR_INVALID_ARG, "cudnn conv: %s dims[%d] = %" PRId64 " < 1", nm[i], d,
+                                 t[i]->dims[d]);
+    }
+    if (p->x.dtype != p->w.dtype || p->x.dtype != p->y.dtype)
+        return cw__error(ctx, CW_ERR_UNSUPPORTED, "cudnn conv: dtypes x %d, w %d, y %d differ; one dtype per conv",
+                         (int)p->x.dtype, (int)p->w.dtype, (int)p->y.dtype);
+    if (p->groups < 1 || p->x.dims[1] != p->w.dims[1] * p->groups)
+        return cw__error(ctx, CW_ERR_INVALID_ARG,
+                         "cudnn conv: groups = %" PRId64 " with x channels %" PRId64 " and w dims[1] = %" PRId64
+                         " (need x channels = w dims[1] * groups)",
+                         p->groups, p->x.dims[1], p->w.dims[1]);
+    for (int d = 0; d < p->spatial; d++) {
+        if (p->stride[d] < 1 || p->dilation[d] < 1 || p->pad_pre[d] < 0 || p->pad_post[d] < 0)
+            return cw__error(ctx, CW_ERR_INVALID_ARG,
+                             "cudnn conv: spatial dim %d has stride %" PRId64 ", dilation %" PRId64 ", pad_pre %" PRId64
+                             ", pad_post %" PRId64 " (need stride, dilation >= 1, paddings >= 0)",
+                             d, p->stride[d], p->dilation[d], p->pad_pre[d], p->pad_post[d]);
+    }
+    return CW_OK;
+}
+
+static int64_t cw__lowbit16(uint64_t v) {
+    if (v == 0) return 16;
+    uint64_t b = v & (~v + 1);
+    return b >= 16 ? 16 : (int64_t)b;
+}
+
+int64_t cw__cudnn_ptr_align(const void *ptr) { return cw__lowbit16((uint64_t)(uintptr_t)ptr); }
+
+void cw__cudnn_layout_align(const cw__conv_problem *p, int64_t align[3]) {
+    const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
+    for (int i = 0; i < 3; i++) {
+        cw_tensor_desc d = cw__filled(t[i]);
+        uint64_t es = (uint64_t)cw_dtype_size(d.dtype);
+        int64_t a = 16;
+        for (int k = 0; k + 1 < d.rank; k++) {
+            int64_t b = cw__lowbit16(es * (uint64_t)d.strides[k]);
+            if (b < a) a = b;
+        }
+        align[i] = a;
+    }
+}
+
+static cw_status cw__tensor_desc(cw_context *ctx, const cw_tensor_desc *td, int64_t uid, int64_t align,
+                                 cudnnBackendDescriptor_t *out) {
+    cw_status st = CW_OK;
+    cw_tensor_desc d = cw__filled(td);
+    cudnnDataType_t dt = cw__cudnn_dtype(d.dtype);
+    cudnnBackendDescriptor_t t = NULL;
+    *out = NULL;
+    CW__CUDNN_CHECK(ctx, cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t));
+    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, d.rank, d.dims));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, d.rank, d.strides));
+    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align));
+    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(t));
+    *out = t;
+    return CW_OK;
+fail:
+    cudnnBackendDestroyDescriptor(t);
+    return st;
+}
+
+void cw__cudnn_graph_destroy(cw__cudnn_graph *g) {
+    if (!g) return;
+    /* Destroy users before what they reference. */
+    cudnnBackendDescriptor_t *all[6] = {&g->graph, &g->op, &g->conv, &g->y, &g->w, &g->x};
+    for (int i = 0; i < 6; i++) {
+        if (*all[i]) cudnnBackendDestroyDescriptor(*all[i]);
+        *all[i] = NULL;
+    }
+}
+
+cw_status cw__cudnn_graph_build(cw_context *ctx, const cw__conv_problem *p, const int64_t align[3],
+                                cudnnHandle_t handle, cw__cudnn_graph *g) {
+    cw_status st;
+    memset(g, 0, sizeof *g);
+    if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
+    if ((st = cw__tensor_desc(ctx, &p->x, CW__CUDNN_UID_X, align[0], &g->x)) != CW_OK) goto fail;
+    if ((st = cw__tensor_desc(ctx, &p->w, CW__CUDNN_UID_W, align[1], &g->w)) != CW_OK) goto fail;
+    if ((st = cw__tensor_desc(ctx, &p->y, CW__CUDNN_UID_Y, align[2], &g->y)) != CW_OK) goto fail;
+
+    int64_t sp = p->spatial;
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT; /* f32 accumulation for every data type */
+    cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &g->conv));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &sp));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1,
+                                            &mode));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, sp,
+                                            p->pad_pre));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, sp,
+                                            p->pad_post));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, sp,
+                                            p->dilation));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, sp,
+                                            p->stride));
+    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(g->conv));
+
+    float alpha = 1.0f, beta = 0.0f;
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &g->op));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->x));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->w));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->y));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->conv));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1,
+                                            &alpha));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1,
+                                            &beta));
+    {
+        /* Shapes are validated here (output size against input, kernel, paddings, strides,
+         * dilations; channels against groups): name the problem in the message. */
+        cudnnStatus_t s = cudnnBackendFinalize(g->op);
+        if (s != CUDNN_STATUS_SUCCESS) {
+            char why[256], desc[512];
+            cudnnGetLastErrorString(why, sizeof why);
+            st = cw__error(ctx, cw__cudnn_status(s), "cudnn conv: cuDNN rejects %s: %s (%s)",
+                           cw__problem_str(p, desc, sizeof desc), cudnnGetErrorString(s), why);
+            goto fail;
+        }
+    }
+
+    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->graph));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                            &g->op));
+    /* Not needed to finalise (cuDNN >= 9 works without it); kept where a device exists
+     * because it ties the graph to the handle's device as cudnn-frontend does. */
+    if (handle)
+        CW__CUDNN_GOTO(ctx, st, fail,
+                       cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                                &handle));
+    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(g->graph));
+    return CW_OK;
+fail:
+    cw__cudnn_graph_destroy(g);
+    return st;
+}
+
+cw_status cw__cudnn_graph_engine_count(cw_context *ctx, const cw__cudnn_graph *g, int64_t *out) {
+    int64_t n = 0;
+    *out = 0;
+    CW__CUDNN_CHECK(ctx, cudnnBackendGetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+                                                  CUDNN_TYPE_INT64, 1, &n, out));
+    return CW_OK;
+}
+
+cw_status cw__cudnn_devprop_from_json(cw_context *ctx, const char *json, cudnnBackendDescriptor_t *out) {
+    *out = NULL;
+#if CUDNN_VERSION >= 90800
+    cw_status st = CW_OK;
+    cudnnBackendDescriptor_t d = NULL;
+    if (!json) return cw__error(ctx, CW_ERR_INVALID_ARG, "cudnn devprop: json is NULL");
+    CW__CUDNN_CHECK(ctx, cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &d));
+    CW__CUDNN_GOTO(ctx, st, fail,
+                   cudnnBackendSetAttribute(d, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                                            (int64_t)strlen(json), json));
+    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(d));
+    *out = d;
+    return CW_OK;
+fail:
+    cudnnBackendDestroyDescriptor(d);
+    return st;
+#else
+    (void)json;
+    return cw__error(ctx, CW_ERR_UNSUPPORTED, "cudnn devprop: needs cuDNN >= 9.8, built with %d", CUDNN_VERSION);
+#endif
+}
+
+/* ---- the engine-config / plan cache ------------------------------------------------------ */
+
+/* Canonical key: every field that changes the descriptors (dims, strides, paddings,
+ * strides, dilations, dtype, alignments), zero-padded so memcmp compares it. */
+typedef struct cw__cudnn_key {
+    int32_t dtype, spatial;
+    int64_t dims[3][CW_MAX_RANK], strides[3][CW_MAX_RANK];
+    int64_t stride[3], dilation[3], pad_pre[3], pad_post[3], groups;
+    int64_t align[3];
+} cw__cudnn_key;
+
+typedef struct cw__cudnn_cfg {
+    cudnnBackendDescriptor_t cfg;
+    cudnnBackendDescriptor_t plan; /* finalised on first use */
+    int64_t ws;                    /* workspace bytes */
+    int64_t engine;                /* global engine index */
+    uint64_t sig;                  /* hash of engine + knob choices (dedupe) */
+    int broken;                    /* plan finalisation failed: never offered again */
+} cw__cudnn_cfg;
+
+typedef struct cw__cudnn_entry {
+    cw__cudnn_key key;
+    cw__cudnn_graph g;
+    int n;
+    cw__cudnn_cfg cfgs[CW__CUDNN_MAX_CFGS];
+    struct cw__cudnn_entry *next;
+} cw__cudnn_entry;
+
+struct cw__cudnn_conv {
+    cw_context *ctx;
+    cudnnHandle_t handle;
+    cudnnBackendDescriptor_t devprop;
+    pthread_mutex_t mu; /* guards the list, plans and the handle's stream */
+    cw__cudnn_entry *head;
+    int64_t n_problems, n_plans, n_hits;
+};
+
+static void cw__make_key(const cw__conv_problem *p, const int64_t align[3], cw__cudnn_key *k) {
+    memset(k, 0, sizeof *k);
+    k->dtype = (int32_t)p->x.dtype;
+    k->spatial = p->spatial;
+    const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
+    for (int i = 0; i < 3; i++) {
+        cw_tensor_desc d = cw__filled(t[i]);
+        for (int j = 0; j < d.rank && j < CW_MAX_RANK; j++) {
+            k->dims[i][j] = d.dims[j];
+            k->strides[i][j] = d.strides[j];
+        }
+    }
+    for (int j = 0; j < p->spatial && j < 3; j++) {
+        k->stride[j] = p->stride[j];
+        k->dilation[j] = p->dilation[j];
+        k->pad_pre[j] = p->pad_pre[j];
+        k->pad_post[j] = p->pad_post[j];
+    }
+    k->groups = p->groups;
+    for (int i = 0; i < 3; i++) k->align[i] = align[i];
+}
+
+static uint64_t cw__fnv(uint64_t h, int64_t v) {
+    for (int i = 0; i < 8; i++) {
+        h ^= (uint64_t)(v >> (8 * i)) & 0xffu;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Engine index, numerical notes and a signature of the knob choices of one config. */
+static cw_status cw__cfg_info(cw_context *ctx, cudnnBackendDescriptor_t cfg, int64_t *engine, int *notes,
+                              uint64_t *sig) {
+    cw_status st = CW_OK;
+    cudnnBackendDescriptor_t eng = NULL, knobs[CUDNN_KNOB_TYPE_COUNTS];
+    int nk = 0;
+    int64_t cnt = 0;
+    *notes = 0;
+    CW__CUDNN_QUIET(ctx, st, done, cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng));
+    CW__CUDNN_QUIET(ctx, st, done,
+                   cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cnt,
+                                            &eng));
+    CW__CUDNN_QUIET(ctx, st, done,
+                   cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &cnt, engine));
+    cudnnBackendNumericalNote_t nn[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    CW__CUDNN_QUIET(ctx, st, done,
+                   cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                            CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &cnt, nn));
+    for (int64_t i = 0; i < cnt && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++) *notes |= 1 << (int)nn[i];
+
+    for (; nk < CUDNN_KNOB_TYPE_COUNTS; nk++)
+        CW__CUDNN_QUIET(ctx, st, done, cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[nk]));
+    CW__CUDNN_QUIET(ctx, st, done,
+                   cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                            CUDNN_KNOB_TYPE_COUNTS, &cnt, knobs));
+    /* Choices come in cuDNN's order; a sum of per-choice hashes does not depend on it. */
+    uint64_t acc = 0;
+    for (int64_t i = 0; i < cnt && i < CUDNN_KNOB_TYPE_COUNTS; i++) {
+        cudnnBackendKnobType_t type;
+        int64_t value = 0, c1 = 0;
+        CW__CUDNN_QUIET(ctx, st, done,
+                       cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1,
+                                                &c1, &type));
+        CW__CUDNN_QUIET(ctx, st, done,
+                       cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &c1,
+                                                &value));
+        acc += cw__fnv(cw__fnv(14695981039346656037ull, (int64_t)type), value);
+    }
+    *sig = cw__fnv(cw__fnv(14695981039346656037ull, *engine), (int64_t)acc);
+done:
+    for (int i = 0; i < nk; i++) cudnnBackendDestroyDescriptor(knobs[i]);
+    if (eng) cudnnBackendDestroyDescriptor(eng);
+    return st;
+}
+
+/* Engines we never use: results must not depend on timing (nondeterministic engines use
+ * atomics), f32 compute must stay f32 (no reduced-precision reductions, and for f32 data
+ * no TF32 tensor cores or down-converted inputs). */
+static int cw__cfg_rejected(int notes, cw_dtype dt) {
+    if (notes & (1 << CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) return 1;
+    if (notes & (1 << CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)) return 1;
+    if (notes & (1 << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return 1;
+    if (dt == CW_F32 && (notes & (1 << CUDNN_NUMERICAL_NOTE_TENSOR_CORE))) return 1;
+    return 0;
+}
+
+/* Appends the configs of one heuristics mode to e (skipping duplicates and rejected
+ * engines). A mode cuDNN cannot serve returns its status; the caller decides. */
+static cw_status cw__heuristics(cw__cudnn_conv *c, cw__cudnn_entry *e, cudnnBackendHeurMode_t mode) {
+    cw_context *ctx = c->ctx;
+    cw_status st = CW_OK;
+    cudnnBackendDescriptor_t heur = NULL, cfgs[CW__CUDNN_MAX_CFGS];
+    int64_t count = 0, got = 0;
+    int made = 0;
+    CW__CUDNN_QUIET(ctx, st, done, cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
+    CW__CUDNN_QUIET(ctx, st, done,
+                   cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                            1, &e->g.graph));
+    CW__CUDNN_QUIET(ctx, st, done, cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
+#if CUDNN_VERSION >= 90800
+    if (c->devprop)
+        CW__CUDNN_QUIET(ctx, st, done,
+                       cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                                1, &c->devprop));
+#endif
+    CW__CUDNN_QUIET(ctx, st, done, cudnnBackendFinalize(heur));
+    CW__CUDNN_QUIET(ctx, st, done,
+                   cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                            &count, NULL));
+    if (count > CW__CUDNN_MAX_CFGS) count = CW__CUDNN_MAX_CFGS;
+    for (; made < count; made++)
+        CW__CUDNN_QUIET(ctx, st, done, cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[made]));
+    CW__CUDNN_QUIET(ctx, st, done,
+                   cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
+                                            &got, cfgs));
+    for (int64_t i = 0; i < got && i < count; i++) {
+        int64_t engine = -1, ws = 0, k = 0;
+        int notes = 0, dup = 0;
+        uint64_t sig = 0;
+        if (e->n >= CW__CUDNN_MAX_CFGS) break;
+        /* A config cuDNN cannot describe is skipped, not fatal: the others may serve. */
+        if (cw__cfg_info(ctx, cfgs[i], &engine, &notes, &sig) != CW_OK) continue;
+        if (cw__cfg_rejected(notes, (cw_dtype)e->key.dtype)) continue;
+        if (cudnnBackendGetAttribute(cfgs[i], CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &k, &ws) !=
+                CUDNN_STATUS_SUCCESS ||
+            ws < 0)
+            continue;
+        for (int j = 0; j < e->n && !dup; j++) dup = e->cfgs[j].sig == sig;
+        if (dup) continue;
+        cw__cudnn_cfg *dst = &e->cfgs[e->n++];
+        memset(dst, 0, sizeof *dst);
+        dst->cfg = cfgs[i];
+        dst->ws = ws;
+        dst->engine = engine;
+        dst->sig = sig;
+        cfgs[i] = NULL; /* owned by e now */
+    }
+done:
+    for (int i = 0; i < made; i++)
+        if (cfgs[i]) cudnnBackendDestroyDescriptor(cfgs[i]);
+    if (heur) cudnnBackendDestroyDescriptor(heur);
+    return st;
+}
+
+static void cw__entry_destroy(cw__cudnn_entry *e) {
+    if (!e) return;
+    for (int i = 0; i < e->n; i++) {
+        if (e->cfgs[i].plan) cudnnBackendDestroyDescriptor(e->cfgs[i].plan);
+        if (e->cfgs[i].cfg) cudnnBackendDestroyDescriptor(e->cfgs[i].cfg);
+    }
+    cw__cudnn_graph_destroy(&e->g);
+    cw__free(e);
+}
+
+/* The entry for (p, align), built (graph + heuristics) on first use. Caller holds c->mu. */
+static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3],
+                               cw__cudnn_entry **out) {
+    cw_context *ctx = c->ctx;
+    cw__cudnn_key key;
+    cw_status st;
+    *out = NULL;
+    if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
+    cw__make_key(p, align, &key);
+    for (cw__cudnn_entry *e = c->head; e; e = e->next) {
+        if (memcmp(&e->key, &key, sizeof key) == 0) {
+            c->n_hits++;
+            *out = e;
+            return CW_OK;
+        }
+    }
+    cw__cudnn_entry *e = cw__calloc(1, sizeof *e);
+    if (!e) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cudnn conv: out of host memory for an engine list");
+    e->key = key;
+    if ((st = cw__cudnn_graph_build(ctx, p, align, c->handle, &e->g)) != CW_OK) goto fail;
+    cw_status sa = cw__heuristics(c, e, CUDNN_HEUR_MODE_A);
+    int n_a = e->n;
+    cw_status sf = cw__heuristics(c, e, CUDNN_HEUR_MODE_FALLBACK);
+    if (e->n == 0) {
+        char desc[512];
+        st = cw__error(ctx, CW_ERR_UNSUPPORTED,
+                       "cudnn conv: no usable engine for %s (heuristics mode A: %s, fallback: %s; nondeterministic, "
+                       "reduced-precision and, for f32, TF32 engines are excluded)",
+                       cw__problem_str(p, desc, sizeof desc), cw_status_name(sa), cw_status_name(sf));
+        goto fail;
+    }
+    {
+        char desc[512];
+        cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: %d engine configs (%d from mode A) for %s", e->n, n_a,
+                cw__problem_str(p, desc, sizeof desc));
+    }
+    e->next = c->head;
+    c->head = e;
+    c->n_problems++;
+    *out = e;
+    return CW_OK;
+fail:
+    cw__entry_destroy(e);
+    return st;
+}
+
+cw_status cw__cudnn_conv_create(cw__cudnn_conv **out, cw_context *ctx, cudnnHandle_t handle,
+                                cudnnBackendDescriptor_t devprop) {
+    *out = NULL;
+    cw__cudnn_conv *c = cw__calloc(1, sizeof *c);
+    if (!c) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cudnn conv: out of host memory");
+    if (pthread_mutex_init(&c->mu, NULL) != 0) {
+        cw__free(c);
+        return cw__error(ctx, CW_ERR_INTERNAL, "cudnn conv: pthread_mutex_init failed");
+    }
+    c->ctx = ctx;
+    c->handle = handle;
+    c->devprop = devprop;
+    *out = c;
+    return CW_OK;
+}
+
+void cw__cudnn_conv_destroy(cw__cudnn_conv *c) {
+    if (!c) return;
+    while (c->head) {
+        cw__cudnn_entry *e = c->head;
+        c->head = e->next;
+        cw__entry_destroy(e);
+    }
+    pthread_mutex_destroy(&c->mu);
+    cw__free(c);
+}
+
+cw_status cw__cudnn_conv_algos(cw__cudnn_conv *c, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
+    int64_t align[3];
+    cw__cudnn_entry *e;
+    *n = 0;
+    if (max < 0 || (max > 0 && !out)) return cw__error(c->ctx, CW_ERR_INVALID_ARG, "cudnn conv: algos max = %d", max);
+    cw__cudnn_layout_align(p, align);
+    pthread_mutex_lock(&c->mu);
+    cw_status st = cw__entry_get(c, p, align, &e);
+    if (st == CW_OK) {
+        int k = 0;
+        for (int i = 0; i < e->n && k < max; i++) {
+            if (e->cfgs[i].broken) continue;
+            cw__conv_algo *a = &out[k];
+            memset(a, 0, sizeof *a);
+            a->id = i;
+            snprintf(a->name, sizeof a->name, "cudnn engine %" PRId64 " (cfg %d)", e->cfgs[i].engine, i);
+            a->workspace = e->cfgs[i].ws;
+            a->cost = (double)k; /* heuristic rank: cuDNN orders by expected speed */
+            k++;
+        }
+        *n = k;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+/* Finalises cfg's plan once. Quiet: a config that cannot finalise is skipped by the caller,
+ * so its reason goes to the debug log, not the context's last error. Caller holds c->mu. */
+static cw_status cw__plan_finalize(cw__cudnn_conv *c, cw__cudnn_cfg *cfg) {
+    cw_status st = CW_OK;
+    cudnnBackendDescriptor_t plan = NULL;
+    int64_t ws = 0, k = 0;
+    if (cfg->plan) return CW_OK;
+    CW__CUDNN_QUIET(c->ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan));
+    CW__CUDNN_QUIET(c->ctx, st, fail,
+                    cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg->cfg));
+    if (c->handle)
+        CW__CUDNN_QUIET(c->ctx, st, fail,
+                        cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                                 &c->handle));
+#if CUDNN_VERSION >= 90800
+    else if (c->devprop)
+        CW__CUDNN_QUIET(c->ctx, st, fail,
+                        cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c->devprop));
+#endif
+    CW__CUDNN_QUIET(c->ctx, st, fail, cudnnBackendFinalize(plan));
+    CW__CUDNN_QUIET(c->ctx, st, fail,
+                    cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &k,
+                                             &ws));
+    if (ws > cfg->ws) cfg->ws = ws; /* the plan's figure is the one execution needs */
+    cfg->plan = plan;
+    c->n_plans++;
+    return CW_OK;
+fail:
+    if (plan) cudnnBackendDestroyDescriptor(plan);
+    cw__log(c->ctx, CW_LOG_DEBUG, "cudnn conv: engine %" PRId64 " config does not finalise to a plan", cfg->engine);
+    return st;
+}
+
+cw_status cw__cudnn_conv_plan(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3], int id,
+                              int64_t ws_cap, cudnnBackendDescriptor_t *plan, int64_t *ws, int *used) {
+    cw__cudnn_entry *e;
+    int order[CW__CUDNN_MAX_CFGS], n_order = 0;
+    *plan = NULL;
+    *ws = 0;
+    *used = -1;
+    pthread_mutex_lock(&c->mu);
+    cw_status st = cw__entry_get(c, p, align, &e);
+    if (st != CW_OK) goto done;
+    /* The requested config first; then, in rank order, the first that fits ws_cap. */
+    if (id >= 0 && id < e->n) order[n_order++] = id;
+    for (int i = 0; i < e->n; i++)
+        if (i != id) order[n_order++] = i;
+    for (int k = 0; k < n_order; k++) {
+        int i = order[k];
+        cw__cudnn_cfg *f = &e->cfgs[i];
+        if (f->broken || f->ws > ws_cap) continue;
+        if (cw__plan_finalize(c, f) != CW_OK) {
+            f->broken = 1;
+            continue;
+        }
+        if (f->ws > ws_cap) continue;
+        if (i != id && id >= 0)
+            cw__log(c->ctx, CW_LOG_DEBUG, "cudnn conv: cfg %d unusable, running cfg %d (engine %" PRId64 ")", id, i,
+                    f->engine);
+        *plan = f->plan;
+        *ws = f->ws;
+        *used = i;
+        goto done;
+    }
+    {
+        char desc[512];
+        st = cw__error(c->ctx, CW_ERR_UNSUPPORTED,
+                       "cudnn conv: no engine config of %d finalises with workspace <= %" PRId64 " bytes for %s", e->n,
+                       ws_cap, cw__problem_str(p, desc, sizeof desc));
+    }
+done:
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+cw_status cw__cudnn_conv_run(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_problem *p, int id, const void *x,
+                             const void *w, void *y, void *ws, int64_t ws_bytes) {
+    cw_context *ctx = c->ctx;
+    int64_t layout[3], actual[3] = {cw__cudnn_ptr_align(x), cw__cudnn_ptr_align(w), cw__cudnn_ptr_align(y)};
+    const int64_t *align = layout;
+    cudnnBackendDescriptor_t plan, vp = NULL;
+    int64_t need = 0;
+    int used = -1;
+    cw_status st;
+    if (!c->handle) return cw__error(ctx, CW_ERR_NO_DEVICE, "cudnn conv: no cuDNN handle (no device)");
+    cw__cudnn_layout_align(p, layout);
+    /* Pointers less aligned than the layout promised (a caller's odd view): use the list
+     * built for the real alignment and its fastest config that fits the workspace. */
+    if (actual[0] < layout[0] || actual[1] < layout[1] || actual[2] < layout[2]) {
+        for (int i = 0; i < 3; i++) actual[i] = actual[i] < layout[i] ? actual[i] : layout[i];
+        align = actual;
+        id = -1;
+    }
+    if ((st = cw__cudnn_conv_plan(c, p, align, id, ws_bytes, &plan, &need, &used)) != CW_OK) return st;
+    if (need > 0 && !ws)
+        return cw__error(ctx, CW_ERR_INTERNAL, "cudnn conv: engine cfg %d needs %" PRId64 " workspace bytes, ws is NULL",
+                         used, need);
+
+    int64_t uids[3] = {CW__CUDNN_UID_X, CW__CUDNN_UID_W, CW__CUDNN_UID_Y};
+    void *ptrs[3] = {(void *)(uintptr_t)x, (void *)(uintptr_t)w, y};
+    pthread_mutex_lock(&c->mu); /* the handle's stream is shared state */
+    CW__CUDNN_GOTO(ctx, st, done, cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
+    CW__CUDNN_GOTO(ctx, st, done,
+                   cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids));
+    CW__CUDNN_GOTO(ctx, st, done,
+                   cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs));
+    CW__CUDNN_GOTO(ctx, st, done,
+                   cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws));
+    CW__CUDNN_GOTO(ctx, st, done, cudnnBackendFinalize(vp));
+    CW__CUDNN_GOTO(ctx, st, done, cudnnSetStream(c->handle, s));
+    CW__CUDNN_GOTO(ctx, st, done, cudnnBackendExecute(c->handle, plan, vp));
+    st = CW_OK;
+done:
+    if (vp) cudnnBackendDestroyDescriptor(vp);
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+void cw__cudnn_conv_counters(cw__cudnn_conv *c, int64_t *problems, int64_t *plans, int64_t *hits) {
+    pthread_mutex_lock(&c->mu);
+    if (problems) *problems = c->n_problems;
+    if (plans) *plans = c->n_plans;
+    if (hits) *hits = c->n_hits;
+    pthread_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,296 @@
+/* cuDNN graph-API descriptors of every patch of random convolutions, checked without a GPU:
+ * tensor, convolution, forward-operation and operation-graph descriptors finalise (cuDNN
+ * validates the shapes there), a wrong output shape is rejected, and — where cuDNN accepts
+ * a device-properties descriptor (>= 9.8) — heuristics, the workspace-capped engine list and
+ * execution-plan finalisation run for an H100 profile. Findings on a machine without a driver
+ * (cuDNN 9.19): cudnnCreate fails (CUDNN_STATUS_NOT_INITIALIZED), the operation graph needs
+ * no handle, heuristics without device properties return configs that cannot finalise. */
+#include "testutil.h"
+
+#ifndef CW_HAVE_CUDA
+int main(void) {
+    fprintf(stderr, "built without CUDA: nothing to check\n");
+    return CW_TEST_SKIP;
+}
+#else
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_internal.h"
+#include "scheduler/patch.h"
+
+/* An H100 SXM's device properties (public specifications, as cudaGetDeviceProperties
+ * reports them) in the JSON form cuDNN's device-properties descriptor reads. The key set
+ * was found from cuDNN 9.19's own error messages; a profile serialised on a real GPU
+ * (CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION) may replace it. */
+static const char *h100_json =
+    "{\"maxGridSize\":[2147483647,65535,65535],\"maxBlockSize\":[1024,1024,64],\"regsPerBlock\":65536,"
+    "\"multiProcessorCount\":132,\"warpSize\":32,\"maxSharedMemoryPerBlock\":49152,"
+    "\"maxSharedMemoryPerBlockOptin\":232448,\"reservedSharedMemoryPerBlock\":1024,\"maxRegistersPerSM\":65536,"
+    "\"maxCtasPerSM\":32,\"maxThreadsPerBlock\":1024,\"maxThreadsPerSM\":2048,\"pciDeviceId\":0,\"isTccDriver\":0,"
+    "\"supportCoopLaunch\":1,\"smClockRateKHz\":1980000,\"memClockRateKHz\":2619000,\"l2CacheSize\":52428800,"
+    "\"deviceName\":\"NVIDIA H100 80GB HBM3\",\"deviceVer\":900,\"driverVer\":13000,"
+    "\"totalGlobalMem\":85031714816,\"cudaDeviceId\":0}";
+
+typedef struct conv_case {
+    cw__conv_problem full;
+    int64_t h_out;
+} conv_case;
+
+/* A random valid convolution; x and y are strided views (channel slices of wider tensors,
+ * padded rows) about half the time. */
+static void random_case(cw_rng *r, conv_case *cc) {
+    cw_tensor_desc x, w, y;
+    cw_conv_params p = CW_CONV_PARAMS_INIT;
+    int sp = cw_rng_range(r, 0, 3) == 0 ? 3 : 2;
+    cw_dtype dt = (cw_dtype)cw_rng_range(r, 0, 2);
+    int64_t g = cw_rng_range(r, 0, 2) == 0 ? cw_rng_range(r, 2, 4) : 1;
+    int64_t c = g * cw_rng_range(r, 1, 4), k = g * cw_rng_range(r, 1, 4);
+    int64_t n = cw_rng_range(r, 1, 2);
+    int64_t xd[5], wd[5];
+    p.spatial = sp;
+    p.groups = g;
+    xd[0] = n;
+    xd[1] = c;
+    wd[0] = k;
+    wd[1] = c / g;
+    for (int d = 0; d < sp; d++) {
+        int64_t ks = cw_rng_range(r, 1, sp == 3 ? 3 : 5);
+        p.stride[d] = cw_rng_range(r, 1, 3);
+        p.dilation[d] = ks > 1 ? cw_rng_range(r, 1, 2) : 1;
+        p.pad_pre[d] = cw_rng_range(r, 0, 3);
+        p.pad_post[d] = cw_rng_range(r, 0, 3);
+        int64_t ext = p.dilation[d] * (ks - 1) + 1;
+        int64_t lo = ext - p.pad_pre[d] - p.pad_post[d];
+        if (lo < 1) lo = 1;
+        xd[2 + d] = cw_rng_range(r, lo, sp == 3 && d == 0 ? lo + 5 : lo + 20);
+        wd[2 + d] = ks;
+    }
+    ASSERT_OK(cw_tensor_desc_make(&x, dt, sp + 2, xd));
+    ASSERT_OK(cw_tensor_desc_make(&w, dt, sp + 2, wd));
+    ASSERT_OK(cw__conv_validate(NULL, &x, &w, NULL, NULL, &p, &y));
+    /* Strided views: x a channel slice of a tensor with more channels, y rows padded. */
+    if (cw_rng_range(r, 0, 1)) {
+        int64_t extra_c = cw_rng_range(r, 1, 3);
+        int64_t s = 1;
+        for (int d = x.rank - 1; d >= 0; d--) {
+            x.strides[d] = s;
+            s *= d == 1 ? x.dims[1] + extra_c : x.dims[d];
+        }
+    }
+    if (cw_rng_range(r, 0, 1)) {
+        int64_t pad_w = cw_rng_range(r, 1, 8);
+        int64_t s = 1;
+        for (int d = y.rank - 1; d >= 0; d--) {
+            y.strides[d] = s;
+            s *= d == y.rank - 1 ? y.dims[d] + pad_w : y.dims[d];
+        }
+    }
+    cw__conv_problem_init(&cc->full, &x, &w, 0, &y, &p);
+    cc->h_out = y.dims[y.rank - 2];
+}
+
+static int64_t g_graphs, g_rejected, g_empty, g_algo_problems, g_plans;
+
+/* Descriptors of one (non-empty) patch finalise; y one row short or one channel more is
+ * rejected by cuDNN at the operation's finalize. */
+static void check_patch(cw_context *ctx, const cw__conv_problem *pp) {
+    int64_t align[3], engines = 0;
+    cw__cudnn_graph g;
+    cw__cudnn_layout_align(pp, align);
+    cw_status st = cw__cudnn_graph_build(ctx, pp, align, NULL, &g);
+    if (st != CW_OK) fprintf(stderr, "graph build failed: %s\n", cw_context_last_error(ctx));
+    ASSERT_EQ_I(st, CW_OK);
+    ASSERT_OK_CTX(ctx, cw__cudnn_graph_engine_count(ctx, &g, &engines));
+    ASSERT_TRUE(engines > 0);
+    cw__cudnn_graph_destroy(&g);
+    g_graphs++;
+
+    int hd = pp->spatial; /* H in the tensor dims */
+    for (int wrong = 0; wrong < 3; wrong++) {
+        cw__conv_problem bad = *pp;
+        if (wrong == 0) bad.y.dims[hd] += 1;
+        if (wrong == 1 && bad.y.dims[hd + 1] > 1) bad.y.dims[hd + 1] -= 1;
+        if (wrong == 1 && pp->y.dims[hd + 1] == 1) bad.y.dims[hd + 1] += 1;
+        if (wrong == 2) bad.y.dims[1] += 1; /* channels: K must match w */
+        st = cw__cudnn_graph_build(ctx, &bad, align, NULL, &g);
+        if (st == CW_OK) {
+            fprintf(stderr, "cuDNN accepted a wrong output shape (case %d): y dims %lld %lld %lld\n", wrong,
+                    (long long)bad.y.dims[1], (long long)bad.y.dims[hd], (long long)bad.y.dims[hd + 1]);
+            cw__cudnn_graph_destroy(&g);
+        }
+        ASSERT_EQ_I(st, CW_ERR_INVALID_ARG);
+        ASSERT_TRUE(strstr(cw_context_last_error(ctx), "cuDNN rejects") != NULL);
+        g_rejected++;
+    }
+}
+
+/* Engine list and plans for a patch under an H100 profile: configs fastest first with
+ * their workspace, cached per problem, plans that finalise within a workspace cap. */
+static void check_engines(cw__cudnn_conv *cc, cw_context *ctx, const cw__conv_problem *pp, int build_plans) {
+    cw__conv_algo algos[CW__CUDNN_MAX_CFGS];
+    int n = 0, n2 = 0;
+    int64_t problems0, problems1, hits0, hits1, align[3];
+    cw__cudnn_conv_counters(cc, &problems0, NULL, &hits0);
+    cw_status st = cw__cudnn_conv_algos(cc, pp, algos, CW__CUDNN_MAX_CFGS, &n);
+    if (st != CW_OK) fprintf(stderr, "conv_algos: %s\n", cw_context_last_error(ctx));
+    ASSERT_EQ_I(st, CW_OK);
+    ASSERT_TRUE(n >= 1);
+    for (int i = 0; i < n; i++) {
+        ASSERT_TRUE(algos[i].workspace >= 0);
+        ASSERT_TRUE(strncmp(algos[i].name, "cudnn engine ", 13) == 0);
+        if (i) ASSERT_TRUE(algos[i].cost > algos[i - 1].cost);
+        for (int j = 0; j < i; j++) ASSERT_TRUE(algos[i].id != algos[j].id);
+    }
+    /* Second lookup: served from the cache, same list. */
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_algos(cc, pp, algos + 0, CW__CUDNN_MAX_CFGS, &n2));
+    cw__cudnn_conv_counters(cc, &problems1, NULL, &hits1);
+    ASSERT_EQ_I(n2, n);
+    /* Two lookups: the second always hits; the first hits when an equal patch came before. */
+    ASSERT_EQ_I((problems1 - problems0) + (hits1 - hits0), 2);
+    ASSERT_TRUE(hits1 >= hits0 + 1);
+    g_algo_problems++;
+    if (!build_plans) return;
+
+    /* Plans: the smallest-workspace config under a cap equal to its workspace, and the
+     * fastest under no cap. Every plan's workspace must respect the cap it was built for. */
+    int64_t min_ws = algos[0].workspace;
+    for (int i = 1; i < n; i++)
+        if (algos[i].workspace < min_ws) min_ws = algos[i].workspace;
+    cw__cudnn_layout_align(pp, align);
+    int64_t caps[2] = {min_ws, INT64_MAX};
+    for (int c = 0; c < 2; c++) {
+        cudnnBackendDescriptor_t plan = NULL;
+        int64_t ws = -1;
+        int used = -1;
+        st = cw__cudnn_conv_plan(cc, pp, align, c ? algos[0].id : -1, caps[c], &plan, &ws, &used);
+        if (st != CW_OK) fprintf(stderr, "conv_plan (cap %lld): %s\n", (long long)caps[c], cw_context_last_error(ctx));
+        ASSERT_EQ_I(st, CW_OK);
+        ASSERT_TRUE(plan != NULL);
+        ASSERT_LE_I(ws, caps[c]);
+        ASSERT_TRUE(used >= 0);
+        g_plans++;
+    }
+    /* A cap below every config's workspace fails cleanly (when one exists). */
+    if (min_ws > 0) {
+        cudnnBackendDescriptor_t plan = NULL;
+        int64_t ws = -1;
+        int used = -1;
+        ASSERT_EQ_I(cw__cudnn_conv_plan(cc, pp, align, -1, min_ws - 1, &plan, &ws, &used), CW_ERR_UNSUPPORTED);
+        ASSERT_TRUE(plan == NULL && used == -1);
+    }
+}
+
+static void check_alignment(void) {
+    /* f16 NCHW: rows of odd width move a patch start by 2 bytes, rows of 8 by 16 bytes. */
+    cw__conv_problem p;
+    cw_tensor_desc x, w, y;
+    cw_conv_params cp = CW_CONV_PARAMS_INIT;
+    int64_t xd[4] = {1, 4, 9, 7}, wd[4] = {4, 4, 3, 3}, align[3];
+    cp.pad_pre[0] = cp.pad_pre[1] = cp.pad_post[0] = cp.pad_post[1] = 1;
+    ASSERT_OK(cw_tensor_desc_make(&x, CW_F16, 4, xd));
+    ASSERT_OK(cw_tensor_desc_make(&w, CW_F16, 4, wd));
+    ASSERT_OK(cw__conv_validate(NULL, &x, &w, NULL, NULL, &cp, &y));
+    cw__conv_problem_init(&p, &x, &w, 0, &y, &cp);
+    cw__cudnn_layout_align(&p, align);
+    ASSERT_EQ_I(align[0], 2);
+    ASSERT_EQ_I(align[1], 2); /* w: 3x3 f16 rows are 6 bytes */
+    ASSERT_EQ_I(align[2], 2);
+    xd[3] = 64;
+    ASSERT_OK(cw_tensor_desc_make(&x, CW_F16, 4, xd));
+    ASSERT_OK(cw__conv_validate(NULL, &x, &w, NULL, NULL, &cp, &y));
+    cw__conv_problem_init(&p, &x, &w, 0, &y, &cp);
+    cw__cudnn_layout_align(&p, align);
+    ASSERT_EQ_I(align[0], 16);
+    ASSERT_EQ_I(align[2], 16);
+    ASSERT_EQ_I(cw__cudnn_ptr_align((void *)(uintptr_t)0x1000), 16);
+    ASSERT_EQ_I(cw__cudnn_ptr_align((void *)(uintptr_t)0x1006), 2);
+}
+
+int main(void) {
+    uint64_t seed = cw_test_seed(20240611);
+    cw_rng rng = {seed};
+    int n_cases = cw_test_quick() ? 40 : 150;
+    int plan_cases = cw_test_quick() ? 3 : 12;
+
+    /* A cpu context only collects the error messages of the calls under test. */
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.log_level = CW_LOG_ERROR;
+    cw_context *ctx = NULL;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+
+    int dev_count = 0;
+    cudaError_t ce = cudaGetDeviceCount(&dev_count);
+    (void)cudaGetLastError();
+    int have_device = ce == cudaSuccess && dev_count > 0;
+    fprintf(stderr, "cuDNN %zu; cudaGetDeviceCount: %s, %d device(s)\n", cudnnGetVersion(), cudaGetErrorName(ce),
+            dev_count);
+    if (!have_device) {
+        /* Finding: no handle without a device; everything below works without one. */
+        cudnnHandle_t h = NULL;
+        cudnnStatus_t hs = cudnnCreate(&h);
+        fprintf(stderr, "cudnnCreate without a device: %s\n", cudnnGetErrorString(hs));
+        ASSERT_TRUE(hs != CUDNN_STATUS_SUCCESS);
+    }
+
+    check_alignment();
+
+    cudnnBackendDescriptor_t devprop = NULL;
+    cw__cudnn_conv *cc = NULL;
+    cw_status dst = cw__cudnn_devprop_from_json(ctx, h100_json, &devprop);
+    if (dst == CW_OK) {
+        ASSERT_OK_CTX(ctx, cw__cudnn_conv_create(&cc, ctx, NULL, devprop));
+    } else {
+        fprintf(stderr, "NOTE: this cuDNN does not take the H100 device-properties profile (%s); heuristics and plans "
+                        "are not checked here\n", cw_context_last_error(ctx));
+        CHECK(CUDNN_VERSION < 90800); /* 9.8+ must accept it: the profile is what CI relies on */
+    }
+
+    int64_t max_patches_seen = 0;
+    for (int t = 0; t < n_cases; t++) {
+        conv_case c;
+        random_case(&rng, &c);
+        int p_count = (int)cw_rng_range(&rng, 1, c.h_out < 4 ? c.h_out : 4);
+        int64_t bounds[5];
+        cw__patch_bounds(c.h_out, p_count, bounds);
+        for (int i = 0; i < p_count; i++) {
+            cw__patch pt;
+            ASSERT_OK(cw__patch_make(&c.full, bounds[i], bounds[i + 1], &pt));
+            if (cw__patch_is_empty(&pt)) {
+                g_empty++; /* lowered to a fill by the backend; no descriptors */
+                continue;
+            }
+            check_patch(ctx, &pt.prob);
+            if (cc) check_engines(cc, ctx, &pt.prob, t < plan_cases && i == 0);
+        }
+        if (p_count > max_patches_seen) max_patches_seen = p_count;
+    }
+
+    /* A deliberately wrong problem through the engine list too: the error names cuDNN's reason. */
+    if (cc) {
+        conv_case c;
+        random_case(&rng, &c);
+        c.full.y.dims[c.full.spatial] += 2;
+        cw__conv_algo a[4];
+        int n = -1;
+        ASSERT_EQ_I(cw__cudnn_conv_algos(cc, &c.full, a, 4, &n), CW_ERR_INVALID_ARG);
+        ASSERT_EQ_I(n, 0);
+        fprintf(stderr, "wrong shape message: %s\n", cw_context_last_error(ctx));
+    }
+
+    int64_t problems = 0, plans = 0, hits = 0;
+    if (cc) cw__cudnn_conv_counters(cc, &problems, &plans, &hits);
+    fprintf(stderr,
+            "%d convs: %lld patch graphs finalised, %lld wrong shapes rejected, %lld empty patches; engine lists for "
+            "%lld patches (%lld distinct, %lld cache hits), %lld plans finalised (H100 profile)\n",
+            n_cases, (long long)g_graphs, (long long)g_rejected, (long long)g_empty, (long long)g_algo_problems,
+            (long long)problems, (long long)hits, (long long)plans);
+    ASSERT_TRUE(g_graphs >= n_cases);
+    if (cc) ASSERT_TRUE(g_plans >= plan_cases);
+    cw__cudnn_conv_destroy(cc);
+    if (devprop) cudnnBackendDestroyDescriptor(devprop);
+    cw_context_destroy(ctx);
+    TEST_DONE();
+}
+#endif
