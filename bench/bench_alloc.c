@@ -129,6 +129,11 @@ static void print_result(const char *name, const result *r) {
            r->st.cross_stream_waits, r->st.host_syncs);
 }
 
+static int cmp_i64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
 /* The allocation pattern of a patched convolution loop: for each conv layer, each height
  * patch gets a patch buffer (light stream builds the input rows) and a workspace (heavy
  * stream runs the conv); both are freed on the heavy stream after the conv. Two heavy
@@ -152,6 +157,9 @@ static void bench_conv_pattern(cw__backend *be, cw__stream **s, int64_t budget, 
     cw__event *ev[2];
     for (int i = 0; i < 2; i++) CHECK_OK(be->i->event_create(be, &ev[i]));
     int64_t t_alloc = 0; /* ns inside allocator calls */
+    enum { MAX_PAIRS = 1 << 16 };
+    static int64_t pair_ns[MAX_PAIRS]; /* per patch: its two alloc+free pairs */
+    int n_pairs = 0;
     for (int pass = 0; pass < passes; pass++) {
         for (int l = 0; l < n_layers; l++) {
             const layer *L = &layers[l];
@@ -171,20 +179,25 @@ static void bench_conv_pattern(cw__backend *be, cw__stream **s, int64_t budget, 
                 CHECK_OK(cw__alloc_malloc(a, ws, heavy, &w));
                 CHECK_OK(cw__alloc_free(a, w, heavy));
                 CHECK_OK(cw__alloc_free(a, buf, heavy));
-                t_alloc += (c1 - c0) + (cw__now_ns() - c2);
+                int64_t dt = (c1 - c0) + (cw__now_ns() - c2);
+                t_alloc += dt;
+                if (n_pairs < MAX_PAIRS) pair_ns[n_pairs++] = dt;
             }
         }
     }
     for (int i = 0; i < 3; i++) CHECK_OK(be->i->stream_synchronize(be, s[i]));
+    qsort(pair_ns, (size_t)n_pairs, sizeof pair_ns[0], cmp_i64);
     cw_memory_stats st;
     memset(&st, 0, sizeof st);
     cw__alloc_stats(a, &st);
     printf("conv pattern (%d passes, budget %" PRId64 " MiB): %" PRId64 " allocs, cache hits %.2f%%, "
            "cross-stream waits %" PRId64 ", host syncs %" PRId64 ", device allocs %" PRId64 ", peak reserved %.1f MiB, "
-           "peak allocated %.1f MiB, %.0f ns per alloc+free pair inside the allocator\n",
+           "peak allocated %.1f MiB\n"
+           "  time inside the allocator per alloc+free pair: mean %.0f ns, median %.0f ns, p99 %.0f ns\n",
            passes, budget / MiB, st.num_allocs, 100.0 * (double)st.cache_hits / (double)st.num_allocs,
            st.cross_stream_waits, st.host_syncs, st.num_device_allocs, (double)st.reserved_bytes_peak / (double)MiB,
-           (double)st.allocated_bytes_peak / (double)MiB, (double)t_alloc / (double)st.num_allocs);
+           (double)st.allocated_bytes_peak / (double)MiB, (double)t_alloc / (double)st.num_allocs,
+           (double)pair_ns[n_pairs / 2] / 2, (double)pair_ns[n_pairs * 99 / 100] / 2);
     for (int i = 0; i < 2; i++) be->i->event_destroy(be, ev[i]);
     cw__alloc_destroy(a);
 }

@@ -1,6 +1,7 @@
 /* Budgeted caching allocator: device segments split into 512-byte-granular blocks; free
  * blocks are cached (best fit, then lowest address) and reused in stream order through
  * events recorded at free time, never holding more than the budget from the device. */
+#include <assert.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <string.h>
@@ -108,6 +109,7 @@ static void pool_insert(pool *p, block *b) {
 static void pool_remove(pool *p, block *b) {
     int64_t i = pool_lower_bound(p, b->size, b->addr);
     /* internal invariant: every free block is in its pool exactly once */
+    assert(i < p->n && p->v[i] == b);
     if (i >= p->n || p->v[i] != b) return;
     memmove(p->v + i, p->v + i + 1, (size_t)(p->n - i - 1) * sizeof *p->v);
     p->n--;
@@ -609,6 +611,8 @@ static cw_status free_locked(cw__allocator *a, void *ptr, cw__stream *s) {
                          "cw__alloc_free: %p was not allocated by this allocator (or was already freed)", ptr);
     cw_status st = CW_OK, poison_st = CW_OK;
     evref *e = NULL;
+    /* s == NULL is host order: the caller already finished every use, so there is nothing
+     * to record (and no stream to poison on) */
     if (s) {
         if (a->flags & CW__ALLOC_POISON) {
             /* the fill runs on s after the block's last use, before the free event */
