@@ -12,6 +12,9 @@
 
 #define CW_TEST_SKIP 77
 
+#if defined(__GNUC__)
+__attribute__((unused))
+#endif
 static int cw_test_failures;
 
 #define CHECK(cond)                                                                   \
