@@ -678,10 +678,21 @@ void cw__alloc_stats(const cw__allocator *a, cw_memory_stats *out) {
     if (!a || !out) return;
     cw__allocator *m = (cw__allocator *)a; /* the lock is not part of the logical state */
     pthread_mutex_lock(&m->mu);
-    int64_t act_cur = out->activations_bytes_current, act_peak = out->activations_bytes_peak;
-    *out = a->st;
-    out->activations_bytes_current = act_cur;
-    out->activations_bytes_peak = act_peak;
+    /* field by field: the activations fields belong to the caller and may be unset */
+    const cw_memory_stats *s = &a->st;
+    out->budget = s->budget;
+    out->reserved_bytes_current = s->reserved_bytes_current;
+    out->reserved_bytes_peak = s->reserved_bytes_peak;
+    out->allocated_bytes_current = s->allocated_bytes_current;
+    out->allocated_bytes_peak = s->allocated_bytes_peak;
+    out->num_allocs = s->num_allocs;
+    out->num_frees = s->num_frees;
+    out->cache_hits = s->cache_hits;
+    out->num_device_allocs = s->num_device_allocs;
+    out->num_device_frees = s->num_device_frees;
+    out->cross_stream_waits = s->cross_stream_waits;
+    out->host_syncs = s->host_syncs;
+    out->budget_failures = s->budget_failures;
     pthread_mutex_unlock(&m->mu);
 }
 
