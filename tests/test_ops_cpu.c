@@ -94,7 +94,7 @@ static void test_silu(void) {
 
 /* ---- prep ----------------------------------------------------------------------------- */
 
-/* One random prep case. Returns 0 on success. via_be: run through the backend hook. */
+/* One random prep case; be != NULL: through the backend hook on stream st. */
 static void prep_case(cw__backend *be, cw__stream *st, int iter) {
     int rank = cw_rng_range(&rng, 0, 3) ? 4 : 5;
     int64_t N = cw_rng_range(&rng, 1, 2), C = cw_rng_range(&rng, 1, 5);
@@ -669,6 +669,7 @@ static void backend_gn_chain(cw__backend *be, cw__stream *st) {
     sbuf_free(&x), sbuf_free(&y);
 }
 
+/* Refusals with the right status (with no context each is also logged to stderr). */
 static void backend_bad_args(cw__backend *be, cw__stream *st) {
     int64_t dims[4] = {1, 4, 6, 5}, ddims[4] = {1, 4, 8, 10};
     sbuf x, y;

@@ -464,8 +464,9 @@ cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const
 
 static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t blas_cv = PTHREAD_COND_INITIALIZER;
-static int blas_want;   /* count the calls in flight use */
-static int blas_active; /* gemm calls in flight */
+static int blas_want;     /* count the calls in flight use */
+static int blas_active;   /* gemm calls in flight */
+static int blas_changers; /* callers waiting for the calls in flight to drain to switch */
 
 static void blas_enter(int threads) {
 #ifdef CW__TSAN
@@ -474,8 +475,22 @@ static void blas_enter(int threads) {
      * calling thread instead. */
     threads = 1;
 #endif
+    int changing = 0;
     pthread_mutex_lock(&blas_mu);
-    while (blas_active > 0 && blas_want != threads) pthread_cond_wait(&blas_cv, &blas_mu);
+    for (;;) {
+        if (blas_active == 0 && (changing || blas_changers == 0)) break; /* idle: take it */
+        /* join calls of the same count, unless a switch waits (it would starve) */
+        if (blas_active > 0 && blas_want == threads && blas_changers == 0) break;
+        if (!changing && blas_active > 0 && blas_want != threads) {
+            changing = 1;
+            blas_changers++;
+        }
+        pthread_cond_wait(&blas_cv, &blas_mu);
+    }
+    if (changing) {
+        blas_changers--;
+        pthread_cond_broadcast(&blas_cv); /* callers held back for this switch re-check */
+    }
     blas_want = threads;
     if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
     blas_active++;
