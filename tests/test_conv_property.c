@@ -2,6 +2,8 @@
  * dilation 1-3, independent pads 0-3, groups incl. depthwise, strided x/y views) with both
  * algorithms against the naive double reference, and each cut into random height patches
  * (views into the same tensors, no copies) against the unpatched result. */
+#include <cblas.h>
+
 #include "backend/cpu/cpu.h"
 #include "conv_ref.h"
 #include "scheduler/patch.h"
@@ -383,6 +385,39 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
     cw_context_destroy(ctx);
 }
 
+/* Convs big enough that im2col and direct split their loops across helper threads. */
+static void test_threaded(cw_rng *r) {
+    openblas_set_num_threads(2); /* cw__cpu_conv_run takes its thread count from OpenBLAS */
+    const int64_t shapes[3][5] = {{1, 16, 70, 300, 0}, {2, 8, 6, 40, 50}, {1, 12, 33, 257, 0}};
+    for (int t = 0; t < 3; t++) {
+        conv_case cc;
+        memset(&cc, 0, sizeof cc);
+        cw_conv_params p = CW_CONV_PARAMS_INIT;
+        p.spatial = shapes[t][4] ? 3 : 2;
+        for (int i = 0; i < p.spatial; i++) p.pad_pre[i] = 1, p.pad_post[i] = (int64_t)t;
+        if (t == 2) p.groups = 3, p.stride[1] = 2;
+        int rank = p.spatial + 2;
+        int64_t xd[5], wd[5] = {shapes[t][1], shapes[t][1] / p.groups, 3, 3, 3};
+        for (int i = 0; i < rank; i++) xd[i] = shapes[t][i];
+        ASSERT_OK(cw_tensor_desc_make(&cc.x, CW_F32, rank, xd));
+        ASSERT_OK(cw_tensor_desc_make(&cc.w, CW_F32, rank, wd));
+        ASSERT_OK(cw_conv_output_desc(NULL, &cc.x, &cc.w, &p, &cc.y));
+        cc.p = p;
+        cc.has_bias = 1;
+        cc.b.dtype = CW_F32, cc.b.rank = 1, cc.b.dims[0] = wd[0];
+        contiguous(&cc.x);
+        cc.x_len = numel(&cc.x);
+        int wu;
+        cc.y_len = make_view(r, &cc.y, &cc.y_off, 0, &wu, &cc.y_strided);
+        cc.y_w_unit = 1;
+        stats st;
+        memset(&st, 0, sizeof st);
+        run_case(r, &cc, &st);
+        fprintf(stderr, "threaded conv %d (%.1f M MACs): gemm rel err %.3g, direct %.3g\n", t, st.macs * 1e-6,
+                st.max_err[0], st.max_err[1]);
+    }
+}
+
 int main(void) {
     cw_rng r = {cw_test_seed(0xC0FFEE11ull)};
     const int n_cases = 2000; /* ~0.2 s in Release, ~1 s under ASan: no need to shrink */
@@ -409,5 +444,6 @@ int main(void) {
     CHECK(st.empty_patches > 0);                 /* the pure-padding band case was exercised */
     CHECK(st.bitwise[1] == st.patched_runs[1]);  /* direct: same taps in the same order */
     test_forward_hook(&r, 100);
+    test_threaded(&r);
     TEST_DONE();
 }

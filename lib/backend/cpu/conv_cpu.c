@@ -164,46 +164,93 @@ static int64_t gemm_workspace(const cv_geom *g) {
     return R * P * (int64_t)sizeof(float);
 }
 
-/* col[R, P] for image n, group gi: row r = (c, kd, kh, kw), column = (od, oh, ow). */
-static void im2col(const cv_geom *g, const float *x, int64_t n, int64_t gi, float *col) {
+/* ---- a tiny parallel-for: helpers are created per call, so only for big loops ---------- */
+#define CV_MAX_THREADS 16
+typedef void (*cv_range_fn)(void *arg, int64_t lo, int64_t hi);
+typedef struct cv_part {
+    cv_range_fn fn;
+    void *arg;
+    int64_t lo, hi;
+} cv_part;
+
+static void *cv_part_main(void *p) {
+    cv_part *q = p;
+    q->fn(q->arg, q->lo, q->hi);
+    return NULL;
+}
+
+/* Runs fn over [0, n) split into `threads` contiguous ranges; the caller runs the first.
+ * A helper that cannot be created just runs in the caller (same result, slower). */
+static void cv_parallel(int threads, int64_t n, cv_range_fn fn, void *arg) {
+    if (threads > CV_MAX_THREADS) threads = CV_MAX_THREADS;
+    if (threads > n) threads = (int)n;
+    if (threads <= 1) {
+        if (n > 0) fn(arg, 0, n);
+        return;
+    }
+    cv_part parts[CV_MAX_THREADS];
+    pthread_t th[CV_MAX_THREADS];
+    int started[CV_MAX_THREADS] = {0};
+    for (int i = 0; i < threads; i++) parts[i] = (cv_part){fn, arg, n * i / threads, n * (i + 1) / threads};
+    for (int i = 1; i < threads; i++) started[i] = pthread_create(&th[i], NULL, cv_part_main, &parts[i]) == 0;
+    fn(arg, parts[0].lo, parts[0].hi);
+    for (int i = 1; i < threads; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else fn(arg, parts[i].lo, parts[i].hi);
+    }
+}
+
+/* col[R, P] for image n, group gi: row r = (c, kd, kh, kw), column = (od, oh, ow); rows
+ * [r_lo, r_hi) only (rows are independent, so threads split them). */
+static void im2col(const cv_geom *g, const float *x, int64_t n, int64_t gi, float *col, int64_t r_lo, int64_t r_hi) {
     const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
     const int64_t P = Do * Ho * Wo;
-    float *dst = col;
-    for (int64_t c = 0; c < g->cg; c++) {
+    const int64_t kvol = g->ks[0] * g->ks[1] * g->ks[2];
+    for (int64_t r = r_lo; r < r_hi; r++) {
+        const int64_t c = r / kvol, kd = r / (g->ks[1] * g->ks[2]) % g->ks[0], kh = r / g->ks[2] % g->ks[1],
+                      kw = r % g->ks[2];
         const float *xc = x + n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
-        for (int64_t kd = 0; kd < g->ks[0]; kd++) {
-            for (int64_t kh = 0; kh < g->ks[1]; kh++) {
-                for (int64_t kw = 0; kw < g->ks[2]; kw++, dst += P) {
-                    int64_t offw = kw * g->dl[2] - g->pp[2], wlo, whi;
-                    cv_range(offw, g->st[2], g->in[2], Wo, &wlo, &whi);
-                    for (int64_t od = 0; od < Do; od++) {
-                        int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
-                        for (int64_t oh = 0; oh < Ho; oh++) {
-                            int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
-                            float *row = dst + (od * Ho + oh) * Wo;
-                            if (id < 0 || id >= g->in[0] || ih < 0 || ih >= g->in[1]) {
-                                memset(row, 0, (size_t)Wo * sizeof(float));
-                                continue;
-                            }
-                            const float *src = xc + id * g->xs[2] + ih * g->xs[3];
-                            if (wlo > 0) memset(row, 0, (size_t)wlo * sizeof(float));
-                            if (g->st[2] == 1 && g->xs[4] == 1) {
-                                if (whi > wlo) memcpy(row + wlo, src + wlo + offw, (size_t)(whi - wlo) * sizeof(float));
-                            } else {
-                                const int64_t sx = g->st[2] * g->xs[4];
-                                const float *s0 = src + offw * g->xs[4];
-                                for (int64_t ow = wlo; ow < whi; ow++) row[ow] = s0[ow * sx];
-                            }
-                            if (whi < Wo) memset(row + whi, 0, (size_t)(Wo - whi) * sizeof(float));
-                        }
-                    }
+        float *dst = col + r * P;
+        int64_t offw = kw * g->dl[2] - g->pp[2], wlo, whi;
+        cv_range(offw, g->st[2], g->in[2], Wo, &wlo, &whi);
+        for (int64_t od = 0; od < Do; od++) {
+            int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
+            for (int64_t oh = 0; oh < Ho; oh++) {
+                int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
+                float *row = dst + (od * Ho + oh) * Wo;
+                if (id < 0 || id >= g->in[0] || ih < 0 || ih >= g->in[1]) {
+                    memset(row, 0, (size_t)Wo * sizeof(float));
+                    continue;
                 }
+                const float *src = xc + id * g->xs[2] + ih * g->xs[3];
+                if (wlo > 0) memset(row, 0, (size_t)wlo * sizeof(float));
+                if (g->st[2] == 1 && g->xs[4] == 1) {
+                    if (whi > wlo) memcpy(row + wlo, src + wlo + offw, (size_t)(whi - wlo) * sizeof(float));
+                } else {
+                    const int64_t sx = g->st[2] * g->xs[4];
+                    const float *s0 = src + offw * g->xs[4];
+                    for (int64_t ow = wlo; ow < whi; ow++) row[ow] = s0[ow * sx];
+                }
+                if (whi < Wo) memset(row + whi, 0, (size_t)(Wo - whi) * sizeof(float));
             }
         }
     }
 }
 
-static void conv_gemm(const cv_geom *g, const float *x, const float *w, const float *b, float *y, float *ws) {
+typedef struct im2col_arg {
+    const cv_geom *g;
+    const float *x;
+    int64_t n, gi;
+    float *col;
+} im2col_arg;
+
+static void im2col_range(void *p, int64_t lo, int64_t hi) {
+    im2col_arg *a = p;
+    im2col(a->g, a->x, a->n, a->gi, a->col, lo, hi);
+}
+
+static void conv_gemm(const cv_geom *g, const float *x, const float *w, const float *b, float *y, float *ws,
+                      int threads) {
     const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
     const int64_t P = Do * Ho * Wo;
     const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
@@ -224,7 +271,9 @@ static void conv_gemm(const cv_geom *g, const float *x, const float *w, const fl
                 B = x + n * g->xs[0] + gi * g->cg * g->xs[1];
                 ldb = g->cg > 1 ? g->xs[1] : P;
             } else {
-                im2col(g, x, n, gi, ws);
+                im2col_arg ia = {g, x, n, gi, ws};
+                /* thread helpers only pay off for column buffers of ~1 MiB and more */
+                cv_parallel(R * P >= (1 << 18) ? threads : 1, R, im2col_range, &ia);
                 B = ws;
                 ldb = P;
             }
@@ -262,56 +311,57 @@ static inline void axpy_strided(float *restrict acc, const float *restrict src, 
     }
 }
 
-static void conv_direct(const cv_geom *g, const float *x, const float *w, const float *b, float *y) {
-    const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
+/* Output rows (od, oh) with od * Ho + oh in [row_lo, row_hi): threads split rows. */
+static void conv_direct(const cv_geom *g, const float *x, const float *w, const float *b, float *y, int64_t row_lo,
+                        int64_t row_hi) {
+    const int64_t Ho = g->out[1], Wo = g->out[2];
     float acc[DIRECT_KB][DIRECT_TW];
     for (int64_t n = 0; n < g->n; n++) {
         for (int64_t gi = 0; gi < g->g; gi++) {
             for (int64_t m0 = 0; m0 < g->kg; m0 += DIRECT_KB) {
                 const int64_t nb = g->kg - m0 < DIRECT_KB ? g->kg - m0 : DIRECT_KB;
                 const int64_t k0 = gi * g->kg + m0; /* first output channel of the block */
-                for (int64_t od = 0; od < Do; od++) {
-                    for (int64_t oh = 0; oh < Ho; oh++) {
-                        for (int64_t t0 = 0; t0 < Wo; t0 += DIRECT_TW) {
-                            const int64_t tw = Wo - t0 < DIRECT_TW ? Wo - t0 : DIRECT_TW;
-                            for (int64_t j = 0; j < nb; j++) {
-                                const float bv = g->has_bias ? b[k0 + j] : 0.0f;
-                                for (int64_t i = 0; i < tw; i++) acc[j][i] = bv;
-                            }
-                            for (int64_t c = 0; c < g->cg; c++) {
-                                const float *xc = x + n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
-                                for (int64_t kd = 0; kd < g->ks[0]; kd++) {
-                                    const int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
-                                    if (id < 0 || id >= g->in[0]) continue;
-                                    for (int64_t kh = 0; kh < g->ks[1]; kh++) {
-                                        const int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
-                                        if (ih < 0 || ih >= g->in[1]) continue;
-                                        const float *xrow = xc + id * g->xs[2] + ih * g->xs[3];
-                                        for (int64_t kw = 0; kw < g->ks[2]; kw++) {
-                                            int64_t offw = kw * g->dl[2] - g->pp[2], lo, hi;
-                                            cv_range(offw, g->st[2], g->in[2], Wo, &lo, &hi);
-                                            if (lo < t0) lo = t0;
-                                            if (hi > t0 + tw) hi = t0 + tw;
-                                            if (hi <= lo) continue;
-                                            const int64_t sx = g->st[2] * g->xs[4];
-                                            const float *src = xrow + (lo * g->st[2] + offw) * g->xs[4];
-                                            for (int64_t j = 0; j < nb; j++) {
-                                                const float wv = w[(k0 + j) * g->wsd[0] + c * g->wsd[1] +
-                                                                   kd * g->wsd[2] + kh * g->wsd[3] + kw * g->wsd[4]];
-                                                axpy_strided(acc[j] + (lo - t0), src, hi - lo, sx, wv);
-                                            }
+                for (int64_t row = row_lo; row < row_hi; row++) {
+                    const int64_t od = row / Ho, oh = row % Ho;
+                    for (int64_t t0 = 0; t0 < Wo; t0 += DIRECT_TW) {
+                        const int64_t tw = Wo - t0 < DIRECT_TW ? Wo - t0 : DIRECT_TW;
+                        for (int64_t j = 0; j < nb; j++) {
+                            const float bv = g->has_bias ? b[k0 + j] : 0.0f;
+                            for (int64_t i = 0; i < tw; i++) acc[j][i] = bv;
+                        }
+                        for (int64_t c = 0; c < g->cg; c++) {
+                            const float *xc = x + n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
+                            for (int64_t kd = 0; kd < g->ks[0]; kd++) {
+                                const int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
+                                if (id < 0 || id >= g->in[0]) continue;
+                                for (int64_t kh = 0; kh < g->ks[1]; kh++) {
+                                    const int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
+                                    if (ih < 0 || ih >= g->in[1]) continue;
+                                    const float *xrow = xc + id * g->xs[2] + ih * g->xs[3];
+                                    for (int64_t kw = 0; kw < g->ks[2]; kw++) {
+                                        int64_t offw = kw * g->dl[2] - g->pp[2], lo, hi;
+                                        cv_range(offw, g->st[2], g->in[2], Wo, &lo, &hi);
+                                        if (lo < t0) lo = t0;
+                                        if (hi > t0 + tw) hi = t0 + tw;
+                                        if (hi <= lo) continue;
+                                        const int64_t sx = g->st[2] * g->xs[4];
+                                        const float *src = xrow + (lo * g->st[2] + offw) * g->xs[4];
+                                        for (int64_t j = 0; j < nb; j++) {
+                                            const float wv = w[(k0 + j) * g->wsd[0] + c * g->wsd[1] +
+                                                               kd * g->wsd[2] + kh * g->wsd[3] + kw * g->wsd[4]];
+                                            axpy_strided(acc[j] + (lo - t0), src, hi - lo, sx, wv);
                                         }
                                     }
                                 }
                             }
-                            for (int64_t j = 0; j < nb; j++) {
-                                float *yrow = y + n * g->ys[0] + (k0 + j) * g->ys[1] + od * g->ys[2] +
-                                              oh * g->ys[3] + t0 * g->ys[4];
-                                if (g->ys[4] == 1) {
-                                    memcpy(yrow, acc[j], (size_t)tw * sizeof(float));
-                                } else {
-                                    for (int64_t i = 0; i < tw; i++) yrow[i * g->ys[4]] = acc[j][i];
-                                }
+                        }
+                        for (int64_t j = 0; j < nb; j++) {
+                            float *yrow = y + n * g->ys[0] + (k0 + j) * g->ys[1] + od * g->ys[2] +
+                                          oh * g->ys[3] + t0 * g->ys[4];
+                            if (g->ys[4] == 1) {
+                                memcpy(yrow, acc[j], (size_t)tw * sizeof(float));
+                            } else {
+                                for (int64_t i = 0; i < tw; i++) yrow[i * g->ys[4]] = acc[j][i];
                             }
                         }
                     }
@@ -319,6 +369,17 @@ static void conv_direct(const cv_geom *g, const float *x, const float *w, const 
             }
         }
     }
+}
+
+typedef struct direct_arg {
+    const cv_geom *g;
+    const float *x, *w, *b;
+    float *y;
+} direct_arg;
+
+static void direct_range(void *p, int64_t lo, int64_t hi) {
+    direct_arg *a = p;
+    conv_direct(a->g, a->x, a->w, a->b, a->y, lo, hi);
 }
 
 /* ---- entry points --------------------------------------------------------------------- */
@@ -330,16 +391,41 @@ int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
     return gemm_workspace(&g);
 }
 
-void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
-                      float *ws) {
+#if defined(__SANITIZE_THREAD__)
+#define CW__CONV_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CW__CONV_TSAN 1
+#endif
+#endif
+
+static void set_blas_threads(int t);
+
+/* threads: for sgemm (set by the caller through OpenBLAS) and for im2col / direct helpers. */
+static void conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
+                     float *ws, int threads) {
     cv_geom g;
     cv_geom_make(p, &g);
     if (algo == CW__CPU_ALGO_GEMM) {
         assert(gemm_supported(&g));
-        conv_gemm(&g, x, w, b, y, ws);
+#ifdef CW__CONV_TSAN
+        /* TSan sees OpenBLAS's pool threads write y but not the uninstrumented spin flags
+         * that order those writes: keep sgemm in this thread (our own helpers still run). */
+        set_blas_threads(1);
+#endif
+        conv_gemm(&g, x, w, b, y, ws, threads);
     } else {
-        conv_direct(&g, x, w, b, y);
+        direct_arg da = {&g, x, w, b, y};
+        const int64_t rows = g.out[0] * g.out[1];
+        const double macs = (double)g.n * (double)g.k * (double)(rows * g.out[2]) * (double)g.cg *
+                            (double)(g.ks[0] * g.ks[1] * g.ks[2]);
+        cv_parallel(macs >= 1e7 ? threads : 1, rows, direct_range, &da); /* ~1 ms of work and more */
     }
+}
+
+void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
+                      float *ws) {
+    conv_run(p, algo, x, w, b, y, ws, openblas_get_num_threads());
 }
 
 static const char *dtype_name(cw_dtype dt) {
@@ -372,20 +458,21 @@ static cw_status check_problem(cw__backend *be, const cw__conv_problem *p, const
     return CW_OK;
 }
 
-/* Relative cost model, in estimated nanoseconds on one core: sgemm ~ 40 GFLOP/s when the
- * matrix is big enough (degrading for few output channels per group, where sgemm is a
- * gemv), ~1 us per sgemm call, ~0.5 ns per column element written; direct ~ 6 GFLOP/s. */
+/* Relative cost model, in estimated nanoseconds on one core, fitted to this backend on a
+ * 2-core AVX-512 machine: sgemm ~60 GFLOP/s for >= 40 output channels per group, falling
+ * to ~11 for one (a gemv); ~1 us per sgemm call; writing the column buffer ~0.3 ns per
+ * element while it fits in cache (<= 16 MiB per image and group), ~2 ns beyond (DRAM
+ * write + read back); direct ~14 GFLOP/s. Only the order of the list matters. */
 static double cost_gemm(const cv_geom *g, double flops) {
     int lv;
     int64_t run = cv_run(g->out, g->ys, &lv);
     double calls = (double)g->n * (double)g->g * (double)(g->out[0] * g->out[1] * g->out[2] / (run > 0 ? run : 1));
-    double eff_m = g->kg >= 32 ? 1.0 : (double)g->kg / 32.0;
-    double R = (double)(g->cg * g->ks[0] * g->ks[1] * g->ks[2]);
-    double eff_k = R >= 32 ? 1.0 : R / 32.0;
-    double eff = eff_m * eff_k;
-    if (eff < 0.05) eff = 0.05;
-    double col = gemm_direct_b(g) ? 0.0 : (double)gemm_workspace(g) / sizeof(float) * (double)(g->n * g->g);
-    return flops / (40.0 * eff) + calls * 1000.0 + col * 0.5;
+    double eff = (double)(g->kg + 8) / 48.0;
+    if (eff > 1.0) eff = 1.0;
+    int64_t ws = gemm_direct_b(g) ? 0 : gemm_workspace(g);
+    double per_elem = ws <= (INT64_C(16) << 20) ? 0.3 : 2.0;
+    double col = (double)ws / sizeof(float) * (double)(g->n * g->g);
+    return flops / (60.0 * eff) + calls * 1000.0 + col * per_elem;
 }
 
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
@@ -413,7 +500,7 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
         a->id = CW__CPU_ALGO_DIRECT;
         snprintf(a->name, sizeof a->name, "%s", "cpu_direct");
         a->workspace = 0;
-        a->cost = flops / 6.0 + 1000.0;
+        a->cost = flops / 14.0 + 1000.0;
     }
     if (cnt == 2 && list[1].cost < list[0].cost) {
         cw__conv_algo t = list[0];
@@ -448,8 +535,10 @@ static void set_blas_threads(int t) {
 static void conv_job_run(void *arg) {
     conv_job *j = arg;
     int running = atomic_fetch_add(&g_convs_running, 1) + 1;
-    if (j->algo == CW__CPU_ALGO_GEMM) set_blas_threads(j->total_threads / running);
-    cw__cpu_conv_run(&j->prob, j->algo, j->x, j->w, j->b, j->y, j->ws);
+    int t = j->total_threads / running;
+    if (t < 1) t = 1;
+    if (j->algo == CW__CPU_ALGO_GEMM) set_blas_threads(t);
+    conv_run(&j->prob, j->algo, j->x, j->w, j->b, j->y, j->ws, t);
     atomic_fetch_sub(&g_convs_running, 1);
 }
 
