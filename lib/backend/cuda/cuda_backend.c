@@ -5,6 +5,7 @@
  * nothing at load time, so it loads without a driver; creation then reports no device. */
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -225,8 +226,24 @@ static cw_status cuda_launch_host(cw__backend *be, cw__stream *s, cw__host_fn fn
 
 /* ---- operations ---------------------------------------------------------------------------- */
 
+/* 1 when the problem's input has no rows (a patch reading only padding, scheduler/patch.h). */
+static int cw__empty_input(const cw__conv_problem *p) {
+    int empty = 0;
+    for (int d = 2; d < p->x.rank && d < CW_MAX_RANK; d++) empty |= p->x.dims[d] < 1;
+    return empty;
+}
+
 static cw_status cuda_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
     cw__cuda *cb = cw__cb(be);
+    if (p && n && cw__empty_input(p)) { /* no cuDNN engine takes an empty tensor: a fill */
+        *n = 0;
+        if (max > 0 && out) {
+            memset(out, 0, sizeof *out);
+            snprintf(out->name, sizeof out->name, "fill (input all padding)");
+            *n = 1;
+        }
+        return CW_OK;
+    }
     CW__ENTER(cb);
     return CW__LEAVE(cb, cw__cudnn_conv_algos(cb->conv, p, out, max, n));
 }
@@ -236,12 +253,12 @@ static cw_status cuda_conv_forward(cw__backend *be, cw__stream *s, const cw__con
                                      void *ws, int64_t ws_bytes) {
     cw__cuda *cb = cw__cb(be);
     cw_status st = CW_OK;
-    if (!p || !w || !y)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_forward: problem, w and y must be non-NULL");
+    if (!p || !w || !y || (p->has_bias && !b))
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_forward: %s is NULL",
+                         !p ? "problem" : !w ? "w" : !y ? "y" : "bias");
     /* A patch whose input rows all lie in the padding (scheduler/patch.h) has no input
      * view and cuDNN takes no empty tensor: its output is the bias alone. */
-    int empty = 0;
-    for (int d = 2; d < p->x.rank && d < CW_MAX_RANK; d++) empty |= p->x.dims[d] < 1;
+    int empty = cw__empty_input(p);
     if (!empty && !x) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_forward: x is NULL");
     cw__view yv = {p->y, y};
     CW__ENTER(cb);
@@ -252,7 +269,7 @@ static cw_status cuda_conv_forward(cw__backend *be, cw__stream *s, const cw__con
         if (st != CW_OK) goto done;
     }
     /* The bias is a separate pass over the output patch (a constant like w: w's dtype). */
-    if (b) CW__CUDA_GOTO(be->ctx, st, done, cw__cu_bias_add(s->cs, &yv, b, p->w.dtype));
+    if (p->has_bias) CW__CUDA_GOTO(be->ctx, st, done, cw__cu_bias_add(s->cs, &yv, b, p->w.dtype));
 done:
     return CW__LEAVE(cb, st);
 }
@@ -284,7 +301,8 @@ static cw_status cuda_prep(cw__backend *be, cw__stream *s, const cw__prep_params
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cuda prep: src %s, dst %s, up %d, scale %s, shift %s",
                          cw__dims_str(sd, b1, sizeof b1), cw__dims_str(dd, b2, sizeof b2), p->up,
                          p->scale ? "set" : "NULL", p->shift ? "set" : "NULL");
-    int bad = sd->dims[0] != dd->dims[0] || sd->dims[1] != dd->dims[1] || dd->dims[r - 1] != sd->dims[r - 1] * p->up;
+    /* dst W may be any width whose last column still has a source column (w / up < src W). */
+    int bad = sd->dims[0] != dd->dims[0] || sd->dims[1] != dd->dims[1] || (dd->dims[r - 1] - 1) / p->up >= sd->dims[r - 1];
     if (r == 5) bad |= sd->dims[2] != dd->dims[2];
     int64_t first = cw_up_src_index(0, p->dst_row0, p->src_row0, p->up);
     int64_t last = cw_up_src_index(dd->dims[r - 2] - 1, p->dst_row0, p->src_row0, p->up);
@@ -319,7 +337,8 @@ static cw_status cuda_gn_finalize(cw__backend *be, cw__stream *s, const double *
                                     float *scale, float *shift) {
     cw__cuda *cb = cw__cb(be);
     cw_status st = CW_OK;
-    if (!parts || n_parts < 1 || n < 1 || groups < 1 || c < 1 || c % groups != 0 || !scale || !shift || !(eps >= 0.0f))
+    if (n == 0) return CW_OK;
+    if (!parts || n_parts < 1 || n < 0 || groups < 1 || c < 1 || c % groups != 0 || !scale || !shift || !(eps >= 0.0f))
         return cw__error(be->ctx, CW_ERR_INVALID_ARG,
                          "cuda gn_finalize: n_parts %" PRId64 ", n %" PRId64 ", c %" PRId64 ", groups %" PRId64
                          ", eps %g (need c divisible by groups, eps >= 0, non-NULL parts/scale/shift)",
