@@ -248,7 +248,9 @@ int main(void) {
             ASSERT_EQ_I(st, CW_OK);
             float *y = malloc((size_t)r.n * sizeof(float));
             ASSERT_TRUE(y != NULL);
-            ASSERT_EQ_I(vae_decode(m, plan, z, y, err, sizeof(err)), CW_OK);
+            st = vae_decode(m, plan, z, y, err, sizeof(err));
+            if (st != CW_OK) fprintf(stderr, "decode (budget %lld): %s\n", (long long)o.temp_budget, err);
+            ASSERT_EQ_I(st, CW_OK);
             cw_plan_stats s;
             ASSERT_OK_CTX(ctx, cw_plan_get_stats(plan, &s));
             double es = rel_err(y, r.y, r.n);
