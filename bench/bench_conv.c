@@ -258,7 +258,7 @@ int main(int argc, char **argv) {
     openblas_set_num_threads(threads);
     int gn = quick ? 1024 : 2048;
     double g = sgemm_gflops(gn, 3);
-    printf("# machine: %ld cores, OpenBLAS %s (%s), BLAS threads %d\n", sysconf(_SC_NPROCESSORS_ONLN),
+    printf("# machine: %ld cores, %s (core %s), BLAS threads %d\n", sysconf(_SC_NPROCESSORS_ONLN),
            openblas_get_config(), openblas_get_corename(), threads);
     printf("# sgemm %dx%dx%d: %.1f GFLOP/s\n", gn, gn, gn, g);
     printf("# unpatched: fastest algorithm with workspace <= %.0f MiB; patched: cw__patch_choose under the budget\n",

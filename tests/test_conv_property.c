@@ -418,6 +418,48 @@ static void test_threaded(cw_rng *r) {
     }
 }
 
+/* 1x1, stride 1, unpadded: GEMM reads x in place (no column buffer) when x's and y's
+ * spatial blocks are single runs; otherwise it falls back to im2col. */
+static void test_1x1(cw_rng *r) {
+    int n_zero = 0, n_cases = 0;
+    for (int t = 0; t < 40; t++) {
+        conv_case cc;
+        memset(&cc, 0, sizeof cc);
+        cw_conv_params p = CW_CONV_PARAMS_INIT;
+        p.spatial = t % 4 == 3 ? 3 : 2;
+        p.groups = cw_rng_range(r, 1, 3);
+        const int rank = p.spatial + 2;
+        int64_t xd[5] = {cw_rng_range(r, 1, 2), p.groups * cw_rng_range(r, 1, 5), 0, 0, 0};
+        int64_t wd[5] = {p.groups * cw_rng_range(r, 1, 5), xd[1] / p.groups, 1, 1, 1};
+        for (int i = 2; i < rank; i++) xd[i] = cw_rng_range(r, 1, 9);
+        ASSERT_OK(cw_tensor_desc_make(&cc.x, CW_F32, rank, xd));
+        ASSERT_OK(cw_tensor_desc_make(&cc.w, CW_F32, rank, wd));
+        ASSERT_OK(cw_conv_output_desc(NULL, &cc.x, &cc.w, &p, &cc.y));
+        cc.p = p;
+        cc.has_bias = t & 1;
+        cc.b.dtype = CW_F32, cc.b.rank = 1, cc.b.dims[0] = wd[0];
+        int wu, kind = t % 3; /* 0: contiguous, 1: channel slices, 2: random views */
+        if (kind == 0) {
+            contiguous(&cc.x), contiguous(&cc.y);
+            cc.x_len = numel(&cc.x), cc.y_len = numel(&cc.y);
+        } else {
+            cc.x_len = make_view(r, &cc.x, &cc.x_off, kind == 2, &wu, &cc.x_strided);
+            cc.y_len = make_view(r, &cc.y, &cc.y_off, 0, &wu, &cc.y_strided);
+        }
+        cc.y_w_unit = 1;
+        cw__conv_problem prob;
+        cw__conv_problem_init(&prob, &cc.x, &cc.w, cc.has_bias, &cc.y, &cc.p);
+        int64_t ws = cw__cpu_conv_workspace(&prob, CW__CPU_ALGO_GEMM);
+        if (kind == 0) CHECK(ws == 0); /* contiguous 1x1: x is the GEMM's B matrix */
+        n_zero += ws == 0;
+        n_cases++;
+        stats st;
+        memset(&st, 0, sizeof st);
+        run_case(r, &cc, &st);
+    }
+    fprintf(stderr, "1x1 convs: %d cases, %d read x in place (no workspace)\n", n_cases, n_zero);
+}
+
 int main(void) {
     cw_rng r = {cw_test_seed(0xC0FFEE11ull)};
     const int n_cases = 2000; /* ~0.2 s in Release, ~1 s under ASan: no need to shrink */
@@ -445,5 +487,6 @@ int main(void) {
     CHECK(st.bitwise[1] == st.patched_runs[1]);  /* direct: same taps in the same order */
     test_forward_hook(&r, 100);
     test_threaded(&r);
+    test_1x1(&r);
     TEST_DONE();
 }
