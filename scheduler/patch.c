@@ -66,8 +66,12 @@ cw_status cw__patch_make(const cw__conv_problem *full, int64_t o0, int64_t o1, c
 }
 
 void cw__patch_bounds(int64_t h_out, int p, int64_t *bounds) {
-    if (p < 1) p = 1;
-    if (p > h_out) p = (int)h_out; /* documented precondition; never produce empty bands */
+    if (p < 1) { /* outside the contract: one band, still p+1 = 2 defined entries */
+        bounds[0] = 0;
+        bounds[1] = h_out;
+        return;
+    }
+    /* p > h_out (outside the contract) yields some empty bands, never out-of-range rows */
     for (int i = 0; i <= p; i++) bounds[i] = (int64_t)((__int128)i * h_out / p);
 }
 

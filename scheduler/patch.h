@@ -35,7 +35,8 @@ cw_status cw__patch_make(const cw__conv_problem *full, int64_t o0, int64_t o1, c
 static inline int cw__patch_is_empty(const cw__patch *p) { return p->a >= p->b; }
 
 /* p+1 balanced boundaries of h_out rows into p bands: bounds[i] = floor(i*h_out/p), so
- * band sizes differ by at most one and none is empty. Requires 1 <= p <= h_out. */
+ * band sizes differ by at most one and none is empty. Requires 1 <= p <= h_out (p > h_out
+ * gives empty bands; p < 1 is treated as 1 and writes 2 entries). */
 void cw__patch_bounds(int64_t h_out, int p, int64_t *bounds);
 
 /* Picks the patch count and algorithm for `full` under a workspace cap (bytes):
