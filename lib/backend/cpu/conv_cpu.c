@@ -2,13 +2,15 @@
  * GEMM = im2col/vol2col + OpenBLAS sgemm (workspace: one column buffer per (n, group)), and
  * DIRECT = per output row tile, accumulate over kernel taps (no workspace).
  *
- * BLAS threads: Debian's OpenBLAS 0.3.21 (pthreads) has only the process-wide
- * openblas_set_num_threads (per-thread counts arrive in 0.3.27). Each conv closure takes
- * total / (convs running now) threads, at least 1, so two heavy streams on 2 cores run
- * 1 + 1 BLAS threads instead of 2 + 2 (OpenBLAS's pool threads busy-wait after a call, so
- * oversubscription costs more than it looks). Threaded level-3 calls from two callers
- * also serialise inside OpenBLAS, so a stale global count can slow a call but never
- * oversubscribe by more than one thread per stream. */
+ * Threads: a conv closure takes T = total / (convs running now), at least 1: it sets
+ * OpenBLAS's count to T for its sgemm calls and splits im2col / direct rows over T threads
+ * (helpers made per call, only for loops of ~1 ms and more). Two heavy streams on 2 cores
+ * thus run 1 + 1 threads, not 2 + 2: OpenBLAS's pool threads spin after each call, so
+ * oversubscription costs more than it looks. Debian's OpenBLAS 0.3.21 (pthreads) has only
+ * the process-wide openblas_set_num_threads (per-thread counts arrive in 0.3.27), so a conv
+ * starting later may change the count under one in flight: that changes speed, never
+ * results (a running call keeps the count it started with). Under TSan, sgemm stays in the
+ * calling thread: TSan cannot see the pool's synchronisation. */
 #include <assert.h>
 #include <cblas.h>
 #include <limits.h>
@@ -544,9 +546,10 @@ static void conv_job_run(void *arg) {
 
 cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
                                const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes) {
+    if (!be) return cw__error(NULL, CW_ERR_INVALID_ARG, "cpu conv_forward: backend is NULL");
     cw_status st = check_problem(be, p, "conv_forward");
     if (st != CW_OK) return st;
-    cw_context *ctx = be ? be->ctx : NULL;
+    cw_context *ctx = be->ctx;
     if (!algo || algo->id < 0 || algo->id >= CW__CPU_ALGO_COUNT)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: algo %d is not a cpu algorithm",
                          algo ? algo->id : -1);
@@ -566,7 +569,7 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
     if (!j) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu conv_forward: out of host memory for the closure");
     j->prob = *p;
     j->algo = algo->id;
-    j->total_threads = be ? cw__cpu_blas_threads(be) : 1;
+    j->total_threads = cw__cpu_blas_threads(be);
     j->x = x;
     j->w = w;
     j->b = p->has_bias ? b : NULL;
