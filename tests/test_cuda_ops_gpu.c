@@ -238,9 +238,10 @@ static void random_conv(cw_rng *r, cw_dtype dt, cw__conv_problem *out, int64_t *
  * (0: fastest, 1: smallest workspace). Buffers are in p's dtype. */
 static void conv_patched(side *sd, const cw__conv_problem *p, int P, int pick, const void *x, const void *w,
                          const void *b, void *y) {
-    int64_t h_out = p->y.dims[p->spatial], bounds[9];
+    int64_t h_out = p->y.dims[p->spatial], bounds[65];
     size_t es = cw_dtype_size(p->x.dtype);
     if (P > h_out) P = (int)h_out;
+    ASSERT_TRUE(P >= 1 && P <= 64);
     cw__patch_bounds(h_out, P, bounds);
     for (int i = 0; i < P; i++) {
         cw__patch pt;
@@ -339,6 +340,99 @@ static void test_conv_empty_patches(cw_rng *r) {
     compare("conv with empty-input patches", out[0], out[1], yn, CW_F32);
     ASSERT_TRUE(out[1][0] == 0.5f); /* row 0 of channel 0 reads only padding: bias */
     free(hx), free(hw), free(out[0]), free(out[1]);
+}
+
+/* A patch of a tensor spanning more than 2^31 elements ([2, 128, 2920, 2920] f16, 4.4 GB):
+ * cuDNN's fast engines take it only packed (copied through contiguous buffers in the
+ * workspace). The packed run is compared with the generic direct engine on the same patch
+ * and with a double-precision reference at sampled outputs. x is a 16 MiB random block
+ * tiled over the tensor, so the reference knows every input. Skipped (with a note) when
+ * the device lacks the ~14 GB it needs. */
+static void test_conv_packed_big(cw_rng *r) {
+    if (g_selftest) return;
+    const int64_t N = 2, C = 128, H = 2920, W = 2920, blk = (int64_t)8 << 20; /* elements per tile */
+    cw_tensor_desc x, w, y;
+    cw_conv_params cp = CW_CONV_PARAMS_INIT;
+    int64_t xd[4] = {N, C, H, W}, wd[4] = {C, C, 3, 3};
+    cp.pad_pre[0] = cp.pad_pre[1] = cp.pad_post[0] = cp.pad_post[1] = 1;
+    ASSERT_OK(cw_tensor_desc_make(&x, CW_F16, 4, xd));
+    ASSERT_OK(cw_tensor_desc_make(&w, CW_F16, 4, wd));
+    ASSERT_OK(cw__conv_validate(NULL, &x, &w, NULL, NULL, &cp, &y));
+    cw__conv_problem full;
+    cw__conv_problem_init(&full, &x, &w, 0, &y, &cp);
+    int64_t n = cw__desc_numel(&x), bytes = n * 2;
+    cw__backend *be = g_dev.be;
+    void *gx = NULL, *gy1 = NULL, *gy2 = NULL;
+    if (be->i->dev_alloc(be, bytes, &gx) != CW_OK || be->i->dev_alloc(be, bytes, &gy1) != CW_OK ||
+        be->i->dev_alloc(be, bytes, &gy2) != CW_OK) {
+        fprintf(stderr, "NOTE: packed-conv check skipped: cannot allocate 3 x %.1f GB on the device\n", bytes / 1e9);
+        if (gx) dfree(&g_dev, gx);
+        if (gy1) dfree(&g_dev, gy1);
+        return;
+    }
+    float *hblk = rnd_array(r, blk), *hw = rnd_array(r, C * C * 9);
+    void *tblk = to_dtype(hblk, blk, CW_F16), *tw = to_dtype(hw, C * C * 9, CW_F16);
+    dput(&g_dev, gx, tblk, blk * 2);
+    for (int64_t off = blk; off < n; off += blk) /* tile the block on the device */
+        ASSERT_OK_CTX(g_dev.ctx, be->i->copy_async(be, g_dev.s, (char *)gx + off * 2, gx, (n - off < blk ? n - off : blk) * 2));
+    void *gw = dalloc(&g_dev, C * C * 9 * 2);
+    dput(&g_dev, gw, tw, C * C * 9 * 2);
+    dsync(&g_dev);
+
+    cw__patch pt;
+    ASSERT_OK(cw__patch_make(&full, 1000, 1032, &pt)); /* 32 output rows */
+    cw__conv_algo algos[64];
+    int na = 0, ip = -1, id = -1;
+    ASSERT_OK_CTX(g_dev.ctx, be->i->conv_algos(be, &pt.prob, algos, 64, &na));
+    for (int i = 0; i < na; i++) {
+        if (ip < 0 && strstr(algos[i].name, "packed")) ip = i;
+        if (id < 0 && !strstr(algos[i].name, "packed")) id = i;
+    }
+    fprintf(stderr, "big patch: %d algorithms, packed '%s' (%.1f MiB), direct '%s'\n", na, ip >= 0 ? algos[ip].name : "-",
+            ip >= 0 ? algos[ip].workspace / 1048576.0 : 0.0, id >= 0 ? algos[id].name : "-");
+    ASSERT_TRUE(ip == 0 && id > 0);
+    void *ys[2] = {gy1, gy2};
+    int pick[2] = {ip, id};
+    for (int k = 0; k < 2; k++) {
+        int64_t wsb = algos[pick[k]].workspace;
+        void *ws = wsb > 0 ? dalloc(&g_dev, wsb) : NULL;
+        ASSERT_OK_CTX(g_dev.ctx, be->i->conv_forward(be, g_dev.s, &pt.prob, &algos[pick[k]], (char *)gx + pt.x_offset * 2,
+                                                     gw, NULL, (char *)ys[k] + pt.y_offset * 2, ws, wsb));
+        dsync(&g_dev);
+        if (ws) dfree(&g_dev, ws);
+    }
+    /* the patch's rows of every (n, k) plane, from both outputs */
+    int64_t rows = 32, plane = rows * W;
+    uint16_t *o1 = malloc((size_t)(N * C * plane) * 2), *o2 = malloc((size_t)(N * C * plane) * 2);
+    for (int64_t nk = 0; nk < N * C; nk++) {
+        int64_t off = (nk * H + 1000) * W;
+        dget(&g_dev, o1 + nk * plane, (char *)gy1 + off * 2, plane * 2);
+        dget(&g_dev, o2 + nk * plane, (char *)gy2 + off * 2, plane * 2);
+    }
+    float *f1 = malloc((size_t)(N * C * plane) * 4), *f2 = malloc((size_t)(N * C * plane) * 4);
+    for (int64_t i = 0; i < N * C * plane; i++) f1[i] = h2f(o1[i]), f2[i] = h2f(o2[i]);
+    compare("big patch: packed vs generic direct engine", f2, f1, N * C * plane, CW_F16);
+    /* sampled double-precision reference */
+    enum { S = 300 };
+    float ref[S], got[S];
+    for (int sidx = 0; sidx < S; sidx++) {
+        int64_t nn = cw_rng_range(r, 0, N - 1), kk = cw_rng_range(r, 0, C - 1), rr = cw_rng_range(r, 0, rows - 1);
+        int64_t cc = sidx < 20 ? (sidx % 2 ? W - 1 : 0) : cw_rng_range(r, 0, W - 1); /* borders too */
+        double acc = 0.0;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t i = 0; i < 3; i++)
+                for (int64_t j = 0; j < 3; j++) {
+                    int64_t hi = 1000 + rr + i - 1, wj = cc + j - 1;
+                    if (hi < 0 || hi >= H || wj < 0 || wj >= W) continue;
+                    int64_t xi = ((nn * C + c) * H + hi) * W + wj;
+                    acc += (double)hblk[xi % blk] * (double)hw[(kk * C + c) * 9 + i * 3 + j];
+                }
+        ref[sidx] = (float)acc;
+        got[sidx] = f1[(nn * C + kk) * plane + rr * W + cc];
+    }
+    compare("big patch: packed vs double reference", ref, got, S, CW_F16);
+    free(hblk), free(hw), free(tblk), free(tw), free(o1), free(o2), free(f1), free(f2);
+    dfree(&g_dev, gx), dfree(&g_dev, gy1), dfree(&g_dev, gy2), dfree(&g_dev, gw);
 }
 
 /* ---- prep ---------------------------------------------------------------------------------- */
@@ -730,6 +824,7 @@ int main(void) {
     test_streams();
     test_conv(&rng, quick ? 40 : 150);
     test_conv_empty_patches(&rng);
+    test_conv_packed_big(&rng);
     test_prep(&rng, quick ? 30 : 100);
     test_gn(&rng, quick ? 20 : 60);
     test_gn_finalize_parts(&rng);

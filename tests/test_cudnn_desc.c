@@ -167,25 +167,93 @@ static void check_engines(cw__cudnn_conv *cc, cw_context *ctx, const cw__conv_pr
     cw__cudnn_layout_align(pp, align);
     int64_t caps[2] = {min_ws, INT64_MAX};
     for (int c = 0; c < 2; c++) {
-        cudnnBackendDescriptor_t plan = NULL;
-        int64_t ws = -1;
-        int used = -1;
-        st = cw__cudnn_conv_plan(cc, pp, align, c ? algos[0].id : -1, caps[c], &plan, &ws, &used);
+        cw__cudnn_choice ch;
+        st = cw__cudnn_conv_plan(cc, pp, align, c ? algos[0].id : -1, caps[c], 1, &ch);
         if (st != CW_OK) fprintf(stderr, "conv_plan (cap %lld): %s\n", (long long)caps[c], cw_context_last_error(ctx));
         ASSERT_EQ_I(st, CW_OK);
-        ASSERT_TRUE(plan != NULL);
-        ASSERT_LE_I(ws, caps[c]);
-        ASSERT_TRUE(used >= 0);
+        ASSERT_TRUE(ch.plan != NULL);
+        ASSERT_LE_I(ch.total_ws, caps[c]);
+        ASSERT_TRUE(ch.id >= 0);
+        if (c) ASSERT_EQ_I(ch.id, algos[0].id); /* unless it failed to finalise: none did so far */
         g_plans++;
     }
     /* A cap below every config's workspace fails cleanly (when one exists). */
     if (min_ws > 0) {
-        cudnnBackendDescriptor_t plan = NULL;
-        int64_t ws = -1;
-        int used = -1;
-        ASSERT_EQ_I(cw__cudnn_conv_plan(cc, pp, align, -1, min_ws - 1, &plan, &ws, &used), CW_ERR_UNSUPPORTED);
-        ASSERT_TRUE(plan == NULL && used == -1);
+        cw__cudnn_choice ch;
+        ASSERT_EQ_I(cw__cudnn_conv_plan(cc, pp, align, -1, min_ws - 1, 1, &ch), CW_ERR_UNSUPPORTED);
+        ASSERT_TRUE(ch.plan == NULL && ch.id == -1);
     }
+}
+
+/* The algorithm list of one problem; counts packed and direct configs. */
+static int list_algos(cw__cudnn_conv *cc, cw_context *ctx, const cw__conv_problem *p, cw__conv_algo *a, int *n_packed) {
+    int n = 0;
+    *n_packed = 0;
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_algos(cc, p, a, CW__CUDNN_MAX_CFGS, &n));
+    for (int i = 0; i < n; i++) *n_packed += strstr(a[i].name, "packed") != NULL;
+    return n;
+}
+
+static void vae_conv(int64_t c, int64_t h, cw__conv_problem *full) {
+    cw_tensor_desc x, w, y;
+    cw_conv_params cp = CW_CONV_PARAMS_INIT;
+    int64_t xd[4] = {1, c, h, h}, wd[4] = {c, c, 3, 3};
+    cp.pad_pre[0] = cp.pad_pre[1] = cp.pad_post[0] = cp.pad_post[1] = 1;
+    ASSERT_OK(cw_tensor_desc_make(&x, CW_F16, 4, xd));
+    ASSERT_OK(cw_tensor_desc_make(&w, CW_F16, 4, wd));
+    ASSERT_OK(cw__conv_validate(NULL, &x, &w, NULL, NULL, &cp, &y));
+    cw__conv_problem_init(full, &x, &w, 1, &y, &cp);
+}
+
+/* VAE-sized convs at the limit of cuDNN's 32-bit offsets (f16, 3x3):
+ * - 512x2048^2 (2^31 elements) unpatched: even a contiguous copy has 2^31 elements, so
+ *   cuDNN offers its generic engine only (patching is what reaches the fast engines);
+ * - a 64-row patch of it spans just under 2^31 once N's stride is canonical: direct
+ *   configs beyond the generic engine, no packing;
+ * - a patch of 256x4096^2 (2^32 elements) spans more: packed first, direct generic after;
+ * both kinds finalise to plans. */
+static void check_big_span(cw__cudnn_conv *cc, cw_context *ctx) {
+    cw__conv_problem full;
+    cw__conv_algo a[CW__CUDNN_MAX_CFGS];
+    cw__patch pt;
+    int n, n_packed;
+    int64_t align[3];
+    cw__cudnn_choice ch;
+
+    vae_conv(512, 2048, &full);
+    n = list_algos(cc, ctx, &full, a, &n_packed);
+    fprintf(stderr, "512x2048^2 f16 unpatched: %d configs (%d packed); first %s, %.1f MiB\n", n, n_packed, a[0].name,
+            (double)a[0].workspace / (1 << 20));
+    /* 2^31 elements cannot be packed under the limit either: the generic engine alone. */
+    ASSERT_EQ_I(n_packed, 0);
+    ASSERT_TRUE(n >= 1);
+
+    ASSERT_OK(cw__patch_make(&full, 640, 704, &pt));
+    n = list_algos(cc, ctx, &pt.prob, a, &n_packed);
+    fprintf(stderr, "512x2048^2 f16, 64-row patch: %d configs (%d packed); first %s, %.1f MiB\n", n, n_packed,
+            a[0].name, (double)a[0].workspace / (1 << 20));
+    ASSERT_EQ_I(n_packed, 0);
+    ASSERT_TRUE(n >= 2 && strcmp(a[0].name, "cudnn engine 0") != 0);
+
+    vae_conv(256, 4096, &full);
+    ASSERT_OK(cw__patch_make(&full, 1024, 1088, &pt));
+    n = list_algos(cc, ctx, &pt.prob, a, &n_packed);
+    fprintf(stderr, "256x4096^2 f16, 64-row patch: %d configs (%d packed); first %s, %.1f MiB\n", n, n_packed,
+            a[0].name, (double)a[0].workspace / (1 << 20));
+    ASSERT_TRUE(n_packed >= 2 && n > n_packed && strstr(a[0].name, "packed") != NULL);
+    int64_t copies = (int64_t)(256 * 66 * 4096 + 256 * 64 * 4096) * 2;
+    for (int i = 0; i < n; i++)
+        if (strstr(a[i].name, "packed")) ASSERT_TRUE(a[i].workspace >= copies);
+    cw__cudnn_layout_align(&pt.prob, align);
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_plan(cc, &pt.prob, align, a[0].id, INT64_MAX, 1, &ch));
+    ASSERT_TRUE(ch.packed && ch.plan != NULL);
+    ASSERT_EQ_I(ch.x_bytes, 256 * 66 * 4096 * 2);
+    ASSERT_EQ_I(ch.y_bytes, 256 * 64 * 4096 * 2);
+    ASSERT_EQ_I(ch.total_ws, ch.engine_ws + ch.x_bytes + ch.y_bytes);
+    ASSERT_EQ_I(ch.xp.dims[2], 66);
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_plan(cc, &pt.prob, align, a[0].id, INT64_MAX, 0, &ch));
+    ASSERT_TRUE(!ch.packed && ch.plan != NULL);
+    g_plans += 2;
 }
 
 static void check_alignment(void) {
@@ -265,7 +333,17 @@ int main(void) {
             cw__patch pt;
             ASSERT_OK(cw__patch_make(&c.full, bounds[i], bounds[i + 1], &pt));
             if (cw__patch_is_empty(&pt)) {
-                g_empty++; /* lowered to a fill by the backend; no descriptors */
+                /* lowered to a bias fill by the backend: no descriptors, but it lists the
+                 * ids of a 1-row stand-in at zero workspace, like its neighbours' */
+                g_empty++;
+                ASSERT_TRUE(cw__cudnn_empty_input(&pt.prob));
+                if (cc) {
+                    cw__conv_algo a[CW__CUDNN_MAX_CFGS];
+                    int na = 0;
+                    ASSERT_OK_CTX(ctx, cw__cudnn_conv_algos(cc, &pt.prob, a, CW__CUDNN_MAX_CFGS, &na));
+                    ASSERT_TRUE(na >= 1);
+                    for (int j = 0; j < na; j++) ASSERT_EQ_I(a[j].workspace, 0);
+                }
                 continue;
             }
             check_patch(ctx, &pt.prob);
@@ -273,6 +351,8 @@ int main(void) {
         }
         if (p_count > max_patches_seen) max_patches_seen = p_count;
     }
+
+    if (cc) check_big_span(cc, ctx);
 
     /* A deliberately wrong problem through the engine list too: the error names cuDNN's reason. */
     if (cc) {

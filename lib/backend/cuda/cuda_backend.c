@@ -226,25 +226,10 @@ static cw_status cuda_launch_host(cw__backend *be, cw__stream *s, cw__host_fn fn
 
 /* ---- operations ---------------------------------------------------------------------------- */
 
-/* 1 when the problem's input has no rows (a patch reading only padding, scheduler/patch.h). */
-static int cw__empty_input(const cw__conv_problem *p) {
-    int empty = 0;
-    for (int d = 2; d < p->x.rank && d < CW_MAX_RANK; d++) empty |= p->x.dims[d] < 1;
-    return empty;
-}
-
 static cw_status cuda_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
     cw__cuda *cb = cw__cb(be);
-    if (p && n && cw__empty_input(p)) { /* no cuDNN engine takes an empty tensor: a fill */
-        *n = 0;
-        if (max > 0 && out) {
-            memset(out, 0, sizeof *out);
-            snprintf(out->name, sizeof out->name, "fill (input all padding)");
-            *n = 1;
-        }
-        return CW_OK;
-    }
     CW__ENTER(cb);
+
     return CW__LEAVE(cb, cw__cudnn_conv_algos(cb->conv, p, out, max, n));
 }
 
@@ -258,7 +243,7 @@ static cw_status cuda_conv_forward(cw__backend *be, cw__stream *s, const cw__con
                          !p ? "problem" : !w ? "w" : !y ? "y" : "bias");
     /* A patch whose input rows all lie in the padding (scheduler/patch.h) has no input
      * view and cuDNN takes no empty tensor: its output is the bias alone. */
-    int empty = cw__empty_input(p);
+    int empty = cw__cudnn_empty_input(p);
     if (!empty && !x) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_forward: x is NULL");
     cw__view yv = {p->y, y};
     CW__ENTER(cb);
@@ -388,8 +373,12 @@ static cw_status cuda_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params
     pthread_mutex_lock(&cb->blas_mu);
     CW__CUBLAS_GOTO(be->ctx, st, unlock, cublasSetStream(cb->blas, s->cs));
     /* No cuBLAS workspace: its default pool is outside the temp budget, and a fixed (empty)
-     * workspace keeps the kernel choice, hence the bits, independent of the stream. */
-    CW__CUBLAS_GOTO(be->ctx, st, unlock, cublasSetWorkspace(cb->blas, NULL, 0));
+     * workspace keeps the kernel choice, hence the bits, independent of the stream. Should
+     * this cuBLAS refuse it, its default pool still gives correct results: log, go on. */
+    cublasStatus_t ws_st = cublasSetWorkspace(cb->blas, NULL, 0);
+    if (ws_st != CUBLAS_STATUS_SUCCESS)
+        cw__log(be->ctx, CW_LOG_DEBUG, "cuda gemm: cublasSetWorkspace(NULL, 0): %s; using cuBLAS's default pool",
+                cublasGetStatusString(ws_st));
     CW__CUBLAS_GOTO(be->ctx, st, unlock,
                     cublasSgemm_v2_64(cb->blas, p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                       p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, p->n, p->m, p->k, &p->alpha, p->b,

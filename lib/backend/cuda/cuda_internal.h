@@ -23,6 +23,8 @@ cudaError_t cw__cu_zero_view(cudaStream_t s, const cw__view *y);
 /* y[n, k, ...] += b[k]; b has dtype b_dtype. */
 cudaError_t cw__cu_bias_add(cudaStream_t s, const cw__view *y, const void *b, cw_dtype b_dtype);
 cudaError_t cw__cu_add(cudaStream_t s, const cw__view *dst, const cw__view *a, const cw__view *b);
+/* dst = src elementwise (equal dims, any strides and dtypes): packing a patch. */
+cudaError_t cw__cu_copy_view(cudaStream_t s, const cw__view *dst, const cw__view *src);
 cudaError_t cw__cu_prep(cudaStream_t s, const cw__prep_params *p);
 cudaError_t cw__cu_gn_stats(cudaStream_t s, const cw__view *x, int64_t groups, double *out);
 cudaError_t cw__cu_gn_finalize(cudaStream_t s, const double *parts, int64_t n_parts, int64_t n, int64_t c,
@@ -93,18 +95,38 @@ cw_status cw__cudnn_conv_create(cw__cudnn_conv **out, cw_context *ctx, cudnnHand
 void cw__cudnn_conv_destroy(cw__cudnn_conv *c);
 /* Engine configs for p (layout alignment), fastest first: heuristics mode A, then
  * FALLBACK's not already listed, without nondeterministic or reduced-precision engines
- * (and, for f32 data, without TF32 tensor-core engines). id = index into the problem's
- * cached list, name "cudnn engine <global index>", workspace in bytes, cost = rank.
- * CW_ERR_UNSUPPORTED when cuDNN offers no engine. */
+ * (and, for f32 data, without TF32 tensor-core engines). Each engine appears once at its
+ * best-ranked knobs, then once more ("lean") where another of its configs needs less
+ * workspace. Where x or y spans >= 2^31 elements (cuDNN's fast engines use 32-bit
+ * offsets) "packed" variants come first: x and y copied through contiguous buffers at the
+ * start of the workspace, which their workspace includes. id encodes (engine, lean,
+ * packed), so the same id means the same engine for every patch of a conv; name "cudnn
+ * engine <global index>[ lean][ packed]"; cost = rank. CW_ERR_UNSUPPORTED when cuDNN
+ * offers no engine. */
 cw_status cw__cudnn_conv_algos(cw__cudnn_conv *c, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
-/* The finalised execution plan for config `id` of (p, align), built once and cached; if
- * that config cannot be finalised (or id is -1) the fastest listed config whose workspace
- * is <= ws_cap is used instead. *used: the config id, *ws: its workspace bytes. The plan
- * stays owned by the cache. */
+/* 1 when x has no rows (a patch that reads only padding: its output is the bias). Such a
+ * problem lists the algorithms of a 1-row stand-in with the same output shape, at zero
+ * workspace, so ids match the conv's other bands. */
+int cw__cudnn_empty_input(const cw__conv_problem *p);
+
+/* What cw__cudnn_conv_plan picked. The plan stays owned by the cache. */
+typedef struct cw__cudnn_choice {
+    cudnnBackendDescriptor_t plan;
+    int id;                   /* the algorithm id used */
+    int packed;               /* x, y pass through contiguous copies at the start of ws */
+    int64_t engine_ws;        /* cuDNN's workspace bytes */
+    int64_t total_ws;         /* engine_ws plus the packed copies */
+    int64_t x_bytes, y_bytes; /* rounded bytes of the copies (packed only) */
+    cw_tensor_desc xp, yp;    /* their contiguous descriptors (packed only) */
+} cw__cudnn_choice;
+/* The finalised execution plan for algorithm `id` of (p, align), built once and cached; if
+ * that id is not listed for this problem, needs more than ws_cap bytes, or cannot be
+ * finalised, the first listed config (rank order) that fits ws_cap is used instead.
+ * allow_packed = 0 skips packed configs. */
 cw_status cw__cudnn_conv_plan(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3], int id,
-                              int64_t ws_cap, cudnnBackendDescriptor_t *plan, int64_t *ws, int *used);
+                              int64_t ws_cap, int allow_packed, cw__cudnn_choice *out);
 /* Runs y = conv(x, w) on stream s (needs the handle): picks the alignment key from the
- * pointers, the plan as above, binds the variant pack (x, w, y, workspace). */
+ * pointers, the plan as above, packs if the config says so, binds the variant pack. */
 cw_status cw__cudnn_conv_run(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_problem *p, int id, const void *x,
                              const void *w, void *y, void *ws, int64_t ws_bytes);
 /* Counters for tests: cached problems, plans finalised, lookups served from the cache. */

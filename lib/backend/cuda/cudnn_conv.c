@@ -70,6 +70,20 @@ static cw_tensor_desc cw__filled(const cw_tensor_desc *d) {
     return t;
 }
 
+/* The strides given to cuDNN: filled in, and a dim of size 1 gets the span of the dims
+ * inside it (its stride never addresses anything). A height patch of a [1, 512, 2048,
+ * 2048] tensor keeps N stride 2^31, which alone sends cuDNN to its one generic engine (its
+ * fast engines use 32-bit offsets); the patch itself spans less. */
+static cw_tensor_desc cw__canon(const cw_tensor_desc *d) {
+    cw_tensor_desc t = cw__filled(d);
+    int64_t inner = 1; /* span of dims k+1.. */
+    for (int k = t.rank - 1; k >= 0; k--) {
+        if (t.dims[k] == 1 && t.strides[k] > inner) t.strides[k] = inner;
+        inner += (t.dims[k] - 1) * t.strides[k];
+    }
+    return t;
+}
+
 cw_status cw__cudnn_problem_check(cw_context *ctx, const cw__conv_problem *p) {
     if (!p) return cw__error(ctx, CW_ERR_INVALID_ARG, "cudnn conv: problem is NULL");
     if (p->spatial != 2 && p->spatial != 3)
@@ -130,7 +144,7 @@ void cw__cudnn_layout_align(const cw__conv_problem *p, int64_t align[3]) {
 static cw_status cw__tensor_desc(cw_context *ctx, const cw_tensor_desc *td, int64_t uid, int64_t align,
                                  cudnnBackendDescriptor_t *out) {
     cw_status st = CW_OK;
-    cw_tensor_desc d = cw__filled(td);
+    cw_tensor_desc d = cw__canon(td);
     cudnnDataType_t dt = cw__cudnn_dtype(d.dtype);
     cudnnBackendDescriptor_t t = NULL;
     *out = NULL;
@@ -280,6 +294,32 @@ fail:
 
 /* Canonical key: every field that changes the descriptors (dims, strides, paddings,
  * strides, dilations, dtype, alignments), zero-padded so memcmp compares it. */
+
+/* cuDNN engines index tensors with 32-bit offsets: only a generic engine takes a tensor
+ * whose strided span (or a stride) reaches 2^31 elements (measured with cuDNN 9.19 and an
+ * H100 profile: f16 1024x1448^2 gets 26 engine configs, 1024x1449^2 one). A height patch
+ * keeps its tensor's strides, so its span is nearly that of the whole tensor (C stride
+ * H*W). For those problems the list also offers "packed" configs: x and y are copied
+ * through contiguous patch-sized buffers at the start of the workspace (counted in the
+ * workspace the planner budgets). */
+#define CW__SPAN_LIMIT ((int64_t)1 << 31)
+
+static int64_t cw__span(const cw_tensor_desc *td) {
+    cw_tensor_desc d = cw__canon(td);
+    int64_t m = 0;
+    for (int i = 0; i < d.rank; i++) m += (d.dims[i] - 1) * d.strides[i];
+    return m + 1;
+}
+
+static int64_t cw__round256(int64_t b) { return (b + 255) / 256 * 256; }
+
+/* Algorithm ids are stable across problems (the planner matches the full conv's list with
+ * its patches' lists by id): the engine, whether its knobs are the heuristics' first
+ * choice or its leanest (smallest workspace) listed choice, and whether it runs packed. */
+static int cw__cfg_id(int64_t engine, int lean, int packed) { return (int)((engine << 2) | (lean << 1) | packed); }
+
+/* Canonical key: every field that changes the descriptors (dims, strides, paddings,
+ * strides, dilations, dtype, alignments), zero-padded so memcmp compares it. */
 typedef struct cw__cudnn_key {
     int32_t dtype, spatial;
     int64_t dims[3][CW_MAX_RANK], strides[3][CW_MAX_RANK];
@@ -290,15 +330,18 @@ typedef struct cw__cudnn_key {
 typedef struct cw__cudnn_cfg {
     cudnnBackendDescriptor_t cfg;
     cudnnBackendDescriptor_t plan; /* finalised on first use */
-    int64_t ws;                    /* workspace bytes */
+    int64_t ws;                    /* cuDNN's workspace bytes (without packing buffers) */
     int64_t engine;                /* global engine index */
-    uint64_t sig;                  /* hash of engine + knob choices (dedupe) */
+    int id, lean, packed;
     int broken;                    /* plan finalisation failed: never offered again */
 } cw__cudnn_cfg;
 
 typedef struct cw__cudnn_entry {
     cw__cudnn_key key;
-    cw__cudnn_graph g;
+    cw__cudnn_graph g;  /* the problem as given */
+    cw__cudnn_graph gp; /* packed: x and y contiguous, 16-byte aligned (only when needed) */
+    cw_tensor_desc xp, yp;
+    int64_t pack_bytes[2]; /* rounded bytes of the packed x and y */
     int n;
     cw__cudnn_cfg cfgs[CW__CUDNN_MAX_CFGS];
     struct cw__cudnn_entry *next;
@@ -312,6 +355,10 @@ struct cw__cudnn_conv {
     cw__cudnn_entry *head;
     int64_t n_problems, n_plans, n_hits;
 };
+
+static int64_t cw__cfg_total_ws(const cw__cudnn_entry *e, const cw__cudnn_cfg *f) {
+    return f->ws + (f->packed ? e->pack_bytes[0] + e->pack_bytes[1] : 0);
+}
 
 static void cw__make_key(const cw__conv_problem *p, const int64_t align[3], cw__cudnn_key *k) {
     memset(k, 0, sizeof *k);
@@ -399,9 +446,17 @@ static int cw__cfg_rejected(int notes, cw_dtype dt) {
     return 0;
 }
 
-/* Appends the configs of one heuristics mode to e (skipping duplicates and rejected
- * engines). A mode cuDNN cannot serve returns its status; the caller decides. */
-static cw_status cw__heuristics(cw__cudnn_conv *c, cw__cudnn_entry *e, cudnnBackendHeurMode_t mode) {
+/* One heuristics result before selection. */
+typedef struct cw__raw_cfg {
+    cudnnBackendDescriptor_t cfg;
+    int64_t ws, engine;
+    uint64_t sig;
+} cw__raw_cfg;
+
+/* Appends the configs of one heuristics mode for graph g to raw (skipping duplicates and
+ * rejected engines). A mode cuDNN cannot serve returns its status; the caller decides. */
+static cw_status cw__heuristics(cw__cudnn_conv *c, const cw__cudnn_graph *g, cw_dtype dt,
+                                cudnnBackendHeurMode_t mode, cw__raw_cfg *raw, int *n_raw) {
     cw_context *ctx = c->ctx;
     cw_status st = CW_OK;
     cudnnBackendDescriptor_t heur = NULL, cfgs[CW__CUDNN_MAX_CFGS];
@@ -409,46 +464,49 @@ static cw_status cw__heuristics(cw__cudnn_conv *c, cw__cudnn_entry *e, cudnnBack
     int made = 0;
     CW__CUDNN_QUIET(ctx, st, done, cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
     CW__CUDNN_QUIET(ctx, st, done,
-                   cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                            1, &e->g.graph));
-    CW__CUDNN_QUIET(ctx, st, done, cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
+                    cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->graph));
+    CW__CUDNN_QUIET(ctx, st, done,
+                    cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
 #if CUDNN_VERSION >= 90800
     if (c->devprop)
         CW__CUDNN_QUIET(ctx, st, done,
-                       cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                                1, &c->devprop));
+                        cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c->devprop));
 #endif
     CW__CUDNN_QUIET(ctx, st, done, cudnnBackendFinalize(heur));
     CW__CUDNN_QUIET(ctx, st, done,
-                   cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                            &count, NULL));
+                    cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                             &count, NULL));
+    if (count <= 0) goto done;
     if (count > CW__CUDNN_MAX_CFGS) count = CW__CUDNN_MAX_CFGS;
     for (; made < count; made++)
-        CW__CUDNN_QUIET(ctx, st, done, cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[made]));
+        CW__CUDNN_QUIET(ctx, st, done,
+                        cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[made]));
     CW__CUDNN_QUIET(ctx, st, done,
-                   cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
-                                            &got, cfgs));
+                    cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
+                                             &got, cfgs));
     for (int64_t i = 0; i < got && i < count; i++) {
         int64_t engine = -1, ws = 0, k = 0;
         int notes = 0, dup = 0;
         uint64_t sig = 0;
-        if (e->n >= CW__CUDNN_MAX_CFGS) break;
+        if (*n_raw >= CW__CUDNN_MAX_CFGS) break;
         /* A config cuDNN cannot describe is skipped, not fatal: the others may serve. */
         if (cw__cfg_info(ctx, cfgs[i], &engine, &notes, &sig) != CW_OK) continue;
-        if (cw__cfg_rejected(notes, (cw_dtype)e->key.dtype)) continue;
+        if (cw__cfg_rejected(notes, dt)) continue;
+        if (engine < 0 || engine >= (1 << 20)) continue; /* keeps the id encoding in range */
         if (cudnnBackendGetAttribute(cfgs[i], CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &k, &ws) !=
                 CUDNN_STATUS_SUCCESS ||
             ws < 0)
             continue;
-        for (int j = 0; j < e->n && !dup; j++) dup = e->cfgs[j].sig == sig;
+        for (int j = 0; j < *n_raw && !dup; j++) dup = raw[j].sig == sig;
         if (dup) continue;
-        cw__cudnn_cfg *dst = &e->cfgs[e->n++];
-        memset(dst, 0, sizeof *dst);
-        dst->cfg = cfgs[i];
-        dst->ws = ws;
-        dst->engine = engine;
-        dst->sig = sig;
-        cfgs[i] = NULL; /* owned by e now */
+        raw[*n_raw].cfg = cfgs[i];
+        raw[*n_raw].ws = ws;
+        raw[*n_raw].engine = engine;
+        raw[*n_raw].sig = sig;
+        (*n_raw)++;
+        cfgs[i] = NULL; /* owned by raw now */
     }
 done:
     for (int i = 0; i < made; i++)
@@ -457,22 +515,60 @@ done:
     return st;
 }
 
+/* Moves the chosen configs of raw (one graph kind) into e: lean = 0 takes each engine's
+ * first config (heuristic order), lean = 1 each engine's smallest-workspace config where it
+ * is smaller than the first. Taken entries of raw are set to NULL. */
+static void cw__select(cw__cudnn_entry *e, cw__raw_cfg *raw, int n_raw, int packed, int lean) {
+    for (int i = 0; i < n_raw && e->n < CW__CUDNN_MAX_CFGS; i++) {
+        int first = 1;
+        for (int j = 0; j < i && first; j++) first = raw[j].engine != raw[i].engine;
+        if (!first) continue; /* each engine once, at its best rank */
+        int pick = i;
+        if (lean) {
+            for (int j = i + 1; j < n_raw; j++)
+                if (raw[j].engine == raw[i].engine && raw[j].ws < raw[pick].ws) pick = j;
+            if (pick == i) continue;
+        }
+        if (!raw[pick].cfg) continue;
+        cw__cudnn_cfg *f = &e->cfgs[e->n++];
+        memset(f, 0, sizeof *f);
+        f->cfg = raw[pick].cfg;
+        f->ws = raw[pick].ws;
+        f->engine = raw[pick].engine;
+        f->lean = lean;
+        f->packed = packed;
+        f->id = cw__cfg_id(f->engine, lean, packed);
+        raw[pick].cfg = NULL;
+    }
+}
+
 static void cw__entry_destroy(cw__cudnn_entry *e) {
     if (!e) return;
     for (int i = 0; i < e->n; i++) {
         if (e->cfgs[i].plan) cudnnBackendDestroyDescriptor(e->cfgs[i].plan);
         if (e->cfgs[i].cfg) cudnnBackendDestroyDescriptor(e->cfgs[i].cfg);
     }
+    cw__cudnn_graph_destroy(&e->gp);
     cw__cudnn_graph_destroy(&e->g);
     cw__free(e);
 }
 
-/* The entry for (p, align), built (graph + heuristics) on first use. Caller holds c->mu. */
+/* Heuristics (mode A, then FALLBACK's configs not already listed) for one graph. */
+static void cw__heuristics_both(cw__cudnn_conv *c, const cw__cudnn_graph *g, cw_dtype dt, cw__raw_cfg *raw, int *n,
+                                cw_status *sa, cw_status *sf) {
+    *sa = cw__heuristics(c, g, dt, CUDNN_HEUR_MODE_A, raw, n);
+    *sf = cw__heuristics(c, g, dt, CUDNN_HEUR_MODE_FALLBACK, raw, n);
+}
+
+/* The entry for (p, align), built (graphs + heuristics) on first use. Caller holds c->mu. */
 static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3],
                                cw__cudnn_entry **out) {
     cw_context *ctx = c->ctx;
     cw__cudnn_key key;
-    cw_status st;
+    cw_status st, sa = CW_OK, sf = CW_OK, spa = CW_OK, spf = CW_OK;
+    cw__raw_cfg raw[CW__CUDNN_MAX_CFGS], rawp[CW__CUDNN_MAX_CFGS];
+    int n_raw = 0, n_rawp = 0;
+    char desc[512];
     *out = NULL;
     if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
     cw__make_key(p, align, &key);
@@ -487,22 +583,46 @@ static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, con
     if (!e) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cudnn conv: out of host memory for an engine list");
     e->key = key;
     if ((st = cw__cudnn_graph_build(ctx, p, align, c->handle, &e->g)) != CW_OK) goto fail;
-    cw_status sa = cw__heuristics(c, e, CUDNN_HEUR_MODE_A);
-    int n_a = e->n;
-    cw_status sf = cw__heuristics(c, e, CUDNN_HEUR_MODE_FALLBACK);
+    const cw_dtype dt = p->x.dtype;
+    int need_pack = cw__span(&p->x) >= CW__SPAN_LIMIT || cw__span(&p->y) >= CW__SPAN_LIMIT;
+    if (need_pack) {
+        cw__conv_problem pp = *p;
+        int64_t pal[3] = {16, align[1], 16};
+        memset(pp.x.strides, 0, sizeof pp.x.strides);
+        memset(pp.y.strides, 0, sizeof pp.y.strides);
+        cw__desc_fill_strides(&pp.x);
+        cw__desc_fill_strides(&pp.y);
+        e->xp = pp.x;
+        e->yp = pp.y;
+        e->pack_bytes[0] = cw__round256(cw__desc_numel(&pp.x) * (int64_t)cw_dtype_size(dt));
+        e->pack_bytes[1] = cw__round256(cw__desc_numel(&pp.y) * (int64_t)cw_dtype_size(dt));
+        /* A patch too big to pack under 2^31 elements keeps the direct configs only. */
+        if (cw__desc_numel(&pp.x) < CW__SPAN_LIMIT && cw__desc_numel(&pp.y) < CW__SPAN_LIMIT &&
+            cw__cudnn_graph_build(ctx, &pp, pal, c->handle, &e->gp) == CW_OK)
+            cw__heuristics_both(c, &e->gp, dt, rawp, &n_rawp, &spa, &spf);
+    }
+    cw__heuristics_both(c, &e->g, dt, raw, &n_raw, &sa, &sf);
+    /* Order: every engine at its best knobs (packed first: where packing is needed the
+     * direct list holds only a generic engine), then the leaner knob choices. */
+    cw__select(e, rawp, n_rawp, 1, 0);
+    cw__select(e, raw, n_raw, 0, 0);
+    cw__select(e, rawp, n_rawp, 1, 1);
+    cw__select(e, raw, n_raw, 0, 1);
+    for (int i = 0; i < n_rawp; i++)
+        if (rawp[i].cfg) cudnnBackendDestroyDescriptor(rawp[i].cfg);
+    for (int i = 0; i < n_raw; i++)
+        if (raw[i].cfg) cudnnBackendDestroyDescriptor(raw[i].cfg);
     if (e->n == 0) {
-        char desc[512];
         st = cw__error(ctx, CW_ERR_UNSUPPORTED,
                        "cudnn conv: no usable engine for %s (heuristics mode A: %s, fallback: %s; nondeterministic, "
                        "reduced-precision and, for f32, TF32 engines are excluded)",
                        cw__problem_str(p, desc, sizeof desc), cw_status_name(sa), cw_status_name(sf));
         goto fail;
     }
-    {
-        char desc[512];
-        cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: %d engine configs (%d from mode A) for %s", e->n, n_a,
-                cw__problem_str(p, desc, sizeof desc));
-    }
+    cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: %d engine configs (%d direct, %d packed candidates) for %s", e->n, n_raw,
+            n_rawp, cw__problem_str(p, desc, sizeof desc));
+    (void)spa;
+    (void)spf;
     e->next = c->head;
     c->head = e;
     c->n_problems++;
@@ -540,24 +660,52 @@ void cw__cudnn_conv_destroy(cw__cudnn_conv *c) {
     cw__free(c);
 }
 
+/* 1 when the problem's input has no rows (a patch reading only padding, scheduler/patch.h). */
+int cw__cudnn_empty_input(const cw__conv_problem *p) {
+    int empty = 0;
+    for (int d = 2; d < p->x.rank && d < CW_MAX_RANK; d++) empty |= p->x.dims[d] < 1;
+    return empty;
+}
+
 cw_status cw__cudnn_conv_algos(cw__cudnn_conv *c, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
     int64_t align[3];
     cw__cudnn_entry *e;
     *n = 0;
     if (max < 0 || (max > 0 && !out)) return cw__error(c->ctx, CW_ERR_INVALID_ARG, "cudnn conv: algos max = %d", max);
+    if (!p) return cw__error(c->ctx, CW_ERR_INVALID_ARG, "cudnn conv: problem is NULL");
+    if (cw__cudnn_empty_input(p) && p->spatial >= 2 && p->spatial <= 3) {
+        /* No engine takes an empty tensor; the backend writes the bias alone. The planner
+         * matches algorithm ids across a conv's bands, so list the ids of a 1-row stand-in
+         * (one padding row made a real row: same output shape) at zero workspace. */
+        cw__conv_problem q = *p;
+        int hd = p->spatial, hp = p->spatial - 2;
+        if (q.pad_pre[hp] + q.pad_post[hp] < 1)
+            return cw__error(c->ctx, CW_ERR_INVALID_ARG, "cudnn conv: x has no rows and no padding to stand in");
+        for (int d = 2; d < q.x.rank && d < CW_MAX_RANK; d++)
+            if (q.x.dims[d] < 1) q.x.dims[d] = 1;
+        if (q.x.dims[hd] == 1 && p->x.dims[hd] < 1) {
+            if (q.pad_post[hp] > 0) q.pad_post[hp]--;
+            else q.pad_pre[hp]--;
+        }
+        cw_status st = cw__cudnn_conv_algos(c, &q, out, max, n);
+        for (int i = 0; st == CW_OK && i < *n; i++) out[i].workspace = 0;
+        return st;
+    }
     cw__cudnn_layout_align(p, align);
     pthread_mutex_lock(&c->mu);
     cw_status st = cw__entry_get(c, p, align, &e);
     if (st == CW_OK) {
         int k = 0;
         for (int i = 0; i < e->n && k < max; i++) {
-            if (e->cfgs[i].broken) continue;
+            const cw__cudnn_cfg *f = &e->cfgs[i];
+            if (f->broken) continue;
             cw__conv_algo *a = &out[k];
             memset(a, 0, sizeof *a);
-            a->id = i;
-            snprintf(a->name, sizeof a->name, "cudnn engine %" PRId64 " (cfg %d)", e->cfgs[i].engine, i);
-            a->workspace = e->cfgs[i].ws;
-            a->cost = (double)k; /* heuristic rank: cuDNN orders by expected speed */
+            a->id = f->id;
+            snprintf(a->name, sizeof a->name, "cudnn engine %" PRId64 "%s%s", f->engine, f->lean ? " lean" : "",
+                     f->packed ? " packed" : "");
+            a->workspace = cw__cfg_total_ws(e, f);
+            a->cost = (double)k; /* rank: heuristics order expected speed */
             k++;
         }
         *n = k;
@@ -602,34 +750,42 @@ fail:
 }
 
 cw_status cw__cudnn_conv_plan(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3], int id,
-                              int64_t ws_cap, cudnnBackendDescriptor_t *plan, int64_t *ws, int *used) {
+                              int64_t ws_cap, int allow_packed, cw__cudnn_choice *out) {
     cw__cudnn_entry *e;
-    int order[CW__CUDNN_MAX_CFGS], n_order = 0;
-    *plan = NULL;
-    *ws = 0;
-    *used = -1;
+    int order[CW__CUDNN_MAX_CFGS], n_order = 0, want = -1;
+    memset(out, 0, sizeof *out);
+    out->id = -1;
     pthread_mutex_lock(&c->mu);
     cw_status st = cw__entry_get(c, p, align, &e);
     if (st != CW_OK) goto done;
     /* The requested config first; then, in rank order, the first that fits ws_cap. */
-    if (id >= 0 && id < e->n) order[n_order++] = id;
     for (int i = 0; i < e->n; i++)
-        if (i != id) order[n_order++] = i;
+        if (e->cfgs[i].id == id) want = i;
+    if (want >= 0) order[n_order++] = want;
+    for (int i = 0; i < e->n; i++)
+        if (i != want) order[n_order++] = i;
     for (int k = 0; k < n_order; k++) {
-        int i = order[k];
-        cw__cudnn_cfg *f = &e->cfgs[i];
-        if (f->broken || f->ws > ws_cap) continue;
+        cw__cudnn_cfg *f = &e->cfgs[order[k]];
+        if (f->broken || (f->packed && !allow_packed) || cw__cfg_total_ws(e, f) > ws_cap) continue;
         if (cw__plan_finalize(c, f) != CW_OK) {
             f->broken = 1;
             continue;
         }
-        if (f->ws > ws_cap) continue;
-        if (i != id && id >= 0)
-            cw__log(c->ctx, CW_LOG_DEBUG, "cudnn conv: cfg %d unusable, running cfg %d (engine %" PRId64 ")", id, i,
-                    f->engine);
-        *plan = f->plan;
-        *ws = f->ws;
-        *used = i;
+        if (cw__cfg_total_ws(e, f) > ws_cap) continue;
+        if (f->id != id && id >= 0)
+            cw__log(c->ctx, CW_LOG_DEBUG, "cudnn conv: algorithm %d not usable for this patch, running %d (engine %" PRId64
+                    ")", id, f->id, f->engine);
+        out->plan = f->plan;
+        out->id = f->id;
+        out->packed = f->packed;
+        out->engine_ws = f->ws;
+        out->total_ws = cw__cfg_total_ws(e, f);
+        if (f->packed) {
+            out->x_bytes = e->pack_bytes[0];
+            out->y_bytes = e->pack_bytes[1];
+            out->xp = e->xp;
+            out->yp = e->yp;
+        }
         goto done;
     }
     {
@@ -643,32 +799,14 @@ done:
     return st;
 }
 
-cw_status cw__cudnn_conv_run(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_problem *p, int id, const void *x,
-                             const void *w, void *y, void *ws, int64_t ws_bytes) {
+/* Binds x, w, y and the workspace and runs the plan on s. Caller holds c->mu. */
+static cw_status cw__execute(cw__cudnn_conv *c, cudaStream_t s, cudnnBackendDescriptor_t plan, const void *x,
+                             const void *w, void *y, void *ws) {
     cw_context *ctx = c->ctx;
-    int64_t layout[3], actual[3] = {cw__cudnn_ptr_align(x), cw__cudnn_ptr_align(w), cw__cudnn_ptr_align(y)};
-    const int64_t *align = layout;
-    cudnnBackendDescriptor_t plan, vp = NULL;
-    int64_t need = 0;
-    int used = -1;
-    cw_status st;
-    if (!c->handle) return cw__error(ctx, CW_ERR_NO_DEVICE, "cudnn conv: no cuDNN handle (no device)");
-    cw__cudnn_layout_align(p, layout);
-    /* Pointers less aligned than the layout promised (a caller's odd view): use the list
-     * built for the real alignment and its fastest config that fits the workspace. */
-    if (actual[0] < layout[0] || actual[1] < layout[1] || actual[2] < layout[2]) {
-        for (int i = 0; i < 3; i++) actual[i] = actual[i] < layout[i] ? actual[i] : layout[i];
-        align = actual;
-        id = -1;
-    }
-    if ((st = cw__cudnn_conv_plan(c, p, align, id, ws_bytes, &plan, &need, &used)) != CW_OK) return st;
-    if (need > 0 && !ws)
-        return cw__error(ctx, CW_ERR_INTERNAL, "cudnn conv: engine cfg %d needs %" PRId64 " workspace bytes, ws is NULL",
-                         used, need);
-
+    cw_status st = CW_OK;
+    cudnnBackendDescriptor_t vp = NULL;
     int64_t uids[3] = {CW__CUDNN_UID_X, CW__CUDNN_UID_W, CW__CUDNN_UID_Y};
     void *ptrs[3] = {(void *)(uintptr_t)x, (void *)(uintptr_t)w, y};
-    pthread_mutex_lock(&c->mu); /* the handle's stream is shared state */
     CW__CUDNN_GOTO(ctx, st, done, cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
     CW__CUDNN_GOTO(ctx, st, done,
                    cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids));
@@ -679,9 +817,48 @@ cw_status cw__cudnn_conv_run(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_p
     CW__CUDNN_GOTO(ctx, st, done, cudnnBackendFinalize(vp));
     CW__CUDNN_GOTO(ctx, st, done, cudnnSetStream(c->handle, s));
     CW__CUDNN_GOTO(ctx, st, done, cudnnBackendExecute(c->handle, plan, vp));
-    st = CW_OK;
 done:
     if (vp) cudnnBackendDestroyDescriptor(vp);
+    return st;
+}
+
+cw_status cw__cudnn_conv_run(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_problem *p, int id, const void *x,
+                             const void *w, void *y, void *ws, int64_t ws_bytes) {
+    cw_context *ctx = c->ctx;
+    int64_t layout[3], actual[3] = {cw__cudnn_ptr_align(x), cw__cudnn_ptr_align(w), cw__cudnn_ptr_align(y)};
+    const int64_t *align = layout;
+    cw__cudnn_choice ch;
+    cw_status st;
+    if (!c->handle) return cw__error(ctx, CW_ERR_NO_DEVICE, "cudnn conv: no cuDNN handle (no device)");
+    cw__cudnn_layout_align(p, layout);
+    /* Pointers less aligned than the layout promised (a caller's odd view): use the list
+     * built for the real alignment and its fastest config that fits the workspace. */
+    if (actual[0] < layout[0] || actual[1] < layout[1] || actual[2] < layout[2]) {
+        for (int i = 0; i < 3; i++) actual[i] = actual[i] < layout[i] ? actual[i] : layout[i];
+        align = actual;
+        id = -1;
+    }
+    /* Packed configs put their buffers at the start of ws: it must be 16-byte aligned. */
+    int allow_packed = cw__cudnn_ptr_align(ws) >= 16;
+    if ((st = cw__cudnn_conv_plan(c, p, align, id, ws_bytes, allow_packed, &ch)) != CW_OK) return st;
+    if (ch.total_ws > 0 && !ws)
+        return cw__error(ctx, CW_ERR_INTERNAL, "cudnn conv: algorithm %d needs %" PRId64 " workspace bytes, ws is NULL",
+                         ch.id, ch.total_ws);
+    pthread_mutex_lock(&c->mu); /* the handle's stream is shared state */
+    if (!ch.packed) {
+        st = cw__execute(c, s, ch.plan, x, w, y, ws);
+    } else {
+        /* x view -> contiguous copy, conv into a contiguous y, copy back into the y view;
+         * all on s, so stream order keeps the three steps apart. */
+        char *base = ws;
+        cw__view xv = {p->x, (void *)(uintptr_t)x}, xpv = {ch.xp, base};
+        cw__view ypv = {ch.yp, base + ch.x_bytes}, yv = {p->y, y};
+        void *ews = ch.engine_ws > 0 ? base + ch.x_bytes + ch.y_bytes : NULL;
+        CW__CUDA_GOTO(ctx, st, unlock, cw__cu_copy_view(s, &xpv, &xv));
+        if ((st = cw__execute(c, s, ch.plan, xpv.data, w, ypv.data, ews)) != CW_OK) goto unlock;
+        CW__CUDA_GOTO(ctx, st, unlock, cw__cu_copy_view(s, &yv, &ypv));
+    }
+unlock:
     pthread_mutex_unlock(&c->mu);
     return st;
 }

@@ -119,6 +119,14 @@ __global__ void add_kernel(View d, void *dp, View a, const void *ap, View b, con
     }
 }
 
+__global__ void copy_kernel(View d, void *dp, View src, const void *sp) {
+    int64_t c[CW_MAX_RANK];
+    CW_GRID_STRIDE(i, d.numel) {
+        int64_t od = coords(d, i, c);
+        store(dp, od, d.dtype, load(sp, offset_of(src, c), src.dtype));
+    }
+}
+
 /* cw__prep_params: dst[n,c,(d,)r,w] = f(src[n,c,(d,)(dst_row0 + r)/up - src_row0, w/up]). */
 __global__ void prep_kernel(View dst, void *dp, View src, const void *sp, const float *scale, const float *shift,
                             int silu, int64_t up, int64_t dst_row0, int64_t src_row0) {
@@ -275,6 +283,13 @@ cudaError_t cw__cu_add(cudaStream_t s, const cw__view *dst, const cw__view *a, c
     View d = make_view(dst), va = make_view(a), vb = make_view(b);
     if (d.numel <= 0) return cudaSuccess;
     add_kernel<<<blocks_for(d.numel, kThreads), kThreads, 0, s>>>(d, dst->data, va, a->data, vb, b->data);
+    return cudaGetLastError();
+}
+
+cudaError_t cw__cu_copy_view(cudaStream_t s, const cw__view *dst, const cw__view *src) {
+    View d = make_view(dst), v = make_view(src);
+    if (d.numel <= 0) return cudaSuccess;
+    copy_kernel<<<blocks_for(d.numel, kThreads), kThreads, 0, s>>>(d, dst->data, v, src->data);
     return cudaGetLastError();
 }
 
