@@ -15,6 +15,7 @@ int main(void) {
 #else
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include "backend/cuda/cuda_internal.h"
 #include "scheduler/patch.h"
@@ -37,7 +38,18 @@ static const char *h100_json =
  * a few KiB that LeakSanitizer would report in the ASan run. Only stacks through
  * libcublasLt are suppressed; the library's own allocations (cw__malloc) stay checked. */
 const char *__lsan_default_suppressions(void);
-__attribute__((visibility("default"))) const char *__lsan_default_suppressions(void) { return "leak:libcublasLt.so\n"; }
+__attribute__((visibility("default"))) const char *__lsan_default_suppressions(void) {
+    return "leak:libcublasLt.so\nleak:libnvrtc.so\n";
+}
+
+/* cuDNN dlopens NVRTC for its runtime-compiled engines, which leaks a little and is then
+ * unloaded, so LeakSanitizer cannot name it ("<unknown module>"). Pinning the library
+ * (RTLD_NODELETE) keeps its name on those stacks for the suppression above. */
+static void pin_nvrtc(void) {
+    char name[64];
+    snprintf(name, sizeof name, "libnvrtc.so.%d", CUDART_VERSION / 1000);
+    (void)dlopen(name, RTLD_LAZY | RTLD_NODELETE);
+}
 
 typedef struct conv_case {
     cw__conv_problem full;
@@ -283,6 +295,7 @@ static void check_alignment(void) {
 }
 
 int main(void) {
+    pin_nvrtc();
     uint64_t seed = cw_test_seed(20240611);
     cw_rng rng = {seed};
     int n_cases = cw_test_quick() ? 40 : 150;
