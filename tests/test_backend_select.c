@@ -9,6 +9,8 @@
 
 #ifdef CW_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "convweave/convweave_cuda.h"
 #endif
 
 #define MAX_LINES 64
@@ -128,6 +130,17 @@ int main(void) {
     ASSERT_OK(make(CW_BACKEND_CPU, 0, &cap, &ctx));
     ASSERT_TRUE(strcmp(cw_context_backend_name(ctx), "cpu") == 0);
     ASSERT_EQ_I(find_line(&cap, CW_LOG_INFO, (const char *const[]){"cuda", NULL}), -1);
+#ifdef CW_HAVE_CUDA
+    /* The CUDA interop calls refuse a cpu context, by name. */
+    void *stream = (void *)&cap;
+    int dev = -1;
+    ASSERT_EQ_I(cw_context_set_cuda_stream(ctx, 0, NULL), CW_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(cw_context_last_error(ctx), "backend cpu, not cuda") != NULL);
+    ASSERT_EQ_I(cw_context_get_cuda_stream(ctx, 0, &stream), CW_ERR_UNSUPPORTED);
+    ASSERT_TRUE(stream == NULL);
+    ASSERT_EQ_I(cw_context_cuda_device(ctx, &dev), CW_ERR_UNSUPPORTED);
+    ASSERT_EQ_I(cw_context_set_cuda_stream(NULL, 0, NULL), CW_ERR_INVALID_ARG);
+#endif
     cw_context_destroy(ctx);
     pthread_mutex_destroy(&cap.mu);
     TEST_DONE();

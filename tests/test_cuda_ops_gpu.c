@@ -788,6 +788,43 @@ static void test_streams(void) {
     }
 }
 
+/* ---- interop: a caller's CUDA stream as the context's stream 0 ------------------------------ */
+
+#ifdef CW_HAVE_CUDA
+#include "convweave/convweave_cuda.h"
+
+static void test_interop(cw_rng *r) {
+    if (g_selftest) return;
+    cudaStream_t mine = NULL;
+    ASSERT_TRUE(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking) == cudaSuccess);
+    int dev = -1;
+    ASSERT_OK_CTX(g_dev.ctx, cw_context_cuda_device(g_dev.ctx, &dev));
+    ASSERT_EQ_I(dev, 0);
+    /* stream 0 already exists (the test made it): its work is drained and the handle swapped */
+    ASSERT_OK_CTX(g_dev.ctx, cw_context_set_cuda_stream(g_dev.ctx, 0, mine));
+    void *got = NULL;
+    ASSERT_OK_CTX(g_dev.ctx, cw_context_get_cuda_stream(g_dev.ctx, 0, &got));
+    ASSERT_TRUE(got == (void *)mine);
+    ASSERT_EQ_I(cw_context_set_cuda_stream(g_dev.ctx, CW__MAX_STREAMS, mine), CW_ERR_INVALID_ARG);
+    /* the library's work now runs on the caller's stream: a fill on stream 0, then the
+     * caller synchronises its own stream and reads the result */
+    int64_t words = 4096;
+    uint32_t *d = dalloc(&g_dev, words * 4), *h = malloc((size_t)words * 4);
+    ASSERT_OK_CTX(g_dev.ctx, g_dev.be->i->fill32_async(g_dev.be, g_dev.s, d, 0x12345678u, words));
+    ASSERT_TRUE(cudaStreamSynchronize(mine) == cudaSuccess);
+    ASSERT_TRUE(cudaMemcpy(h, d, (size_t)words * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int64_t i = 0; i < words; i++) ASSERT_TRUE(h[i] == 0x12345678u);
+    free(h);
+    dfree(&g_dev, d);
+    test_conv(r, 5); /* convs on the swapped stream still match the cpu */
+    /* the context never destroys the caller's stream: after the test's context is gone
+     * (main), the stream is still valid; here it is checked by a query */
+    ASSERT_TRUE(cudaStreamQuery(mine) == cudaSuccess);
+}
+#else
+static void test_interop(cw_rng *r) { (void)r; }
+#endif
+
 /* ---- the public one-call conv, patched under a budget, cuda against cpu -------------------- */
 
 static void test_public_conv(cw_rng *r) {
@@ -848,6 +885,7 @@ int main(void) {
     test_gemm(&rng, quick ? 20 : 60);
     test_softmax(&rng, quick ? 10 : 30);
     test_public_conv(&rng);
+    test_interop(&rng);
 
     fprintf(stderr, "%lld comparisons; worst relative error f32 %.3g, f16 %.3g, bf16 %.3g\n", (long long)g_cases,
             g_worst[CW_F32], g_worst[CW_F16], g_worst[CW_BF16]);
