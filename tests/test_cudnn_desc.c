@@ -150,7 +150,7 @@ static void check_engines(cw__cudnn_conv *cc, cw_context *ctx, const cw__conv_pr
     cw__conv_algo algos[CW__CUDNN_MAX_CFGS];
     int n = 0, n2 = 0;
     int64_t problems0, problems1, hits0, hits1, align[3];
-    cw__cudnn_conv_counters(cc, &problems0, NULL, &hits0);
+    cw__cudnn_conv_counters(cc, &problems0, NULL, &hits0, NULL);
     cw_status st = cw__cudnn_conv_algos(cc, pp, algos, CW__CUDNN_MAX_CFGS, &n);
     if (st != CW_OK) fprintf(stderr, "conv_algos: %s\n", cw_context_last_error(ctx));
     ASSERT_EQ_I(st, CW_OK);
@@ -163,7 +163,7 @@ static void check_engines(cw__cudnn_conv *cc, cw_context *ctx, const cw__conv_pr
     }
     /* Second lookup: served from the cache, same list. */
     ASSERT_OK_CTX(ctx, cw__cudnn_conv_algos(cc, pp, algos + 0, CW__CUDNN_MAX_CFGS, &n2));
-    cw__cudnn_conv_counters(cc, &problems1, NULL, &hits1);
+    cw__cudnn_conv_counters(cc, &problems1, NULL, &hits1, NULL);
     ASSERT_EQ_I(n2, n);
     /* Two lookups: the second always hits; the first hits when an equal patch came before. */
     ASSERT_EQ_I((problems1 - problems0) + (hits1 - hits0), 2);
@@ -379,13 +379,16 @@ int main(void) {
         fprintf(stderr, "wrong shape message: %s\n", cw_context_last_error(ctx));
     }
 
-    int64_t problems = 0, plans = 0, hits = 0;
-    if (cc) cw__cudnn_conv_counters(cc, &problems, &plans, &hits);
+    int64_t problems = 0, plans = 0, hits = 0, evicted = 0;
+    if (cc) cw__cudnn_conv_counters(cc, &problems, &plans, &hits, &evicted);
     fprintf(stderr,
             "%d convs: %lld patch graphs finalised, %lld wrong shapes rejected, %lld empty patches; engine lists for "
-            "%lld patches (%lld distinct, %lld cache hits), %lld plans finalised (H100 profile)\n",
+            "%lld patches (%lld listed, %lld cache hits, %lld plan-less lists evicted), %lld plans finalised (H100 "
+            "profile)\n",
             n_cases, (long long)g_graphs, (long long)g_rejected, (long long)g_empty, (long long)g_algo_problems,
-            (long long)problems, (long long)hits, (long long)plans);
+            (long long)problems, (long long)hits, (long long)evicted, (long long)plans);
+    /* more than 128 plan-less lists were made: the oldest went */
+    if (cc && problems - plans > 140) ASSERT_TRUE(evicted > 0);
     ASSERT_TRUE(g_graphs >= n_cases);
     if (cc) ASSERT_TRUE(g_plans >= plan_cases);
     cw__cudnn_conv_destroy(cc);

@@ -129,8 +129,10 @@ cw_status cw__cudnn_conv_plan(cw__cudnn_conv *c, const cw__conv_problem *p, cons
  * pointers, the plan as above, packs if the config says so, binds the variant pack. */
 cw_status cw__cudnn_conv_run(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_problem *p, int id, const void *x,
                              const void *w, void *y, void *ws, int64_t ws_bytes);
-/* Counters for tests: cached problems, plans finalised, lookups served from the cache. */
-void cw__cudnn_conv_counters(cw__cudnn_conv *c, int64_t *problems, int64_t *plans, int64_t *hits);
+/* Counters for tests: problems listed (cache misses), plans finalised, lookups served from
+ * the cache, plan-less lists evicted (beyond 128 of them, oldest first). Any may be NULL. */
+void cw__cudnn_conv_counters(cw__cudnn_conv *c, int64_t *problems, int64_t *plans, int64_t *hits,
+                             int64_t *evicted);
 #endif
 
 #endif

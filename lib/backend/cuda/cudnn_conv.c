@@ -353,7 +353,7 @@ struct cw__cudnn_conv {
     cudnnBackendDescriptor_t devprop;
     pthread_mutex_t mu; /* guards the list, plans and the handle's stream */
     cw__cudnn_entry *head;
-    int64_t n_problems, n_plans, n_hits;
+    int64_t n_problems, n_plans, n_hits, n_evicted;
 };
 
 static int64_t cw__cfg_total_ws(const cw__cudnn_entry *e, const cw__cudnn_cfg *f) {
@@ -553,6 +553,32 @@ static void cw__entry_destroy(cw__cudnn_entry *e) {
     cw__free(e);
 }
 
+/* Planners probe many patch heights (one entry of ~0.2-0.3 MiB of cuDNN descriptors each)
+ * and run few. Entries without a finalised plan are only lists: beyond CW__CUDNN_MAX_IDLE
+ * of them the oldest goes. Entries with plans stay for the cache's life, since a plan may
+ * be executing on the device (its kernels must stay loaded). Caller holds c->mu. */
+#define CW__CUDNN_MAX_IDLE 128
+static int cw__entry_has_plan(const cw__cudnn_entry *e) {
+    for (int i = 0; i < e->n; i++)
+        if (e->cfgs[i].plan) return 1;
+    return 0;
+}
+
+static void cw__evict_idle(cw__cudnn_conv *c) {
+    int idle = 0;
+    cw__cudnn_entry **oldest = NULL;
+    for (cw__cudnn_entry **pe = &c->head; *pe; pe = &(*pe)->next) {
+        if (cw__entry_has_plan(*pe)) continue;
+        idle++;
+        oldest = pe; /* the list runs newest first */
+    }
+    if (idle < CW__CUDNN_MAX_IDLE || !oldest) return;
+    cw__cudnn_entry *e = *oldest;
+    *oldest = e->next;
+    cw__entry_destroy(e);
+    c->n_evicted++;
+}
+
 /* Heuristics (mode A, then FALLBACK's configs not already listed) for one graph. */
 static void cw__heuristics_both(cw__cudnn_conv *c, const cw__cudnn_graph *g, cw_dtype dt, cw__raw_cfg *raw, int *n,
                                 cw_status *sa, cw_status *sf) {
@@ -623,6 +649,7 @@ static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, con
             n_rawp, cw__problem_str(p, desc, sizeof desc));
     (void)spa;
     (void)spf;
+    cw__evict_idle(c);
     e->next = c->head;
     c->head = e;
     c->n_problems++;
@@ -863,8 +890,10 @@ unlock:
     return st;
 }
 
-void cw__cudnn_conv_counters(cw__cudnn_conv *c, int64_t *problems, int64_t *plans, int64_t *hits) {
+void cw__cudnn_conv_counters(cw__cudnn_conv *c, int64_t *problems, int64_t *plans, int64_t *hits,
+                             int64_t *evicted) {
     pthread_mutex_lock(&c->mu);
+    if (evicted) *evicted = c->n_evicted;
     if (problems) *problems = c->n_problems;
     if (plans) *plans = c->n_plans;
     if (hits) *hits = c->n_hits;
