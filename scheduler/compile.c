@@ -31,6 +31,7 @@ typedef struct cw__lower {
     int fuse, none;
     int *buf;           /* per node: buffer of its result, -1 fused */
     int *fused;         /* per node: 1 if absorbed into consumers' prep */
+    char *live;         /* per node: 1 if an output depends on it */
     int *epi;           /* per ADD node: the conv fused into it, -1 */
     int *epi_into;      /* per CONV node: the ADD it writes into, -1 */
     int *reads;         /* per node: lowering units still to read it */
@@ -137,7 +138,8 @@ static cw_status cw__writer(cw__lower *L, int n, int task, int64_t r0, int64_t r
     return CW_OK;
 }
 
-static int cw__hdim(const cw_tensor_desc *d) { return d->rank - 2; }
+/* H of an activation (rank 4/5); 0 for the 1-D constants (biases, GroupNorm gamma/beta). */
+static int cw__hdim(const cw_tensor_desc *d) { return d->rank >= 3 ? d->rank - 2 : 0; }
 
 /* View of rows [r0, r1) (along H) of buffer b whose dims are d. */
 static cw__vref cw__rows(int b, const cw_tensor_desc *d, int64_t r0, int64_t r1) {
@@ -169,7 +171,7 @@ static cw_status cw__gn_band_stats(cw__lower *L, int n, int task, int64_t r0, in
     cw_graph *g = L->g;
     for (int k = n + 1; k < g->n; k++) {
         const cw__node *gn = &g->nodes[k];
-        if (gn->kind != CW__N_GN || gn->in[0] != n || L->gn_part[k] < 0 || L->gn_fin[k] >= 0) continue;
+        if (gn->kind != CW__N_GN || gn->in[0] != n || !L->live[k] || L->gn_part[k] < 0 || L->gn_fin[k] >= 0) continue;
         cw__task *t = NULL;
         int id = -1;
         CW__TRY(cw__new_task(L, CW__T_STATS, CW_STAGE_STATS, L->light, k, &t, &id));
@@ -189,7 +191,7 @@ static cw_status cw__gn_begin(cw__lower *L, int n, int parts) {
     cw_graph *g = L->g;
     for (int k = n + 1; k < g->n; k++) {
         const cw__node *gn = &g->nodes[k];
-        if (gn->kind != CW__N_GN || gn->in[0] != n || L->gn_fin[k] >= 0 || L->gn_part[k] >= 0) continue;
+        if (gn->kind != CW__N_GN || gn->in[0] != n || !L->live[k] || L->gn_fin[k] >= 0 || L->gn_part[k] >= 0) continue;
         CW__TRY(cw__temp(L, cw__gn_part_bytes(gn, parts), NULL, &L->gn_part[k]));
         L->gn_nparts[k] = parts;
     }
@@ -257,11 +259,12 @@ static void cw__analyse(cw__lower *L) {
     if (!L->fuse) return;
     for (int i = g->n - 1; i >= 0; i--) {
         const cw__node *n = &g->nodes[i];
-        if ((n->kind != CW__N_GN && n->kind != CW__N_SILU && n->kind != CW__N_UP2) || n->is_output || n->n_uses == 0)
+        if ((n->kind != CW__N_GN && n->kind != CW__N_SILU && n->kind != CW__N_UP2) || n->is_output || !L->live[i])
             continue;
         int ok = 1;
         for (int j = i + 1; j < g->n && ok; j++) {
             const cw__node *c = &g->nodes[j];
+            if (!L->live[j]) continue;
             for (int a = 0; a < 4; a++) {
                 if (c->in[a] != i) continue;
                 if (c->kind == CW__N_CONV && a == 0) continue;
@@ -278,7 +281,7 @@ static void cw__analyse(cw__lower *L) {
         for (int a = 1; a >= 0; a--) {
             int c = n->in[a];
             const cw__node *cn = &g->nodes[c];
-            if (cn->kind == CW__N_CONV && cn->n_uses == 1 && !cn->is_output && L->epi_into[c] < 0) {
+            if (cn->kind == CW__N_CONV && cn->n_uses == 1 && !cn->is_output && L->epi_into[c] < 0 && L->live[i]) {
                 L->epi[i] = c;
                 L->epi_into[c] = i;
                 break;
@@ -687,7 +690,7 @@ static void cw__lower_free(cw__lower *L) {
     if (L->wr)
         for (int i = 0; i < L->g->n; i++) cw__free(L->wr[i]);
     cw__free(L->wr), cw__free(L->n_wr), cw__free(L->cap_wr);
-    cw__free(L->buf), cw__free(L->fused), cw__free(L->epi), cw__free(L->epi_into), cw__free(L->reads);
+    cw__free(L->buf), cw__free(L->fused), cw__free(L->live), cw__free(L->epi), cw__free(L->epi_into), cw__free(L->reads);
     cw__free(L->gn_refs), cw__free(L->gn_part), cw__free(L->gn_ss), cw__free(L->gn_fin), cw__free(L->gn_nparts);
     cw__free(L->gn_stats_first);
 }
@@ -824,6 +827,7 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
     CW__ARR(gn_stats_first);
 #undef CW__ARR
     L.fused = cw__calloc(n + 1, sizeof *L.fused);
+    L.live = cw__calloc(n + 1, 1);
     L.reads = cw__calloc(n + 1, sizeof *L.reads);
     L.gn_refs = cw__calloc(n + 1, sizeof *L.gn_refs);
     L.wr = cw__calloc(n + 1, sizeof *L.wr);
@@ -833,11 +837,16 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
     p->n_outputs = g->n_outputs;
     p->in_desc = cw__calloc((size_t)g->n_inputs + 1, sizeof *p->in_desc);
     p->out_desc = cw__calloc((size_t)g->n_outputs + 1, sizeof *p->out_desc);
-    if (st != CW_OK || !L.fused || !L.reads || !L.gn_refs || !L.wr || !L.n_wr || !L.cap_wr || !p->in_desc ||
+    if (st != CW_OK || !L.fused || !L.live || !L.reads || !L.gn_refs || !L.wr || !L.n_wr || !L.cap_wr || !p->in_desc ||
         !p->out_desc) {
         st = cw__oom(&L);
         goto fail;
     }
+    /* dead nodes (no output depends on them) are not lowered */
+    for (int o = 0; o < g->n_outputs; o++) L.live[g->outputs[o]] = 1;
+    for (int i = g->n - 1; i >= 0; i--)
+        for (int a = 0; a < 4 && L.live[i]; a++)
+            if (g->nodes[i].in[a] >= 0) L.live[g->nodes[i].in[a]] = 1;
     cw__analyse(&L);
     /* buffers of materialized nodes; read counts */
     for (int i = 0; i < g->n && st == CW_OK; i++) {
@@ -850,14 +859,14 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
             p->weights_bytes += cw__desc_span_bytes(&nd->desc);
         }
         int rd[4], gns[4];
-        int k = cw__unit_reads(&L, i, rd, gns);
+        int k = L.live[i] ? cw__unit_reads(&L, i, rd, gns) : -1;
         for (int a = 0; a < k; a++) L.reads[rd[a]]++;
         if (k >= 0 && rd[3] >= 0) L.gn_refs[rd[3]]++;
     }
     for (int o = 0; o < g->n_outputs; o++) p->out_desc[o] = g->nodes[g->outputs[o]].desc;
     for (int i = 0; i < g->n && st == CW_OK; i++) {
         const cw__node *nd = &g->nodes[i];
-        if (nd->kind == CW__N_INPUT || nd->kind == CW__N_CONST || L.fused[i]) continue;
+        if (nd->kind == CW__N_INPUT || nd->kind == CW__N_CONST || L.fused[i] || !L.live[i]) continue;
         /* a conv with a residual epilogue is lowered at its ADD's position, where the
          * residual operand (which may come after the conv) already exists */
         if (nd->kind == CW__N_CONV && L.epi_into[i] >= 0) continue;

@@ -256,7 +256,7 @@ cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name) {
         return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_output: at most 64 outputs");
     g->nodes[node].is_output = 1;
     g->nodes[node].index = g->n_outputs;
-    if (name && name[0]) snprintf(g->nodes[node].name, sizeof g->nodes[node].name, "%s", name);
+    if (name && name[0]) snprintf(g->nodes[node].oname, sizeof g->nodes[node].oname, "%s", name);
     g->outputs[g->n_outputs++] = node;
     return CW_OK;
 }

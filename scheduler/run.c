@@ -221,14 +221,18 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
     return st;
 }
 
-/* Dry-runs the plan's allocation sequence under its budget. */
+/* Dry-runs the plan's allocation sequence under its budget. A plan whose allocations
+ * would need a host synchronisation mid-run (the allocator releasing cached segments to
+ * make room) does not fit either: CW_ERR_BUDGET. */
 static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak) {
     cw__backend *dry = NULL;
     cw__allocator *temp = NULL, *act = NULL;
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
-    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, 0);
-    if (st == CW_OK) st = cw__alloc_create(&act, p->ctx, dry, 0, 0);
+    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC);
+    if (st == CW_OK) st = cw__alloc_create(&act, p->ctx, dry, 0, CW__ALLOC_DETERMINISTIC);
     if (st == CW_OK) st = cw__plan_execute(p, dry, temp, act, 1, peak);
+    if (st == CW_OK && dry->i->host_syncs(dry) > p->n_streams)
+        st = cw__error(p->ctx, CW_ERR_BUDGET, "compile: the plan would need a host synchronisation mid-run");
     cw__alloc_destroy(temp);
     cw__alloc_destroy(act);
     if (dry) dry->i->destroy(dry);
@@ -359,7 +363,7 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
                          budget, (double)budget / 1048576.0, need, (double)need / 1048576.0);
     }
     if (st != CW_OK) return st;
-    uint32_t aflags = (ctx->cfg.flags & CW_FLAG_POISON) ? CW__ALLOC_POISON : 0;
+    uint32_t aflags = CW__ALLOC_DETERMINISTIC | ((ctx->cfg.flags & CW_FLAG_POISON) ? CW__ALLOC_POISON : 0);
     p->events = cw__calloc((size_t)p->n_events + 1, sizeof *p->events);
     p->t0 = cw__calloc((size_t)p->n_tasks + 1, sizeof *p->t0);
     p->t1 = cw__calloc((size_t)p->n_tasks + 1, sizeof *p->t1);
@@ -429,16 +433,20 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     int64_t t0 = cw__now_ns();
     p->run_t0 = t0;
     for (int k = 0; k < p->n_tasks; k++) p->t0[k] = p->t1[k] = 0;
-    if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_push("cw_plan_run", -1, 0);
+    if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_push("cw_plan_run", 0, 0);
     int64_t peak = 0;
     cw_status st = cw__plan_execute(p, ctx->be, p->temp, ctx->act, 0, &peak);
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_pop();
     int64_t t1 = cw__now_ns();
+    p->stats.host_syncs = ctx->be->i->host_syncs(ctx->be) - syncs0 - p->n_streams;
+    /* Give cached temporaries and activations back after the run: memory is not held
+     * between runs, and every run starts from the empty state the dry run simulated. */
+    cw__alloc_release_cached(p->temp);
+    cw__alloc_release_cached(ctx->act);
     cw__alloc_stats(ctx->act, &before);
     p->stats.wall_ms = (double)(t1 - t0) * 1e-6;
     p->stats.temp_peak = peak;
     p->stats.activations_peak = before.reserved_bytes_peak;
-    p->stats.host_syncs = ctx->be->i->host_syncs(ctx->be) - syncs0 - p->n_streams;
     memset(p->stats.stage_ms, 0, sizeof p->stats.stage_ms);
     memset(p->stats.stream_busy_ms, 0, sizeof p->stats.stream_busy_ms);
     for (int k = 0; k < p->n_tasks; k++) {

@@ -12,7 +12,8 @@ typedef enum { CW__N_INPUT, CW__N_CONST, CW__N_CONV, CW__N_GN, CW__N_SILU, CW__N
 
 typedef struct cw__node {
     cw__nkind kind;
-    char name[64];
+    char name[64];       /* op name used in task names ("conv3x3 32->64") */
+    char oname[64];      /* output name given to cw_graph_output */
     cw_tensor_desc desc; /* result, contiguous dims */
     int in[4];           /* operand nodes, -1 unused */
     cw_conv_params conv;

@@ -357,17 +357,24 @@ int main(void) {
                     cw_test_failures++;
                 }
                 if (st.host_syncs != 0) {
-                    fprintf(stderr, "graph %d streams %d: %lld host syncs mid-run\n", gi, s, (long long)st.host_syncs);
+                    fprintf(stderr, "graph %d budget %lld streams %d: %lld host syncs mid-run\n", gi,
+                            (long long)budgets[bi], s, (long long)st.host_syncs);
                     cw_test_failures++;
                 }
                 free(y);
             }
-        /* below the minimum: a budget error naming the smallest budget */
-        if (minb > 8192) {
-            o.temp_budget = minb / 2;
+        /* far below the minimum: a budget error naming a smallest budget that works */
+        {
+            o.temp_budget = 1024;
             cw_plan *plan = NULL;
             ASSERT_STATUS(cw_graph_compile(L.g, &plan, &o), CW_ERR_BUDGET);
-            ASSERT_TRUE(strstr(cw_context_last_error(ctx), "smallest budget") != NULL);
+            const char *msg = strstr(cw_context_last_error(ctx), "smallest budget that works is ");
+            ASSERT_TRUE(msg != NULL);
+            long long need = atoll(msg + strlen("smallest budget that works is "));
+            ASSERT_EQ_I(need, minb);
+            o.temp_budget = need;
+            ASSERT_OK_CTX(ctx, cw_graph_compile(L.g, &plan, &o));
+            cw_plan_destroy(plan);
         }
         free(unsched);
         free(input);

@@ -6,7 +6,12 @@
 #include "backend/backend.h"
 
 enum {
-    CW__ALLOC_POISON = 1u << 0 /* fill freed blocks with NaN (0x7fc00000) on their stream */
+    CW__ALLOC_POISON = 1u << 0, /* fill freed blocks with NaN (0x7fc00000) on their stream */
+    /* Choices never depend on timing: a block freed on another stream counts as in order
+     * for s only after s waited on its event, never because the event happens to have
+     * completed. Then a replay of the same call sequence makes the same choices on any
+     * backend (the scheduler's compile-time dry run predicts the run exactly). */
+    CW__ALLOC_DETERMINISTIC = 1u << 1
 };
 
 /* budget <= 0: unlimited. be is borrowed. ctx (may be NULL) receives error messages. */
@@ -18,7 +23,9 @@ void cw__alloc_destroy(cw__allocator *a);
  * release cached segments (host sync) and retry, then CW_ERR_BUDGET with a message naming
  * the request, the budget, bytes in use and the largest free block. bytes == 0 gives NULL. */
 cw_status cw__alloc_malloc(cw__allocator *a, int64_t bytes, cw__stream *s, void **out);
-/* Frees p after all work queued so far on s (the stream of its last use). */
+/* Frees p after all work queued so far on s (the stream of its last use). s == NULL means
+ * host order: the caller already finished every use (no event, no poison); likewise
+ * malloc with s == NULL synchronises pending frees on the host. */
 cw_status cw__alloc_free(cw__allocator *a, void *p, cw__stream *s);
 /* Returns cached free segments to the device (synchronising their events). */
 cw_status cw__alloc_release_cached(cw__allocator *a);

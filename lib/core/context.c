@@ -69,7 +69,7 @@ cw_status cw_context_create(cw_context **out, const cw_context_config *cfg) {
         return CW_ERR_INTERNAL;
     }
     if ((st = cw__pick_backend(ctx)) != CW_OK) goto fail;
-    uint32_t aflags = (cfg->flags & CW_FLAG_POISON) ? CW__ALLOC_POISON : 0;
+    uint32_t aflags = CW__ALLOC_DETERMINISTIC | ((cfg->flags & CW_FLAG_POISON) ? CW__ALLOC_POISON : 0);
     if ((st = cw__alloc_create(&ctx->temp, ctx, ctx->be, cfg->temp_budget, aflags)) != CW_OK) goto fail;
     if ((st = cw__alloc_create(&ctx->act, ctx, ctx->be, 0, aflags)) != CW_OK) goto fail;
     *out = ctx;
@@ -105,12 +105,23 @@ const char *cw_context_backend_name(const cw_context *ctx) {
 
 cw_status cw__context_stream(cw_context *ctx, int i, cw__stream **out) {
     if (i < 0 || i >= CW__MAX_STREAMS) return cw__error(ctx, CW_ERR_INVALID_ARG, "stream index %d out of range", i);
-    cw_status st = CW_OK;
     pthread_mutex_lock(&ctx->mu);
-    if (!ctx->streams[i]) st = ctx->be->i->stream_create(ctx->be, &ctx->streams[i]);
-    *out = ctx->streams[i];
+    cw__stream *s = ctx->streams[i];
     pthread_mutex_unlock(&ctx->mu);
-    if (st != CW_OK) return cw__error(ctx, st, "creating stream %d failed", i);
+    if (s) {
+        *out = s;
+        return CW_OK;
+    }
+    /* create outside the lock: the backend reports failures through cw__error, which
+     * takes ctx->mu itself */
+    cw_status st = ctx->be->i->stream_create(ctx->be, &s);
+    if (st != CW_OK) return st;
+    pthread_mutex_lock(&ctx->mu);
+    cw__stream *won = ctx->streams[i];
+    if (!won) ctx->streams[i] = s;
+    pthread_mutex_unlock(&ctx->mu);
+    if (won) ctx->be->i->stream_destroy(ctx->be, s); /* another thread was first */
+    *out = won ? won : s;
     return CW_OK;
 }
 
