@@ -135,9 +135,9 @@ static cw_status cuda_stream_create(cw__backend *be, cw__stream **out) {
     cw__cuda *cb = cw__cb(be);
     cw_status st = CW_OK;
     *out = NULL;
-    cw__stream *s = cw__calloc(1, sizeof *s);
-    if (!s) return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cuda stream_create: out of host memory");
     CW__ENTER(cb);
+    cw__stream *s = cw__calloc(1, sizeof *s);
+    if (!s) return CW__LEAVE(cb, cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cuda stream_create: out of host memory"));
     /* Non-blocking: no implicit ordering with the legacy default stream (a caller's
      * cudaMemcpy elsewhere must not serialise our streams). */
     CW__CUDA_GOTO(be->ctx, st, done, cudaStreamCreateWithFlags(&s->cs, cudaStreamNonBlocking));
@@ -164,9 +164,9 @@ static cw_status cuda_event_create(cw__backend *be, cw__event **out) {
     cw__cuda *cb = cw__cb(be);
     cw_status st = CW_OK;
     *out = NULL;
-    cw__event *ev = cw__calloc(1, sizeof *ev);
-    if (!ev) return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cuda event_create: out of host memory");
     CW__ENTER(cb);
+    cw__event *ev = cw__calloc(1, sizeof *ev);
+    if (!ev) return CW__LEAVE(cb, cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cuda event_create: out of host memory"));
     CW__CUDA_GOTO(be->ctx, st, done, cudaEventCreateWithFlags(&ev->ev, cb->event_flags));
     *out = ev;
     ev = NULL;
