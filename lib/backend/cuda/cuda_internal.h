@@ -14,25 +14,33 @@
 extern "C" {
 #endif
 
+/* nvcc does not get the C visibility preset: keep the launchers out of the shared
+ * library's exports explicitly. */
+#if defined(__GNUC__)
+#define CW__CU_LOCAL __attribute__((visibility("hidden")))
+#else
+#define CW__CU_LOCAL
+#endif
+
 /* ---- kernels.cu ------------------------------------------------------------------------
  * Views may be any dtype (f32/f16/bf16; math in f32, statistics in double); the caller has
  * validated shapes. Each returns cudaGetLastError() after its launch(es). */
-cudaError_t cw__cu_fill32(cudaStream_t s, void *p, uint32_t pattern, int64_t count);
+CW__CU_LOCAL cudaError_t cw__cu_fill32(cudaStream_t s, void *p, uint32_t pattern, int64_t count);
 /* y[n, k, ...] = 0 over a strided view (patches whose input rows are all padding). */
-cudaError_t cw__cu_zero_view(cudaStream_t s, const cw__view *y);
+CW__CU_LOCAL cudaError_t cw__cu_zero_view(cudaStream_t s, const cw__view *y);
 /* y[n, k, ...] += b[k]; b has dtype b_dtype. */
-cudaError_t cw__cu_bias_add(cudaStream_t s, const cw__view *y, const void *b, cw_dtype b_dtype);
-cudaError_t cw__cu_add(cudaStream_t s, const cw__view *dst, const cw__view *a, const cw__view *b);
+CW__CU_LOCAL cudaError_t cw__cu_bias_add(cudaStream_t s, const cw__view *y, const void *b, cw_dtype b_dtype);
+CW__CU_LOCAL cudaError_t cw__cu_add(cudaStream_t s, const cw__view *dst, const cw__view *a, const cw__view *b);
 /* dst = src elementwise (equal dims, any strides and dtypes): packing a patch. */
-cudaError_t cw__cu_copy_view(cudaStream_t s, const cw__view *dst, const cw__view *src);
-cudaError_t cw__cu_prep(cudaStream_t s, const cw__prep_params *p);
-cudaError_t cw__cu_gn_stats(cudaStream_t s, const cw__view *x, int64_t groups, double *out);
-cudaError_t cw__cu_gn_finalize(cudaStream_t s, const double *parts, int64_t n_parts, int64_t n, int64_t c,
+CW__CU_LOCAL cudaError_t cw__cu_copy_view(cudaStream_t s, const cw__view *dst, const cw__view *src);
+CW__CU_LOCAL cudaError_t cw__cu_prep(cudaStream_t s, const cw__prep_params *p);
+CW__CU_LOCAL cudaError_t cw__cu_gn_stats(cudaStream_t s, const cw__view *x, int64_t groups, double *out);
+CW__CU_LOCAL cudaError_t cw__cu_gn_finalize(cudaStream_t s, const double *parts, int64_t n_parts, int64_t n, int64_t c,
                                int64_t groups, const float *gamma, const float *beta, float eps, float *scale,
                                float *shift);
-cudaError_t cw__cu_softmax_rows(cudaStream_t s, float *x, int64_t rows, int64_t cols, int64_t ld);
+CW__CU_LOCAL cudaError_t cw__cu_softmax_rows(cudaStream_t s, float *x, int64_t rows, int64_t cols, int64_t ld);
 /* cudaSuccess when this build's kernels have an image the current device can run. */
-cudaError_t cw__cu_probe(void);
+CW__CU_LOCAL cudaError_t cw__cu_probe(void);
 
 #ifdef __cplusplus
 }
