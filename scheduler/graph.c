@@ -104,13 +104,15 @@ cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node
         return st;
     if (nw->desc.dtype != CW_F32 || (nb && nb->desc.dtype != CW_F32))
         return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_conv: only f32 weights are supported in graphs");
+    /* nw/nx point into g->nodes, which cw__node_add may move */
+    const cw_tensor_desc wd = nw->desc, xd = nx->desc;
     cw__node *n = NULL;
     if ((st = cw__node_add(g, CW__N_CONV, NULL, &n, out)) != CW_OK) return st;
     n->desc = y;
     n->in[0] = x, n->in[1] = w, n->in[2] = b;
     n->conv = *p;
-    snprintf(n->name, sizeof n->name, "conv%" PRId64 "x%" PRId64 " %" PRId64 "->%" PRId64,
-             nw->desc.dims[nw->desc.rank - 2], nw->desc.dims[nw->desc.rank - 1], nx->desc.dims[1], y.dims[1]);
+    snprintf(n->name, sizeof n->name, "conv%" PRId64 "x%" PRId64 " %" PRId64 "->%" PRId64, wd.dims[wd.rank - 2],
+             wd.dims[wd.rank - 1], xd.dims[1], y.dims[1]);
     cw__use(g, x);
     return CW_OK;
 }

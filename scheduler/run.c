@@ -155,6 +155,15 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
     }
     int64_t peak_total = 0;
     cw_memory_stats ms;
+    /* Prime a capped pool with one segment of the whole budget: every temporary is then
+     * carved from it (with event waits across streams), so the allocator never has to
+     * give segments back to make room — which would synchronise the host mid-run. */
+    cw__alloc_stats(temp, &ms);
+    if (st == CW_OK && ms.budget > 0 && ms.reserved_bytes_current == 0) {
+        void *arena = NULL;
+        st = cw__alloc_malloc(temp, ms.budget / 512 * 512, NULL, &arena);
+        if (st == CW_OK) st = cw__alloc_free(temp, arena, NULL);
+    }
     /* buffers allocated and not yet freed, so a failed run gives them back */
     char *live = cw__calloc((size_t)p->n_bufs + 1, 1);
     if (!live && st == CW_OK) st = CW_ERR_OUT_OF_MEMORY;
@@ -229,7 +238,7 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak) {
     cw__allocator *temp = NULL, *act = NULL;
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
     if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC);
-    if (st == CW_OK) st = cw__alloc_create(&act, p->ctx, dry, 0, CW__ALLOC_DETERMINISTIC);
+    if (st == CW_OK) st = cw__alloc_create(&act, p->ctx, dry, 0, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
     if (st == CW_OK) st = cw__plan_execute(p, dry, temp, act, 1, peak);
     if (st == CW_OK && dry->i->host_syncs(dry) > p->n_streams)
         st = cw__error(p->ctx, CW_ERR_BUDGET, "compile: the plan would need a host synchronisation mid-run");

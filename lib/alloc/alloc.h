@@ -11,7 +11,11 @@ enum {
      * for s only after s waited on its event, never because the event happens to have
      * completed. Then a replay of the same call sequence makes the same choices on any
      * backend (the scheduler's compile-time dry run predicts the run exactly). */
-    CW__ALLOC_DETERMINISTIC = 1u << 1
+    CW__ALLOC_DETERMINISTIC = 1u << 1,
+    /* Below the cap, reuse another stream's free block (with an event wait) before taking
+     * a new segment: for unbudgeted pools (activations) that would otherwise grow with
+     * every cross-stream free. */
+    CW__ALLOC_PREFER_REUSE = 1u << 2
 };
 
 /* budget <= 0: unlimited. be is borrowed. ctx (may be NULL) receives error messages. */
