@@ -132,7 +132,7 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
 }
 
 cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw__allocator *act, int dry,
-                           int64_t *peak_temp) {
+                           int64_t *peak_temp, int64_t *peak_allocated) {
     cw_context *ctx = p->ctx;
     cw__stream *streams[CW__MAX_STREAMS] = {0};
     cw__event **ev = NULL;
@@ -159,9 +159,9 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
      * carved from it (with event waits across streams), so the allocator never has to
      * give segments back to make room — which would synchronise the host mid-run. */
     cw__alloc_stats(temp, &ms);
-    if (st == CW_OK && ms.budget > 0 && ms.reserved_bytes_current == 0) {
+    if (st == CW_OK && p->arena > 0 && ms.reserved_bytes_current == 0) {
         void *arena = NULL;
-        st = cw__alloc_malloc(temp, ms.budget / 512 * 512, NULL, &arena);
+        st = cw__alloc_malloc(temp, p->arena, NULL, &arena);
         if (st == CW_OK) st = cw__alloc_free(temp, arena, NULL);
     }
     /* buffers allocated and not yet freed, so a failed run gives them back */
@@ -226,6 +226,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
     cw__free(ha);
     cw__alloc_stats(temp, &ms);
     if (peak_temp) *peak_temp = ms.reserved_bytes_peak;
+    if (peak_allocated) *peak_allocated = ms.allocated_bytes_peak;
     if (!dry) p->stats.total_peak = peak_total;
     return st;
 }
@@ -233,13 +234,13 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
 /* Dry-runs the plan's allocation sequence under its budget. A plan whose allocations
  * would need a host synchronisation mid-run (the allocator releasing cached segments to
  * make room) does not fit either: CW_ERR_BUDGET. */
-static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak) {
+static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allocated) {
     cw__backend *dry = NULL;
     cw__allocator *temp = NULL, *act = NULL;
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
     if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC);
     if (st == CW_OK) st = cw__alloc_create(&act, p->ctx, dry, 0, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
-    if (st == CW_OK) st = cw__plan_execute(p, dry, temp, act, 1, peak);
+    if (st == CW_OK) st = cw__plan_execute(p, dry, temp, act, 1, peak, peak_allocated);
     if (st == CW_OK && dry->i->host_syncs(dry) > p->n_streams)
         st = cw__error(p->ctx, CW_ERR_BUDGET, "compile: the plan would need a host synchronisation mid-run");
     cw__alloc_destroy(temp);
@@ -274,8 +275,21 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
             p->rdesc[b] = t ? t->desc : p->bufs[b].d;
             p->ptrs[b] = t ? t->data : (void *)(uintptr_t)4096; /* externals: bound at run */
         }
-        int64_t peak = 0;
-        st = cw__plan_simulate(p, &peak);
+        int64_t peak = 0, used = 0;
+        p->arena = budget > 0 ? budget / 512 * 512 : 0;
+        st = cw__plan_simulate(p, &peak, &used);
+        /* The arena need not be the whole budget: shrink it towards the bytes the plan
+         * actually has in use at once, as long as the dry run still fits (fragmentation
+         * inside the arena can need a little more than that). */
+        for (int64_t a = (used + 511) / 512 * 512; st == CW_OK && p->arena > 0 && a < p->arena; a += a / 8 + 512) {
+            int64_t keep = p->arena, pk = 0;
+            p->arena = a;
+            if (cw__plan_simulate(p, &pk, NULL) == CW_OK) {
+                peak = pk;
+                break;
+            }
+            p->arena = keep;
+        }
         if (st == CW_OK) {
             p->temp_predicted = peak;
             *out = p;
@@ -444,7 +458,7 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     for (int k = 0; k < p->n_tasks; k++) p->t0[k] = p->t1[k] = 0;
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_push("cw_plan_run", 0, 0);
     int64_t peak = 0;
-    cw_status st = cw__plan_execute(p, ctx->be, p->temp, ctx->act, 0, &peak);
+    cw_status st = cw__plan_execute(p, ctx->be, p->temp, ctx->act, 0, &peak, NULL);
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_pop();
     int64_t t1 = cw__now_ns();
     p->stats.host_syncs = ctx->be->i->host_syncs(ctx->be) - syncs0 - p->n_streams;

@@ -144,6 +144,7 @@ struct cw_plan {
     int n_convs, cap_convs;
     int64_t weights_bytes;
     int64_t temp_predicted;
+    int64_t arena;           /* bytes primed into the capped pool at run start (0: none) */
     double conv_gflop, halo_flop;
     /* run state */
     cw__allocator *temp;   /* the context's when the plan's budget is the context's */
@@ -163,7 +164,7 @@ const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
 cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, cw_plan **out);
 /* run.c: replays the action list on a backend; dry = allocation simulation only. */
 cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw__allocator *act, int dry,
-                           int64_t *peak_temp);
+                           int64_t *peak_temp, int64_t *peak_allocated);
 void cw__plan_free(cw_plan *p);
 /* nvtx (lib/prof) */
 
