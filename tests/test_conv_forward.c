@@ -1,0 +1,142 @@
+/* The public one-call convolution (a one-node plan): random 2-D and 3-D convs through
+ * cw_conv_forward against the naive double reference, under budgets from the smallest
+ * that works to unlimited and with 1-3 streams; strided output views; the budget error
+ * names the smallest budget; overlap and shape errors are refused. */
+#include <string.h>
+
+#include "conv_ref.h"
+#include "convweave/convweave.h"
+#include "testutil.h"
+
+static cw_tensor *make(cw_context *ctx, int rank, const int64_t *dims, cw_rng *r, float **host) {
+    cw_tensor_desc d;
+    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
+    int64_t n = cw_tensor_desc_numel(&d);
+    float *h = malloc((size_t)n * sizeof *h);
+    for (int64_t i = 0; i < n; i++) h[i] = cw_rng_float(r);
+    cw_tensor *t;
+    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &t, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)n * 4));
+    *host = h;
+    return t;
+}
+
+int main(void) {
+    cw_rng r = {cw_test_seed(77)};
+    int cases = cw_test_quick() ? 12 : 60;
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.flags = CW_FLAG_POISON;
+    cw_context *ctx;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    int checked = 0;
+    for (int c = 0; c < cases; c++) {
+        int sp = cw_rng_range(&r, 0, 3) == 0 ? 3 : 2;
+        int64_t groups = cw_rng_range(&r, 1, 2);
+        int64_t cin = groups * cw_rng_range(&r, 1, 4), cout = groups * cw_rng_range(&r, 1, 4);
+        cw_conv_params p = CW_CONV_PARAMS_INIT;
+        p.spatial = sp;
+        p.groups = groups;
+        int64_t xd[5] = {cw_rng_range(&r, 1, 2), cin}, wd[5] = {cout, cin / groups};
+        for (int i = 0; i < sp; i++) {
+            int64_t k = cw_rng_range(&r, 1, sp == 3 ? 3 : 5);
+            wd[2 + i] = k;
+            p.stride[i] = cw_rng_range(&r, 1, 2);
+            p.dilation[i] = cw_rng_range(&r, 1, 2);
+            p.pad_pre[i] = cw_rng_range(&r, 0, 2);
+            p.pad_post[i] = cw_rng_range(&r, 0, 2);
+            xd[2 + i] = (k - 1) * p.dilation[i] + 1 + cw_rng_range(&r, 0, sp == 3 ? 6 : 24);
+        }
+        float *hx, *hw, *hb;
+        cw_tensor *x = make(ctx, 2 + sp, xd, &r, &hx), *w = make(ctx, 2 + sp, wd, &r, &hw);
+        cw_tensor *b = make(ctx, 1, &cout, &r, &hb);
+        cw_tensor_desc yd;
+        ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, cw_tensor_get_desc(x), cw_tensor_get_desc(w), &p, &yd));
+        /* y: a strided view (every other channel of a wider tensor) half the time */
+        int strided = (int)cw_rng_range(&r, 0, 1);
+        cw_tensor_desc big = yd;
+        big.dims[1] *= 2;
+        memset(big.strides, 0, sizeof big.strides);
+        cw_tensor *ybig;
+        ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &ybig, strided ? &big : &yd));
+        cw_tensor_desc view = strided ? big : yd;
+        if (strided) {
+            int64_t bd[CW_MAX_RANK];
+            memcpy(bd, big.dims, sizeof bd);
+            ASSERT_OK(cw_tensor_desc_make(&big, CW_F32, big.rank, bd));
+            view = yd;
+            for (int i = 0; i < big.rank; i++) view.strides[i] = big.strides[i];
+            view.strides[1] = big.strides[1] * 2;
+        }
+        cw_tensor *y;
+        ASSERT_OK_CTX(ctx, cw_tensor_wrap(ctx, &y, &view, cw_tensor_data(ybig)));
+        int64_t yn = cw_tensor_desc_numel(&yd);
+        double *ref = malloc((size_t)yn * sizeof *ref);
+        cw_ref_conv(cw_tensor_get_desc(x), hx, cw_tensor_get_desc(w), hw, hb, &p, &yd, ref);
+
+        cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+        o.streams = (int)cw_rng_range(&r, 1, 3);
+        o.temp_budget = -1;
+        int64_t span = cw_tensor_desc_numel(strided ? &big : &yd);
+        float *out = malloc((size_t)span * sizeof *out);
+        for (int trial = 0; trial < 3; trial++) {
+            if (trial == 1) { /* the smallest budget the one-node plan accepts */
+                cw_graph *g;
+                cw_node nx, nw, nb, ny;
+                ASSERT_OK(cw_graph_create(&g, ctx));
+                ASSERT_OK_CTX(ctx, cw_graph_input(g, &nx, "x", cw_tensor_get_desc(x)));
+                ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nw, "w", w));
+                ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nb, "b", b));
+                ASSERT_OK_CTX(ctx, cw_graph_conv(g, &ny, nx, nw, nb, &p));
+                ASSERT_OK_CTX(ctx, cw_graph_output(g, ny, "y"));
+                ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &o, &o.temp_budget));
+                cw_graph_destroy(g);
+            } else if (trial == 2) {
+                o.temp_budget = o.temp_budget * 3;
+            }
+            ASSERT_OK_CTX(ctx, cw_conv_forward(ctx, x, w, b, y, &p, &o));
+            ASSERT_OK(cw_tensor_download(ybig, out, (size_t)span * 4));
+            double e = cw_ref_rel_err(&view, out, ref);
+            if (!(e <= 1e-5)) {
+                fprintf(stderr, "case %d trial %d (budget %lld, streams %d, strided %d): rel err %g\n", c, trial,
+                        (long long)o.temp_budget, o.streams, strided, e);
+                cw_test_failures++;
+            }
+            checked++;
+        }
+        /* a budget far too small: CW_ERR_BUDGET naming the smallest budget */
+        o.temp_budget = 1;
+        cw_status st = cw_conv_forward(ctx, x, w, b, y, &p, &o);
+        if (st != CW_OK) {
+            ASSERT_EQ_I(st, CW_ERR_BUDGET);
+            ASSERT_TRUE(strstr(cw_context_last_error(ctx), "smallest budget that works") != NULL);
+        }
+        /* output overlapping the input is refused */
+        cw_tensor *alias;
+        ASSERT_OK_CTX(ctx, cw_tensor_wrap(ctx, &alias, &yd, cw_tensor_data(x)));
+        if (cw_tensor_desc_numel(&yd) > 0) {
+            ASSERT_STATUS(cw_conv_forward(ctx, x, w, b, alias, &p, NULL), CW_ERR_INVALID_ARG);
+            ASSERT_TRUE(strstr(cw_context_last_error(ctx), "overlap") != NULL);
+        }
+        cw_tensor_destroy(alias);
+        free(out), free(ref), free(hx), free(hw), free(hb);
+        cw_tensor_destroy(y), cw_tensor_destroy(ybig), cw_tensor_destroy(x), cw_tensor_destroy(w), cw_tensor_destroy(b);
+    }
+    /* wrong output shape names the field */
+    {
+        float *hx, *hw;
+        int64_t xd[4] = {1, 4, 9, 9}, wd[4] = {4, 4, 3, 3}, bad[4] = {1, 4, 9, 9};
+        cw_tensor *x = make(ctx, 4, xd, &r, &hx), *w = make(ctx, 4, wd, &r, &hw);
+        float *hy;
+        cw_tensor *y = make(ctx, 4, bad, &r, &hy);
+        cw_conv_params p = CW_CONV_PARAMS_INIT;
+        ASSERT_STATUS(cw_conv_forward(ctx, x, w, NULL, y, &p, NULL), CW_ERR_INVALID_ARG);
+        fprintf(stderr, "expected error: %s\n", cw_context_last_error(ctx));
+        ASSERT_TRUE(strstr(cw_context_last_error(ctx), "y") != NULL);
+        free(hx), free(hw), free(hy);
+        cw_tensor_destroy(x), cw_tensor_destroy(w), cw_tensor_destroy(y);
+    }
+    printf("cw_conv_forward: %d runs checked against the double reference\n", checked);
+    cw_context_destroy(ctx);
+    TEST_DONE();
+}
