@@ -7,7 +7,6 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "scheduler/patch.h"
@@ -903,11 +902,6 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
      * partial buffers are released here */
     for (int i = 0; i < g->n && st == CW_OK; i++)
         if (g->nodes[i].kind == CW__N_GN && L.gn_part[i] >= 0 && L.gn_fin[i] < 0) st = cw__release(&L, L.gn_part[i]);
-    if (getenv("CW_DEBUG_PLAN"))
-        for (int i = 0; i < g->n; i++)
-            fprintf(stderr, "node %d kind %d fused %d buf %d reads_left %d uses %d epi %d epi_into %d in %d %d %d\n", i,
-                    (int)g->nodes[i].kind, L.fused[i], L.buf[i], L.reads[i], g->nodes[i].n_uses, L.epi[i], L.epi_into[i],
-                    g->nodes[i].in[0], g->nodes[i].in[1], g->nodes[i].in[2]);
     if (st == CW_OK) st = cw__finish(&L);
     if (st != CW_OK) goto fail;
     cw__lower_free(&L);

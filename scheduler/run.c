@@ -51,19 +51,20 @@ static cw__view cw__resolve(const cw_plan *p, const cw__vref *r) {
 typedef struct cw__hostarg {
     cw_plan *p;
     int task;
+    int nvtx; /* push/pop the task's NVTX range here, on the thread that runs the stream */
 } cw__hostarg;
 
 static void cw__host_begin(void *arg) {
     cw__hostarg *h = arg;
     const cw__task *t = &h->p->tasks[h->task];
-    if (h->p->ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_push(t->name, t->stage + 1, t->stream);
+    if (h->nvtx) cw__nvtx_push(t->name, t->stage + 1, t->stream);
     if (h->p->t0) h->p->t0[h->task] = cw__now_ns();
 }
 
 static void cw__host_end(void *arg) {
     cw__hostarg *h = arg;
     if (h->p->t1) h->p->t1[h->task] = cw__now_ns();
-    if (h->p->ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_pop();
+    if (h->nvtx) cw__nvtx_pop();
 }
 
 static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
@@ -138,7 +139,12 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
     cw__event **ev = NULL;
     cw__hostarg *ha = NULL;
     cw_status st = CW_OK;
-    int timing = !dry && (ctx->cfg.flags & (CW_FLAG_TIMING | CW_FLAG_NVTX)) && be->i->launch_host;
+    /* NVTX: the cpu backend's streams are threads, so a task's range is pushed on its
+     * worker around the work; on a GPU backend the range wraps the enqueue on the host
+     * (as Nsight Systems expects, correlated with the kernels it launches). */
+    int nvtx = !dry && (ctx->cfg.flags & CW_FLAG_NVTX);
+    int nvtx_worker = nvtx && be->i->launch_host && strcmp(be->i->name, "cpu") == 0;
+    int timing = !dry && ((ctx->cfg.flags & CW_FLAG_TIMING) || nvtx_worker) && be->i->launch_host;
     if (dry) {
         for (int s = 0; s < p->n_streams && st == CW_OK; s++) st = be->i->stream_create(be, &streams[s]);
         ev = cw__calloc((size_t)p->n_events + 1, sizeof *ev);
@@ -150,7 +156,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
         if (timing) {
             ha = cw__malloc((size_t)p->n_tasks * sizeof *ha + 1);
             if (!ha) st = CW_ERR_OUT_OF_MEMORY;
-            for (int k = 0; k < p->n_tasks && st == CW_OK; k++) ha[k] = (cw__hostarg){p, k};
+            for (int k = 0; k < p->n_tasks && st == CW_OK; k++) ha[k] = (cw__hostarg){p, k, nvtx_worker};
         }
     }
     int64_t peak_total = 0;
@@ -202,7 +208,9 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
                 st = be->i->stream_wait_event(be, s, ev[p->tasks[t->waits[w]].event]);
             if (st != CW_OK) break;
             if (timing) st = be->i->launch_host(be, s, cw__host_begin, &ha[ac->id]);
+            if (nvtx && !nvtx_worker) cw__nvtx_push(t->name, t->stage + 1, t->stream);
             if (st == CW_OK && !dry) st = cw__enqueue(p, be, s, t);
+            if (nvtx && !nvtx_worker) cw__nvtx_pop();
             if (st == CW_OK && timing) st = be->i->launch_host(be, s, cw__host_end, &ha[ac->id]);
             if (st == CW_OK && t->event >= 0) st = be->i->event_record(be, ev[t->event], s);
         }

@@ -119,8 +119,7 @@ typedef struct cw__action {
 typedef struct cw__conv_info {
     int node;
     int patches;
-    int first_task;      /* conv tasks of this conv are first_task.. in steps of `stride` tasks (listed) */
-    int *tasks;
+    int *tasks;          /* its conv task per patch */
     int64_t h_out;
     int fused_prep;
     double halo_pct;
