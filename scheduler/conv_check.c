@@ -203,25 +203,15 @@ int cw__views_overlap(const cw_tensor_desc *a, const void *pa, const cw_tensor_d
     return a0 < b0 + (uintptr_t)sb && b0 < a0 + (uintptr_t)sa;
 }
 
-static void fill(cw_tensor_desc *d) {
-    for (int i = 0; i < d->rank; i++)
-        if (d->strides[i] != 0) return;
-    int64_t s = 1;
-    for (int i = d->rank - 1; i >= 0; i--) {
-        d->strides[i] = s;
-        s *= d->dims[i];
-    }
-}
-
 void cw__conv_problem_init(cw__conv_problem *out, const cw_tensor_desc *x, const cw_tensor_desc *w, int has_bias,
                            const cw_tensor_desc *y, const cw_conv_params *p) {
     memset(out, 0, sizeof *out);
     out->x = *x;
     out->w = *w;
     out->y = *y;
-    fill(&out->x);
-    fill(&out->w);
-    fill(&out->y);
+    cw__desc_fill_strides(&out->x);
+    cw__desc_fill_strides(&out->w);
+    cw__desc_fill_strides(&out->y);
     out->has_bias = has_bias;
     out->spatial = p->spatial;
     for (int i = 0; i < 3; i++) {

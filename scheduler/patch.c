@@ -8,17 +8,6 @@
 
 #define PATCH_MAX_ALGOS 16
 
-/* Strides of d, filled as contiguous when all zero. */
-static void fill_strides(cw_tensor_desc *d) {
-    for (int i = 0; i < d->rank; i++)
-        if (d->strides[i] != 0) return;
-    int64_t s = 1;
-    for (int i = d->rank - 1; i >= 0; i--) {
-        d->strides[i] = s;
-        s *= d->dims[i];
-    }
-}
-
 cw_status cw__patch_make(const cw__conv_problem *full, int64_t o0, int64_t o1, cw__patch *out) {
     if (!full || !out) return cw__error(NULL, CW_ERR_INVALID_ARG, "patch_make: %s is NULL", !full ? "full" : "out");
     if (full->spatial != 2 && full->spatial != 3)
@@ -53,9 +42,9 @@ cw_status cw__patch_make(const cw__conv_problem *full, int64_t o0, int64_t o1, c
     out->pad_pre = pre;
     out->pad_post = post;
     out->prob = *full;
-    fill_strides(&out->prob.x);
-    fill_strides(&out->prob.w);
-    fill_strides(&out->prob.y);
+    cw__desc_fill_strides(&out->prob.x);
+    cw__desc_fill_strides(&out->prob.w);
+    cw__desc_fill_strides(&out->prob.y);
     out->prob.x.dims[hd] = b - a;
     out->prob.y.dims[hd] = o1 - o0;
     out->prob.pad_pre[hp] = pre;

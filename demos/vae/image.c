@@ -40,30 +40,17 @@ static void on_png_error(png_structp png, png_const_charp msg) {
 
 static void on_png_warning(png_structp png, png_const_charp msg) { (void)png, (void)msg; }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int img_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 int img_write_png(const char *path, const float *x, const int64_t dims[4], char *err, size_t errlen) {
-    if (!path || !x || !dims) return img_err(err, errlen, "img_write_png: NULL path, data or dims");
+    if (!path || !x || !dims) return st_errf(err, errlen, "img_write_png: NULL path, data or dims");
     int64_t n = dims[0], c = dims[1], h = dims[2], w = dims[3];
     if (n != 1 || (c != 1 && c != 3) || h < 1 || w < 1 || h > PNG_UINT_31_MAX || w > PNG_UINT_31_MAX ||
         w > INT64_MAX / 3 / h)
-        return img_err(err, errlen,
+        return st_errf(err, errlen,
                        "%s: image tensor [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
                        "] is not [1, 3 or 1, H, W] with 1 <= H, W < 2^31",
                        path, n, c, h, w);
     uint8_t *row = malloc((size_t)(w * c));
-    if (!row) return img_err(err, errlen, "%s: out of memory for a %" PRId64 "-pixel row", path, w);
+    if (!row) return st_errf(err, errlen, "%s: out of memory for a %" PRId64 "-pixel row", path, w);
     st_atomic a;
     if (st_atomic_begin(&a, path, err, errlen)) {
         free(row);
@@ -76,14 +63,14 @@ int img_write_png(const char *path, const float *x, const int64_t dims[4], char 
         png_destroy_write_struct(&png, &info);
         st_atomic_abort(&a);
         free(row);
-        return img_err(err, errlen, "%s: cannot create the libpng writer", path);
+        return st_errf(err, errlen, "%s: cannot create the libpng writer", path);
     }
     errno = 0;
     if (setjmp(png_jmpbuf(png))) {
         png_destroy_write_struct(&png, &info);
         st_atomic_abort(&a);
         free(row);
-        return img_err(err, errlen, "%s: PNG write failed: %s", path, perr.msg);
+        return st_errf(err, errlen, "%s: PNG write failed: %s", path, perr.msg);
     }
     png_init_io(png, a.fp);
     png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, c == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_GRAY,

@@ -14,19 +14,6 @@
 
 #include "safetensors.h" /* f16 conversion, atomic replacement */
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int npy_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 void npy_free(npy_array *a) {
     if (!a) return;
     free(a->data);
@@ -52,8 +39,8 @@ static int peek(const hdr *h) { return h->pos < h->end ? h->b[h->pos] : -1; }
 static int expect(hdr *h, char c) {
     skip_ws(h);
     if (peek(h) != c) {
-        if (peek(h) < 0) return npy_err(h->err, h->errlen, "npy header: expected '%c' at byte %zu, found its end", c, h->pos);
-        return npy_err(h->err, h->errlen, "npy header: expected '%c' at byte %zu, found 0x%02x", c, h->pos,
+        if (peek(h) < 0) return st_errf(h->err, h->errlen, "npy header: expected '%c' at byte %zu, found its end", c, h->pos);
+        return st_errf(h->err, h->errlen, "npy header: expected '%c' at byte %zu, found 0x%02x", c, h->pos,
                        (unsigned)peek(h));
     }
     h->pos++;
@@ -64,15 +51,15 @@ static int expect(hdr *h, char c) {
 static int parse_str(hdr *h, char *out, size_t cap) {
     skip_ws(h);
     int q = peek(h);
-    if (q != '\'' && q != '"') return npy_err(h->err, h->errlen, "npy header: expected a quoted string at byte %zu", h->pos);
+    if (q != '\'' && q != '"') return st_errf(h->err, h->errlen, "npy header: expected a quoted string at byte %zu", h->pos);
     size_t start = ++h->pos, n = 0;
     for (;;) {
         int c = peek(h);
-        if (c < 0) return npy_err(h->err, h->errlen, "npy header: string opened at byte %zu is not closed", start - 1);
+        if (c < 0) return st_errf(h->err, h->errlen, "npy header: string opened at byte %zu is not closed", start - 1);
         h->pos++;
         if (c == q) break;
-        if (c == '\\') return npy_err(h->err, h->errlen, "npy header: escape in string at byte %zu", h->pos - 1);
-        if (n + 1 >= cap) return npy_err(h->err, h->errlen, "npy header: string at byte %zu is too long", start - 1);
+        if (c == '\\') return st_errf(h->err, h->errlen, "npy header: escape in string at byte %zu", h->pos - 1);
+        if (n + 1 >= cap) return st_errf(h->err, h->errlen, "npy header: string at byte %zu is too long", start - 1);
         out[n++] = (char)c;
     }
     out[n] = 0;
@@ -89,7 +76,7 @@ static int parse_bool(hdr *h, int *out) {
         h->pos += 5;
         *out = 0;
     } else {
-        return npy_err(h->err, h->errlen, "npy header: expected True or False at byte %zu", at);
+        return st_errf(h->err, h->errlen, "npy header: expected True or False at byte %zu", at);
     }
     return 0;
 }
@@ -106,24 +93,24 @@ static int parse_shape(hdr *h, npy_array *a) {
         }
         size_t at = h->pos;
         if (peek(h) < '0' || peek(h) > '9')
-            return npy_err(h->err, h->errlen, "npy header: expected a non-negative integer dimension at byte %zu", at);
+            return st_errf(h->err, h->errlen, "npy header: expected a non-negative integer dimension at byte %zu", at);
         int64_t v = 0;
         while (peek(h) >= '0' && peek(h) <= '9') {
             int dgt = peek(h) - '0';
             if (v > (INT64_MAX - dgt) / 10)
-                return npy_err(h->err, h->errlen, "npy header: dimension at byte %zu overflows 64 bits", at);
+                return st_errf(h->err, h->errlen, "npy header: dimension at byte %zu overflows 64 bits", at);
             v = v * 10 + dgt;
             h->pos++;
         }
         if (peek(h) == 'L') h->pos++;
         if (a->rank == NPY_MAX_RANK)
-            return npy_err(h->err, h->errlen, "npy header: more than %d dimensions at byte %zu", NPY_MAX_RANK, at);
+            return st_errf(h->err, h->errlen, "npy header: more than %d dimensions at byte %zu", NPY_MAX_RANK, at);
         a->shape[a->rank++] = v;
         skip_ws(h);
         if (peek(h) == ',') {
             h->pos++;
         } else if (peek(h) != ')') {
-            return npy_err(h->err, h->errlen, "npy header: expected ',' or ')' in shape at byte %zu", h->pos);
+            return st_errf(h->err, h->errlen, "npy header: expected ',' or ')' in shape at byte %zu", h->pos);
         }
     }
 }
@@ -142,31 +129,31 @@ static int parse_dict(hdr *h, npy_array *a, int *fortran) {
         size_t key_at = h->pos;
         if (parse_str(h, key, sizeof key) || expect(h, ':')) return -1;
         if (!strcmp(key, "descr")) {
-            if (have_descr++) return npy_err(h->err, h->errlen, "npy header: key 'descr' repeated at byte %zu", key_at);
+            if (have_descr++) return st_errf(h->err, h->errlen, "npy header: key 'descr' repeated at byte %zu", key_at);
             if (parse_str(h, a->descr, sizeof a->descr)) return -1;
         } else if (!strcmp(key, "fortran_order")) {
             if (have_fortran++)
-                return npy_err(h->err, h->errlen, "npy header: key 'fortran_order' repeated at byte %zu", key_at);
+                return st_errf(h->err, h->errlen, "npy header: key 'fortran_order' repeated at byte %zu", key_at);
             if (parse_bool(h, fortran)) return -1;
         } else if (!strcmp(key, "shape")) {
-            if (have_shape++) return npy_err(h->err, h->errlen, "npy header: key 'shape' repeated at byte %zu", key_at);
+            if (have_shape++) return st_errf(h->err, h->errlen, "npy header: key 'shape' repeated at byte %zu", key_at);
             if (parse_shape(h, a)) return -1;
         } else {
-            return npy_err(h->err, h->errlen, "npy header: unknown key '%s' at byte %zu", key, key_at);
+            return st_errf(h->err, h->errlen, "npy header: unknown key '%s' at byte %zu", key, key_at);
         }
         skip_ws(h);
         if (peek(h) == ',') {
             h->pos++;
         } else if (peek(h) != '}') {
-            return npy_err(h->err, h->errlen, "npy header: expected ',' or '}' at byte %zu", h->pos);
+            return st_errf(h->err, h->errlen, "npy header: expected ',' or '}' at byte %zu", h->pos);
         }
     }
     if (!have_descr || !have_fortran || !have_shape)
-        return npy_err(h->err, h->errlen, "npy header: dict at byte %zu lacks '%s'", dict_at,
+        return st_errf(h->err, h->errlen, "npy header: dict at byte %zu lacks '%s'", dict_at,
                        !have_descr ? "descr" : !have_fortran ? "fortran_order" : "shape");
     skip_ws(h);
     if (h->pos != h->end)
-        return npy_err(h->err, h->errlen, "npy header: unexpected byte 0x%02x after the dict at byte %zu",
+        return st_errf(h->err, h->errlen, "npy header: unexpected byte 0x%02x after the dict at byte %zu",
                        h->b[h->pos], h->pos);
     return 0;
 }
@@ -174,47 +161,47 @@ static int parse_dict(hdr *h, npy_array *a, int *fortran) {
 int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0)
-        return npy_err(err, errlen, "not an npy file: bytes 0-5 are not the magic \\x93NUMPY");
+        return st_errf(err, errlen, "not an npy file: bytes 0-5 are not the magic \\x93NUMPY");
     int major = buf[6], minor = buf[7];
     size_t start, hlen;
     if (major == 1) {
         hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
         start = 10;
     } else if (major == 2 || major == 3) {
-        if (len < 12) return npy_err(err, errlen, "npy: file ends inside the header length (bytes 8-11)");
+        if (len < 12) return st_errf(err, errlen, "npy: file ends inside the header length (bytes 8-11)");
         hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
         start = 12;
     } else {
-        return npy_err(err, errlen, "npy: format version %d.%d (byte 6) is not supported (1.0, 2.0, 3.0)", major, minor);
+        return st_errf(err, errlen, "npy: format version %d.%d (byte 6) is not supported (1.0, 2.0, 3.0)", major, minor);
     }
     if (hlen > len - start)
-        return npy_err(err, errlen, "npy: header length %zu (byte 8) runs past the end of the file (%zu bytes)", hlen,
+        return st_errf(err, errlen, "npy: header length %zu (byte 8) runs past the end of the file (%zu bytes)", hlen,
                        len);
     hdr h = {buf, start, start + hlen, err, errlen};
     npy_array a = {0};
     int fortran = 0;
     if (parse_dict(&h, &a, &fortran)) return -1;
-    if (fortran) return npy_err(err, errlen, "npy: fortran_order True is not supported (C order only)");
+    if (fortran) return st_errf(err, errlen, "npy: fortran_order True is not supported (C order only)");
     size_t es;
     if (!strcmp(a.descr, "<f4")) es = 4;
     else if (!strcmp(a.descr, "<f2")) es = 2;
     else if (!strcmp(a.descr, "<f8")) es = 8;
-    else return npy_err(err, errlen, "npy: dtype '%s' is not supported ('<f4', '<f2', '<f8')", a.descr);
+    else return st_errf(err, errlen, "npy: dtype '%s' is not supported ('<f4', '<f2', '<f8')", a.descr);
     uint64_t numel = 1;
     for (int i = 0; i < a.rank; i++) {
         uint64_t v = (uint64_t)a.shape[i];
         if (v && numel > (uint64_t)INT64_MAX / 8 / v)
-            return npy_err(err, errlen, "npy: shape product overflows at dim %d", i);
+            return st_errf(err, errlen, "npy: shape product overflows at dim %d", i);
         numel *= v;
     }
     a.numel = (int64_t)numel;
     size_t off = start + hlen;
     uint64_t need = numel * es;
     if ((uint64_t)(len - off) != need)
-        return npy_err(err, errlen, "npy: data at byte %zu has %zu bytes, shape and dtype '%s' need %" PRIu64, off,
+        return st_errf(err, errlen, "npy: data at byte %zu has %zu bytes, shape and dtype '%s' need %" PRIu64, off,
                        len - off, a.descr, need);
     a.data = malloc(numel ? (size_t)numel * sizeof(float) : 1);
-    if (!a.data) return npy_err(err, errlen, "npy: out of memory for %" PRIu64 " floats", numel);
+    if (!a.data) return st_errf(err, errlen, "npy: out of memory for %" PRIu64 " floats", numel);
     const uint8_t *p = buf + off;
     for (uint64_t i = 0; i < numel; i++, p += es) {
         if (es == 2) {
@@ -237,7 +224,7 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
 int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     FILE *fp = fopen(path, "rb");
-    if (!fp) return npy_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    if (!fp) return st_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     uint8_t *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
@@ -247,7 +234,7 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
             if (!q) {
                 free(buf);
                 fclose(fp);
-                return npy_err(err, errlen, "%s: out of memory", path);
+                return st_errf(err, errlen, "%s: out of memory", path);
             }
             buf = q;
         }
@@ -259,29 +246,29 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
     fclose(fp);
     if (bad) {
         free(buf);
-        return npy_err(err, errlen, "%s: read error", path);
+        return st_errf(err, errlen, "%s: read error", path);
     }
     char msg[512];
     int rc = npy_parse(buf, n, out, msg, sizeof msg);
     free(buf);
-    if (rc) return npy_err(err, errlen, "%s: %s", path, msg);
+    if (rc) return st_errf(err, errlen, "%s: %s", path, msg);
     return 0;
 }
 
 int npy_write_f32(const char *path, int rank, const int64_t *shape, const float *data, char *err, size_t errlen) {
     if (rank < 0 || rank > NPY_MAX_RANK || (rank && !shape))
-        return npy_err(err, errlen, "%s: rank %d outside 0..%d", path, rank, NPY_MAX_RANK);
+        return st_errf(err, errlen, "%s: rank %d outside 0..%d", path, rank, NPY_MAX_RANK);
     char dict[512];
     int k = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
     uint64_t numel = 1;
     for (int i = 0; i < rank; i++) {
         if (shape[i] < 0 || (shape[i] && numel > (uint64_t)INT64_MAX / 8 / (uint64_t)shape[i]))
-            return npy_err(err, errlen, "%s: shape[%d] = %" PRId64 " is negative or too large", path, i, shape[i]);
+            return st_errf(err, errlen, "%s: shape[%d] = %" PRId64 " is negative or too large", path, i, shape[i]);
         numel *= (uint64_t)shape[i];
         k += snprintf(dict + k, sizeof dict - (size_t)k, i ? ", %" PRId64 : "%" PRId64, shape[i]);
     }
     k += snprintf(dict + k, sizeof dict - (size_t)k, rank == 1 ? ",), }" : "), }");
-    if (numel && !data) return npy_err(err, errlen, "%s: NULL data", path);
+    if (numel && !data) return st_errf(err, errlen, "%s: NULL data", path);
     /* numpy pads the header with spaces and a newline so data starts 64-byte aligned;
      * our dict (< 512 bytes) always fits a 1.0 header */
     size_t total = 10 + (size_t)k + 1;
@@ -307,7 +294,7 @@ int npy_write_f32(const char *path, int rank, const int64_t *shape, const float 
         ok = fwrite(chunk, 1, m, a.fp) == m;
     }
     if (!ok) {
-        npy_err(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        st_errf(err, errlen, "%s: write failed: %s", path, strerror(errno));
         st_atomic_abort(&a);
         return -1;
     }

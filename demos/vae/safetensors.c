@@ -31,10 +31,7 @@ struct st_file {
     size_t nmeta;
 };
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int st_err(char *err, size_t errlen, const char *fmt, ...) {
+int st_errf(char *err, size_t errlen, const char *fmt, ...) {
     if (err && errlen) {
         va_list ap;
         va_start(ap, fmt);
@@ -156,63 +153,63 @@ static int cmp_name(const void *a, const void *b) {
 static int parse_tensor(st_file *f, st_tensor *t, const cJSON *e, char *err, size_t errlen) {
     const char *k = t->name;
     char what[96];
-    if (!cJSON_IsObject(e)) return st_err(err, errlen, "tensor '%s': entry is not a JSON object", k);
+    if (!cJSON_IsObject(e)) return st_errf(err, errlen, "tensor '%s': entry is not a JSON object", k);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    if (!dt) return st_err(err, errlen, "tensor '%s': missing \"dtype\"", k);
-    if (!sh) return st_err(err, errlen, "tensor '%s': missing \"shape\"", k);
-    if (!off) return st_err(err, errlen, "tensor '%s': missing \"data_offsets\"", k);
+    if (!dt) return st_errf(err, errlen, "tensor '%s': missing \"dtype\"", k);
+    if (!sh) return st_errf(err, errlen, "tensor '%s': missing \"shape\"", k);
+    if (!off) return st_errf(err, errlen, "tensor '%s': missing \"data_offsets\"", k);
 
     if (!cJSON_IsString(dt) || !dt->valuestring)
-        return st_err(err, errlen, "tensor '%s': \"dtype\" is not a string", k);
+        return st_errf(err, errlen, "tensor '%s': \"dtype\" is not a string", k);
     if (!strcmp(dt->valuestring, "F32")) t->dtype = ST_F32;
     else if (!strcmp(dt->valuestring, "F16")) t->dtype = ST_F16;
     else if (!strcmp(dt->valuestring, "BF16")) t->dtype = ST_BF16;
     else
-        return st_err(err, errlen, "tensor '%s': dtype '%.32s' is not supported (F32, F16, BF16)", k,
+        return st_errf(err, errlen, "tensor '%s': dtype '%.32s' is not supported (F32, F16, BF16)", k,
                       dt->valuestring);
 
-    if (!cJSON_IsArray(sh)) return st_err(err, errlen, "tensor '%s': \"shape\" is not an array", k);
+    if (!cJSON_IsArray(sh)) return st_errf(err, errlen, "tensor '%s': \"shape\" is not an array", k);
     int rank = cJSON_GetArraySize(sh);
     if (rank > ST_MAX_RANK)
-        return st_err(err, errlen, "tensor '%s': shape has %d dims, more than %d", k, rank, ST_MAX_RANK);
+        return st_errf(err, errlen, "tensor '%s': shape has %d dims, more than %d", k, rank, ST_MAX_RANK);
     t->rank = rank;
     uint64_t numel = 1;
     int i = 0;
     for (const cJSON *d = sh->child; d; d = d->next, i++) {
         uint64_t v;
         if (!json_uint(d, &v, what, sizeof what))
-            return st_err(err, errlen, "tensor '%s': shape[%d] %s", k, i, what);
-        if (v > (uint64_t)INT64_MAX) return st_err(err, errlen, "tensor '%s': shape[%d] too large", k, i);
+            return st_errf(err, errlen, "tensor '%s': shape[%d] %s", k, i, what);
+        if (v > (uint64_t)INT64_MAX) return st_errf(err, errlen, "tensor '%s': shape[%d] too large", k, i);
         t->shape[i] = (int64_t)v;
         /* the product must stay within int64 (and its byte size, checked below) */
         if (v && numel > (uint64_t)INT64_MAX / v)
-            return st_err(err, errlen, "tensor '%s': shape product overflows 64 bits at shape[%d]", k, i);
+            return st_errf(err, errlen, "tensor '%s': shape product overflows 64 bits at shape[%d]", k, i);
         numel *= v;
     }
     t->numel = (int64_t)numel;
     uint64_t es = st_dtype_size(t->dtype);
     if (numel > (uint64_t)INT64_MAX / es)
-        return st_err(err, errlen, "tensor '%s': byte size of %" PRIu64 " elements overflows", k, numel);
+        return st_errf(err, errlen, "tensor '%s': byte size of %" PRIu64 " elements overflows", k, numel);
     uint64_t nbytes = numel * es;
 
     if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
-        return st_err(err, errlen, "tensor '%s': \"data_offsets\" is not an array of two integers", k);
+        return st_errf(err, errlen, "tensor '%s': \"data_offsets\" is not an array of two integers", k);
     if (!json_uint(off->child, &t->begin, what, sizeof what))
-        return st_err(err, errlen, "tensor '%s': data_offsets[0] %s", k, what);
+        return st_errf(err, errlen, "tensor '%s': data_offsets[0] %s", k, what);
     if (!json_uint(off->child->next, &t->end, what, sizeof what))
-        return st_err(err, errlen, "tensor '%s': data_offsets[1] %s", k, what);
+        return st_errf(err, errlen, "tensor '%s': data_offsets[1] %s", k, what);
     if (t->begin > t->end)
-        return st_err(err, errlen, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] begin > end", k,
+        return st_errf(err, errlen, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] begin > end", k,
                       t->begin, t->end);
     if (t->end > f->data_len)
-        return st_err(err, errlen,
+        return st_errf(err, errlen,
                       "tensor '%s': data_offsets end %" PRIu64 " is past the data section's %" PRIu64
                       " bytes (file byte %" PRIu64 " of %zu)",
                       k, t->end, f->data_len, (uint64_t)(f->data - f->buf) + t->end, f->len);
     if (t->end - t->begin != nbytes)
-        return st_err(err, errlen,
+        return st_errf(err, errlen,
                       "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64
                       " bytes but %" PRIu64 " %s elements need %" PRIu64,
                       k, t->begin, t->end, t->end - t->begin, numel, st_dtype_name(t->dtype), nbytes);
@@ -221,19 +218,19 @@ static int parse_tensor(st_file *f, st_tensor *t, const cJSON *e, char *err, siz
 }
 
 static int parse_metadata(st_file *f, const cJSON *m, char *err, size_t errlen) {
-    if (f->meta) return st_err(err, errlen, "\"__metadata__\" appears twice");
-    if (!cJSON_IsObject(m)) return st_err(err, errlen, "\"__metadata__\" is not a JSON object");
+    if (f->meta) return st_errf(err, errlen, "\"__metadata__\" appears twice");
+    if (!cJSON_IsObject(m)) return st_errf(err, errlen, "\"__metadata__\" is not a JSON object");
     size_t n = (size_t)cJSON_GetArraySize(m);
     f->meta = calloc(2 * n + 1, sizeof(char *));
-    if (!f->meta) return st_err(err, errlen, "out of memory for %zu metadata entries", n);
+    if (!f->meta) return st_errf(err, errlen, "out of memory for %zu metadata entries", n);
     for (const cJSON *c = m->child; c; c = c->next) {
         if (!cJSON_IsString(c) || !c->valuestring)
-            return st_err(err, errlen, "\"__metadata__\" entry '%s' is not a string", c->string ? c->string : "");
+            return st_errf(err, errlen, "\"__metadata__\" entry '%s' is not a string", c->string ? c->string : "");
         f->meta[2 * f->nmeta] = strdup(c->string ? c->string : "");
         f->meta[2 * f->nmeta + 1] = strdup(c->valuestring);
         f->nmeta++;
         if (!f->meta[2 * f->nmeta - 2] || !f->meta[2 * f->nmeta - 1])
-            return st_err(err, errlen, "out of memory for metadata");
+            return st_errf(err, errlen, "out of memory for metadata");
     }
     return 0;
 }
@@ -241,16 +238,16 @@ static int parse_metadata(st_file *f, const cJSON *m, char *err, size_t errlen) 
 /* Validates f->buf / f->len and fills the tensor table. */
 static int parse_buffer(st_file *f, char *err, size_t errlen) {
     if (f->len < 8)
-        return st_err(err, errlen, "file is %zu bytes, shorter than the 8-byte header length", f->len);
+        return st_errf(err, errlen, "file is %zu bytes, shorter than the 8-byte header length", f->len);
     uint64_t hl = le64(f->buf);
     if (hl > f->len - 8)
-        return st_err(err, errlen,
+        return st_errf(err, errlen,
                       "header length %" PRIu64 " (bytes 0-7) runs past the end of the file: only %zu bytes follow",
                       hl, f->len - 8);
     if (hl > ST_MAX_HEADER_BYTES)
-        return st_err(err, errlen, "header length %" PRIu64 " (bytes 0-7) exceeds the %u-byte limit", hl,
+        return st_errf(err, errlen, "header length %" PRIu64 " (bytes 0-7) exceeds the %u-byte limit", hl,
                       ST_MAX_HEADER_BYTES);
-    if (hl < 2) return st_err(err, errlen, "header length %" PRIu64 " (bytes 0-7) is too small for JSON", hl);
+    if (hl < 2) return st_errf(err, errlen, "header length %" PRIu64 " (bytes 0-7) is too small for JSON", hl);
     f->data = f->buf + 8 + hl;
     f->data_len = f->len - 8 - hl;
 
@@ -258,26 +255,26 @@ static int parse_buffer(st_file *f, char *err, size_t errlen) {
     cJSON *root = cJSON_ParseWithLengthOpts(js, (size_t)hl, &end, 0);
     if (!root) {
         size_t pos = end && end >= js ? (size_t)(end - js) : 0;
-        return st_err(err, errlen, "header JSON is invalid at header byte %zu (file byte %zu)", pos, pos + 8);
+        return st_errf(err, errlen, "header JSON is invalid at header byte %zu (file byte %zu)", pos, pos + 8);
     }
     int rc = -1;
     /* only padding spaces (as the reference writer uses) may follow the JSON value */
     for (const char *p = end; p < js + hl; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            st_err(err, errlen, "unexpected byte 0x%02x after the header JSON at file byte %zu",
+            st_errf(err, errlen, "unexpected byte 0x%02x after the header JSON at file byte %zu",
                    (unsigned char)*p, (size_t)(p - js) + 8);
             goto out;
         }
     }
     if (!cJSON_IsObject(root)) {
-        st_err(err, errlen, "header JSON is not an object");
+        st_errf(err, errlen, "header JSON is not an object");
         goto out;
     }
     size_t cap = (size_t)cJSON_GetArraySize(root);
     f->t = calloc(cap ? cap : 1, sizeof(st_tensor));
     f->by_name = calloc(cap ? cap : 1, sizeof(st_tensor *));
     if (!f->t || !f->by_name) {
-        st_err(err, errlen, "out of memory for %zu header entries", cap);
+        st_errf(err, errlen, "out of memory for %zu header entries", cap);
         goto out;
     }
     for (const cJSON *c = root->child; c; c = c->next) {
@@ -289,7 +286,7 @@ static int parse_buffer(st_file *f, char *err, size_t errlen) {
         st_tensor *t = &f->t[f->n];
         t->name = strdup(k);
         if (!t->name) {
-            st_err(err, errlen, "out of memory for tensor names");
+            st_errf(err, errlen, "out of memory for tensor names");
             goto out;
         }
         f->n++; /* counted now so st_close frees the name on error */
@@ -302,7 +299,7 @@ static int parse_buffer(st_file *f, char *err, size_t errlen) {
     for (size_t i = 1; i < f->n; i++) {
         const st_tensor *a = f->by_name[i - 1], *b = f->by_name[i];
         if (b->begin < a->end) {
-            st_err(err, errlen,
+            st_errf(err, errlen,
                    "tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64 ") overlap", a->name,
                    a->begin, a->end, b->name, b->begin, b->end);
             goto out;
@@ -311,7 +308,7 @@ static int parse_buffer(st_file *f, char *err, size_t errlen) {
     qsort(f->by_name, f->n, sizeof(st_tensor *), cmp_name);
     for (size_t i = 1; i < f->n; i++) {
         if (!strcmp(f->by_name[i - 1]->name, f->by_name[i]->name)) {
-            st_err(err, errlen, "tensor '%s' appears twice in the header", f->by_name[i]->name);
+            st_errf(err, errlen, "tensor '%s' appears twice in the header", f->by_name[i]->name);
             goto out;
         }
     }
@@ -323,13 +320,13 @@ out:
 
 int st_parse(st_file **out, const uint8_t *buf, size_t len, char *err, size_t errlen) {
     *out = NULL;
-    if (!buf && len) return st_err(err, errlen, "NULL buffer of %zu bytes", len);
+    if (!buf && len) return st_errf(err, errlen, "NULL buffer of %zu bytes", len);
     st_file *f = calloc(1, sizeof *f);
-    if (!f) return st_err(err, errlen, "out of memory");
+    if (!f) return st_errf(err, errlen, "out of memory");
     f->buf = malloc(len ? len : 1);
     if (!f->buf) {
         free(f);
-        return st_err(err, errlen, "out of memory for %zu bytes", len);
+        return st_errf(err, errlen, "out of memory for %zu bytes", len);
     }
     if (len) memcpy(f->buf, buf, len);
     f->len = len;
@@ -344,16 +341,16 @@ int st_parse(st_file **out, const uint8_t *buf, size_t len, char *err, size_t er
 int st_open(st_file **out, const char *path, char *err, size_t errlen) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return st_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return st_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
-        return st_err(err, errlen, "%s: not a regular file", path);
+        return st_errf(err, errlen, "%s: not a regular file", path);
     }
     st_file *f = calloc(1, sizeof *f);
     if (!f) {
         close(fd);
-        return st_err(err, errlen, "%s: out of memory", path);
+        return st_errf(err, errlen, "%s: out of memory", path);
     }
     f->len = (size_t)sb.st_size;
     void *m = f->len ? mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
@@ -371,14 +368,14 @@ int st_open(st_file **out, const char *path, char *err, size_t errlen) {
         if (!f->buf || got != f->len) {
             close(fd);
             st_close(f);
-            return st_err(err, errlen, "%s: cannot read %zu bytes", path, (size_t)sb.st_size);
+            return st_errf(err, errlen, "%s: cannot read %zu bytes", path, (size_t)sb.st_size);
         }
     }
     close(fd);
     char msg[512];
     if (parse_buffer(f, msg, sizeof msg)) {
         st_close(f);
-        return st_err(err, errlen, "%s: %s", path, msg);
+        return st_errf(err, errlen, "%s: %s", path, msg);
     }
     *out = f;
     return 0;
@@ -421,12 +418,12 @@ const char *st_metadata(const st_file *f, const char *key) {
 }
 
 int st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n, char *err, size_t errlen) {
-    if (!f || !t) return st_err(err, errlen, "st_read_f32: NULL file or tensor");
-    if (t < f->t || t >= f->t + f->n) return st_err(err, errlen, "st_read_f32: tensor is not from this file");
+    if (!f || !t) return st_errf(err, errlen, "st_read_f32: NULL file or tensor");
+    if (t < f->t || t >= f->t + f->n) return st_errf(err, errlen, "st_read_f32: tensor is not from this file");
     if ((uint64_t)n != (uint64_t)t->numel)
-        return st_err(err, errlen, "tensor '%s' has %" PRId64 " elements, the destination holds %zu", t->name,
+        return st_errf(err, errlen, "tensor '%s' has %" PRId64 " elements, the destination holds %zu", t->name,
                       t->numel, n);
-    if (n && !dst) return st_err(err, errlen, "tensor '%s': NULL destination", t->name);
+    if (n && !dst) return st_errf(err, errlen, "tensor '%s': NULL destination", t->name);
     const uint8_t *p = t->data;
     switch (t->dtype) {
     case ST_F32:
@@ -447,20 +444,20 @@ int st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n, char
 
 int st_atomic_begin(st_atomic *a, const char *path, char *err, size_t errlen) {
     memset(a, 0, sizeof *a);
-    if (!path || !*path) return st_err(err, errlen, "empty output path");
+    if (!path || !*path) return st_errf(err, errlen, "empty output path");
     size_t L = strlen(path);
     a->tmp = malloc(L + 16);
     a->path = strdup(path);
     if (!a->tmp || !a->path) {
         free(a->tmp);
         free(a->path);
-        return st_err(err, errlen, "%s: out of memory", path);
+        return st_errf(err, errlen, "%s: out of memory", path);
     }
     snprintf(a->tmp, L + 16, "%s.tmp-XXXXXX", path);
     int fd = mkstemp(a->tmp);
     if (fd < 0) {
         int e = errno;
-        st_err(err, errlen, "%s: cannot create a temporary file beside it: %s", path, strerror(e));
+        st_errf(err, errlen, "%s: cannot create a temporary file beside it: %s", path, strerror(e));
         free(a->tmp);
         free(a->path);
         memset(a, 0, sizeof *a);
@@ -472,7 +469,7 @@ int st_atomic_begin(st_atomic *a, const char *path, char *err, size_t errlen) {
         int e = errno;
         close(fd);
         unlink(a->tmp);
-        st_err(err, errlen, "%s: fdopen: %s", path, strerror(e));
+        st_errf(err, errlen, "%s: fdopen: %s", path, strerror(e));
         free(a->tmp);
         free(a->path);
         memset(a, 0, sizeof *a);
@@ -490,7 +487,7 @@ void st_atomic_abort(st_atomic *a) {
 }
 
 int st_atomic_commit(st_atomic *a, char *err, size_t errlen) {
-    if (!a->fp) return st_err(err, errlen, "st_atomic_commit: no open file");
+    if (!a->fp) return st_errf(err, errlen, "st_atomic_commit: no open file");
     int e = 0;
     if (fflush(a->fp) != 0 || ferror(a->fp)) e = errno ? errno : EIO;
     /* the data must be on disk before the rename makes it the only copy */
@@ -498,13 +495,13 @@ int st_atomic_commit(st_atomic *a, char *err, size_t errlen) {
     if (fclose(a->fp) != 0 && !e) e = errno ? errno : EIO;
     a->fp = NULL;
     if (e) {
-        st_err(err, errlen, "%s: writing %s failed: %s", a->path, a->tmp, strerror(e));
+        st_errf(err, errlen, "%s: writing %s failed: %s", a->path, a->tmp, strerror(e));
         st_atomic_abort(a);
         return -1;
     }
     if (rename(a->tmp, a->path) != 0) {
         e = errno;
-        st_err(err, errlen, "%s: cannot replace it with %s: %s", a->path, a->tmp, strerror(e));
+        st_errf(err, errlen, "%s: cannot replace it with %s: %s", a->path, a->tmp, strerror(e));
         st_atomic_abort(a);
         return -1;
     }
@@ -577,11 +574,11 @@ static int host_le(void) {
 static int write_tensors(const char *path, int n, const char *const *names, const st_dtype *dtypes,
                          const int64_t *const *shapes, const int *ranks, const void *const *data, int as_f32,
                          const char *const *metadata, char *err, size_t errlen) {
-    if (n < 0) return st_err(err, errlen, "%s: negative tensor count %d", path, n);
+    if (n < 0) return st_errf(err, errlen, "%s: negative tensor count %d", path, n);
     if (n && (!names || !shapes || !ranks || !data))
-        return st_err(err, errlen, "%s: NULL names, shapes, ranks or data", path);
+        return st_errf(err, errlen, "%s: NULL names, shapes, ranks or data", path);
     uint64_t *nbytes = calloc((size_t)n + 1, sizeof(uint64_t));
-    if (!nbytes) return st_err(err, errlen, "%s: out of memory", path);
+    if (!nbytes) return st_errf(err, errlen, "%s: out of memory", path);
     sbuf h = {0};
     int rc = -1;
     sb_put(&h, "{", 1);
@@ -590,7 +587,7 @@ static int write_tensors(const char *path, int n, const char *const *names, cons
         sb_put(&h, "\"__metadata__\":{", 16);
         for (int i = 0; metadata[i]; i += 2) {
             if (!metadata[i + 1]) {
-                st_err(err, errlen, "%s: metadata key '%s' has no value", path, metadata[i]);
+                st_errf(err, errlen, "%s: metadata key '%s' has no value", path, metadata[i]);
                 goto out;
             }
             if (i) sb_put(&h, ",", 1);
@@ -605,34 +602,34 @@ static int write_tensors(const char *path, int n, const char *const *names, cons
     for (int i = 0; i < n; i++) {
         st_dtype dt = dtypes ? dtypes[i] : ST_F32;
         if (!names[i] || !strcmp(names[i], "__metadata__")) {
-            st_err(err, errlen, "%s: tensor %d has no name or a reserved one", path, i);
+            st_errf(err, errlen, "%s: tensor %d has no name or a reserved one", path, i);
             goto out;
         }
         for (int j = 0; j < i; j++)
             if (!strcmp(names[i], names[j])) {
-                st_err(err, errlen, "%s: tensor name '%s' given twice", path, names[i]);
+                st_errf(err, errlen, "%s: tensor name '%s' given twice", path, names[i]);
                 goto out;
             }
         if (st_dtype_size(dt) == 0) {
-            st_err(err, errlen, "%s: tensor '%s': unknown dtype %d", path, names[i], (int)dt);
+            st_errf(err, errlen, "%s: tensor '%s': unknown dtype %d", path, names[i], (int)dt);
             goto out;
         }
         if (ranks[i] < 0 || ranks[i] > ST_MAX_RANK || (ranks[i] && !shapes[i])) {
-            st_err(err, errlen, "%s: tensor '%s': rank %d outside 0..%d", path, names[i], ranks[i], ST_MAX_RANK);
+            st_errf(err, errlen, "%s: tensor '%s': rank %d outside 0..%d", path, names[i], ranks[i], ST_MAX_RANK);
             goto out;
         }
         uint64_t numel = 1;
         for (int d = 0; d < ranks[i]; d++) {
             int64_t v = shapes[i][d];
             if (v < 0 || (v && numel > (uint64_t)INT64_MAX / 8 / (uint64_t)v)) {
-                st_err(err, errlen, "%s: tensor '%s': shape[%d] = %" PRId64 " is negative or too large", path,
+                st_errf(err, errlen, "%s: tensor '%s': shape[%d] = %" PRId64 " is negative or too large", path,
                        names[i], d, v);
                 goto out;
             }
             numel *= (uint64_t)v;
         }
         if (numel && !data[i]) {
-            st_err(err, errlen, "%s: tensor '%s': NULL data", path, names[i]);
+            st_errf(err, errlen, "%s: tensor '%s': NULL data", path, names[i]);
             goto out;
         }
         nbytes[i] = numel * st_dtype_size(dt);
@@ -647,7 +644,7 @@ static int write_tensors(const char *path, int n, const char *const *names, cons
     sb_put(&h, "}", 1);
     while ((8 + h.n) % 8) sb_put(&h, " ", 1); /* data section starts 8-byte aligned */
     if (h.oom) {
-        st_err(err, errlen, "%s: out of memory for the header", path);
+        st_errf(err, errlen, "%s: out of memory for the header", path);
         goto out;
     }
     st_atomic a;
@@ -670,7 +667,7 @@ static int write_tensors(const char *path, int n, const char *const *names, cons
         }
     }
     if (!ok) {
-        st_err(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        st_errf(err, errlen, "%s: write failed: %s", path, strerror(errno));
         st_atomic_abort(&a);
         goto out;
     }

@@ -88,4 +88,11 @@ void st_atomic_abort(st_atomic *a);
 #ifdef __cplusplus
 }
 #endif
+/* Formats a message into err (when err and errlen are non-zero) and returns -1: the error
+ * convention of every demos/vae file. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+int st_errf(char *err, size_t errlen, const char *fmt, ...);
+
 #endif

@@ -13,19 +13,6 @@
 #include "npy.h"
 #include "safetensors.h"
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int verr(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* ---- presets ----------------------------------------------------------------------------- */
 
 static void preset_sd_like(vae_config *c, const char *name, int latent, int pqc, double sf, double shift) {
@@ -49,7 +36,7 @@ static void preset_sd_like(vae_config *c, const char *name, int latent, int pqc,
 const char *vae_preset_names(void) { return "sd, sdxl, sd3, flux, tiny"; }
 
 int vae_preset(vae_config *cfg, const char *name, char *err, size_t errlen) {
-    if (!name) return verr(err, errlen, "--preset: missing name (known: %s)", vae_preset_names());
+    if (!name) return st_errf(err, errlen, "--preset: missing name (known: %s)", vae_preset_names());
     if (!strcmp(name, "sd")) {
         preset_sd_like(cfg, "sd", 4, 1, 0.18215, 0.0);
     } else if (!strcmp(name, "sdxl")) {
@@ -68,7 +55,7 @@ int vae_preset(vae_config *cfg, const char *name, char *err, size_t errlen) {
         cfg->layers_per_block = 1;
         cfg->groups = 4;
     } else {
-        return verr(err, errlen, "--preset: unknown preset '%s' (known: %s)", name, vae_preset_names());
+        return st_errf(err, errlen, "--preset: unknown preset '%s' (known: %s)", name, vae_preset_names());
     }
     return 0;
 }
@@ -77,16 +64,16 @@ int vae_parse_channels(vae_config *cfg, const char *list, char *err, size_t errl
     int n = 0;
     const char *p = list;
     int64_t v[VAE_MAX_BLOCKS];
-    if (!list || !*list) return verr(err, errlen, "--channels: empty list");
+    if (!list || !*list) return st_errf(err, errlen, "--channels: empty list");
     for (;;) {
         char *end = NULL;
         long long x = strtoll(p, &end, 10);
         if (end == p || x < 1 || x > (1 << 20))
-            return verr(err, errlen, "--channels: bad channel count at '%s' in '%s'", p, list);
-        if (n == VAE_MAX_BLOCKS) return verr(err, errlen, "--channels: more than %d blocks in '%s'", VAE_MAX_BLOCKS, list);
+            return st_errf(err, errlen, "--channels: bad channel count at '%s' in '%s'", p, list);
+        if (n == VAE_MAX_BLOCKS) return st_errf(err, errlen, "--channels: more than %d blocks in '%s'", VAE_MAX_BLOCKS, list);
         v[n++] = x;
         if (*end == '\0') break;
-        if (*end != ',') return verr(err, errlen, "--channels: expected ',' at '%s' in '%s'", end, list);
+        if (*end != ',') return st_errf(err, errlen, "--channels: expected ',' at '%s' in '%s'", end, list);
         p = end + 1;
     }
     cfg->n_blocks = n;
@@ -96,19 +83,19 @@ int vae_parse_channels(vae_config *cfg, const char *list, char *err, size_t errl
 
 int vae_config_validate(const vae_config *c, char *err, size_t errlen) {
     if (c->latent_channels < 1 || c->latent_channels > 4096)
-        return verr(err, errlen, "latent channels %d out of range [1, 4096]", c->latent_channels);
-    if (c->out_channels < 1) return verr(err, errlen, "out channels %d < 1", c->out_channels);
+        return st_errf(err, errlen, "latent channels %d out of range [1, 4096]", c->latent_channels);
+    if (c->out_channels < 1) return st_errf(err, errlen, "out channels %d < 1", c->out_channels);
     if (c->n_blocks < 1 || c->n_blocks > VAE_MAX_BLOCKS)
-        return verr(err, errlen, "block count %d out of range [1, %d]", c->n_blocks, VAE_MAX_BLOCKS);
+        return st_errf(err, errlen, "block count %d out of range [1, %d]", c->n_blocks, VAE_MAX_BLOCKS);
     if (c->layers_per_block < 0 || c->layers_per_block > 64)
-        return verr(err, errlen, "layers per block %d out of range [0, 64]", c->layers_per_block);
-    if (c->groups < 1) return verr(err, errlen, "norm groups %d < 1", c->groups);
+        return st_errf(err, errlen, "layers per block %d out of range [0, 64]", c->layers_per_block);
+    if (c->groups < 1) return st_errf(err, errlen, "norm groups %d < 1", c->groups);
     for (int i = 0; i < c->n_blocks; i++)
         if (c->block_out[i] < 1 || c->block_out[i] % c->groups)
-            return verr(err, errlen, "block channels %" PRId64 " (block %d) not a positive multiple of %d groups",
+            return st_errf(err, errlen, "block channels %" PRId64 " (block %d) not a positive multiple of %d groups",
                         c->block_out[i], i, c->groups);
     if (!(c->scaling_factor > 0.0) || !isfinite(c->shift_factor))
-        return verr(err, errlen, "scaling factor %g must be > 0 and shift %g finite", c->scaling_factor,
+        return st_errf(err, errlen, "scaling factor %g must be > 0 and shift %g finite", c->scaling_factor,
                     c->shift_factor);
     return 0;
 }
@@ -125,11 +112,11 @@ struct vae_weights {
 int vae_weights_open_file(vae_weights **out, const char *path, char *err, size_t errlen) {
     *out = NULL;
     vae_weights *w = calloc(1, sizeof(*w));
-    if (!w) return verr(err, errlen, "out of memory");
+    if (!w) return st_errf(err, errlen, "out of memory");
     char msg[VAE_ERR_LEN];
     if (st_open(&w->st, path, msg, sizeof(msg)) != 0) {
         free(w);
-        return verr(err, errlen, "--weights: %s", msg); /* msg names the file */
+        return st_errf(err, errlen, "--weights: %s", msg); /* msg names the file */
     }
     *out = w;
     return 0;
@@ -137,7 +124,7 @@ int vae_weights_open_file(vae_weights **out, const char *path, char *err, size_t
 
 int vae_weights_random(vae_weights **out, uint64_t seed, char *err, size_t errlen) {
     *out = calloc(1, sizeof(**out));
-    if (!*out) return verr(err, errlen, "out of memory");
+    if (!*out) return st_errf(err, errlen, "out of memory");
     (*out)->seed = seed;
     return 0;
 }
@@ -229,8 +216,8 @@ static int lookup(vae_weights *w, const char *key, int rank, const int64_t *shap
     char used[256];
     const st_tensor *t = find_key(w->st, key, &is_attn, used, sizeof(used));
     if (!t) {
-        if (is_attn) return verr(err, errlen, "weights: missing key '%s' (nor its legacy name '%s')", key, used);
-        return verr(err, errlen, "weights: missing key '%s'", key);
+        if (is_attn) return st_errf(err, errlen, "weights: missing key '%s' (nor its legacy name '%s')", key, used);
+        return st_errf(err, errlen, "weights: missing key '%s'", key);
     }
     int ok = t->rank == rank;
     for (int i = 0; ok && i < rank; i++) ok = t->shape[i] == shape[i];
@@ -241,7 +228,7 @@ static int lookup(vae_weights *w, const char *key, int rank, const int64_t *shap
         char a[128], b[128];
         shape_str(a, sizeof(a), t->rank, t->shape);
         shape_str(b, sizeof(b), rank, shape);
-        return verr(err, errlen, "weights: key '%s' has shape %s, expected %s", used, a, b);
+        return st_errf(err, errlen, "weights: key '%s' has shape %s, expected %s", used, a, b);
     }
     *out = t;
     return 0;
@@ -259,7 +246,7 @@ int vae_weights_get(vae_weights *w, const char *key, int rank, const int64_t *sh
     if (lookup(w, key, rank, shape, &t, err, errlen)) return -1;
     char msg[VAE_ERR_LEN];
     if (st_read_f32(w->st, t, dst, (size_t)n, msg, sizeof(msg)))
-        return verr(err, errlen, "weights: key '%s': %s", key, msg);
+        return st_errf(err, errlen, "weights: key '%s': %s", key, msg);
     return 0;
 }
 
@@ -280,7 +267,7 @@ typedef struct bld {
 
 static void fail_ctx(bld *b, cw_status st, const char *what) {
     b->st = st;
-    verr(b->err, b->errlen, "%s: %s: %s", what, cw_status_name(st), b->m ? cw_context_last_error(b->m->ctx) : "");
+    st_errf(b->err, b->errlen, "%s: %s: %s", what, cw_status_name(st), b->m ? cw_context_last_error(b->m->ctx) : "");
 }
 
 static int grow(bld *b, size_t n) {
@@ -308,7 +295,7 @@ static cw_node param(bld *b, const char *key, int rank, const int64_t *shape) {
     for (int i = 0; i < rank; i++) n *= shape[i];
     if (grow(b, (size_t)n)) {
         b->st = CW_ERR_OUT_OF_MEMORY;
-        verr(b->err, b->errlen, "out of memory loading '%s'", key);
+        st_errf(b->err, b->errlen, "out of memory loading '%s'", key);
         return CW_NODE_NONE;
     }
     if (vae_weights_get(b->w, key, rank, shape, b->buf, b->err, b->errlen)) {
@@ -326,7 +313,7 @@ static cw_node param(bld *b, const char *key, int rank, const int64_t *shape) {
         cw_tensor **p = realloc(m->consts, (size_t)cap * sizeof(*p));
         if (!p) {
             b->st = CW_ERR_OUT_OF_MEMORY;
-            verr(b->err, b->errlen, "out of memory");
+            st_errf(b->err, b->errlen, "out of memory");
             return CW_NODE_NONE;
         }
         m->consts = p;
@@ -512,14 +499,14 @@ cw_status vae_build(vae_model **out, cw_context *ctx, const vae_config *cfg, vae
     *out = NULL;
     if (vae_config_validate(cfg, err, errlen)) return CW_ERR_INVALID_ARG;
     if (latent_h < 1 || latent_w < 1) {
-        verr(err, errlen, "latent size %" PRId64 "x%" PRId64 " must be positive", latent_h, latent_w);
+        st_errf(err, errlen, "latent size %" PRId64 "x%" PRId64 " must be positive", latent_h, latent_w);
         return CW_ERR_INVALID_ARG;
     }
     /* fail on a bad key before allocating anything */
     if (vae_weights_check(w, cfg, err, errlen)) return CW_ERR_FORMAT;
     vae_model *m = calloc(1, sizeof(*m));
     if (!m) {
-        verr(err, errlen, "out of memory");
+        st_errf(err, errlen, "out of memory");
         return CW_ERR_OUT_OF_MEMORY;
     }
     m->ctx = ctx;
@@ -573,7 +560,7 @@ void vae_model_destroy(vae_model *m) {
 cw_status vae_compile(vae_model *m, const cw_compile_options *opt, cw_plan **plan, char *err, size_t errlen) {
     *plan = NULL;
     cw_status st = cw_graph_compile(m->graph, plan, opt);
-    if (st != CW_OK) verr(err, errlen, "compile: %s", cw_context_last_error(m->ctx));
+    if (st != CW_OK) st_errf(err, errlen, "compile: %s", cw_context_last_error(m->ctx));
     return st;
 }
 
@@ -613,7 +600,7 @@ cw_status vae_decode(vae_model *m, cw_plan *plan, const float *latent, float *ou
             out[i] = m->dtype == CW_F16 ? st_f16_to_f32(tmp[i]) : st_bf16_to_f32(tmp[i]);
     }
 done:
-    if (st != CW_OK) verr(err, errlen, "%s: %s: %s", what, cw_status_name(st), cw_context_last_error(m->ctx));
+    if (st != CW_OK) st_errf(err, errlen, "%s: %s: %s", what, cw_status_name(st), cw_context_last_error(m->ctx));
     free(tmp);
     cw_tensor_destroy(x);
     cw_tensor_destroy(y);
@@ -631,10 +618,10 @@ static int latent_dims(const int64_t *shape, int rank, int64_t dims[4], const ch
     } else {
         char s[128];
         shape_str(s, sizeof(s), rank, shape);
-        return verr(err, errlen, "--latent %s: shape %s, expected [C, h, w] or [1, C, h, w]", path, s);
+        return st_errf(err, errlen, "--latent %s: shape %s, expected [C, h, w] or [1, C, h, w]", path, s);
     }
     for (int i = 0; i < 4; i++)
-        if (dims[i] < 1) return verr(err, errlen, "--latent %s: empty dimension %d", path, i);
+        if (dims[i] < 1) return st_errf(err, errlen, "--latent %s: empty dimension %d", path, i);
     return 0;
 }
 
@@ -643,7 +630,7 @@ int vae_latent_load(const char *path, float **out, int64_t dims[4], char *err, s
     char msg[VAE_ERR_LEN];
     if (ends_with(path, ".npy")) {
         npy_array a;
-        if (npy_read(path, &a, msg, sizeof(msg))) return verr(err, errlen, "--latent %s: %s", path, msg);
+        if (npy_read(path, &a, msg, sizeof(msg))) return st_errf(err, errlen, "--latent %s: %s", path, msg);
         if (latent_dims(a.shape, a.rank, dims, path, err, errlen)) {
             npy_free(&a);
             return -1;
@@ -652,9 +639,9 @@ int vae_latent_load(const char *path, float **out, int64_t dims[4], char *err, s
         return 0;
     }
     st_file *f = NULL;
-    if (st_open(&f, path, msg, sizeof(msg))) return verr(err, errlen, "--latent %s: %s", path, msg);
+    if (st_open(&f, path, msg, sizeof(msg))) return st_errf(err, errlen, "--latent %s: %s", path, msg);
     if (st_count(f) != 1) {
-        verr(err, errlen, "--latent %s: %zu tensors, expected exactly one", path, st_count(f));
+        st_errf(err, errlen, "--latent %s: %zu tensors, expected exactly one", path, st_count(f));
         st_close(f);
         return -1;
     }
@@ -666,12 +653,12 @@ int vae_latent_load(const char *path, float **out, int64_t dims[4], char *err, s
     float *d = malloc((size_t)t->numel * sizeof(float));
     if (!d) {
         st_close(f);
-        return verr(err, errlen, "--latent %s: out of memory", path);
+        return st_errf(err, errlen, "--latent %s: out of memory", path);
     }
     if (st_read_f32(f, t, d, (size_t)t->numel, msg, sizeof(msg))) {
         free(d);
         st_close(f);
-        return verr(err, errlen, "--latent %s: %s", path, msg);
+        return st_errf(err, errlen, "--latent %s: %s", path, msg);
     }
     st_close(f);
     *out = d;
