@@ -169,6 +169,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
         void *arena = NULL;
         st = cw__alloc_malloc(temp, p->arena, NULL, &arena);
         if (st == CW_OK) st = cw__alloc_free(temp, arena, NULL);
+        cw__alloc_reset_peaks(temp); /* the priming block is not a use */
     }
     /* buffers allocated and not yet freed, so a failed run gives them back */
     char *live = cw__calloc((size_t)p->n_bufs + 1, 1);
@@ -246,7 +247,7 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allo
     cw__backend *dry = NULL;
     cw__allocator *temp = NULL, *act = NULL;
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
-    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC);
+    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
     if (st == CW_OK) st = cw__alloc_create(&act, p->ctx, dry, 0, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
     if (st == CW_OK) st = cw__plan_execute(p, dry, temp, act, 1, peak, peak_allocated);
     if (st == CW_OK && dry->i->host_syncs(dry) > p->n_streams)
@@ -394,7 +395,8 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
                          budget, (double)budget / 1048576.0, need, (double)need / 1048576.0);
     }
     if (st != CW_OK) return st;
-    uint32_t aflags = CW__ALLOC_DETERMINISTIC | ((ctx->cfg.flags & CW_FLAG_POISON) ? CW__ALLOC_POISON : 0);
+    uint32_t aflags = CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE |
+                      ((ctx->cfg.flags & CW_FLAG_POISON) ? CW__ALLOC_POISON : 0);
     p->events = cw__calloc((size_t)p->n_events + 1, sizeof *p->events);
     p->t0 = cw__calloc((size_t)p->n_tasks + 1, sizeof *p->t0);
     p->t1 = cw__calloc((size_t)p->n_tasks + 1, sizeof *p->t1);

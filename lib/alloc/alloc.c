@@ -530,6 +530,7 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
     /* 2. a new segment while the cap allows: better than making s wait on another stream
      * (unless the pool prefers reuse: then another stream's block with a wait first) */
     if (!b && (a->flags & CW__ALLOC_PREFER_REUSE)) b = find_block(a, pi, n, s, 0);
+    if (!b && (a->flags & CW__ALLOC_PREFER_REUSE)) b = find_block(a, 1 - pi, n, s, 0);
     if (!b) {
         if ((st = segment_new(a, pi, n, &b, &oom)) != CW_OK) return st;
         hit = !b;

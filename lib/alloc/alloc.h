@@ -12,9 +12,9 @@ enum {
      * completed. Then a replay of the same call sequence makes the same choices on any
      * backend (the scheduler's compile-time dry run predicts the run exactly). */
     CW__ALLOC_DETERMINISTIC = 1u << 1,
-    /* Below the cap, reuse another stream's free block (with an event wait) before taking
-     * a new segment: for unbudgeted pools (activations) that would otherwise grow with
-     * every cross-stream free. */
+    /* Below the cap, reuse another stream's free block (with an event wait; either pool)
+     * before taking a new segment: for unbudgeted pools (activations) that would otherwise
+     * grow with every cross-stream free, and for plans' primed arenas. */
     CW__ALLOC_PREFER_REUSE = 1u << 2
 };
 

@@ -70,7 +70,8 @@ cw_status cw_context_create(cw_context **out, const cw_context_config *cfg) {
     }
     if ((st = cw__pick_backend(ctx)) != CW_OK) goto fail;
     uint32_t aflags = CW__ALLOC_DETERMINISTIC | ((cfg->flags & CW_FLAG_POISON) ? CW__ALLOC_POISON : 0);
-    if ((st = cw__alloc_create(&ctx->temp, ctx, ctx->be, cfg->temp_budget, aflags)) != CW_OK) goto fail;
+    if ((st = cw__alloc_create(&ctx->temp, ctx, ctx->be, cfg->temp_budget, aflags | CW__ALLOC_PREFER_REUSE)) != CW_OK)
+        goto fail;
     if ((st = cw__alloc_create(&ctx->act, ctx, ctx->be, 0, aflags | CW__ALLOC_PREFER_REUSE)) != CW_OK) goto fail;
     *out = ctx;
     return CW_OK;
