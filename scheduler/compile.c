@@ -396,7 +396,9 @@ static cw_status cw__size_conv(cw__lower *L, const cw__conv_problem *full, int p
     int64_t avail = L->budget < 0 ? INT64_MAX : L->budget - CW__SMALL_RESERVE(L->budget);
     int fixed = L->p->opt.policy == CW_PATCHES_FIXED;
     for (int a = 0; a < na; a++) {
-        /* tallest patch for P: ceil(h_out / P) rows, at the top (the most padding-free). */
+        /* smallest P whose tallest patch (ceil(h_out / P) rows, probed in the middle of the
+         * output, where no padding clips its input rows) fits: bisection, since workspace
+         * and patch buffer shrink as P grows */
         int lo = p_min, hi = (int)h_out, best = -1;
         if (fixed) lo = hi = (int)(L->p->opt.patches < h_out ? (L->p->opt.patches > p_min ? L->p->opt.patches : p_min) : h_out);
         while (lo <= hi) {
