@@ -5,6 +5,7 @@
  * compile-time budget check. Also: compile entry points, stats, describe, trace. */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -65,6 +66,22 @@ static void cw__host_end(void *arg) {
     cw__hostarg *h = arg;
     if (h->p->t1) h->p->t1[h->task] = cw__now_ns();
     if (h->nvtx) cw__nvtx_pop();
+}
+
+static void cw__host_progress(void *arg) {
+    cw_plan *p = arg;
+    int64_t done = atomic_fetch_add(&p->progress_done, 1) + 1;
+    p->progress_fn(p->progress_user, done, p->n_tasks);
+}
+
+cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user) {
+    if (!p) return CW_ERR_INVALID_ARG;
+    if (fn && !p->ctx->be->i->launch_host)
+        return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "cw_plan_set_progress: the %s backend has no host callbacks",
+                         p->ctx->be->i->name);
+    p->progress_fn = fn;
+    p->progress_user = user;
+    return CW_OK;
 }
 
 static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
@@ -213,6 +230,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
             if (st == CW_OK && !dry) st = cw__enqueue(p, be, s, t);
             if (nvtx && !nvtx_worker) cw__nvtx_pop();
             if (st == CW_OK && timing) st = be->i->launch_host(be, s, cw__host_end, &ha[ac->id]);
+            if (st == CW_OK && !dry && p->progress_fn) st = be->i->launch_host(be, s, cw__host_progress, p);
             if (st == CW_OK && t->event >= 0) st = be->i->event_record(be, ev[t->event], s);
         }
     }
@@ -466,6 +484,7 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     int64_t t0 = cw__now_ns();
     p->run_t0 = t0;
     for (int k = 0; k < p->n_tasks; k++) p->t0[k] = p->t1[k] = 0;
+    atomic_store(&p->progress_done, 0);
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_push("cw_plan_run", 0, 0);
     int64_t peak = 0;
     cw_status st = cw__plan_execute(p, ctx->be, p->temp, ctx->act, 0, &peak, NULL);

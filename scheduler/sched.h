@@ -153,6 +153,9 @@ struct cw_plan {
     cw_tensor_desc *rdesc; /* per buffer run-time desc (strides) */
     int64_t *t0, *t1;      /* per task timestamps (ns) when timing */
     int64_t run_t0;
+    cw_progress_fn progress_fn;
+    void *progress_user;
+    _Atomic int64_t progress_done;
     cw_plan_stats stats;
     int ran;
 };

@@ -19,6 +19,17 @@ static cw_context *ctx;
         cases++;                                                                                    \
     } while (0)
 
+#include <stdatomic.h>
+static _Atomic int64_t g_calls, g_max_done, g_total;
+static void progress(void *user, int64_t done, int64_t total) {
+    (void)user;
+    atomic_fetch_add(&g_calls, 1);
+    int64_t m = atomic_load(&g_max_done);
+    while (done > m && !atomic_compare_exchange_weak(&g_max_done, &m, done)) {
+    }
+    atomic_store(&g_total, total);
+}
+
 static cw_tensor *tensor(int rank, const int64_t *dims) {
     cw_tensor_desc d;
     ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
@@ -94,8 +105,18 @@ int main(void) {
     EXPECT(cw_plan_run(plan, ins, 2, &small, 1), CW_ERR_INVALID_ARG, "outputs[0] is [1, 8, 8, 8]");
     EXPECT(cw_plan_run(plan, ins, 2, &tx, 1), CW_ERR_INVALID_ARG, "overlaps inputs[0]");
     EXPECT(cw_plan_write_trace(plan, "/tmp/never.json"), CW_ERR_INVALID_ARG, "not run");
+    ASSERT_STATUS(cw_plan_set_progress(NULL, progress, NULL), CW_ERR_INVALID_ARG);
+    ASSERT_OK(cw_plan_set_progress(plan, progress, NULL));
     ASSERT_OK_CTX(ctx, cw_plan_run(plan, ins, 2, &ty, 1));
     EXPECT(cw_plan_write_trace(plan, "/tmp/never.json"), CW_ERR_INVALID_ARG, "CW_FLAG_TIMING");
+    cw_plan_stats st;
+    ASSERT_OK(cw_plan_get_stats(plan, &st));
+    ASSERT_EQ_I(atomic_load(&g_calls), st.n_tasks); /* progress: once per task, up to the total */
+    ASSERT_EQ_I(atomic_load(&g_max_done), st.n_tasks);
+    ASSERT_EQ_I(atomic_load(&g_total), st.n_tasks);
+    ASSERT_OK(cw_plan_set_progress(plan, NULL, NULL));
+    ASSERT_OK_CTX(ctx, cw_plan_run(plan, ins, 2, &ty, 1));
+    ASSERT_EQ_I(atomic_load(&g_calls), st.n_tasks); /* switched off: no more calls */
 
     cw_plan_destroy(plan);
     cw_graph_destroy(g);

@@ -65,10 +65,19 @@ typedef struct run_result {
     double ms;              /* best decode time over --repeat runs, ms */
     cw_plan_stats stats;
     int64_t peak_rss;       /* filled by the parent: ru_maxrss of the child, bytes */
+    volatile int64_t tasks_done, tasks_total; /* the child's decode progress, for the bar */
     double max_diff;        /* filled by the parent: vs the reference */
 } run_result;
 
 static const char *prog = "cw-vae";
+
+/* Runs on a library thread in the child: publish the decode's progress to the parent
+ * through the shared result mapping. */
+static void on_progress(void *user, int64_t done, int64_t total) {
+    run_result *r = user;
+    r->tasks_total = total;
+    r->tasks_done = done;
+}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -332,6 +341,9 @@ static void explain_dtype(const opts *o, run_result *res) {
 }
 
 /* The child: everything big is created here, so ru_maxrss covers this configuration only. */
+/* A progress display only on a terminal, and not with --quiet. */
+static int spinner_on(const opts *o) { return !o->quiet && isatty(STDERR_FILENO); }
+
 static int child_run(const opts *o, const run_cfg *rc, const float *latent, int64_t lh, int64_t lw,
                      run_result *res, float *out) {
     cw_context *ctx = NULL;
@@ -394,6 +406,7 @@ static int child_run(const opts *o, const run_cfg *rc, const float *latent, int6
         fflush(stdout);
     }
     res->ms = INFINITY;
+    if (spinner_on(o)) cw_plan_set_progress(plan, on_progress, res);
     for (int i = 0; i < o->repeat; i++) {
         double t0 = now_ms();
         st = vae_decode(m, plan, latent, out, res->err, sizeof(res->err));
@@ -434,7 +447,6 @@ static void shared_free(shared_run *s) {
     memset(s, 0, sizeof(*s));
 }
 
-static int spinner_on(const opts *o) { return !o->quiet && isatty(STDERR_FILENO); }
 
 /* Forks, runs rc in the child, waits (showing elapsed time on a terminal after 1 s) and
  * fills *sr with the child's result and peak RSS. Returns the child's exit code. */
@@ -479,8 +491,17 @@ static int run_in_child(const opts *o, const run_cfg *rc, const float *latent, i
         }
         double el = (now_ms() - t0) / 1000.0;
         if (r == 0 && el >= 1.0) {
-            static const char spin[] = "|/-\\";
-            fprintf(stderr, "\r%c %s: %.1f s", spin[(int)(el * 5) % 4], progress, el);
+            int64_t done = sr->res->tasks_done, total = sr->res->tasks_total;
+            if (total > 0) { /* decoding: a bar over the plan's tasks */
+                char bar[31];
+                int fill = (int)(30 * done / total);
+                for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+                bar[30] = '\0';
+                fprintf(stderr, "\r[%s] %3d%% %s: %.1f s\033[K", bar, (int)(100 * done / total), progress, el);
+            } else { /* loading weights, compiling */
+                static const char spin[] = "|/-\\";
+                fprintf(stderr, "\r%c %s: %.1f s\033[K", spin[(int)(el * 5) % 4], progress, el);
+            }
             shown = 1;
         }
         if (r == 0) {

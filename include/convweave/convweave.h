@@ -297,6 +297,13 @@ enum { CW_STAGE_CONV = 0, CW_STAGE_PREP = 1, CW_STAGE_EPILOGUE = 2, CW_STAGE_STA
        CW_STAGE_ATTENTION = 4, CW_STAGE_OTHER = 5 };
 
 CW_API cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
+/* Progress of cw_plan_run: fn(user, done, total) after each finished task (done counts
+ * from 1 to total in every run). It is called from a backend thread (cpu: the stream's
+ * worker; cuda: the CUDA callback thread), must be quick and thread-safe, and must not
+ * call convweave. On cuda each call is a host callback in the stream: use it for
+ * long runs. fn NULL switches it off. Returns CW_ERR_INVALID_ARG for a NULL plan. */
+typedef void (*cw_progress_fn)(void *user, int64_t done, int64_t total);
+CW_API cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user);
 /* Describes the plan: per conv its patches (output rows, input rows, pre/post padding),
  * algorithm and workspace per patch, predicted peak temp, halo overhead. Returns a
  * NUL-terminated string the caller frees with cw_free. json != 0: JSON, else text. */
