@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # Builds and runs every test: a Release build (with CUDA where the toolkit is found), then
-# ASan+UBSan and TSan builds of the cpu backend. Usage: scripts/test.sh [release|asan|tsan]...
+# ASan+UBSan and TSan builds of the cpu backend, then the safetensors fuzz target (clang,
+# libFuzzer) over its regression corpus plus a fixed-seed run of new inputs.
+# Usage: scripts/test.sh [release|asan|tsan|fuzz]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 jobs=$(nproc)
 modes=("$@")
-[ ${#modes[@]} -eq 0 ] && modes=(release asan tsan)
+[ ${#modes[@]} -eq 0 ] && modes=(release asan tsan fuzz)
 for m in "${modes[@]}"; do
   case "$m" in
     release) dir=build;      flags=(-DCMAKE_BUILD_TYPE=Release); env=() ;;
     asan)    dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_ASAN=ON -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_BENCH=OFF); env=(CW_TEST_QUICK=1) ;;
     tsan)    dir=build-tsan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_TSAN=ON -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_BENCH=OFF); env=(CW_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1) ;;
+    fuzz)
+      echo "=== fuzz build (build-fuzz)"
+      CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_FUZZ=ON \
+        -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_TESTS=OFF -DCONVWEAVE_BUILD_BENCH=OFF -DCONVWEAVE_BUILD_DEMOS=OFF >/dev/null
+      cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors
+      echo "=== fuzz: regression corpus + 200000 fixed-seed runs"
+      work=$(mktemp -d)
+      ./build-fuzz/fuzz_safetensors -seed=1 -runs=200000 -max_len=4096 -print_final_stats=1 "$work" tests/corpus/safetensors
+      rm -rf "$work"
+      continue ;;
     *) echo "unknown mode $m" >&2; exit 2 ;;
   esac
   echo "=== $m build ($dir)"
