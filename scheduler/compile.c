@@ -81,6 +81,7 @@ static cw_status cw__act(cw__lower *L, cw__akind kind, int id, int stream) {
     a->kind = kind;
     a->id = id;
     a->stream = stream;
+    a->event = -1;
     return CW_OK;
 }
 
@@ -704,12 +705,14 @@ static cw_status cw__finish(cw__lower *L) {
     int *first = cw__malloc((size_t)nb * sizeof *first);
     int *lastu = cw__malloc((size_t)nb * (size_t)S * sizeof *lastu);
     int *waited = cw__malloc((size_t)S * (size_t)S * sizeof *waited);
+    int *alloc_act = cw__malloc((size_t)nb * sizeof *alloc_act + 1);
+    char *ordered = cw__calloc((size_t)nb * (size_t)S + 1, 1); /* stream ordered after b's alloc */
     cw_status st = CW_OK;
-    if (!first || !lastu || !waited) {
+    if (!first || !lastu || !waited || !alloc_act || !ordered) {
         st = cw__oom(L);
         goto done;
     }
-    for (int b = 0; b < nb; b++) first[b] = -1;
+    for (int b = 0; b < nb; b++) first[b] = -1, alloc_act[b] = -1;
     for (int k = 0; k < nb * S; k++) lastu[k] = -1;
     for (int k = 0; k < S * S; k++) waited[k] = -1;
 #define CW__TASK_BUFS(t, X)                                                                              \
@@ -737,9 +740,18 @@ static cw_status cw__finish(cw__lower *L) {
         cw__action *ac = &p->acts[a];
         if (ac->kind == CW__A_ALLOC) {
             ac->stream = first[ac->id] >= 0 ? first[ac->id] : 0;
+            alloc_act[ac->id] = a;
+            for (int s = 0; s < S; s++) ordered[(size_t)ac->id * S + s] = s == ac->stream;
         } else if (ac->kind == CW__A_TASK) {
             int ti = ac->id;
             cw__task *t = &p->tasks[ti];
+            /* The allocator orders only the allocating stream after the memory's previous
+             * use; every other stream that touches the buffer waits on an event recorded
+             * right after the allocation, before its first use. */
+#define CW__ORDER(b)                                                                                             if ((b) >= 0 && alloc_act[(b)] >= 0 && !ordered[(size_t)(b) * S + t->stream] && st == CW_OK) {                  cw__action *al = &p->acts[alloc_act[(b)]];                                                                   int *nw = cw__realloc(t->alloc_waits, (size_t)(t->n_alloc_waits + 1) * sizeof *nw);                          if (!nw) {                                                                                                       st = cw__oom(L);                                                                                         } else {                                                                                                         if (al->event < 0) al->event = p->n_events++;                                                                t->alloc_waits = nw;                                                                                         t->alloc_waits[t->n_alloc_waits++] = al->event;                                                              ordered[(size_t)(b) * S + t->stream] = 1;                                                                }                                                                                                        }
+            CW__TASK_BUFS(t, CW__ORDER);
+#undef CW__ORDER
+            if (st != CW_OK) break;
             for (int d = 0; d < t->n_deps; d++) {
                 int dt = t->deps[d];
                 int ds = p->tasks[dt].stream;
@@ -789,7 +801,7 @@ static cw_status cw__finish(cw__lower *L) {
             st = cw__error(L->g->ctx, CW_ERR_INTERNAL, "compile: buffer %d (kind %d, %" PRId64 " bytes) %s", b,
                            (int)p->bufs[b].kind, p->bufs[b].bytes, first[b] > 0 ? "never freed" : "freed twice");
 done:
-    cw__free(first), cw__free(lastu), cw__free(waited);
+    cw__free(first), cw__free(lastu), cw__free(waited), cw__free(alloc_act), cw__free(ordered);
     return st;
 }
 

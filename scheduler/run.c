@@ -20,7 +20,8 @@ void cw__plan_free(cw_plan *p) {
             if (p->events[i]) p->ctx->be->i->event_destroy(p->ctx->be, p->events[i]);
     }
     if (p->own_temp) cw__alloc_destroy(p->temp);
-    for (int i = 0; i < p->n_tasks; i++) cw__free(p->tasks[i].deps), cw__free(p->tasks[i].waits);
+    for (int i = 0; i < p->n_tasks; i++)
+        cw__free(p->tasks[i].deps), cw__free(p->tasks[i].waits), cw__free(p->tasks[i].alloc_waits);
     for (int i = 0; i < p->n_acts; i++) cw__free(p->acts[i].joins);
     for (int i = 0; i < p->n_convs; i++) cw__free(p->convs[i].tasks);
     cw__free(p->tasks), cw__free(p->acts), cw__free(p->bufs), cw__free(p->convs);
@@ -199,6 +200,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
             st = cw__alloc_malloc(al, b->bytes, streams[ac->stream], &p->ptrs[ac->id]);
             if (st != CW_OK) break;
             live[ac->id] = 1;
+            if (ac->event >= 0 && (st = be->i->event_record(be, ev[ac->event], streams[ac->stream])) != CW_OK) break;
             cw_tensor_desc *d = &p->rdesc[ac->id];
             *d = b->d;
             memset(d->strides, 0, sizeof d->strides);
@@ -224,6 +226,8 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
             cw__stream *s = streams[t->stream];
             for (int w = 0; w < t->n_waits && st == CW_OK; w++)
                 st = be->i->stream_wait_event(be, s, ev[p->tasks[t->waits[w]].event]);
+            for (int w = 0; w < t->n_alloc_waits && st == CW_OK; w++)
+                st = be->i->stream_wait_event(be, s, ev[t->alloc_waits[w]]);
             if (st != CW_OK) break;
             if (timing) st = be->i->launch_host(be, s, cw__host_begin, &ha[ac->id]);
             if (nvtx && !nvtx_worker) cw__nvtx_push(t->name, t->stage + 1, t->stream);

@@ -65,6 +65,9 @@ typedef struct cw__task {
     int event;           /* index into plan events, -1 if no cross-stream consumer */
     int *waits;          /* tasks whose events this one waits on (deduplicated) */
     int n_waits;
+    int *alloc_waits;    /* events of allocations on other streams of buffers it is the
+                            first on its stream to use */
+    int n_alloc_waits;
     double flops;
     int node;
     union {
@@ -111,6 +114,8 @@ typedef struct cw__action {
     cw__akind kind;
     int id;              /* buffer or task */
     int stream;          /* ALLOC/FREE: stream */
+    int event;           /* ALLOC: recorded after the allocation when other streams use the
+                            buffer too (they wait on it before their first use), else -1 */
     int *joins;          /* FREE: tasks on other streams to wait for first */
     int n_joins;
 } cw__action;
