@@ -200,7 +200,12 @@ static cw_status cuda_event_query(cw__backend *be, cw__event *ev, int *done) {
         *done = 1;
         return CW_OK;
     }
-    if (e == cudaErrorNotReady) return CW_OK; /* "not an error" per CUDA; nothing to clear */
+    if (e == cudaErrorNotReady) {
+        /* CUDA also records "not ready" as the thread's last error: clear it, or the next
+         * launcher's cudaGetLastError() reports it (non-sticky, so nothing real is lost) */
+        (void)cudaGetLastError();
+        return CW_OK;
+    }
     return cw__cuda_fail(be->ctx, e, "cudaEventQuery(ev->ev)", __FILE__, __LINE__);
 }
 

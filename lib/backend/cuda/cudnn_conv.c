@@ -437,12 +437,17 @@ done:
 
 /* Engines we never use: results must not depend on timing (nondeterministic engines use
  * atomics), f32 compute must stay f32 (no reduced-precision reductions, and for f32 data
- * no TF32 tensor cores or down-converted inputs). */
+ * no TF32 tensor cores or down-converted inputs), and f32 must stay within the 1e-5 the
+ * cpu oracle allows (FFT and Winograd transforms typically lose ~1e-4 in f32). */
 static int cw__cfg_rejected(int notes, cw_dtype dt) {
     if (notes & (1 << CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) return 1;
     if (notes & (1 << CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)) return 1;
     if (notes & (1 << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return 1;
-    if (dt == CW_F32 && (notes & (1 << CUDNN_NUMERICAL_NOTE_TENSOR_CORE))) return 1;
+    if (dt == CW_F32 && (notes & ((1 << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) | (1 << CUDNN_NUMERICAL_NOTE_FFT) |
+                                  (1 << CUDNN_NUMERICAL_NOTE_WINOGRAD) | (1 << CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4) |
+                                  (1 << CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6) |
+                                  (1 << CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13))))
+        return 1;
     return 0;
 }
 
