@@ -867,7 +867,7 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
         if (nd->kind == CW__N_INPUT) {
             st = cw__new_buf(&L, CW__B_INPUT, nd->index, &nd->desc, 0, &L.buf[i]);
             p->in_desc[nd->index] = nd->desc;
-        } else if (nd->kind == CW__N_CONST) {
+        } else if (nd->kind == CW__N_CONST && L.live[i]) {
             if ((st = cw__new_buf(&L, CW__B_CONST, i, &nd->desc, 0, &L.buf[i])) == CW_OK) p->bufs[L.buf[i]].t = nd->t;
             p->weights_bytes += cw__desc_span_bytes(&nd->desc);
         }

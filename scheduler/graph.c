@@ -104,6 +104,8 @@ cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node
         return st;
     if (nw->desc.dtype != CW_F32 || (nb && nb->desc.dtype != CW_F32))
         return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_conv: only f32 weights are supported in graphs");
+    if (nb && !cw__desc_is_contiguous(&nb->desc))
+        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_conv: the bias b must be a contiguous tensor");
     /* nw/nx point into g->nodes, which cw__node_add may move */
     const cw_tensor_desc wd = nw->desc, xd = nx->desc;
     cw__node *n = NULL;

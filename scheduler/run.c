@@ -357,6 +357,7 @@ cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_
     if (!opt) opt = &dflt;
     cw_status st = cw__opt_check(g->ctx, opt);
     if (st != CW_OK) return st;
+    if (g->n_outputs == 0) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_min_budget: the graph has no outputs");
     /* upper bound: the peak of the plan with an unlimited budget */
     cw_plan *p = NULL;
     if ((st = cw__compile_at(g, opt, -1, &p)) != CW_OK) return st;
@@ -472,6 +473,22 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
         for (int j = 0; j < n_inputs; j++)
             if (cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &inputs[j]->desc, inputs[j]->data))
                 return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps inputs[%d]", i, j);
+        for (int j = 0; j < i; j++)
+            if (cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &outputs[j]->desc, outputs[j]->data))
+                return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps outputs[%d]", i, j);
+    }
+    /* attention's GEMMs take contiguous [C, T] operands: check before anything is queued */
+    for (int k = 0; k < p->n_tasks; k++) {
+        const cw__task *t = &p->tasks[k];
+        if (t->kind != CW__T_ATTN) continue;
+        const int bs[4] = {t->u.attn.q.buf, t->u.attn.k.buf, t->u.attn.v.buf, t->u.attn.o.buf};
+        for (int a = 0; a < 4; a++) {
+            const cw__buf *bf = &p->bufs[bs[a]];
+            const cw_tensor *u = bf->kind == CW__B_INPUT ? inputs[bf->ext] : bf->kind == CW__B_OUTPUT ? outputs[bf->ext] : NULL;
+            if (u && !cw__desc_is_contiguous(&u->desc))
+                return cw__error(ctx, CW_ERR_UNSUPPORTED, "cw_plan_run: %s[%d] feeds or receives an attention and must be "
+                                 "contiguous", bf->kind == CW__B_INPUT ? "inputs" : "outputs", bf->ext);
+        }
     }
     for (int b = 0; b < p->n_bufs; b++) {
         const cw__buf *bf = &p->bufs[b];

@@ -77,8 +77,25 @@ int main(void) {
     EXPECT(cw_graph_attention(g, &out, x, x, x2, 0.5f), CW_ERR_INVALID_ARG, "equal shapes");
     EXPECT(cw_graph_attention(g, &out, x, x, x, -1.0f), CW_ERR_INVALID_ARG, "scale");
     EXPECT(cw_graph_output(g, x, "y"), CW_ERR_UNSUPPORTED, "input or constant");
+    cw_tensor *keep[2] = {NULL, NULL};
     cw_plan *plan = (cw_plan *)&plan;
     EXPECT(cw_graph_compile(g, &plan, NULL), CW_ERR_INVALID_ARG, "no outputs");
+    int64_t mb = 0;
+    EXPECT(cw_graph_min_budget(g, NULL, &mb), CW_ERR_INVALID_ARG, "no outputs");
+    {   /* a strided bias is refused, not read as if contiguous */
+        int64_t bd[1] = {16};
+        cw_tensor *bb = tensor(1, bd);
+        cw_tensor_desc sd;
+        int64_t eight = 8;
+        ASSERT_OK(cw_tensor_desc_make(&sd, CW_F32, 1, &eight));
+        sd.strides[0] = 2;
+        cw_tensor *sb;
+        ASSERT_OK_CTX(ctx, cw_tensor_wrap(ctx, &sb, &sd, cw_tensor_data(bb)));
+        cw_node nsb;
+        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nsb, "strided bias", sb));
+        EXPECT(cw_graph_conv(g, &out, x, nw, nsb, &p), CW_ERR_UNSUPPORTED, "contiguous");
+        keep[0] = sb, keep[1] = bb; /* constants outlive the graph's plans */
+    }
     ASSERT_TRUE(plan == NULL);
 
     cw_node s;
@@ -120,7 +137,7 @@ int main(void) {
 
     cw_plan_destroy(plan);
     cw_graph_destroy(g);
-    cw_tensor *all[] = {w, v8, v6, tx, ty, small};
+    cw_tensor *all[] = {w, v8, v6, tx, ty, small, keep[0], keep[1]};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) cw_tensor_destroy(all[i]);
     cw_context_destroy(ctx);
     printf("%d bad-argument cases checked\n", cases);
