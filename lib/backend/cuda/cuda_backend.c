@@ -4,6 +4,7 @@
  * include/convweave/convweave_cuda.h. The library links libcudart dynamically and calls
  * nothing at load time, so it loads without a driver; creation then reports no device. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -283,6 +284,10 @@ static cw_status cuda_prep(cw__backend *be, cw__stream *s, const cw__prep_params
     cw_context *ctx = be->ctx;
     cw_status st;
     char b1[96], b2[96];
+    if (!p) return cw__error(ctx, CW_ERR_INVALID_ARG, "cuda prep: params are NULL");
+    if (p->dst_row0 < 0 || p->src_row0 < 0) /* the row map divides: truncation needs rows >= 0 */
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cuda prep: dst_row0 %" PRId64 " / src_row0 %" PRId64 " < 0",
+                         p->dst_row0, p->src_row0);
     if ((st = cw__view_check(ctx, &p->src, "prep", "src")) != CW_OK) return st;
     if ((st = cw__view_check(ctx, &p->dst, "prep", "dst")) != CW_OK) return st;
     const cw_tensor_desc *sd = &p->src.d, *dd = &p->dst.d;
@@ -328,7 +333,7 @@ static cw_status cuda_gn_finalize(cw__backend *be, cw__stream *s, const double *
     cw__cuda *cb = cw__cb(be);
     cw_status st = CW_OK;
     if (n == 0) return CW_OK;
-    if (!parts || n_parts < 1 || n < 0 || groups < 1 || c < 1 || c % groups != 0 || !scale || !shift || !(eps >= 0.0f))
+    if (!parts || n_parts < 1 || n < 0 || groups < 1 || c < 1 || c % groups != 0 || !scale || !shift || !(eps >= 0.0f) || !isfinite(eps))
         return cw__error(be->ctx, CW_ERR_INVALID_ARG,
                          "cuda gn_finalize: n_parts %" PRId64 ", n %" PRId64 ", c %" PRId64 ", groups %" PRId64
                          ", eps %g (need c divisible by groups, eps >= 0, non-NULL parts/scale/shift)",
@@ -397,7 +402,7 @@ static cw_status cuda_softmax_rows(cw__backend *be, cw__stream *s, float *x, int
                                      int64_t ld) {
     cw__cuda *cb = cw__cb(be);
     cw_status st = CW_OK;
-    if (!x || rows < 0 || cols < 0 || ld < cols)
+    if (!x || rows < 0 || cols < 1 || ld < cols)
         return cw__error(be->ctx, CW_ERR_INVALID_ARG,
                          "cuda softmax_rows: rows %" PRId64 ", cols %" PRId64 ", ld %" PRId64 " (need ld >= cols)",
                          rows, cols, ld);
