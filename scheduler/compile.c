@@ -697,6 +697,25 @@ static void cw__lower_free(cw__lower *L) {
     cw__free(L->gn_stats_first);
 }
 
+int cw__task_bufs(const cw__task *t, int *out) {
+    int n = 0;
+    int b[CW__TASK_MAX_BUFS] = {-1, -1, -1, -1, -1};
+    switch (t->kind) {
+    case CW__T_CONV: b[0] = t->u.conv.x.buf, b[1] = t->u.conv.y.buf, b[2] = t->u.conv.ws_buf; break;
+    case CW__T_PREP: b[0] = t->u.prep.src.buf, b[1] = t->u.prep.dst.buf, b[2] = t->u.prep.ss_buf; break;
+    case CW__T_ADD: b[0] = t->u.add.dst.buf, b[1] = t->u.add.a.buf, b[2] = t->u.add.b.buf; break;
+    case CW__T_STATS: b[0] = t->u.stats.x.buf, b[1] = t->u.stats.part_buf; break;
+    case CW__T_FINALIZE: b[0] = t->u.fin.part_buf, b[1] = t->u.fin.ss_buf; break;
+    case CW__T_ATTN:
+        b[0] = t->u.attn.q.buf, b[1] = t->u.attn.k.buf, b[2] = t->u.attn.v.buf, b[3] = t->u.attn.o.buf;
+        b[4] = t->u.attn.s_buf;
+        break;
+    }
+    for (int i = 0; i < CW__TASK_MAX_BUFS; i++)
+        if (b[i] >= 0) out[n++] = b[i];
+    return n;
+}
+
 /* Final pass: allocation streams, event waits (deduplicated per stream pair), free joins. */
 static cw_status cw__finish(cw__lower *L) {
     cw_plan *p = L->p;
@@ -715,25 +734,12 @@ static cw_status cw__finish(cw__lower *L) {
     for (int b = 0; b < nb; b++) first[b] = -1, alloc_act[b] = -1;
     for (int k = 0; k < nb * S; k++) lastu[k] = -1;
     for (int k = 0; k < S * S; k++) waited[k] = -1;
-#define CW__TASK_BUFS(t, X)                                                                              \
-    do {                                                                                                 \
-        switch ((t)->kind) {                                                                             \
-        case CW__T_CONV: X((t)->u.conv.x.buf); X((t)->u.conv.y.buf); X((t)->u.conv.ws_buf); break;     \
-        case CW__T_PREP: X((t)->u.prep.src.buf); X((t)->u.prep.dst.buf); X((t)->u.prep.ss_buf); break; \
-        case CW__T_ADD: X((t)->u.add.dst.buf); X((t)->u.add.a.buf); X((t)->u.add.b.buf); break;        \
-        case CW__T_STATS: X((t)->u.stats.x.buf); X((t)->u.stats.part_buf); break;                      \
-        case CW__T_FINALIZE: X((t)->u.fin.part_buf); X((t)->u.fin.ss_buf); break;                      \
-        case CW__T_ATTN:                                                                                 \
-            X((t)->u.attn.q.buf); X((t)->u.attn.k.buf); X((t)->u.attn.v.buf); X((t)->u.attn.o.buf);     \
-            X((t)->u.attn.s_buf); break;                                                                 \
-        }                                                                                                \
-    } while (0)
+    int tb[CW__TASK_MAX_BUFS];
     for (int a = 0; a < p->n_acts; a++) {
         if (p->acts[a].kind != CW__A_TASK) continue;
-        cw__task *t = &p->tasks[p->acts[a].id];
-#define CW__FIRST(b) \
-    if ((b) >= 0 && first[(b)] < 0) first[(b)] = t->stream
-        CW__TASK_BUFS(t, CW__FIRST);
+        const cw__task *t = &p->tasks[p->acts[a].id];
+        for (int k = 0, n = cw__task_bufs(t, tb); k < n; k++)
+            if (first[tb[k]] < 0) first[tb[k]] = t->stream;
     }
     p->n_events = 0;
     for (int a = 0; a < p->n_acts && st == CW_OK; a++) {
@@ -745,14 +751,25 @@ static cw_status cw__finish(cw__lower *L) {
         } else if (ac->kind == CW__A_TASK) {
             int ti = ac->id;
             cw__task *t = &p->tasks[ti];
+            int n = cw__task_bufs(t, tb);
             /* The allocator orders only the allocating stream after the memory's previous
              * use; every other stream that touches the buffer waits on an event recorded
              * right after the allocation, before its first use. */
-#define CW__ORDER(b)                                                                                             if ((b) >= 0 && alloc_act[(b)] >= 0 && !ordered[(size_t)(b) * S + t->stream] && st == CW_OK) {                  cw__action *al = &p->acts[alloc_act[(b)]];                                                                   int *nw = cw__realloc(t->alloc_waits, (size_t)(t->n_alloc_waits + 1) * sizeof *nw);                          if (!nw) {                                                                                                       st = cw__oom(L);                                                                                         } else {                                                                                                         if (al->event < 0) al->event = p->n_events++;                                                                t->alloc_waits = nw;                                                                                         t->alloc_waits[t->n_alloc_waits++] = al->event;                                                              ordered[(size_t)(b) * S + t->stream] = 1;                                                                }                                                                                                        }
-            CW__TASK_BUFS(t, CW__ORDER);
-#undef CW__ORDER
-            if (st != CW_OK) break;
-            for (int d = 0; d < t->n_deps; d++) {
+            for (int k = 0; k < n && st == CW_OK; k++) {
+                int b = tb[k];
+                if (alloc_act[b] < 0 || ordered[(size_t)b * S + t->stream]) continue;
+                cw__action *al = &p->acts[alloc_act[b]];
+                int *nw = cw__realloc(t->alloc_waits, (size_t)(t->n_alloc_waits + 1) * sizeof *nw);
+                if (!nw) {
+                    st = cw__oom(L);
+                    break;
+                }
+                if (al->event < 0) al->event = p->n_events++;
+                t->alloc_waits = nw;
+                t->alloc_waits[t->n_alloc_waits++] = al->event;
+                ordered[(size_t)b * S + t->stream] = 1;
+            }
+            for (int d = 0; d < t->n_deps && st == CW_OK; d++) {
                 int dt = t->deps[d];
                 int ds = p->tasks[dt].stream;
                 if (ds == t->stream || waited[t->stream * S + ds] >= dt) continue;
@@ -766,9 +783,7 @@ static cw_status cw__finish(cw__lower *L) {
                 waited[t->stream * S + ds] = dt;
                 if (p->tasks[dt].event < 0) p->tasks[dt].event = p->n_events++;
             }
-#define CW__LAST(b) \
-    if ((b) >= 0) lastu[(b) * S + t->stream] = ti
-            CW__TASK_BUFS(t, CW__LAST);
+            for (int k = 0; k < n; k++) lastu[tb[k] * S + t->stream] = ti;
         } else { /* FREE: on the stream of the last user, after joining the others */
             int b = ac->id, fs = 0, lt = -1;
             for (int s = 0; s < S; s++)
@@ -789,8 +804,6 @@ static cw_status cw__finish(cw__lower *L) {
             }
         }
     }
-#undef CW__FIRST
-#undef CW__LAST
     /* invariant: every allocated buffer is freed exactly once */
     for (int b = 0; b < nb; b++) first[b] = 0;
     for (int a = 0; a < p->n_acts; a++)

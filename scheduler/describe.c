@@ -163,18 +163,11 @@ cw_status cw_plan_write_trace(const cw_plan *p, const char *path) {
     for (int b = 0; b < nb; b++) b0[b] = INT64_MAX, b1[b] = 0;
     for (int k = 0; k < p->n_tasks; k++) {
         const cw__task *t = &p->tasks[k];
-        int bufs[6] = {-1, -1, -1, -1, -1, -1};
-        switch (t->kind) {
-        case CW__T_CONV: bufs[0] = t->u.conv.x.buf, bufs[1] = t->u.conv.ws_buf; break;
-        case CW__T_PREP: bufs[0] = t->u.prep.dst.buf, bufs[1] = t->u.prep.ss_buf; break;
-        case CW__T_STATS: bufs[0] = t->u.stats.part_buf; break;
-        case CW__T_FINALIZE: bufs[0] = t->u.fin.part_buf, bufs[1] = t->u.fin.ss_buf; break;
-        case CW__T_ATTN: bufs[0] = t->u.attn.s_buf; break;
-        default: break;
-        }
-        for (int a = 0; a < 6; a++) {
+        int bufs[CW__TASK_MAX_BUFS];
+        int nb_t = cw__task_bufs(t, bufs);
+        for (int a = 0; a < nb_t; a++) {
             int b = bufs[a];
-            if (b < 0 || p->bufs[b].kind != CW__B_TEMP || !p->t0[k]) continue;
+            if (p->bufs[b].kind != CW__B_TEMP || !p->t0[k]) continue;
             if (p->t0[k] < b0[b]) b0[b] = p->t0[k];
             if (p->t1[k] > b1[b]) b1[b] = p->t1[k];
         }

@@ -165,6 +165,10 @@ struct cw_plan {
     int ran;
 };
 
+/* compile.c: the buffers task t touches (weights and biases excepted), into out, which
+ * holds CW__TASK_MAX_BUFS; returns how many. */
+#define CW__TASK_MAX_BUFS 5
+int cw__task_bufs(const cw__task *t, int *out);
 /* graph.c */
 const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
 /* compile.c */

@@ -14,24 +14,6 @@
 
 #define HB_MS CW__MAX_STREAMS
 
-static int hb_task_bufs(const cw__task *t, int *o) {
-    int k = 0;
-#define HB_X(b) o[k++] = (b)
-    switch (t->kind) {
-    case CW__T_CONV: HB_X(t->u.conv.x.buf); HB_X(t->u.conv.y.buf); HB_X(t->u.conv.ws_buf); break;
-    case CW__T_PREP: HB_X(t->u.prep.src.buf); HB_X(t->u.prep.dst.buf); HB_X(t->u.prep.ss_buf); break;
-    case CW__T_ADD: HB_X(t->u.add.dst.buf); HB_X(t->u.add.a.buf); HB_X(t->u.add.b.buf); break;
-    case CW__T_STATS: HB_X(t->u.stats.x.buf); HB_X(t->u.stats.part_buf); break;
-    case CW__T_FINALIZE: HB_X(t->u.fin.part_buf); HB_X(t->u.fin.ss_buf); break;
-    case CW__T_ATTN:
-        HB_X(t->u.attn.q.buf); HB_X(t->u.attn.k.buf); HB_X(t->u.attn.v.buf); HB_X(t->u.attn.o.buf);
-        HB_X(t->u.attn.s_buf);
-        break;
-    }
-#undef HB_X
-    return k;
-}
-
 static void hb_join(int64_t *dst, const int64_t *src, int S) {
     for (int q = 0; q < S; q++)
         if (src[q] > dst[q]) dst[q] = src[q];
@@ -74,16 +56,16 @@ static int hb_check(const cw_plan *p) {
         }
     }
     for (int T = 0; T < nt; T++) {
-        int ub[6], nu = hb_task_bufs(&p->tasks[T], ub);
+        int ub[CW__TASK_MAX_BUFS], nu = cw__task_bufs(&p->tasks[T], ub);
         for (int i = 0; i < nu; i++) {
             int b = ub[i];
-            if (b < 0 || (p->bufs[b].kind != CW__B_ACT && p->bufs[b].kind != CW__B_TEMP)) continue;
+            if ((p->bufs[b].kind != CW__B_ACT && p->bufs[b].kind != CW__B_TEMP)) continue;
             const char *lo = p->ptrs[b], *hi = lo + p->bufs[b].bytes;
             for (int U = 0; U < T; U++) {
-                int ob[6], no = hb_task_bufs(&p->tasks[U], ob);
+                int ob[CW__TASK_MAX_BUFS], no = cw__task_bufs(&p->tasks[U], ob);
                 for (int j = 0; j < no; j++) {
                     int o = ob[j];
-                    if (o < 0 || o >= b || p->bufs[o].kind != p->bufs[b].kind) continue;
+                    if (o >= b || p->bufs[o].kind != p->bufs[b].kind) continue;
                     const char *l2 = p->ptrs[o], *h2 = l2 + p->bufs[o].bytes;
                     if (!(l2 < hi && lo < h2)) continue;
                     int us = p->tasks[U].stream;
