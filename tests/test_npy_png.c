@@ -12,6 +12,7 @@
 #include "image.h"
 #include "npy.h"
 #include "safetensors.h"
+#include "testfiles.h"
 #include "testutil.h"
 
 #define CHECK_SUBSTR(msg, sub)                                                                      \
@@ -22,29 +23,6 @@
         }                                                                                           \
     } while (0)
 
-static char tmpdir[256];
-
-static const char *tpath(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-    return buf[k];
-}
-
-static uint8_t *slurp(const char *path, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
-    ASSERT_TRUE(b && fread(b, 1, (size_t)n, fp) == (size_t)n);
-    fclose(fp);
-    *len = (size_t)n;
-    return b;
-}
-
 static void put_file(const char *path, const void *b, size_t n) {
     FILE *fp = fopen(path, "wb");
     ASSERT_TRUE(fp && fwrite(b, 1, n, fp) == n);
@@ -53,7 +31,7 @@ static void put_file(const char *path, const void *b, size_t n) {
 
 static int same_file(const char *path, const void *b, size_t n) {
     size_t len;
-    uint8_t *got = slurp(path, &len);
+    uint8_t *got = cw_test_slurp(path, &len);
     int same = got && len == n && !memcmp(got, b, n);
     free(got);
     return same;
@@ -61,7 +39,7 @@ static int same_file(const char *path, const void *b, size_t n) {
 
 static int leftover_temps(void) {
     int n = 0;
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(cw_test_tmpdir(""));
     struct dirent *e;
     while ((e = readdir(d)))
         if (strstr(e->d_name, ".tmp-")) n++;
@@ -95,12 +73,12 @@ static void test_npy(cw_rng *r) {
         for (int d = 0; d < ranks[s]; d++) numel *= shapes[s][d];
         float *x = malloc((size_t)numel * 4 + 4);
         for (int64_t i = 0; i < numel; i++) x[i] = cw_rng_float(r) * 10.0f;
-        ASSERT_EQ_I(npy_write_f32(tpath("rt.npy"), ranks[s], shapes[s], x, err, sizeof err), 0);
+        ASSERT_EQ_I(npy_write_f32(cw_test_path("rt.npy"), ranks[s], shapes[s], x, err, sizeof err), 0);
         size_t len;
-        uint8_t *b = slurp(tpath("rt.npy"), &len);
+        uint8_t *b = cw_test_slurp(cw_test_path("rt.npy"), &len);
         CHECK((len - (size_t)numel * 4) % 64 == 0); /* numpy's 64-byte data alignment */
         free(b);
-        if (npy_read(tpath("rt.npy"), &a, err, sizeof err)) {
+        if (npy_read(cw_test_path("rt.npy"), &a, err, sizeof err)) {
             fprintf(stderr, "npy_read: %s\n", err);
             exit(1);
         }
@@ -122,9 +100,9 @@ static void test_npy(cw_rng *r) {
     }
     ASSERT_EQ_I(a.rank, 4);
     ASSERT_EQ_I(a.shape[1], 4);
-    ASSERT_EQ_I(npy_write_f32(tpath("latent.npy"), a.rank, a.shape, a.data, err, sizeof err), 0);
+    ASSERT_EQ_I(npy_write_f32(cw_test_path("latent.npy"), a.rank, a.shape, a.data, err, sizeof err), 0);
     size_t l1, l2;
-    uint8_t *b1 = slurp(p, &l1), *b2 = slurp(tpath("latent.npy"), &l2);
+    uint8_t *b1 = cw_test_slurp(p, &l1), *b2 = cw_test_slurp(cw_test_path("latent.npy"), &l2);
     CHECK(l1 == l2 && !memcmp(b1, b2, l1));
     free(b1);
     free(b2);
@@ -198,10 +176,10 @@ static void test_npy(cw_rng *r) {
     CHECK_SUBSTR(err, "header length 255 (byte 8) runs past the end of the file (12 bytes)");
     CHECK(npy_parse((const uint8_t *)"\x93NUMPY\x02\x00\x05\x00", 10, &a, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "file ends inside the header length");
-    CHECK(npy_read(tpath("missing.npy"), &a, err, sizeof err) != 0);
+    CHECK(npy_read(cw_test_path("missing.npy"), &a, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "missing.npy: cannot open");
-    put_file(tpath("bad.npy"), "\x93NUMPY\x01\x00\x02\x00{\n", 12);
-    CHECK(npy_read(tpath("bad.npy"), &a, err, sizeof err) != 0);
+    put_file(cw_test_path("bad.npy"), "\x93NUMPY\x01\x00\x02\x00{\n", 12);
+    CHECK(npy_read(cw_test_path("bad.npy"), &a, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "bad.npy: npy header: expected a quoted string at byte 12");
 
     /* version 2.0 header (4-byte length) */
@@ -306,9 +284,9 @@ static void test_png(cw_rng *r) {
         exit(1);
     }
     ASSERT_EQ_I(a.rank, 4);
-    ASSERT_EQ_I(img_write_png(tpath("tiny.png"), a.data, a.shape, err, sizeof err), 0);
+    ASSERT_EQ_I(img_write_png(cw_test_path("tiny.png"), a.data, a.shape, err, sizeof err), 0);
     uint32_t w1, h1, w2, h2;
-    uint8_t *mine = read_png(tpath("tiny.png"), 0, &w1, &h1), *ref = read_png(q, 0, &w2, &h2);
+    uint8_t *mine = read_png(cw_test_path("tiny.png"), 0, &w1, &h1), *ref = read_png(q, 0, &w2, &h2);
     ASSERT_TRUE(mine && ref);
     ASSERT_EQ_I(w1, a.shape[3]);
     ASSERT_EQ_I(h1, a.shape[2]);
@@ -332,9 +310,9 @@ static void test_png(cw_rng *r) {
         size_t nn = (size_t)(c * 17 * 23);
         float *x = malloc(nn * 4);
         for (size_t i = 0; i < nn; i++) x[i] = cw_rng_float(r) * 1.2f;
-        ASSERT_EQ_I(img_write_png(tpath("lay.png"), x, dims, err, sizeof err), 0);
+        ASSERT_EQ_I(img_write_png(cw_test_path("lay.png"), x, dims, err, sizeof err), 0);
         uint32_t w, h;
-        uint8_t *px = read_png(tpath("lay.png"), c == 1, &w, &h);
+        uint8_t *px = read_png(cw_test_path("lay.png"), c == 1, &w, &h);
         ASSERT_TRUE(px && w == 23 && h == 17);
         int bad = 0;
         for (int ch = 0; ch < c; ch++)
@@ -354,10 +332,10 @@ static void test_png(cw_rng *r) {
     /* bad shapes are named */
     float one = 0;
     int64_t bad_dims[4] = {1, 4, 2, 2};
-    CHECK(img_write_png(tpath("b.png"), &one, bad_dims, err, sizeof err) != 0);
+    CHECK(img_write_png(cw_test_path("b.png"), &one, bad_dims, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "image tensor [1, 4, 2, 2] is not [1, 3 or 1, H, W]");
     int64_t bad2[4] = {2, 3, 2, 2};
-    CHECK(img_write_png(tpath("b.png"), &one, bad2, err, sizeof err) != 0);
+    CHECK(img_write_png(cw_test_path("b.png"), &one, bad2, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "[2, 3, 2, 2]");
 }
 
@@ -371,10 +349,10 @@ static void test_atomic(cw_rng *r) {
     for (size_t i = 0; i < nn; i++) x[i] = cw_rng_float(r); /* noise: the PNG is ~12 KiB */
 
     char png[512], npy[512], st[512], dir[512]; /* tpath's buffers rotate: keep copies */
-    snprintf(png, sizeof png, "%s", tpath("out.png"));
-    snprintf(npy, sizeof npy, "%s", tpath("out.npy"));
-    snprintf(st, sizeof st, "%s", tpath("out.safetensors"));
-    snprintf(dir, sizeof dir, "%s", tpath("outdir.png"));
+    snprintf(png, sizeof png, "%s", cw_test_path("out.png"));
+    snprintf(npy, sizeof npy, "%s", cw_test_path("out.npy"));
+    snprintf(st, sizeof st, "%s", cw_test_path("out.safetensors"));
+    snprintf(dir, sizeof dir, "%s", cw_test_path("outdir.png"));
     put_file(png, orig, sizeof orig);
     put_file(npy, orig, sizeof orig);
     put_file(st, orig, sizeof orig);
@@ -419,7 +397,7 @@ static void test_atomic(cw_rng *r) {
     rmdir(dir);
 
     /* 4. a directory that does not exist */
-    CHECK(img_write_png(tpath("nodir/x.png"), x, dims, err, sizeof err) != 0);
+    CHECK(img_write_png(cw_test_path("nodir/x.png"), x, dims, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "nodir/x.png: cannot create a temporary file");
 
     /* 5. success replaces the file completely */
@@ -442,30 +420,13 @@ static void test_atomic(cw_rng *r) {
     fprintf(stderr, "atomic: failed writes (EFBIG, bad shape, directory, missing dir) left the originals intact\n");
 }
 
-static void rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 int main(void) {
     cw_rng r = {cw_test_seed(777)};
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/cw_test_npy_XXXXXX");
-    ASSERT_TRUE(mkdtemp(tmpdir) != NULL);
+    const char *tmpdir = cw_test_tmpdir("cw_test_npy_");
     test_npy(&r);
     test_mapping();
     test_png(&r);
     test_atomic(&r);
-    rm_tree(tmpdir);
+    cw_test_rm_tree(tmpdir);
     TEST_DONE();
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "testfiles.h"
 #include "testutil.h"
 
 #define CHECK_SUBSTR(msg, sub)                                                                      \
@@ -133,29 +134,6 @@ static void test_conversions(cw_rng *r) {
 
 /* ---- files ---- */
 
-static char tmpdir[256];
-
-static const char *tpath(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-    return buf[k];
-}
-
-static uint8_t *slurp(const char *path, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    ASSERT_TRUE(fp != NULL);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
-    ASSERT_TRUE(b && fread(b, 1, (size_t)n, fp) == (size_t)n);
-    fclose(fp);
-    *len = (size_t)n;
-    return b;
-}
-
 static void test_round_trip(cw_rng *r) {
     char err[512];
     enum { NA = 2 * 3 * 5, NB = 37, NC = 4 };
@@ -177,7 +155,7 @@ static void test_round_trip(cw_rng *r) {
     float scalar = 42.5f;
     const void *data[] = {a, b16, c16, &scalar, NULL};
     const char *meta[] = {"format", "pt", "note", "line\nbreak", NULL};
-    const char *p = tpath("rt.safetensors");
+    const char *p = cw_test_path("rt.safetensors");
     if (st_write_raw(p, 5, names, dts, shapes, ranks, data, meta, err, sizeof err) != 0) {
         fprintf(stderr, "st_write_raw: %s\n", err);
         exit(1);
@@ -220,7 +198,8 @@ static void test_round_trip(cw_rng *r) {
 
     /* the data section starts 8-byte aligned, as the reference writer does */
     size_t len;
-    uint8_t *bytes = slurp(p, &len);
+    uint8_t *bytes = cw_test_slurp(p, &len);
+    ASSERT_TRUE(bytes != NULL);
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = hl << 8 | bytes[i];
     CHECK((8 + hl) % 8 == 0);
@@ -276,8 +255,8 @@ static void test_round_trip(cw_rng *r) {
     int rk2[] = {2};
     const float *d2[] = {a};
     const char *n2[] = {"x"};
-    ASSERT_EQ_I(st_write(tpath("f32.safetensors"), 1, n2, sh2, rk2, d2, err, sizeof err), 0);
-    ASSERT_EQ_I(st_open(&f, tpath("f32.safetensors"), err, sizeof err), 0);
+    ASSERT_EQ_I(st_write(cw_test_path("f32.safetensors"), 1, n2, sh2, rk2, d2, err, sizeof err), 0);
+    ASSERT_EQ_I(st_open(&f, cw_test_path("f32.safetensors"), err, sizeof err), 0);
     ASSERT_EQ_I(st_read_f32(f, st_find(f, "x"), out, 30, err, sizeof err), 0);
     for (int i = 0; i < 30; i++) CHECK(fbits(out[i]) == fbits(a[i]));
     st_close(f);
@@ -384,14 +363,14 @@ static void test_malformed(void) {
     CHECK_SUBSTR(err, "header length 0 (bytes 0-7) is too small");
 
     /* files: the path leads the message */
-    CHECK(st_open(&f, tpath("does-not-exist.safetensors"), err, sizeof err) != 0);
+    CHECK(st_open(&f, cw_test_path("does-not-exist.safetensors"), err, sizeof err) != 0);
     CHECK_SUBSTR(err, "does-not-exist.safetensors: cannot open");
-    CHECK(st_open(&f, tmpdir, err, sizeof err) != 0);
+    CHECK(st_open(&f, cw_test_tmpdir(""), err, sizeof err) != 0);
     CHECK_SUBSTR(err, "not a regular file");
-    FILE *fp = fopen(tpath("bad.safetensors"), "wb");
+    FILE *fp = fopen(cw_test_path("bad.safetensors"), "wb");
     fwrite("\x05\0\0\0\0\0\0\0{\"a\":", 1, 13, fp);
     fclose(fp);
-    CHECK(st_open(&f, tpath("bad.safetensors"), err, sizeof err) != 0);
+    CHECK(st_open(&f, cw_test_path("bad.safetensors"), err, sizeof err) != 0);
     CHECK_SUBSTR(err, "bad.safetensors: header JSON is invalid");
     fprintf(stderr, "%d malformed headers rejected with the expected messages\n", n);
 }
@@ -513,56 +492,39 @@ static void test_write_errors(void) {
     const float *d[] = {v};
     const char *nm[] = {"x"};
     /* destination is a directory: the directory survives, no temporary is left */
-    const char *dirp = tpath("adir");
+    const char *dirp = cw_test_path("adir");
     ASSERT_EQ_I(mkdir(dirp, 0755), 0);
     CHECK(st_write(dirp, 1, nm, sh, rk, d, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "adir: cannot replace it");
     struct stat sb;
     CHECK(stat(dirp, &sb) == 0 && S_ISDIR(sb.st_mode));
-    CHECK(st_write(tpath("no-such-dir/x.safetensors"), 1, nm, sh, rk, d, err, sizeof err) != 0);
+    CHECK(st_write(cw_test_path("no-such-dir/x.safetensors"), 1, nm, sh, rk, d, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "no-such-dir/x.safetensors: cannot create a temporary file");
     const char *nm2[] = {"x", "x"};
     const int64_t *sh2[] = {s, s};
     int rk2[] = {1, 1};
     const float *d2[] = {v, v};
-    CHECK(st_write(tpath("dup.safetensors"), 2, nm2, sh2, rk2, d2, err, sizeof err) != 0);
+    CHECK(st_write(cw_test_path("dup.safetensors"), 2, nm2, sh2, rk2, d2, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "tensor name 'x' given twice");
     int64_t neg[] = {-1};
     const int64_t *shn[] = {neg};
-    CHECK(st_write(tpath("neg.safetensors"), 1, nm, shn, rk, d, err, sizeof err) != 0);
+    CHECK(st_write(cw_test_path("neg.safetensors"), 1, nm, shn, rk, d, err, sizeof err) != 0);
     CHECK_SUBSTR(err, "tensor 'x': shape[0] = -1");
-    DIR *dd = opendir(tmpdir);
+    DIR *dd = opendir(cw_test_tmpdir(""));
     struct dirent *e;
     while ((e = readdir(dd))) CHECK(!strstr(e->d_name, ".tmp-"));
     closedir(dd);
 }
 
-static void rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 int main(void) {
     cw_rng r = {cw_test_seed(20240611)};
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/cw_test_st_XXXXXX");
-    ASSERT_TRUE(mkdtemp(tmpdir) != NULL);
+    const char *tmpdir = cw_test_tmpdir("cw_test_st_");
     test_conversions(&r);
     test_round_trip(&r);
     test_malformed();
     test_corpus();
     test_fixtures();
     test_write_errors();
-    rm_tree(tmpdir);
+    cw_test_rm_tree(tmpdir);
     TEST_DONE();
 }
