@@ -861,10 +861,10 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
     L.cap_wr = cw__calloc(n + 1, sizeof *L.cap_wr);
     p->n_inputs = g->n_inputs;
     p->n_outputs = g->n_outputs;
-    p->in_desc = cw__calloc((size_t)g->n_inputs + 1, sizeof *p->in_desc);
-    p->out_desc = cw__calloc((size_t)g->n_outputs + 1, sizeof *p->out_desc);
-    if (st != CW_OK || !L.fused || !L.live || !L.reads || !L.gn_refs || !L.wr || !L.n_wr || !L.cap_wr || !p->in_desc ||
-        !p->out_desc) {
+    p->in = cw__calloc((size_t)g->n_inputs + 1, sizeof *p->in);
+    p->out = cw__calloc((size_t)g->n_outputs + 1, sizeof *p->out);
+    if (st != CW_OK || !L.fused || !L.live || !L.reads || !L.gn_refs || !L.wr || !L.n_wr || !L.cap_wr || !p->in ||
+        !p->out) {
         st = cw__oom(&L);
         goto fail;
     }
@@ -879,7 +879,8 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
         cw__node *nd = &g->nodes[i];
         if (nd->kind == CW__N_INPUT) {
             st = cw__new_buf(&L, CW__B_INPUT, nd->index, &nd->desc, 0, &L.buf[i]);
-            p->in_desc[nd->index] = nd->desc;
+            p->in[nd->index].d = nd->desc;
+            snprintf(p->in[nd->index].name, sizeof p->in[nd->index].name, "%s", nd->name);
         } else if (nd->kind == CW__N_CONST && L.live[i]) {
             if ((st = cw__new_buf(&L, CW__B_CONST, i, &nd->desc, 0, &L.buf[i])) == CW_OK) p->bufs[L.buf[i]].t = nd->t;
             p->weights_bytes += cw__desc_span_bytes(&nd->desc);
@@ -889,7 +890,11 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
         for (int a = 0; a < k; a++) L.reads[rd[a]]++;
         if (k >= 0 && rd[3] >= 0) L.gn_refs[rd[3]]++;
     }
-    for (int o = 0; o < g->n_outputs; o++) p->out_desc[o] = g->nodes[g->outputs[o]].desc;
+    for (int o = 0; o < g->n_outputs; o++) {
+        const cw__node *on = &g->nodes[g->outputs[o]];
+        p->out[o].d = on->desc;
+        snprintf(p->out[o].name, sizeof p->out[o].name, "%s", on->oname);
+    }
     for (int i = 0; i < g->n && st == CW_OK; i++) {
         const cw__node *nd = &g->nodes[i];
         if (nd->kind == CW__N_INPUT || nd->kind == CW__N_CONST || L.fused[i] || !L.live[i]) continue;

@@ -25,7 +25,7 @@ void cw__plan_free(cw_plan *p) {
     for (int i = 0; i < p->n_acts; i++) cw__free(p->acts[i].joins);
     for (int i = 0; i < p->n_convs; i++) cw__free(p->convs[i].tasks);
     cw__free(p->tasks), cw__free(p->acts), cw__free(p->bufs), cw__free(p->convs);
-    cw__free(p->in_desc), cw__free(p->out_desc), cw__free(p->events), cw__free(p->ptrs), cw__free(p->rdesc);
+    cw__free(p->in), cw__free(p->out), cw__free(p->events), cw__free(p->ptrs), cw__free(p->rdesc);
     cw__free(p->t0), cw__free(p->t1);
     cw__free(p);
 }
@@ -461,15 +461,15 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: %d inputs and %d outputs given, the plan has %d and %d",
                          n_inputs, n_outputs, p->n_inputs, p->n_outputs);
     for (int i = 0; i < n_inputs; i++)
-        if (!inputs[i] || !cw__dims_equal(&inputs[i]->desc, &p->in_desc[i]))
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: inputs[%d] is %s, the plan expects f32 %s", i,
-                             inputs[i] ? cw__dims_str(&inputs[i]->desc, b1, sizeof b1) : "NULL",
-                             cw__dims_str(&p->in_desc[i], b2, sizeof b2));
+        if (!inputs[i] || !cw__dims_equal(&inputs[i]->desc, &p->in[i].d))
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: inputs[%d] ('%s') is %s, the plan expects f32 %s", i,
+                             p->in[i].name, inputs[i] ? cw__dims_str(&inputs[i]->desc, b1, sizeof b1) : "NULL",
+                             cw__dims_str(&p->in[i].d, b2, sizeof b2));
     for (int i = 0; i < n_outputs; i++) {
-        if (!outputs[i] || !cw__dims_equal(&outputs[i]->desc, &p->out_desc[i]))
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] is %s, the plan expects f32 %s", i,
-                             outputs[i] ? cw__dims_str(&outputs[i]->desc, b1, sizeof b1) : "NULL",
-                             cw__dims_str(&p->out_desc[i], b2, sizeof b2));
+        if (!outputs[i] || !cw__dims_equal(&outputs[i]->desc, &p->out[i].d))
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] ('%s') is %s, the plan expects f32 %s", i,
+                             p->out[i].name, outputs[i] ? cw__dims_str(&outputs[i]->desc, b1, sizeof b1) : "NULL",
+                             cw__dims_str(&p->out[i].d, b2, sizeof b2));
         for (int j = 0; j < n_inputs; j++)
             if (cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &inputs[j]->desc, inputs[j]->data))
                 return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps inputs[%d]", i, j);

@@ -120,6 +120,12 @@ typedef struct cw__action {
     int n_joins;
 } cw__action;
 
+/* An input or output of the plan: its shape and the name the user gave it. */
+typedef struct cw__port {
+    cw_tensor_desc d;
+    char name[64];
+} cw__port;
+
 /* Describes one conv's patching for cw_plan_describe. */
 typedef struct cw__conv_info {
     int node;
@@ -143,7 +149,7 @@ struct cw_plan {
     int n_acts, cap_acts;
     int n_events;
     int n_inputs, n_outputs;
-    cw_tensor_desc *in_desc, *out_desc;
+    cw__port *in, *out;     /* what cw_plan_run binds, by position */
     cw__conv_info *convs;
     int n_convs, cap_convs;
     int64_t weights_bytes;
@@ -177,6 +183,5 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
 cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw__allocator *act, int dry,
                            int64_t *peak_temp, int64_t *peak_allocated);
 void cw__plan_free(cw_plan *p);
-/* nvtx (lib/prof) */
 
 #endif
