@@ -286,8 +286,9 @@ static int64_t cw__opt_budget(const cw_context *ctx, const cw_compile_options *o
     return b > 0 ? b : -1;
 }
 
-/* Builds under `budget`, shrinking the sizing budget until the dry run fits. */
-static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_t budget, cw_plan **out) {
+/* Builds under `budget`, shrinking the sizing budget until the dry run fits. fit_arena: also
+ * size the run's arena (feasibility searches skip it: only the yes/no matters there). */
+static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_t budget, int fit_arena, cw_plan **out) {
     int64_t sizing = budget;
     cw_status st = CW_OK;
     for (int attempt = 0; attempt < 16; attempt++) {
@@ -312,7 +313,8 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
         /* The arena need not be the whole budget: shrink it towards the bytes the plan
          * actually has in use at once, as long as the dry run still fits (fragmentation
          * inside the arena can need a little more than that). */
-        for (int64_t a = (used + 511) / 512 * 512; st == CW_OK && p->arena > 0 && a < p->arena; a += a / 8 + 512) {
+        for (int64_t a = (used + 511) / 512 * 512; fit_arena && st == CW_OK && p->arena > 0 && a < p->arena;
+             a += a / 8 + 512) {
             int64_t keep = p->arena, pk = 0;
             p->arena = a;
             if (cw__plan_simulate(p, &pk, NULL) == CW_OK) {
@@ -360,11 +362,11 @@ cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_
     if (g->n_outputs == 0) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_min_budget: the graph has no outputs");
     /* upper bound: the peak of the plan with an unlimited budget */
     cw_plan *p = NULL;
-    if ((st = cw__compile_at(g, opt, -1, &p)) != CW_OK) return st;
+    if ((st = cw__compile_at(g, opt, -1, 0, &p)) != CW_OK) return st;
     int64_t hi = p->temp_predicted, lo = 0;
     cw__plan_free(p);
     for (;;) { /* the unlimited plan's peak is not always feasible as a cap: grow to one that is */
-        st = cw__compile_at(g, opt, hi, &p);
+        st = cw__compile_at(g, opt, hi, 0, &p);
         if (st == CW_OK) {
             cw__plan_free(p);
             break;
@@ -382,7 +384,7 @@ cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_
     int64_t step = hi / 256 > 4096 ? hi / 256 : 4096;
     while (hi - lo > step) {
         int64_t mid = lo + (hi - lo) / 2;
-        st = cw__compile_at(g, opt, mid, &p);
+        st = cw__compile_at(g, opt, mid, 0, &p);
         if (st == CW_OK) {
             cw__plan_free(p);
             hi = mid;
@@ -408,7 +410,7 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
     if (g->n_outputs == 0) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_graph_compile: the graph has no outputs");
     int64_t budget = cw__opt_budget(ctx, opt);
     cw_plan *p = NULL;
-    st = cw__compile_at(g, opt, budget, &p);
+    st = cw__compile_at(g, opt, budget, 1, &p);
     if (st == CW_ERR_BUDGET) {
         int64_t need = -1;
         if (cw_graph_min_budget(g, opt, &need) != CW_OK) need = -1;
