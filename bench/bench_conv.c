@@ -92,7 +92,7 @@ static int run_one(const bcase *bc, int64_t budget, int64_t max_ws, int threads,
     openblas_set_num_threads(threads);
     cw__conv_problem pr;
     make_problem(bc, &pr);
-    cw__backend be = {&algos_i, NULL};
+    cw__backend be = {&algos_i, NULL, threads};
     int P = 1;
     cw__conv_algo algo;
     int64_t min_cap = 0;
@@ -153,7 +153,7 @@ static int run_one(const bcase *bc, int64_t budget, int64_t max_ws, int threads,
         for (int i = 0; i < P; i++) {
             cw__patch pt;
             cw__patch_make(&pr, bounds[i], bounds[i + 1], &pt);
-            cw__cpu_conv_run(&pt.prob, algo.id, x + pt.x_offset, w, b, y + pt.y_offset, ws);
+            cw__cpu_conv_run(&pt.prob, algo.id, x + pt.x_offset, w, b, y + pt.y_offset, ws, threads);
         }
         t = now_s() - t;
         t_total += t;

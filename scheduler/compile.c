@@ -26,6 +26,7 @@ typedef struct cw__lower {
     cw_graph *g;
     int64_t budget;     /* for sizing; < 0 unlimited */
     int heavy, light;   /* heavy stream count, light stream index */
+    int threads;        /* per task: the backend's threads / heavy streams (0: n/a) */
     int rr;             /* round-robin heavy stream */
     int fuse, none;
     int *buf;           /* per node: buffer of its result, -1 fused */
@@ -105,6 +106,7 @@ static cw_status cw__new_task(cw__lower *L, cw__tkind kind, int stage, int strea
     t->stage = stage;
     t->stream = stream;
     t->node = node;
+    t->threads = L->threads;
     t->event = -1;
     *id = p->n_tasks++;
     *out = t;
@@ -836,6 +838,9 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
     L.budget = budget;
     L.heavy = streams > 1 ? streams - 1 : 1;
     L.light = streams > 1 ? streams - 1 : 0;
+    /* fixed here, never from what else runs: a conv or GEMM task on each heavy stream at
+     * once fills the backend's threads without oversubscribing them */
+    L.threads = ctx->be->threads > 0 ? (ctx->be->threads / L.heavy > 0 ? ctx->be->threads / L.heavy : 1) : 0;
     L.fuse = !none && opt->fuse;
     L.none = none;
     size_t n = (size_t)g->n;

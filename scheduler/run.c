@@ -94,7 +94,9 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
         pr.x = x.d, pr.w = w.d, pr.y = y.d;
         const void *b = t->u.conv.has_b ? p->ptrs[t->u.conv.b.buf] : NULL;
         void *ws = t->u.conv.ws_buf >= 0 ? p->ptrs[t->u.conv.ws_buf] : NULL;
-        return i->conv_forward(be, s, &pr, &t->u.conv.algo, x.data, w.data, b, y.data, ws, t->u.conv.algo.workspace);
+        cw__conv_algo algo = t->u.conv.algo;
+        algo.threads = t->threads;
+        return i->conv_forward(be, s, &pr, &algo, x.data, w.data, b, y.data, ws, algo.workspace);
     }
     case CW__T_PREP: {
         cw__prep_params pp;
@@ -139,8 +141,8 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
         int64_t off = t->u.attn.n * C * T;
         float *qp = (float *)q.data + off, *kp = (float *)k.data + off, *vp = (float *)v.data + off;
         float *op = (float *)o.data + off, *sp = p->ptrs[t->u.attn.s_buf];
-        cw__gemm_params g1 = {1, 0, tc, T, C, t->u.attn.scale, 0.0f, qp + t0, T, kp, T, sp, T};
-        cw__gemm_params g2 = {0, 1, C, tc, T, 1.0f, 0.0f, vp, T, sp, T, op + t0, T};
+        cw__gemm_params g1 = {1, 0, tc, T, C, t->u.attn.scale, 0.0f, qp + t0, T, kp, T, sp, T, t->threads};
+        cw__gemm_params g2 = {0, 1, C, tc, T, 1.0f, 0.0f, vp, T, sp, T, op + t0, T, t->threads};
         cw_status st = i->gemm(be, s, &g1);
         if (st == CW_OK) st = i->softmax_rows(be, s, sp, tc, T, T);
         if (st == CW_OK) st = i->gemm(be, s, &g2);

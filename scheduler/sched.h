@@ -69,6 +69,7 @@ typedef struct cw__task {
                             first on its stream to use */
     int n_alloc_waits;
     double flops;
+    int threads;         /* cpu: threads its op uses, fixed at compile (bits never depend on it) */
     int node;
     union {
         struct {

@@ -184,7 +184,7 @@ static double run_plan(const cw__conv_problem *pr, int P, int algo, const float 
         int64_t ws = cw__cpu_conv_workspace(&pt.prob, algo);
         if (ws > *max_ws) *max_ws = ws;
         float *wsp = ws ? malloc((size_t)ws) : NULL;
-        cw__cpu_conv_run(&pt.prob, algo, x + pt.x_offset, w, b, y + pt.y_offset, wsp);
+        cw__cpu_conv_run(&pt.prob, algo, x + pt.x_offset, w, b, y + pt.y_offset, wsp, 1);
         free(wsp);
     }
     free(bounds);
@@ -216,7 +216,7 @@ static void sweep(cw_context *ctx, cw_rng *r, const char *name, int sp, const in
     for (int64_t i = 0; i < pr.y.dims[1]; i++) b[i] = cw_rng_float(r);
     cw_ref_conv(&pr.x, x, &pr.w, w, b, p, &pr.y, ref);
 
-    cw__backend be_cpu = {&cpu_i, ctx}, be_gemm = {&gemm_i, ctx};
+    cw__backend be_cpu = {&cpu_i, ctx, 1}, be_gemm = {&gemm_i, ctx, 1};
     cw__conv_algo fastest[2];
     int nf;
     ASSERT_OK(cw__cpu_conv_algos(NULL, &pr, fastest, 2, &nf));
@@ -335,7 +335,7 @@ int main(void) {
             ASSERT_TRUE(cw__patch_is_empty(&pt));
             int64_t ws = cw__cpu_conv_workspace(&pt.prob, algo);
             float *wsp = ws ? malloc((size_t)ws) : NULL;
-            cw__cpu_conv_run(&pt.prob, algo, x + pt.x_offset, w, b, y + pt.y_offset, wsp);
+            cw__cpu_conv_run(&pt.prob, algo, x + pt.x_offset, w, b, y + pt.y_offset, wsp, 1);
             free(wsp);
             for (int k = 0; k < 2; k++)
                 for (int i = 0; i < 9; i++) CHECK(y[k * 15 + i] == b[k]);

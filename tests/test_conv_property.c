@@ -22,6 +22,8 @@ typedef struct conv_case {
     int y_w_unit;               /* y's W stride is 1 (GEMM applies) */
 } conv_case;
 
+static int g_threads = 1; /* threads cw__cpu_conv_run uses */
+
 static float canary_f(void) {
     float f;
     uint32_t u = CANARY;
@@ -199,6 +201,21 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     const float *bias = cc->has_bias ? b : NULL;
     cw_ref_conv(&cc->x, x, &cc->w, w, bias, &cc->p, &cc->y, ref);
     stt->macs += (double)ny * (double)(nw / cc->w.dims[0]);
+    /* The contract's bound (docs/determinism.md): any f32 evaluation order of the R + 1
+     * terms of an output (R = C/groups x kernel volume, plus the bias) is within
+     * gamma(R+1) * S of the exact value, S = |b| + sum |w x|, gamma(n) = n u / (1 - n u),
+     * u = 2^-24; two orders (two patchings) are within twice that of each other. */
+    double *scale = malloc((size_t)ny * sizeof(double));
+    float *ax = malloc((size_t)nx * sizeof(float)), *aw = malloc((size_t)nw * sizeof(float)),
+          *ab = malloc((size_t)nb * sizeof(float));
+    ASSERT_TRUE(scale && ax && aw && ab);
+    for (int64_t i = 0; i < nx; i++) ax[i] = fabsf(xb[i]);
+    for (int64_t i = 0; i < nw; i++) aw[i] = fabsf(w[i]);
+    for (int64_t i = 0; i < nb; i++) ab[i] = fabsf(b[i]);
+    cw_ref_conv(&cc->x, ax + cc->x_off, &cc->w, aw, cc->has_bias ? ab : NULL, &cc->p, &cc->y, scale);
+    free(ax), free(aw), free(ab);
+    const double nterms = (double)(nw / cc->w.dims[0]) + 1.0, u = ldexp(1.0, -24);
+    const double gamma = nterms * u / (1.0 - nterms * u);
 
     cw_tensor_desc yexp;
     ASSERT_OK(cw__conv_validate(NULL, &cc->x, &cc->w, cc->has_bias ? &cc->b : NULL, &cc->y, &cc->p, &yexp));
@@ -224,7 +241,7 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
         int64_t wsb = cw__cpu_conv_workspace(&prob, algo);
         float *ws = wsb ? malloc((size_t)wsb) : NULL;
         fill_canary(y1, cc->y_len);
-        cw__cpu_conv_run(&prob, algo, x, w, bias, y1 + cc->y_off, ws);
+        cw__cpu_conv_run(&prob, algo, x, w, bias, y1 + cc->y_off, ws, g_threads);
         free(ws);
         double e = cw_ref_rel_err(&cc->y, y1 + cc->y_off, ref);
         stt->runs[algo]++;
@@ -258,7 +275,7 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
             else CHECK(pt.a - pt.pad_pre == pt.o0 * cc->p.stride[hd - 2] - cc->p.pad_pre[hd - 2]);
             int64_t wsb2 = cw__cpu_conv_workspace(&pt.prob, algo);
             float *ws2 = wsb2 ? malloc((size_t)wsb2) : NULL;
-            cw__cpu_conv_run(&pt.prob, algo, x + pt.x_offset, w, bias, y2 + cc->y_off + pt.y_offset, ws2);
+            cw__cpu_conv_run(&pt.prob, algo, x + pt.x_offset, w, bias, y2 + cc->y_off + pt.y_offset, ws2, g_threads);
             free(ws2);
         }
         CHECK(rows == h_out);
@@ -267,11 +284,12 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
         /* patched vs unpatched on the same algorithm: both strided views of equal layout */
         double maxd = 0, maxr = 0;
         int bitwise = 1;
-        int64_t idx[5] = {0};
+        int64_t idx[5] = {0}, over = 0;
         for (int64_t o = 0; o < ny; o++) {
             int64_t off = cc->y_off + cw_ref_offset(&cc->y, idx);
             double d = fabs((double)y2[off] - (double)y1[off]);
             if (isnan(d)) d = INFINITY;
+            if (!(d <= 2.0 * gamma * scale[o]) || !(fabs((double)y2[off] - ref[o]) <= gamma * scale[o])) over++;
             if (d > maxd) maxd = d;
             if (fabs((double)y1[off]) > maxr) maxr = fabs((double)y1[off]);
             if (memcmp(&y2[off], &y1[off], sizeof(float)) != 0) bitwise = 0;
@@ -284,15 +302,17 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
         stt->patched_runs[algo]++;
         stt->bitwise[algo] += bitwise;
         if (ep > stt->max_patch_err[algo]) stt->max_patch_err[algo] = ep;
-        if (!(ep <= TOL) || !(e2 <= TOL) || !check_canary(cc, y2)) {
-            fprintf(stderr, "patched algo %d P=%d: vs unpatched %.3g, vs reference %.3g (tol %.0e) or canary\n", algo, P,
-                    ep, e2, TOL);
+        if (over || !(ep <= TOL) || !(e2 <= TOL) || !check_canary(cc, y2)) {
+            fprintf(stderr,
+                    "patched algo %d P=%d: %lld elements beyond the derived bound; vs unpatched %.3g, vs reference %.3g "
+                    "(tol %.0e) or canary\n",
+                    algo, P, (long long)over, ep, e2, TOL);
             print_case(cc, algo, P);
             cw_test_failures++;
         }
     }
     if (cc->x_strided || cc->y_strided) stt->views++;
-    free(xb), free(w), free(b), free(y1), free(y2), free(ref);
+    free(xb), free(w), free(b), free(y1), free(y2), free(ref), free(scale);
 }
 
 /* The asynchronous hook: closures on a real cpu stream, results after synchronize, and
@@ -387,7 +407,7 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
 
 /* Convs big enough that im2col and direct split their loops across helper threads. */
 static void test_threaded(cw_rng *r) {
-    openblas_set_num_threads(2); /* cw__cpu_conv_run takes its thread count from OpenBLAS */
+    g_threads = 2; /* im2col rows, GEMM blocks and direct rows split over 2 threads */
     const int64_t shapes[3][5] = {{1, 16, 70, 300, 0}, {2, 8, 6, 40, 50}, {1, 12, 33, 257, 0}};
     for (int t = 0; t < 3; t++) {
         conv_case cc;

@@ -519,7 +519,7 @@ static cw_status fake_conv_algos(cw__backend *be, const cw__conv_problem *p, cw_
 
 static void test_dry(void) {
     static const cw__backend_i fake_i = {.name = "fake", .conv_algos = fake_conv_algos};
-    cw__backend fake = {&fake_i, NULL};
+    cw__backend fake = {&fake_i, NULL, 0};
     cw__backend *d = NULL;
     ASSERT_OK(cw__backend_dry_create(&fake, &d));
     ASSERT_TRUE(d && d != &fake);

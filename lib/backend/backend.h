@@ -29,6 +29,8 @@ typedef struct cw__conv_algo {
     char name[CW__ALGO_NAME_LEN];
     int64_t workspace;      /* bytes of temporary memory it needs for this problem */
     double cost;            /* relative time estimate; lower is faster */
+    int threads;            /* cpu: threads the call uses, fixed by the planner; 0: all the
+                               backend's (device backends ignore it) */
 } cw__conv_algo;
 
 /* Fused light stage ("prep"): dst = act(src * scale[n,c] + shift[n,c]) with nearest
@@ -52,6 +54,7 @@ typedef struct cw__gemm_params {
     const float *a; int64_t lda;
     const float *b; int64_t ldb;
     float *c; int64_t ldc;
+    int threads;            /* cpu: as cw__conv_algo.threads */
 } cw__gemm_params;
 
 typedef void (*cw__host_fn)(void *arg);
@@ -123,6 +126,7 @@ typedef struct cw__backend_i {
 struct cw__backend {
     const cw__backend_i *i;
     cw_context *ctx;   /* for error messages; may be NULL in tests */
+    int threads;       /* host threads its ops may use in total (cpu); 0 on device backends */
 };
 
 /* Backend constructors. cfg is the context's config (threads, flags, chaos seed). */

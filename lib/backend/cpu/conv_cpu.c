@@ -1,20 +1,15 @@
 /* cpu convolution (f32, NCHW / NCDHW, strided views, groups, dilation, asymmetric padding):
- * GEMM = im2col/vol2col + OpenBLAS sgemm (workspace: one column buffer per (n, group)), and
+ * GEMM = im2col/vol2col + sgemm (workspace: one column buffer per (n, group)), and
  * DIRECT = per output row tile, accumulate over kernel taps (no workspace).
  *
- * Threads: a conv closure takes T = total / (convs running now), at least 1: it sets
- * OpenBLAS's count to T for its sgemm calls and splits im2col / direct rows over T threads
- * (helpers made per call, only for loops of ~1 ms and more). Two heavy streams on 2 cores
- * thus run 1 + 1 threads, not 2 + 2: OpenBLAS's pool threads spin after each call, so
- * oversubscription costs more than it looks. Debian's OpenBLAS 0.3.21 (pthreads) has only
- * the process-wide openblas_set_num_threads (per-thread counts arrive in 0.3.27), so a conv
- * starting later may change the count under one in flight: that changes speed, never
- * results (a running call keeps the count it started with). Under TSan, sgemm stays in the
- * calling thread: TSan cannot see the pool's synchronisation. */
+ * Threads: a conv call gets its thread count from the planner (fixed when the plan is
+ * compiled: the backend's threads / heavy streams) and spreads im2col rows, GEMM blocks
+ * (cw__cpu_sgemm: a split that depends on the shape only) or direct output rows over
+ * them. Each output element is computed by one thread in a fixed order, so the bits never
+ * depend on the thread count; helpers are made per call, only for loops of ~1 ms and
+ * more. */
 #include <assert.h>
-#include <cblas.h>
 #include <limits.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -166,42 +161,6 @@ static int64_t gemm_workspace(const cv_geom *g) {
     return R * P * (int64_t)sizeof(float);
 }
 
-/* ---- a tiny parallel-for: helpers are created per call, so only for big loops ---------- */
-#define CV_MAX_THREADS 16
-typedef void (*cv_range_fn)(void *arg, int64_t lo, int64_t hi);
-typedef struct cv_part {
-    cv_range_fn fn;
-    void *arg;
-    int64_t lo, hi;
-} cv_part;
-
-static void *cv_part_main(void *p) {
-    cv_part *q = p;
-    q->fn(q->arg, q->lo, q->hi);
-    return NULL;
-}
-
-/* Runs fn over [0, n) split into `threads` contiguous ranges; the caller runs the first.
- * A helper that cannot be created just runs in the caller (same result, slower). */
-static void cv_parallel(int threads, int64_t n, cv_range_fn fn, void *arg) {
-    if (threads > CV_MAX_THREADS) threads = CV_MAX_THREADS;
-    if (threads > n) threads = (int)n;
-    if (threads <= 1) {
-        if (n > 0) fn(arg, 0, n);
-        return;
-    }
-    cv_part parts[CV_MAX_THREADS];
-    pthread_t th[CV_MAX_THREADS];
-    int started[CV_MAX_THREADS] = {0};
-    for (int i = 0; i < threads; i++) parts[i] = (cv_part){fn, arg, n * i / threads, n * (i + 1) / threads};
-    for (int i = 1; i < threads; i++) started[i] = pthread_create(&th[i], NULL, cv_part_main, &parts[i]) == 0;
-    fn(arg, parts[0].lo, parts[0].hi);
-    for (int i = 1; i < threads; i++) {
-        if (started[i]) pthread_join(th[i], NULL);
-        else fn(arg, parts[i].lo, parts[i].hi);
-    }
-}
-
 /* col[R, P] for image n, group gi: row r = (c, kd, kh, kw), column = (od, oh, ow); rows
  * [r_lo, r_hi) only (rows are independent, so threads split them). */
 static void im2col(const cv_geom *g, const float *x, int64_t n, int64_t gi, float *col, int64_t r_lo, int64_t r_hi) {
@@ -275,7 +234,7 @@ static void conv_gemm(const cv_geom *g, const float *x, const float *w, const fl
             } else {
                 im2col_arg ia = {g, x, n, gi, ws};
                 /* thread helpers only pay off for column buffers of ~1 MiB and more */
-                cv_parallel(R * P >= (1 << 18) ? threads : 1, R, im2col_range, &ia);
+                cw__cpu_parallel(R * P >= (1 << 18) ? threads : 1, R, im2col_range, &ia);
                 B = ws;
                 ldb = P;
             }
@@ -286,8 +245,8 @@ static void conv_gemm(const cv_geom *g, const float *x, const float *w, const fl
                     /* column index of the run's first output position */
                     int64_t col0 = (od * Ho + oh) * Wo;
                     float *C = yg + od * g->ys[2] + oh * g->ys[3];
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g->kg, (int)run, (int)R, 1.0f, A,
-                                (int)lda, B + col0, (int)ldb, 0.0f, C, (int)ldc);
+                    cw__gemm_params gp = {0, 0, g->kg, run, R, 1.0f, 0.0f, A, lda, B + col0, ldb, C, ldc, threads};
+                    cw__cpu_sgemm(&gp, threads);
                     if (g->has_bias) {
                         for (int64_t m = 0; m < g->kg; m++) {
                             const float bv = b[gi * g->kg + m];
@@ -393,41 +352,26 @@ int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
     return gemm_workspace(&g);
 }
 
-#if defined(__SANITIZE_THREAD__)
-#define CW__CONV_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define CW__CONV_TSAN 1
-#endif
-#endif
-
-static void set_blas_threads(int t);
-
-/* threads: for sgemm (set by the caller through OpenBLAS) and for im2col / direct helpers. */
+/* threads: for im2col rows, GEMM blocks and direct rows. */
 static void conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
                      float *ws, int threads) {
     cv_geom g;
     cv_geom_make(p, &g);
     if (algo == CW__CPU_ALGO_GEMM) {
         assert(gemm_supported(&g));
-#ifdef CW__CONV_TSAN
-        /* TSan sees OpenBLAS's pool threads write y but not the uninstrumented spin flags
-         * that order those writes: keep sgemm in this thread (our own helpers still run). */
-        set_blas_threads(1);
-#endif
         conv_gemm(&g, x, w, b, y, ws, threads);
     } else {
         direct_arg da = {&g, x, w, b, y};
         const int64_t rows = g.out[0] * g.out[1];
         const double macs = (double)g.n * (double)g.k * (double)(rows * g.out[2]) * (double)g.cg *
                             (double)(g.ks[0] * g.ks[1] * g.ks[2]);
-        cv_parallel(macs >= 1e7 ? threads : 1, rows, direct_range, &da); /* ~1 ms of work and more */
+        cw__cpu_parallel(macs >= 1e7 ? threads : 1, rows, direct_range, &da); /* ~1 ms of work and more */
     }
 }
 
 void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
-                      float *ws) {
-    conv_run(p, algo, x, w, b, y, ws, openblas_get_num_threads());
+                      float *ws, int threads) {
+    conv_run(p, algo, x, w, b, y, ws, threads);
 }
 
 static const char *dtype_name(cw_dtype dt) {
@@ -519,29 +463,14 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
 typedef struct conv_job {
     cw__conv_problem prob;
     int algo;
-    int total_threads;
+    int threads;
     const float *x, *w, *b;
     float *y, *ws;
 } conv_job;
 
-static atomic_int g_convs_running;        /* conv closures running now, all backends */
-static pthread_mutex_t g_blas_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises the global setter */
-
-static void set_blas_threads(int t) {
-    if (t < 1) t = 1;
-    pthread_mutex_lock(&g_blas_mu);
-    if (openblas_get_num_threads() != t) openblas_set_num_threads(t);
-    pthread_mutex_unlock(&g_blas_mu);
-}
-
 static void conv_job_run(void *arg) {
     conv_job *j = arg;
-    int running = atomic_fetch_add(&g_convs_running, 1) + 1;
-    int t = j->total_threads / running;
-    if (t < 1) t = 1;
-    if (j->algo == CW__CPU_ALGO_GEMM) set_blas_threads(t);
-    conv_run(&j->prob, j->algo, j->x, j->w, j->b, j->y, j->ws, t);
-    atomic_fetch_sub(&g_convs_running, 1);
+    conv_run(&j->prob, j->algo, j->x, j->w, j->b, j->y, j->ws, j->threads);
 }
 
 cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
@@ -569,7 +498,7 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
     if (!j) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu conv_forward: out of host memory for the closure");
     j->prob = *p;
     j->algo = algo->id;
-    j->total_threads = cw__cpu_blas_threads(be);
+    j->threads = algo->threads > 0 ? algo->threads : cw__cpu_blas_threads(be);
     j->x = x;
     j->w = w;
     j->b = p->has_bias ? b : NULL;

@@ -10,8 +10,20 @@
  * typically cw__free). On failure to enqueue, fin(arg) is called here and the status
  * returned. */
 cw_status cw__cpu_enqueue(cw__backend *be, cw__stream *s, void (*fn)(void *), void *arg, void (*fin)(void *));
-/* BLAS threads one operation may use (threads config / number of busy streams). */
+/* Threads the backend's ops may use in total (the context's `threads`, or all cores). */
 int cw__cpu_blas_threads(cw__backend *be);
+
+/* par_cpu.c: the backend's own parallelism. fn(arg, lo, hi) over [0, n) cut into `threads`
+ * contiguous ranges (the caller runs the first); results must not depend on the cut. */
+typedef void (*cw__range_fn)(void *arg, int64_t lo, int64_t hi);
+void cw__cpu_parallel(int threads, int64_t n, cw__range_fn fn, void *arg);
+/* Sets OpenBLAS's process-wide thread count to 1 unless it already is. */
+void cw__cpu_blas_single(void);
+/* The block grid cw__cpu_sgemm cuts an m x n product into: a function of (m, n) only. */
+void cw__cpu_gemm_blocks(int64_t m, int64_t n, int64_t *mb, int64_t *nb);
+/* C = alpha op(A) op(B) + beta C as single-threaded OpenBLAS calls on the fixed blocks,
+ * spread over `threads` threads: identical bits for every thread count. */
+void cw__cpu_sgemm(const cw__gemm_params *p, int threads);
 
 /* cpu conv algorithm ids */
 enum { CW__CPU_ALGO_GEMM = 0, CW__CPU_ALGO_DIRECT = 1, CW__CPU_ALGO_COUNT };
@@ -20,9 +32,10 @@ enum { CW__CPU_ALGO_GEMM = 0, CW__CPU_ALGO_DIRECT = 1, CW__CPU_ALGO_COUNT };
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
 cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
                                const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes);
-/* Synchronous f32 convolution with the given algorithm id; ws >= workspace bytes. */
+/* Synchronous f32 convolution with the given algorithm id on `threads` threads (the bits
+ * do not depend on it); ws >= workspace bytes. */
 void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
-                      float *ws);
+                      float *ws, int threads);
 /* Workspace bytes of algorithm id for p. */
 int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo);
 
@@ -41,7 +54,6 @@ void cw__cpu_gn_stats_run(const cw__view *x, int64_t groups, double *out);
 void cw__cpu_gn_finalize_run(const double *parts, int64_t n_parts, int64_t n, int64_t c, int64_t groups,
                              const float *gamma, const float *beta, float eps, float *scale, float *shift);
 void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b);
-void cw__cpu_gemm_run(const cw__gemm_params *p, int threads);
 void cw__cpu_softmax_rows_run(float *x, int64_t rows, int64_t cols, int64_t ld);
 
 #endif

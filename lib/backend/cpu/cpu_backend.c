@@ -161,7 +161,7 @@ cw_status cw__cpu_enqueue(cw__backend *be, cw__stream *s, void (*fn)(void *), vo
     return CW_OK;
 }
 
-int cw__cpu_blas_threads(cw__backend *be) { return cb_of(be)->threads; }
+int cw__cpu_blas_threads(cw__backend *be) { return be->threads; }
 
 /* ---- streams ------------------------------------------------------------------------- */
 static cw_status cpu_stream_create(cw__backend *be, cw__stream **out) {
@@ -473,6 +473,8 @@ cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, 
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         cb->threads = n > 0 ? (int)n : 1;
     }
+    cb->base.threads = cb->threads;
+    cw__cpu_blas_single(); /* convweave splits GEMMs itself (par_cpu.c) */
 
     cb->chaos = (cfg->flags & CW_FLAG_CHAOS) != 0;
     cb->chaos_seed = cfg->chaos_seed;

@@ -2,11 +2,8 @@
  * ("prep"), GroupNorm statistics and finalize, add, GEMM and row softmax. Each hook
  * validates, copies its parameters into a closure and enqueues it on the stream's worker;
  * the *_run functions hold the math (per-element pieces from kernels/kernels.h). */
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
@@ -448,84 +445,14 @@ cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const
 
 /* ---- GEMM ----------------------------------------------------------------------------- */
 
-/* OpenBLAS 0.3.21 (pthreads) has only the process-wide openblas_set_num_threads. Our
- * gemm calls go through this gate: calls wanting the same count run concurrently; a call
- * wanting another count waits until ours in flight finished, so the count never changes
- * under one of them. conv_cpu.c sets the count under its own lock without waiting; that
- * is benign in 0.3.21 (a running call keeps the thread count it started with), so the
- * count is re-read from OpenBLAS here rather than cached. */
-#if defined(__SANITIZE_THREAD__)
-#define CW__TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define CW__TSAN 1
-#endif
-#endif
-
-static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t blas_cv = PTHREAD_COND_INITIALIZER;
-static int blas_want;     /* count the calls in flight use */
-static int blas_active;   /* gemm calls in flight */
-static int blas_changers; /* callers waiting for the calls in flight to drain to switch */
-
-static void blas_enter(int threads) {
-#ifdef CW__TSAN
-    /* TSan sees OpenBLAS's pool threads write C but not the uninstrumented spin flags
-     * that order those writes, so every threaded call reads as a race: run it in the
-     * calling thread instead. */
-    threads = 1;
-#endif
-    int changing = 0;
-    pthread_mutex_lock(&blas_mu);
-    for (;;) {
-        if (blas_active == 0 && (changing || blas_changers == 0)) break; /* idle: take it */
-        /* join calls of the same count, unless a switch waits (it would starve) */
-        if (blas_active > 0 && blas_want == threads && blas_changers == 0) break;
-        if (!changing && blas_active > 0 && blas_want != threads) {
-            changing = 1;
-            blas_changers++;
-        }
-        pthread_cond_wait(&blas_cv, &blas_mu);
-    }
-    if (changing) {
-        blas_changers--;
-        pthread_cond_broadcast(&blas_cv); /* callers held back for this switch re-check */
-    }
-    blas_want = threads;
-    if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
-    blas_active++;
-    pthread_mutex_unlock(&blas_mu);
-}
-
-static void blas_leave(void) {
-    pthread_mutex_lock(&blas_mu);
-    if (--blas_active == 0) pthread_cond_broadcast(&blas_cv);
-    pthread_mutex_unlock(&blas_mu);
-}
-
-void cw__cpu_gemm_run(const cw__gemm_params *p, int threads) {
-    if (p->m == 0 || p->n == 0) return;
-    blas_enter(threads < 1 ? 1 : threads);
-    cblas_sgemm(CblasRowMajor, p->trans_a ? CblasTrans : CblasNoTrans, p->trans_b ? CblasTrans : CblasNoTrans,
-                (blasint)p->m, (blasint)p->n, (blasint)p->k, p->alpha, p->a, (blasint)p->lda, p->b,
-                (blasint)p->ldb, p->beta, p->c, (blasint)p->ldc);
-    blas_leave();
-}
-
 typedef struct gemm_closure {
     cw__gemm_params p;
     cw__backend *be;
 } gemm_closure;
 
-static atomic_int gemms_running; /* gemm closures running now, all backends */
-
 static void gemm_fn(void *arg) {
     gemm_closure *k = (gemm_closure *)arg;
-    /* each running gemm closure takes an equal share of the backend's BLAS threads, as
-     * conv_cpu.c does for convolutions: no oversubscription with several heavy streams */
-    int running = atomic_fetch_add(&gemms_running, 1) + 1;
-    cw__cpu_gemm_run(&k->p, cw__cpu_blas_threads(k->be) / running);
-    atomic_fetch_sub(&gemms_running, 1);
+    cw__cpu_sgemm(&k->p, k->p.threads > 0 ? k->p.threads : cw__cpu_blas_threads(k->be));
 }
 
 cw_status cw__cpu_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p) {

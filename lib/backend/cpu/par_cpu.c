@@ -1,0 +1,111 @@
+/* The cpu backend's own parallelism: a parallel-for over index ranges, and the one GEMM
+ * every cpu op calls. convweave owns the split of a GEMM: C is cut into blocks whose
+ * boundaries depend only on (m, n, k) and each block is one single-threaded OpenBLAS call,
+ * so the bits of C never depend on the thread count, on how many streams run, or on
+ * timing. OpenBLAS's own threading is switched off (process-wide: 0.3.21 has no
+ * per-thread count) because the way it splits a GEMM follows its thread count and, on
+ * some CPUs (AVX2 kernels), the bits follow the split. docs/determinism.md has the
+ * contract. */
+#include <cblas.h>
+#include <pthread.h>
+
+#include "backend/cpu/cpu.h"
+
+#define CW__PAR_MAX_THREADS 16
+
+typedef struct par_part {
+    cw__range_fn fn;
+    void *arg;
+    int64_t lo, hi;
+} par_part;
+
+static void *par_part_main(void *p) {
+    par_part *q = p;
+    q->fn(q->arg, q->lo, q->hi);
+    return NULL;
+}
+
+void cw__cpu_parallel(int threads, int64_t n, cw__range_fn fn, void *arg) {
+    if (threads > CW__PAR_MAX_THREADS) threads = CW__PAR_MAX_THREADS;
+    if (threads > n) threads = (int)n;
+    if (threads <= 1) {
+        if (n > 0) fn(arg, 0, n);
+        return;
+    }
+    par_part parts[CW__PAR_MAX_THREADS];
+    pthread_t th[CW__PAR_MAX_THREADS];
+    int started[CW__PAR_MAX_THREADS] = {0};
+    for (int i = 0; i < threads; i++) parts[i] = (par_part){fn, arg, n * i / threads, n * (i + 1) / threads};
+    for (int i = 1; i < threads; i++) started[i] = pthread_create(&th[i], NULL, par_part_main, &parts[i]) == 0;
+    fn(arg, parts[0].lo, parts[0].hi);
+    for (int i = 1; i < threads; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else fn(arg, parts[i].lo, parts[i].hi);
+    }
+}
+
+/* OpenBLAS runs single-threaded for every call convweave makes. Re-checked before each
+ * GEMM (a cheap read) in case the application changed the process-wide count. */
+static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void cw__cpu_blas_single(void) {
+    if (openblas_get_num_threads() == 1) return;
+    pthread_mutex_lock(&blas_mu);
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    pthread_mutex_unlock(&blas_mu);
+}
+
+/* Column blocks of at least 512 columns (about 2 % of a block's time goes to OpenBLAS
+ * re-packing A at k >= 64), at most 16 of them; a GEMM with fewer than 4 column blocks
+ * and m >= 256 is also cut into row blocks of at least 128 rows, so attention's
+ * [chunk x C] products still split. Multiples of 64 keep OpenBLAS's kernels on full
+ * tiles. Only (m, n) enter: never the thread count. */
+void cw__cpu_gemm_blocks(int64_t m, int64_t n, int64_t *mb, int64_t *nb) {
+    int64_t cb = n / 512;
+    if (cb < 1) cb = 1;
+    if (cb > 16) cb = 16;
+    int64_t w = (n + cb - 1) / cb;
+    w = (w + 63) / 64 * 64;
+    *nb = w < n ? w : n;
+    int64_t cols = (n + *nb - 1) / *nb, rb = 1;
+    if (cols < 4 && m >= 256) {
+        rb = (4 + cols - 1) / cols;
+        if (rb > m / 128) rb = m / 128;
+        if (rb < 1) rb = 1;
+    }
+    int64_t h = (m + rb - 1) / rb;
+    h = (h + 63) / 64 * 64;
+    *mb = h < m ? h : m;
+}
+
+typedef struct gemm_grid {
+    const cw__gemm_params *p;
+    int64_t mb, nb, cols; /* block extents and column blocks per block row */
+} gemm_grid;
+
+static void gemm_block_range(void *arg, int64_t lo, int64_t hi) {
+    const gemm_grid *g = arg;
+    const cw__gemm_params *p = g->p;
+    for (int64_t b = lo; b < hi; b++) {
+        int64_t i0 = b / g->cols * g->mb, j0 = b % g->cols * g->nb;
+        int64_t mi = p->m - i0 < g->mb ? p->m - i0 : g->mb, nj = p->n - j0 < g->nb ? p->n - j0 : g->nb;
+        /* row-major: op(A) rows i0.. are A's rows (no trans) or columns (trans) */
+        const float *a = p->a + (p->trans_a ? i0 : i0 * p->lda);
+        const float *bm = p->b + (p->trans_b ? j0 * p->ldb : j0);
+        cblas_sgemm(CblasRowMajor, p->trans_a ? CblasTrans : CblasNoTrans, p->trans_b ? CblasTrans : CblasNoTrans,
+                    (blasint)mi, (blasint)nj, (blasint)p->k, p->alpha, a, (blasint)p->lda, bm, (blasint)p->ldb,
+                    p->beta, p->c + i0 * p->ldc + j0, (blasint)p->ldc);
+    }
+}
+
+void cw__cpu_sgemm(const cw__gemm_params *p, int threads) {
+    if (p->m == 0 || p->n == 0) return;
+    /* helper threads cost ~50 us to start: not for GEMMs under ~4 MFLOP (~0.1 ms) */
+    if (2.0 * (double)p->m * (double)p->n * (double)p->k < 4e6) threads = 1;
+    cw__cpu_blas_single();
+    gemm_grid g = {p, 0, 0, 0};
+    cw__cpu_gemm_blocks(p->m, p->n, &g.mb, &g.nb);
+    g.cols = (p->n + g.nb - 1) / g.nb;
+    int64_t blocks = (p->m + g.mb - 1) / g.mb * g.cols;
+    cw__cpu_parallel(threads, blocks, gemm_block_range, &g);
+}
