@@ -95,7 +95,10 @@ typedef struct cw_context_config {
     int streams;              /* default stream count for plans; >= 1; default 2 */
     uint32_t flags;           /* CW_FLAG_* */
     uint64_t chaos_seed;      /* seed for CW_FLAG_CHAOS; env CONVWEAVE_CHAOS_SEED overrides */
-    int threads;              /* cpu: BLAS threads in total; <=0: all cores */
+    int threads;              /* cpu: threads the ops use in total (<= 0: all cores); a plan gives
+                                 each heavy stream's tasks threads / heavy streams. The cpu
+                                 backend sets OpenBLAS to one thread (process-wide) and splits
+                                 GEMMs itself, so results never depend on this count. */
     cw_log_fn log_fn;         /* NULL: stderr */
     void *log_user;
     cw_log_level log_level;   /* default CW_LOG_WARN */
