@@ -49,7 +49,7 @@ int main(void) {
         rng.s = seed; /* the same weights and input for every stream count */
         cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
         cfg.backend = CW_BACKEND_CPU;
-        cfg.threads = 1;
+        cfg.threads = 2; /* tasks get 2 or 1 threads as the stream count changes */
         cfg.flags = CW_FLAG_POISON | CW_FLAG_CHAOS;
         cfg.chaos_seed = 100 + (uint64_t)streams;
         ASSERT_OK(cw_context_create(&ctx, &cfg));
