@@ -117,7 +117,7 @@ static void check_patch(cw_context *ctx, const cw__conv_problem *pp) {
     int64_t align[3], engines = 0;
     cw__cudnn_graph g;
     cw__cudnn_layout_align(pp, align);
-    cw_status st = cw__cudnn_graph_build(ctx, pp, align, NULL, &g);
+    cw_status st = cw__cudnn_graph_build(ctx, pp, align, NULL, 0, &g);
     if (st != CW_OK) fprintf(stderr, "graph build failed: %s\n", cw_context_last_error(ctx));
     ASSERT_EQ_I(st, CW_OK);
     ASSERT_OK_CTX(ctx, cw__cudnn_graph_engine_count(ctx, &g, &engines));
@@ -132,7 +132,7 @@ static void check_patch(cw_context *ctx, const cw__conv_problem *pp) {
         if (wrong == 1 && bad.y.dims[hd + 1] > 1) bad.y.dims[hd + 1] -= 1;
         if (wrong == 1 && pp->y.dims[hd + 1] == 1) bad.y.dims[hd + 1] += 1;
         if (wrong == 2) bad.y.dims[1] += 1; /* channels: K must match w */
-        st = cw__cudnn_graph_build(ctx, &bad, align, NULL, &g);
+        st = cw__cudnn_graph_build(ctx, &bad, align, NULL, 0, &g);
         if (st == CW_OK) {
             fprintf(stderr, "cuDNN accepted a wrong output shape (case %d): y dims %lld %lld %lld\n", wrong,
                     (long long)bad.y.dims[1], (long long)bad.y.dims[hd], (long long)bad.y.dims[hd + 1]);
@@ -180,7 +180,7 @@ static void check_engines(cw__cudnn_conv *cc, cw_context *ctx, const cw__conv_pr
     int64_t caps[2] = {min_ws, INT64_MAX};
     for (int c = 0; c < 2; c++) {
         cw__cudnn_choice ch;
-        st = cw__cudnn_conv_plan(cc, pp, align, c ? algos[0].id : -1, caps[c], 1, &ch);
+        st = cw__cudnn_conv_plan(cc, pp, align, c ? algos[0].id : -1, caps[c], 1, 1, &ch);
         if (st != CW_OK) fprintf(stderr, "conv_plan (cap %lld): %s\n", (long long)caps[c], cw_context_last_error(ctx));
         ASSERT_EQ_I(st, CW_OK);
         ASSERT_TRUE(ch.plan != NULL);
@@ -192,7 +192,7 @@ static void check_engines(cw__cudnn_conv *cc, cw_context *ctx, const cw__conv_pr
     /* A cap below every config's workspace fails cleanly (when one exists). */
     if (min_ws > 0) {
         cw__cudnn_choice ch;
-        ASSERT_EQ_I(cw__cudnn_conv_plan(cc, pp, align, -1, min_ws - 1, 1, &ch), CW_ERR_UNSUPPORTED);
+        ASSERT_EQ_I(cw__cudnn_conv_plan(cc, pp, align, -1, min_ws - 1, 1, 1, &ch), CW_ERR_UNSUPPORTED);
         ASSERT_TRUE(ch.plan == NULL && ch.id == -1);
     }
 }
@@ -246,6 +246,7 @@ static void check_big_span(cw__cudnn_conv *cc, cw_context *ctx) {
             a[0].name, (double)a[0].workspace / (1 << 20));
     ASSERT_EQ_I(n_packed, 0);
     ASSERT_TRUE(n >= 2 && strcmp(a[0].name, "cudnn engine 0") != 0);
+    for (int i = 0; i < n; i++) fprintf(stderr, "  %-32s %8.1f MiB\n", a[i].name, (double)a[i].workspace / (1 << 20));
 
     vae_conv(256, 4096, &full);
     ASSERT_OK(cw__patch_make(&full, 1024, 1088, &pt));
@@ -257,13 +258,13 @@ static void check_big_span(cw__cudnn_conv *cc, cw_context *ctx) {
     for (int i = 0; i < n; i++)
         if (strstr(a[i].name, "packed")) ASSERT_TRUE(a[i].workspace >= copies);
     cw__cudnn_layout_align(&pt.prob, align);
-    ASSERT_OK_CTX(ctx, cw__cudnn_conv_plan(cc, &pt.prob, align, a[0].id, INT64_MAX, 1, &ch));
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_plan(cc, &pt.prob, align, a[0].id, INT64_MAX, 1, 1, &ch));
     ASSERT_TRUE(ch.packed && ch.plan != NULL);
     ASSERT_EQ_I(ch.x_bytes, 256 * 66 * 4096 * 2);
     ASSERT_EQ_I(ch.y_bytes, 256 * 64 * 4096 * 2);
     ASSERT_EQ_I(ch.total_ws, ch.engine_ws + ch.x_bytes + ch.y_bytes);
     ASSERT_EQ_I(ch.xp.dims[2], 66);
-    ASSERT_OK_CTX(ctx, cw__cudnn_conv_plan(cc, &pt.prob, align, a[0].id, INT64_MAX, 0, &ch));
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_plan(cc, &pt.prob, align, a[0].id, INT64_MAX, 0, 1, &ch));
     ASSERT_TRUE(!ch.packed && ch.plan != NULL);
     g_plans += 2;
 }
@@ -281,7 +282,7 @@ static void check_alignment(void) {
     cw__conv_problem_init(&p, &x, &w, 0, &y, &cp);
     cw__cudnn_layout_align(&p, align);
     ASSERT_EQ_I(align[0], 2);
-    ASSERT_EQ_I(align[1], 2); /* w: 3x3 f16 rows are 6 bytes */
+    ASSERT_EQ_I(align[1], 16); /* w is never offset: its base is checked at run time */
     ASSERT_EQ_I(align[2], 2);
     xd[3] = 64;
     ASSERT_OK(cw_tensor_desc_make(&x, CW_F16, 4, xd));
@@ -292,6 +293,147 @@ static void check_alignment(void) {
     ASSERT_EQ_I(align[2], 16);
     ASSERT_EQ_I(cw__cudnn_ptr_align((void *)(uintptr_t)0x1000), 16);
     ASSERT_EQ_I(cw__cudnn_ptr_align((void *)(uintptr_t)0x1006), 2);
+    /* channels-last f16 views (C stride 1, W stride C): a patch moves by H stride = W * C
+     * elements, 16-byte aligned for C = 8 although the C stride alone gives 2 bytes */
+    int64_t nd[4] = {1, 8, 9, 7};
+    ASSERT_OK(cw_tensor_desc_make(&x, CW_F16, 4, nd));
+    wd[0] = wd[1] = 8;
+    ASSERT_OK(cw_tensor_desc_make(&w, CW_F16, 4, wd));
+    ASSERT_OK(cw__conv_validate(NULL, &x, &w, NULL, NULL, &cp, &y));
+    const int64_t xs[4] = {9 * 7 * 8, 1, 7 * 8, 8}, ys[4] = {9 * 7 * 8, 1, 7 * 8, 8};
+    memcpy(x.strides, xs, sizeof xs);
+    memcpy(y.strides, ys, sizeof ys);
+    cw__conv_problem_init(&p, &x, &w, 0, &y, &cp);
+    cw__cudnn_layout_align(&p, align);
+    ASSERT_EQ_I(align[0], 16);
+    ASSERT_EQ_I(align[2], 16);
+    /* an NCDHW f32 patch: the D stride counts too (odd H*W keeps 4 bytes) */
+    cw_conv_params c3 = CW_CONV_PARAMS_INIT;
+    c3.spatial = 3;
+    int64_t x5[5] = {1, 2, 3, 5, 7}, w5[5] = {2, 2, 1, 1, 1};
+    ASSERT_OK(cw_tensor_desc_make(&x, CW_F32, 5, x5));
+    ASSERT_OK(cw_tensor_desc_make(&w, CW_F32, 5, w5));
+    ASSERT_OK(cw__conv_validate(NULL, &x, &w, NULL, NULL, &c3, &y));
+    cw__conv_problem_init(&p, &x, &w, 0, &y, &c3);
+    cw__cudnn_layout_align(&p, align);
+    ASSERT_EQ_I(align[0], 4);
+}
+
+/* The kernels' host-side index math: 32-bit division by multiply-high, rank-4 folding, the
+ * GroupNorm chunk plan (many blocks per (n, g) where scratch allows, one without). */
+static void check_kernel_math(void) {
+    char msg[128] = "";
+    int bad = cw__cu_selftest_host(msg, sizeof msg);
+    if (bad) fprintf(stderr, "kernel host self-test: %s\n", msg);
+    ASSERT_EQ_I(bad, 0);
+    int64_t rpc = 0;
+    /* the SD decoder's 512-channel 128^2 GroupNorm (32 groups): N*G = 32 blocks before, now */
+    int ch = cw__cu_gn_chunks(1, 32, 16, 128, 128, CW__CU_GN_SCRATCH_PARTS, &rpc);
+    fprintf(stderr, "gn_stats [1, 512, 128, 128] / 32 groups: %d chunks of %lld rows per group, %d blocks\n", ch,
+            (long long)rpc, 32 * ch);
+    ASSERT_TRUE(32 * ch >= 4 * 132); /* at least 4 blocks per H100 SM */
+}
+
+/* Bias fused into the graph (conv -> virtual f32 t -> pointwise add of b -> y) finalises for
+ * f32 / f16 / bf16 and a 3-D case; under the H100 profile an f16 conv with a bias lists fused
+ * configs, and their plans finalise; without a bias none are listed. */
+static void check_fused_bias(cw__cudnn_conv *cc, cw_context *ctx) {
+    for (int k = 0; k < 4; k++) {
+        cw__conv_problem p;
+        cw_tensor_desc x, w, y;
+        cw_conv_params cp = CW_CONV_PARAMS_INIT;
+        cw_dtype dt = k == 1 ? CW_F16 : k == 2 ? CW_BF16 : CW_F32;
+        int64_t xd[5] = {1, 16, 4, 24, 24}, wd[5] = {32, 16, 3, 3, 3};
+        int rank = k == 3 ? 5 : 4;
+        if (rank == 4) xd[2] = 24, wd[2] = 3;
+        cp.spatial = rank - 2;
+        for (int d = 0; d < rank - 2; d++) cp.pad_pre[d] = cp.pad_post[d] = 1;
+        ASSERT_OK(cw_tensor_desc_make(&x, dt, rank, xd));
+        ASSERT_OK(cw_tensor_desc_make(&w, dt, rank, wd));
+        ASSERT_OK(cw__conv_validate(NULL, &x, &w, NULL, NULL, &cp, &y));
+        cw__conv_problem_init(&p, &x, &w, 1, &y, &cp);
+        int64_t align[3];
+        cw__cudnn_graph g;
+        cw__cudnn_layout_align(&p, align);
+        ASSERT_OK_CTX(ctx, cw__cudnn_graph_build(ctx, &p, align, NULL, 1, &g));
+        ASSERT_TRUE(g.add != NULL && g.t != NULL && g.b != NULL);
+        cw__cudnn_graph_destroy(&g);
+        if (!cc || k != 1) continue;
+        cw__conv_algo a[CW__CUDNN_MAX_CFGS];
+        int n = 0, n_fused = 0;
+        ASSERT_OK_CTX(ctx, cw__cudnn_conv_algos(cc, &p, a, CW__CUDNN_MAX_CFGS, &n));
+        for (int i = 0; i < n; i++) n_fused += strstr(a[i].name, " fused") != NULL;
+        fprintf(stderr, "f16 conv with bias: %d configs, %d bias-fused; first %s\n", n, n_fused, a[0].name);
+        ASSERT_TRUE(n_fused >= 1 && strstr(a[0].name, " fused") != NULL); /* f16: a fused one first */
+        for (int i = 0; i < n; i++) {
+            if (!strstr(a[i].name, " fused")) continue;
+            cw__cudnn_choice ch;
+            ASSERT_OK_CTX(ctx, cw__cudnn_conv_plan(cc, &p, align, a[i].id, INT64_MAX, 1, 1, &ch));
+            ASSERT_TRUE(ch.fused && ch.plan != NULL && ch.id == a[i].id && !ch.substituted);
+            /* fused configs not allowed (a bias pointer not 16-byte aligned): an unfused substitute */
+            ASSERT_OK_CTX(ctx, cw__cudnn_conv_plan(cc, &p, align, a[i].id, INT64_MAX, 1, 0, &ch));
+            ASSERT_TRUE(!ch.fused && ch.substituted);
+            break;
+        }
+        p.has_bias = 0;
+        ASSERT_OK_CTX(ctx, cw__cudnn_conv_algos(cc, &p, a, CW__CUDNN_MAX_CFGS, &n));
+        for (int i = 0; i < n; i++) ASSERT_TRUE(strstr(a[i].name, " fused") == NULL);
+    }
+}
+
+/* TF32 is opt-in: an f32 3x3 conv lists tensor-core engines only with CW__CUDNN_TF32. */
+static void check_tf32(cudnnBackendDescriptor_t devprop, cw_context *ctx) {
+    cw__cudnn_conv *plain = NULL, *tf32 = NULL;
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_create(&plain, ctx, NULL, devprop, 0));
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_create(&tf32, ctx, NULL, devprop, CW__CUDNN_TF32));
+    cw__conv_problem p;
+    cw_tensor_desc x, w, y;
+    cw_conv_params cp = CW_CONV_PARAMS_INIT;
+    int64_t xd[4] = {1, 128, 64, 256}, wd[4] = {128, 128, 3, 3};
+    cp.pad_pre[0] = cp.pad_pre[1] = cp.pad_post[0] = cp.pad_post[1] = 1;
+    ASSERT_OK(cw_tensor_desc_make(&x, CW_F32, 4, xd));
+    ASSERT_OK(cw_tensor_desc_make(&w, CW_F32, 4, wd));
+    ASSERT_OK(cw__conv_validate(NULL, &x, &w, NULL, NULL, &cp, &y));
+    cw__conv_problem_init(&p, &x, &w, 0, &y, &cp);
+    cw__conv_algo a[CW__CUDNN_MAX_CFGS], b[CW__CUDNN_MAX_CFGS];
+    int na = 0, nb = 0, extra = 0;
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_algos(plain, &p, a, CW__CUDNN_MAX_CFGS, &na));
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_algos(tf32, &p, b, CW__CUDNN_MAX_CFGS, &nb));
+    for (int i = 0; i < nb; i++) {
+        int found = 0;
+        for (int j = 0; j < na; j++) found |= a[j].id == b[i].id;
+        extra += !found;
+    }
+    fprintf(stderr, "f32 [1, 128, 64, 256] 3x3: %d configs without TF32 (first %s), %d with (first %s), %d new\n", na,
+            a[0].name, nb, b[0].name, extra);
+    ASSERT_TRUE(extra >= 1);
+    cw__cudnn_conv_destroy(plain);
+    cw__cudnn_conv_destroy(tf32);
+}
+
+/* Compile-time preparation: a listed id gets its plan now (counted as a plan, not late); an
+ * id that is not listed is substituted by the first config that fits, and says so. */
+static void check_prepare(cw__cudnn_conv *cc, cw_context *ctx) {
+    cw__conv_problem full;
+    cw__conv_algo a[CW__CUDNN_MAX_CFGS];
+    cw__patch pt;
+    cw__cudnn_choice ch;
+    int n = 0;
+    vae_conv(128, 256, &full);
+    ASSERT_OK(cw__patch_make(&full, 0, 64, &pt)); /* the top band: its own padding */
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_algos(cc, &pt.prob, a, CW__CUDNN_MAX_CFGS, &n));
+    int64_t plans0, plans1, late = -1, subst = -1;
+    cw__cudnn_conv_counters(cc, NULL, &plans0, NULL, NULL);
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_prepare(cc, &pt.prob, a[n - 1].id, -1, &ch));
+    ASSERT_TRUE(ch.plan != NULL && ch.id == a[n - 1].id && !ch.substituted);
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_prepare(cc, &pt.prob, a[n - 1].id, -1, &ch)); /* cached */
+    cw__cudnn_conv_counters(cc, NULL, &plans1, NULL, NULL);
+    ASSERT_EQ_I(plans1 - plans0, 1);
+    ASSERT_OK_CTX(ctx, cw__cudnn_conv_prepare(cc, &pt.prob, (1 << 22) | 1, a[0].workspace, &ch));
+    ASSERT_TRUE(ch.plan != NULL && ch.substituted && ch.total_ws <= a[0].workspace);
+    cw__cudnn_conv_late(cc, &late, &subst);
+    ASSERT_EQ_I(late, 0); /* nothing ran: every plan was prepared */
+    ASSERT_EQ_I(subst, 0);
 }
 
 int main(void) {
@@ -323,12 +465,13 @@ int main(void) {
     }
 
     check_alignment();
+    check_kernel_math();
 
     cudnnBackendDescriptor_t devprop = NULL;
     cw__cudnn_conv *cc = NULL;
     cw_status dst = cw__cudnn_devprop_from_json(ctx, h100_json, &devprop);
     if (dst == CW_OK) {
-        ASSERT_OK_CTX(ctx, cw__cudnn_conv_create(&cc, ctx, NULL, devprop));
+        ASSERT_OK_CTX(ctx, cw__cudnn_conv_create(&cc, ctx, NULL, devprop, 0));
     } else {
         fprintf(stderr, "NOTE: this cuDNN does not take the H100 device-properties profile (%s); heuristics and plans "
                         "are not checked here\n", cw_context_last_error(ctx));
@@ -366,6 +509,9 @@ int main(void) {
     }
 
     if (cc) check_big_span(cc, ctx);
+    check_fused_bias(cc, ctx);
+    if (cc) check_tf32(devprop, ctx);
+    if (cc) check_prepare(cc, ctx);
 
     /* A deliberately wrong problem through the engine list too: the error names cuDNN's reason. */
     if (cc) {

@@ -11,6 +11,21 @@
 extern "C" {
 #endif
 
+/* Context flags (cw_context_config.flags) for the cuda backend, beside CW_FLAG_*; a cpu
+ * context ignores them.
+ * - CW_FLAG_CUDA_TF32: f32 convolutions may use TF32 tensor-core engines and f32 GEMMs TF32
+ *   tensor-core math. Several times faster on Ampere and Hopper for f32 data, at about 1e-3
+ *   relative error instead of 1e-5 (TF32 keeps 10 mantissa bits of each product's inputs).
+ *   Off by default: f32 then stays f32 end to end. Results stay deterministic either way.
+ * - CW_FLAG_CUDA_AUTOTUNE: where the scheduler asks for it, time the fastest few engines
+ *   that fit a convolution's workspace once at compile time (on scratch memory of their
+ *   own) and keep the fastest, instead of cuDNN's heuristic order. Two compilations may
+ *   then pick different engines (bitwise different results); one plan never changes. */
+enum {
+    CW_FLAG_CUDA_TF32 = 1u << 16,
+    CW_FLAG_CUDA_AUTOTUNE = 1u << 17
+};
+
 /* Device memory: cw_tensor_wrap(ctx, &t, desc, ptr) wraps a pointer the caller allocated
  * (cudaMalloc, cudaMallocAsync, a pool, or managed memory) on the context's device; the
  * library neither frees nor copies it, and the caller keeps it alive while any plan or

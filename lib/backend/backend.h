@@ -58,6 +58,7 @@ typedef struct cw__gemm_params {
 } cw__gemm_params;
 
 typedef void (*cw__host_fn)(void *arg);
+typedef struct cw__timer cw__timer; /* a backend's device timestamps (optional timer hooks) */
 
 typedef struct cw__backend_i {
     const char *name;
@@ -121,6 +122,30 @@ typedef struct cw__backend_i {
     cw_status (*gemm)(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
     /* required: row-wise softmax in place: rows x cols, row stride ld (floats). */
     cw_status (*softmax_rows)(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld);
+
+    /* -- compile-time preparation and device timing (a scheduler uses them when present) -- */
+    /* (optional) default: none; conv_forward prepares on first use, inside a run. Host only:
+     * makes conv_forward(p, algo, ws of ws_cap bytes) need no further preparation (cuda:
+     * finalises the cuDNN execution plan, which may compile and load kernels, a device-wide
+     * synchronisation) and writes to *used the algorithm conv_forward will run: algo, or,
+     * where algo cannot run p within ws_cap, the backend's substitute (id, name, workspace).
+     * ws_cap < 0: unlimited. Call at compile time for every conv task. */
+    cw_status (*conv_prepare)(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
+                              cw__conv_algo *used);
+    /* (optional) default: no tuning (the listed order stands). Times cands[0..n) on p once
+     * per (problem, algorithm) (cached) and sets *best to the index of the fastest. Runs on
+     * the device, synchronously, with scratch memory of its own: compile time only. */
+    cw_status (*conv_autotune)(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *cands, int n,
+                               int *best);
+    /* (optional) default: none; traces then come from launch_host callbacks. Device
+     * timestamps: timer_create makes n marks; timer_mark records mark k on s (asynchronous,
+     * never synchronises); timer_read, once every stream holding marks has been
+     * synchronised, writes ns[k] = time of mark k - time of mark 0 in ns (-1 for a mark not
+     * recorded since the last read) and forgets the recordings. */
+    cw_status (*timer_create)(cw__backend *be, int n, cw__timer **out);
+    void (*timer_destroy)(cw__backend *be, cw__timer *t);
+    cw_status (*timer_mark)(cw__backend *be, cw__timer *t, int k, cw__stream *s);
+    cw_status (*timer_read)(cw__backend *be, cw__timer *t, int64_t *ns);
 } cw__backend_i;
 
 struct cw__backend {

@@ -2,7 +2,9 @@
  * events, cudaMalloc'd memory for the budgeted allocator, async copies), cuBLAS for GEMM,
  * kernels.cu for elementwise work, cudnn_conv.c for convolution; plus the interop calls of
  * include/convweave/convweave_cuda.h. The library links libcudart dynamically and calls
- * nothing at load time, so it loads without a driver; creation then reports no device. */
+ * nothing at load time, so it loads without a driver; creation then reports no device.
+ * host_syncs counts every call that may stall the device or the host: cudaMalloc, cudaFree,
+ * stream/event synchronisation, synchronous copies, and cuDNN plans finalised inside a run. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -24,8 +26,11 @@ typedef struct cw__cuda {
     int blas_mu_init;
     cudaStream_t copy;     /* synchronous uploads/downloads run here, then wait */
     cw__cudnn_conv *conv;
+    int autotune;          /* CW_FLAG_CUDA_AUTOTUNE */
     _Atomic int64_t host_syncs;
 } cw__cuda;
+
+static void cw__sync_count(cw__cuda *cb, int64_t n) { atomic_fetch_add(&cb->host_syncs, n); }
 
 static const cw__backend_i cw__cuda_iface;
 
@@ -59,6 +64,7 @@ static cw_status cuda_dev_alloc(cw__backend *be, int64_t bytes, void **out) {
     if (bytes < 0) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda dev_alloc: bytes = %" PRId64 " < 0", bytes);
     if (bytes == 0) return CW_OK;
     CW__ENTER(cb);
+    cw__sync_count(cb, 1); /* cudaMalloc may synchronise the device */
     cudaError_t e = cudaMalloc(out, (size_t)bytes);
     cw_status st = CW_OK;
     if (e != cudaSuccess) {
@@ -80,15 +86,15 @@ static void cuda_dev_free(cw__backend *be, void *p) {
     if (!p || cw__enter(cb, &prev) != CW_OK) return;
     cudaError_t e = cudaFree(p);
     /* cudaFree waits for the device: a host synchronisation. */
-    atomic_fetch_add(&cb->host_syncs, 1);
+    cw__sync_count(cb, 1);
     if (e != cudaSuccess) cw__cuda_fail(be->ctx, e, "cudaFree(p)", __FILE__, __LINE__);
     cw__leave(cb, prev);
 }
 
 /* Synchronous by contract (run boundaries): the copy runs on the backend's own stream and
- * the host waits for it, so a pageable source is never read after we return. Not counted
- * as host synchronisations (they are outside runs). cudaMemcpyDefault: with unified
- * addressing the direction comes from the pointers, so pinned or managed memory works. */
+ * the host waits for it, so a pageable source is never read after we return (counted as a
+ * host synchronisation). cudaMemcpyDefault: with unified addressing the direction comes
+ * from the pointers, so pinned or managed memory works. */
 static cw_status cuda_copy_sync(cw__backend *be, void *dst, const void *src, int64_t bytes, const char *what) {
     cw__cuda *cb = cw__cb(be);
     cw_status st = CW_OK;
@@ -96,6 +102,7 @@ static cw_status cuda_copy_sync(cw__backend *be, void *dst, const void *src, int
     if (bytes == 0) return CW_OK;
     CW__ENTER(cb);
     CW__CUDA_GOTO(be->ctx, st, done, cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDefault, cb->copy));
+    cw__sync_count(cb, 1);
     CW__CUDA_GOTO(be->ctx, st, done, cudaStreamSynchronize(cb->copy));
 done:
     return CW__LEAVE(cb, st);
@@ -132,6 +139,20 @@ done:
 
 /* ---- streams and events ------------------------------------------------------------------ */
 
+/* Each stream owns a small scratch for GroupNorm statistics chunks (stream order keeps its
+ * launches apart), allocated with the stream, outside runs: 192 KiB per stream, outside the
+ * temp budget. Without it (allocation failed) gn_stats uses one block per group. */
+static void cw__stream_scratch(cw__cuda *cb, cw__stream *s) {
+    cw__sync_count(cb, 1);
+    cudaError_t e = cudaMalloc((void **)&s->gn_scratch, (size_t)CW__CU_GN_SCRATCH_PARTS * 3 * sizeof(double));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        s->gn_scratch = NULL;
+        cw__log(cb->base.ctx, CW_LOG_DEBUG, "cuda stream: no GroupNorm scratch (%s): one block per group",
+                cudaGetErrorName(e));
+    }
+}
+
 static cw_status cuda_stream_create(cw__backend *be, cw__stream **out) {
     cw__cuda *cb = cw__cb(be);
     cw_status st = CW_OK;
@@ -143,6 +164,7 @@ static cw_status cuda_stream_create(cw__backend *be, cw__stream **out) {
      * cudaMemcpy elsewhere must not serialise our streams). */
     CW__CUDA_GOTO(be->ctx, st, done, cudaStreamCreateWithFlags(&s->cs, cudaStreamNonBlocking));
     s->owned = 1;
+    cw__stream_scratch(cb, s);
     *out = s;
     s = NULL;
 done:
@@ -152,8 +174,15 @@ done:
 
 static void cuda_stream_destroy(cw__backend *be, cw__stream *s) {
     if (!s) return;
+    cw__cuda *cb = cw__cb(be);
+    cw__sync_count(cb, 1);
     cudaError_t e = cudaStreamSynchronize(s->cs);
     if (e != cudaSuccess) cw__cuda_fail(be->ctx, e, "cudaStreamSynchronize(s->cs)", __FILE__, __LINE__);
+    if (s->gn_scratch) {
+        cw__sync_count(cb, 1);
+        e = cudaFree(s->gn_scratch);
+        if (e != cudaSuccess) cw__cuda_fail(be->ctx, e, "cudaFree(s->gn_scratch)", __FILE__, __LINE__);
+    }
     if (s->owned) {
         e = cudaStreamDestroy(s->cs);
         if (e != cudaSuccess) cw__cuda_fail(be->ctx, e, "cudaStreamDestroy(s->cs)", __FILE__, __LINE__);
@@ -211,18 +240,23 @@ static cw_status cuda_event_query(cw__backend *be, cw__event *ev, int *done) {
 }
 
 static cw_status cuda_event_synchronize(cw__backend *be, cw__event *ev) {
-    atomic_fetch_add(&cw__cb(be)->host_syncs, 1);
+    cw__sync_count(cw__cb(be), 1);
     CW__CUDA_CHECK(be->ctx, cudaEventSynchronize(ev->ev));
     return CW_OK;
 }
 
 static cw_status cuda_stream_synchronize(cw__backend *be, cw__stream *s) {
-    atomic_fetch_add(&cw__cb(be)->host_syncs, 1);
+    cw__sync_count(cw__cb(be), 1);
     CW__CUDA_CHECK(be->ctx, cudaStreamSynchronize(s->cs));
     return CW_OK;
 }
 
-static int64_t cuda_host_syncs(cw__backend *be) { return atomic_load(&cw__cb(be)->host_syncs); }
+/* The counter plus cuDNN plans finalised inside runs (each may load kernels: a sync). */
+static int64_t cuda_host_syncs(cw__backend *be) {
+    int64_t late = 0;
+    cw__cudnn_conv_late(cw__cb(be)->conv, &late, NULL);
+    return atomic_load(&cw__cb(be)->host_syncs) + late;
+}
 
 static cw_status cuda_launch_host(cw__backend *be, cw__stream *s, cw__host_fn fn, void *arg) {
     /* cw__host_fn and cudaHostFn_t are both void (*)(void *) (CUDART_CB is empty off Windows). */
@@ -252,16 +286,66 @@ static cw_status cuda_conv_forward(cw__backend *be, cw__stream *s, const cw__con
     int empty = cw__cudnn_empty_input(p);
     if (!empty && !x) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_forward: x is NULL");
     cw__view yv = {p->y, y};
+    const void *bias = p->has_bias ? b : NULL; /* a constant like w: w's dtype */
+    int bias_done = 0;
     CW__ENTER(cb);
     if (empty) {
-        CW__CUDA_GOTO(be->ctx, st, done, cw__cu_zero_view(s->cs, &yv));
+        CW__CUDA_GOTO(be->ctx, st, done, cw__cu_fill_bias(s->cs, &yv, bias, p->w.dtype));
+        bias_done = 1;
     } else {
-        st = cw__cudnn_conv_run(cb->conv, s->cs, p, algo ? algo->id : -1, x, w, y, ws, ws_bytes);
+        /* a bias-fused plan or the packed copy back adds the bias; otherwise one pass here */
+        st = cw__cudnn_conv_run(cb->conv, s->cs, p, algo ? algo->id : -1, x, w, bias, y, ws, ws_bytes, &bias_done);
         if (st != CW_OK) goto done;
     }
-    /* The bias is a separate pass over the output patch (a constant like w: w's dtype). */
-    if (p->has_bias) CW__CUDA_GOTO(be->ctx, st, done, cw__cu_bias_add(s->cs, &yv, b, p->w.dtype));
+    if (bias && !bias_done) CW__CUDA_GOTO(be->ctx, st, done, cw__cu_bias_add(s->cs, &yv, bias, p->w.dtype));
 done:
+    return CW__LEAVE(cb, st);
+}
+
+static cw_status cuda_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo,
+                                   int64_t ws_cap, cw__conv_algo *used) {
+    cw__cuda *cb = cw__cb(be);
+    cw__cudnn_choice ch;
+    if (!p || !algo || !used) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_prepare: NULL argument");
+    *used = *algo;
+    CW__ENTER(cb);
+    cw_status st = cw__cudnn_conv_prepare(cb->conv, p, algo->id, ws_cap, &ch);
+    if (st == CW_OK && ch.id != algo->id) {
+        /* the substitute conv_forward will run: its name and workspace from the list */
+        cw__conv_algo lst[CW__CUDNN_MAX_CFGS];
+        int n = 0;
+        used->id = ch.id;
+        used->workspace = ch.total_ws;
+        snprintf(used->name, sizeof used->name, "cudnn algorithm %d", ch.id);
+        if (cw__cudnn_conv_algos(cb->conv, p, lst, CW__CUDNN_MAX_CFGS, &n) == CW_OK)
+            for (int i = 0; i < n; i++)
+                if (lst[i].id == ch.id) *used = lst[i];
+        used->workspace = ch.total_ws;
+    } else if (st == CW_OK && !cw__cudnn_empty_input(p)) {
+        used->workspace = ch.total_ws; /* the plan's own figure */
+    }
+    return CW__LEAVE(cb, st);
+}
+
+static cw_status cuda_conv_autotune(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *cands, int n,
+                                    int *best) {
+    cw__cuda *cb = cw__cb(be);
+    int ids[CW__CUDNN_MAX_CFGS];
+    float ms[CW__CUDNN_MAX_CFGS];
+    int64_t syncs = 0;
+    if (!p || !cands || !best || n < 1)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_autotune: %d candidates", n);
+    if (n > CW__CUDNN_MAX_CFGS) n = CW__CUDNN_MAX_CFGS;
+    *best = 0;
+    if (!cb->autotune || n == 1) return CW_OK; /* not asked for (CW_FLAG_CUDA_AUTOTUNE): keep the order */
+    for (int i = 0; i < n; i++) ids[i] = cands[i].id;
+    CW__ENTER(cb);
+    cw_status st = cw__cudnn_conv_autotune(cb->conv, cb->copy, p, ids, n, 3, ms, best, &syncs);
+    cw__sync_count(cb, syncs);
+    if (st == CW_OK)
+        for (int i = 0; i < n; i++)
+            cw__log(be->ctx, CW_LOG_DEBUG, "cuda autotune: %s: %.3f ms%s", cands[i].name, (double)ms[i],
+                    i == *best ? " (fastest)" : "");
     return CW__LEAVE(cb, st);
 }
 
@@ -322,7 +406,8 @@ static cw_status cuda_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x
                          "cuda gn_stats: x rank %d with %" PRId64 " channels, groups %" PRId64 ", out %p", x->d.rank,
                          x->d.dims[1], groups, (void *)out);
     CW__ENTER(cb);
-    CW__CUDA_GOTO(be->ctx, st, done, cw__cu_gn_stats(s->cs, x, groups, out));
+    CW__CUDA_GOTO(be->ctx, st, done,
+                  cw__cu_gn_stats(s->cs, x, groups, out, s->gn_scratch, s->gn_scratch ? CW__CU_GN_SCRATCH_PARTS : 0));
 done:
     return CW__LEAVE(cb, st);
 }
@@ -412,6 +497,68 @@ done:
     return CW__LEAVE(cb, st);
 }
 
+/* ---- device timestamps for traces ------------------------------------------------------- */
+
+static void cuda_timer_destroy(cw__backend *be, cw__timer *t) {
+    if (!t) return;
+    for (int k = 0; t->ev && k < t->n; k++)
+        if (t->ev[k]) (void)cudaEventDestroy(t->ev[k]);
+    (void)cudaGetLastError();
+    (void)be;
+    cw__free(t->ev);
+    cw__free(t->recorded);
+    cw__free(t);
+}
+
+static cw_status cuda_timer_create(cw__backend *be, int n, cw__timer **out) {
+    cw__cuda *cb = cw__cb(be);
+    cw_status st = CW_OK;
+    *out = NULL;
+    if (n < 1) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda timer_create: n = %d", n);
+    cw__timer *t = cw__calloc(1, sizeof *t);
+    if (t) {
+        t->ev = cw__calloc((size_t)n, sizeof *t->ev);
+        t->recorded = cw__calloc((size_t)n, 1);
+    }
+    if (!t || !t->ev || !t->recorded) {
+        cuda_timer_destroy(be, t);
+        return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cuda timer_create: out of host memory for %d marks", n);
+    }
+    t->n = n;
+    CW__ENTER(cb);
+    for (int k = 0; k < n; k++) CW__CUDA_GOTO(be->ctx, st, done, cudaEventCreateWithFlags(&t->ev[k], cudaEventDefault));
+    *out = t;
+    t = NULL;
+done:
+    cuda_timer_destroy(be, t);
+    return CW__LEAVE(cb, st);
+}
+
+static cw_status cuda_timer_mark(cw__backend *be, cw__timer *t, int k, cw__stream *s) {
+    if (!t || k < 0 || k >= t->n || !s)
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda timer_mark: mark %d of %d", k, t ? t->n : 0);
+    CW__CUDA_CHECK(be->ctx, cudaEventRecord(t->ev[k], s->cs));
+    t->recorded[k] = 1;
+    return CW_OK;
+}
+
+static cw_status cuda_timer_read(cw__backend *be, cw__timer *t, int64_t *ns) {
+    cw_status st = CW_OK;
+    if (!t || !ns) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda timer_read: NULL argument");
+    if (!t->recorded[0]) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda timer_read: mark 0 was not recorded");
+    for (int k = 0; k < t->n; k++) {
+        float ms = 0.0f;
+        ns[k] = -1;
+        if (!t->recorded[k]) continue;
+        cudaError_t e = cudaEventElapsedTime(&ms, t->ev[0], t->ev[k]);
+        if (e != cudaSuccess && st == CW_OK) /* e.g. not ready: the streams were not synchronised */
+            st = cw__cuda_fail(be->ctx, e, "cudaEventElapsedTime(mark 0, mark k)", __FILE__, __LINE__);
+        if (e == cudaSuccess) ns[k] = (int64_t)((double)ms * 1e6);
+    }
+    memset(t->recorded, 0, (size_t)t->n);
+    return st;
+}
+
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
 static void cuda_destroy(cw__backend *be) {
@@ -460,6 +607,12 @@ static const cw__backend_i cw__cuda_iface = {
     .add = cuda_add,
     .gemm = cuda_gemm,
     .softmax_rows = cuda_softmax_rows,
+    .conv_prepare = cuda_conv_prepare,
+    .conv_autotune = cuda_conv_autotune,
+    .timer_create = cuda_timer_create,
+    .timer_destroy = cuda_timer_destroy,
+    .timer_mark = cuda_timer_mark,
+    .timer_read = cuda_timer_read,
 };
 
 int cw__backend_cuda_compiled(void) { return 1; }
@@ -517,13 +670,16 @@ cw_status cw__backend_cuda_create(cw_context *ctx, const cw_context_config *cfg,
     CW__CUDA_GOTO(ctx, st, fail, cudaStreamCreateWithFlags(&cb->copy, cudaStreamNonBlocking));
     CW__CUDNN_GOTO(ctx, st, fail, cudnnCreate(&cb->dnn));
     CW__CUBLAS_GOTO(ctx, st, fail, cublasCreate(&cb->blas));
-    /* Plain f32 GEMM: no TF32 (the cpu oracle compares at 1e-5). */
-    CW__CUBLAS_GOTO(ctx, st, fail, cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH));
-    if ((st = cw__cudnn_conv_create(&cb->conv, ctx, cb->dnn, NULL)) != CW_OK) goto fail;
+    /* Plain f32 GEMM (the cpu oracle compares at 1e-5) unless TF32 is asked for. */
+    const int tf32 = cfg && (cfg->flags & CW_FLAG_CUDA_TF32);
+    cb->autotune = cfg && (cfg->flags & CW_FLAG_CUDA_AUTOTUNE);
+    CW__CUBLAS_GOTO(ctx, st, fail, cublasSetMathMode(cb->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    if ((st = cw__cudnn_conv_create(&cb->conv, ctx, cb->dnn, NULL, tf32 ? CW__CUDNN_TF32 : 0)) != CW_OK) goto fail;
 
-    cw__log(ctx, CW_LOG_INFO, "backend cuda: device %d %s (compute capability %d.%d, %zu MiB), cuDNN %zu, events %s",
+    cw__log(ctx, CW_LOG_INFO,
+            "backend cuda: device %d %s (compute capability %d.%d, %zu MiB), cuDNN %zu, events %s, TF32 %s, autotune %s",
             dev, prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20, cudnnGetVersion(),
-            cb->event_flags == cudaEventDefault ? "timed" : "untimed");
+            cb->event_flags == cudaEventDefault ? "timed" : "untimed", tf32 ? "on" : "off", cb->autotune ? "on" : "off");
     if (prev != dev) (void)cudaSetDevice(prev);
     *out = &cb->base;
     return CW_OK;
@@ -571,6 +727,11 @@ cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *cuda_stre
         }
         s->cs = us;
         s->owned = 0;
+        int prev = -1;
+        if (cw__enter(cb, &prev) == CW_OK) {
+            cw__stream_scratch(cb, s);
+            cw__leave(cb, prev);
+        }
         ctx->streams[index] = s;
         pthread_mutex_unlock(&ctx->mu);
         return CW_OK;
@@ -578,6 +739,7 @@ cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *cuda_stre
     /* Replace the handle inside the existing stream object (the allocator and plans hold
      * the object): everything queued on the old stream finishes first, so stream order
      * carries over. */
+    cw__sync_count(cb, 1);
     cudaError_t e = cudaStreamSynchronize(s->cs);
     if (e == cudaSuccess && s->owned) e = cudaStreamDestroy(s->cs);
     if (e == cudaSuccess) {

@@ -5,6 +5,7 @@
  * the GPU), which is how CI checks every patch shape. No legacy cudnnConvolutionForward. */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -128,24 +129,27 @@ static int64_t cw__lowbit16(uint64_t v) {
 int64_t cw__cudnn_ptr_align(const void *ptr) { return cw__lowbit16((uint64_t)(uintptr_t)ptr); }
 
 void cw__cudnn_layout_align(const cw__conv_problem *p, int64_t align[3]) {
-    const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
-    for (int i = 0; i < 3; i++) {
+    const cw_tensor_desc *t[2] = {&p->x, &p->y};
+    for (int i = 0; i < 2; i++) {
         cw_tensor_desc d = cw__filled(t[i]);
         uint64_t es = (uint64_t)cw_dtype_size(d.dtype);
         int64_t a = 16;
-        for (int k = 0; k + 1 < d.rank; k++) {
+        /* H is dims[rank - 2]; for 3-D also D (dims[2]) */
+        for (int k = p->spatial == 3 ? 2 : d.rank - 2; k >= 2 && k <= d.rank - 2; k++) {
             int64_t b = cw__lowbit16(es * (uint64_t)d.strides[k]);
             if (b < a) a = b;
         }
-        align[i] = a;
+        align[i == 0 ? 0 : 2] = a;
     }
+    align[1] = 16;
 }
 
 static cw_status cw__tensor_desc(cw_context *ctx, const cw_tensor_desc *td, int64_t uid, int64_t align,
-                                 cudnnBackendDescriptor_t *out) {
+                                 int is_virtual, cudnnBackendDescriptor_t *out) {
     cw_status st = CW_OK;
     cw_tensor_desc d = cw__canon(td);
     cudnnDataType_t dt = cw__cudnn_dtype(d.dtype);
+    bool virt = is_virtual != 0;
     cudnnBackendDescriptor_t t = NULL;
     *out = NULL;
     CW__CUDNN_CHECK(ctx, cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t));
@@ -157,6 +161,9 @@ static cw_status cw__tensor_desc(cw_context *ctx, const cw_tensor_desc *td, int6
     CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
     CW__CUDNN_GOTO(ctx, st, fail,
                    cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align));
+    if (virt)
+        CW__CUDNN_GOTO(ctx, st, fail,
+                       cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt));
     CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(t));
     *out = t;
     return CW_OK;
@@ -168,21 +175,33 @@ fail:
 void cw__cudnn_graph_destroy(cw__cudnn_graph *g) {
     if (!g) return;
     /* Destroy users before what they reference. */
-    cudnnBackendDescriptor_t *all[6] = {&g->graph, &g->op, &g->conv, &g->y, &g->w, &g->x};
-    for (int i = 0; i < 6; i++) {
+    cudnnBackendDescriptor_t *all[10] = {&g->graph, &g->add, &g->pw, &g->op, &g->conv, &g->t, &g->b, &g->y, &g->w, &g->x};
+    for (int i = 0; i < 10; i++) {
         if (*all[i]) cudnnBackendDestroyDescriptor(*all[i]);
         *all[i] = NULL;
     }
 }
 
 cw_status cw__cudnn_graph_build(cw_context *ctx, const cw__conv_problem *p, const int64_t align[3],
-                                cudnnHandle_t handle, cw__cudnn_graph *g) {
+                                cudnnHandle_t handle, int fuse_bias, cw__cudnn_graph *g) {
     cw_status st;
     memset(g, 0, sizeof *g);
     if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
-    if ((st = cw__tensor_desc(ctx, &p->x, CW__CUDNN_UID_X, align[0], &g->x)) != CW_OK) goto fail;
-    if ((st = cw__tensor_desc(ctx, &p->w, CW__CUDNN_UID_W, align[1], &g->w)) != CW_OK) goto fail;
-    if ((st = cw__tensor_desc(ctx, &p->y, CW__CUDNN_UID_Y, align[2], &g->y)) != CW_OK) goto fail;
+    if ((st = cw__tensor_desc(ctx, &p->x, CW__CUDNN_UID_X, align[0], 0, &g->x)) != CW_OK) goto fail;
+    if ((st = cw__tensor_desc(ctx, &p->w, CW__CUDNN_UID_W, align[1], 0, &g->w)) != CW_OK) goto fail;
+    if ((st = cw__tensor_desc(ctx, &p->y, CW__CUDNN_UID_Y, align[2], 0, &g->y)) != CW_OK) goto fail;
+    if (fuse_bias) {
+        /* t: the convolution's f32 result (virtual, y's dims); b: [1, K, 1, ...] */
+        cw_tensor_desc td = p->y, bd;
+        td.dtype = CW_F32;
+        memset(td.strides, 0, sizeof td.strides);
+        memset(&bd, 0, sizeof bd);
+        bd.rank = p->y.rank;
+        bd.dtype = p->w.dtype;
+        for (int i = 0; i < bd.rank; i++) bd.dims[i] = i == 1 ? p->y.dims[1] : 1;
+        if ((st = cw__tensor_desc(ctx, &td, CW__CUDNN_UID_T, 16, 1, &g->t)) != CW_OK) goto fail;
+        if ((st = cw__tensor_desc(ctx, &bd, CW__CUDNN_UID_B, 16, 0, &g->b)) != CW_OK) goto fail;
+    }
 
     int64_t sp = p->spatial;
     cudnnDataType_t comp = CUDNN_DATA_FLOAT; /* f32 accumulation for every data type */
@@ -220,7 +239,7 @@ cw_status cw__cudnn_graph_build(cw_context *ctx, const cw__conv_problem *p, cons
                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->w));
     CW__CUDNN_GOTO(ctx, st, fail,
                    cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->y));
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, fuse_bias ? &g->t : &g->y));
     CW__CUDNN_GOTO(ctx, st, fail,
                    cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->conv));
@@ -243,10 +262,39 @@ cw_status cw__cudnn_graph_build(cw_context *ctx, const cw__conv_problem *p, cons
         }
     }
 
+    if (fuse_bias) {
+        /* y = t + b, in f32 */
+        cudnnPointwiseMode_t mode_add = CUDNN_POINTWISE_ADD;
+        cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+        CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &g->pw));
+        CW__CUDNN_GOTO(ctx, st, fail,
+                       cudnnBackendSetAttribute(g->pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1,
+                                                &mode_add));
+        CW__CUDNN_GOTO(ctx, st, fail,
+                       cudnnBackendSetAttribute(g->pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec));
+        CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(g->pw));
+        CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &g->add));
+        CW__CUDNN_GOTO(ctx, st, fail,
+                       cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->pw));
+        CW__CUDNN_GOTO(ctx, st, fail,
+                       cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->t));
+        CW__CUDNN_GOTO(ctx, st, fail,
+                       cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->b));
+        CW__CUDNN_GOTO(ctx, st, fail,
+                       cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->y));
+        CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(g->add));
+    }
     CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->graph));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                            &g->op));
+    {
+        cudnnBackendDescriptor_t ops[2] = {g->op, g->add};
+        CW__CUDNN_GOTO(ctx, st, fail,
+                       cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                                fuse_bias ? 2 : 1, ops));
+    }
     /* Not needed to finalise (cuDNN >= 9 works without it); kept where a device exists
      * because it ties the graph to the handle's device as cudnn-frontend does. */
     if (handle)
@@ -314,14 +362,17 @@ static int64_t cw__span(const cw_tensor_desc *td) {
 static int64_t cw__round256(int64_t b) { return (b + 255) / 256 * 256; }
 
 /* Algorithm ids are stable across problems (the planner matches the full conv's list with
- * its patches' lists by id): the engine, whether its knobs are the heuristics' first
- * choice or its leanest (smallest workspace) listed choice, and whether it runs packed. */
-static int cw__cfg_id(int64_t engine, int lean, int packed) { return (int)((engine << 2) | (lean << 1) | packed); }
+ * its patches' lists by id): the engine, whether it runs the bias-fused graph, whether its
+ * knobs are the heuristics' first choice or its leanest (smallest workspace) listed choice,
+ * and whether it runs packed. */
+static int cw__cfg_id(int64_t engine, int fused, int lean, int packed) {
+    return (int)((engine << 3) | (fused << 2) | (lean << 1) | packed);
+}
 
 /* Canonical key: every field that changes the descriptors (dims, strides, paddings,
  * strides, dilations, dtype, alignments), zero-padded so memcmp compares it. */
 typedef struct cw__cudnn_key {
-    int32_t dtype, spatial;
+    int32_t dtype, spatial, has_bias, pad_;
     int64_t dims[3][CW_MAX_RANK], strides[3][CW_MAX_RANK];
     int64_t stride[3], dilation[3], pad_pre[3], pad_post[3], groups;
     int64_t align[3];
@@ -332,14 +383,18 @@ typedef struct cw__cudnn_cfg {
     cudnnBackendDescriptor_t plan; /* finalised on first use */
     int64_t ws;                    /* cuDNN's workspace bytes (without packing buffers) */
     int64_t engine;                /* global engine index */
-    int id, lean, packed;
-    int broken;                    /* plan finalisation failed: never offered again */
+    int id, lean, packed, fused;
+    int broken;                    /* plan finalisation failed or its workspace is < 0: never offered again */
+    int late;                      /* its plan was finalised inside a run (logged once) */
+    float tuned_ms;                /* autotune: best time (0 not timed, < 0 failed to run) */
 } cw__cudnn_cfg;
 
 typedef struct cw__cudnn_entry {
     cw__cudnn_key key;
     cw__cudnn_graph g;  /* the problem as given */
     cw__cudnn_graph gp; /* packed: x and y contiguous, 16-byte aligned (only when needed) */
+    cw__cudnn_graph gf; /* bias fused (only for problems with a bias, when not packed) */
+    int warned;         /* a substitution inside a run was logged */
     cw_tensor_desc xp, yp;
     int64_t pack_bytes[2]; /* rounded bytes of the packed x and y */
     int n;
@@ -352,8 +407,10 @@ struct cw__cudnn_conv {
     cudnnHandle_t handle;
     cudnnBackendDescriptor_t devprop;
     pthread_mutex_t mu; /* guards the list, plans and the handle's stream */
+    unsigned flags;     /* CW__CUDNN_* */
+    int in_run;         /* set by cw__cudnn_conv_run while it looks up its plan */
     cw__cudnn_entry *head;
-    int64_t n_problems, n_plans, n_hits, n_evicted;
+    int64_t n_problems, n_plans, n_hits, n_evicted, n_late, n_subst;
 };
 
 static int64_t cw__cfg_total_ws(const cw__cudnn_entry *e, const cw__cudnn_cfg *f) {
@@ -364,6 +421,7 @@ static void cw__make_key(const cw__conv_problem *p, const int64_t align[3], cw__
     memset(k, 0, sizeof *k);
     k->dtype = (int32_t)p->x.dtype;
     k->spatial = p->spatial;
+    k->has_bias = p->has_bias != 0;
     const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
     for (int i = 0; i < 3; i++) {
         cw_tensor_desc d = cw__filled(t[i]);
@@ -439,10 +497,12 @@ done:
  * atomics), f32 compute must stay f32 (no reduced-precision reductions, and for f32 data
  * no TF32 tensor cores or down-converted inputs), and f32 must stay within the 1e-5 the
  * cpu oracle allows (FFT and Winograd transforms typically lose ~1e-4 in f32). */
-static int cw__cfg_rejected(int notes, cw_dtype dt) {
+static int cw__cfg_rejected(int notes, cw_dtype dt, unsigned flags) {
     if (notes & (1 << CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) return 1;
     if (notes & (1 << CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)) return 1;
     if (notes & (1 << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return 1;
+    /* TF32 (opt-in): f32 data on tensor cores, 10-bit mantissa products */
+    if (dt == CW_F32 && (flags & CW__CUDNN_TF32)) notes &= ~(1 << CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
     if (dt == CW_F32 && (notes & ((1 << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) | (1 << CUDNN_NUMERICAL_NOTE_FFT) |
                                   (1 << CUDNN_NUMERICAL_NOTE_WINOGRAD) | (1 << CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4) |
                                   (1 << CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6) |
@@ -498,8 +558,9 @@ static cw_status cw__heuristics(cw__cudnn_conv *c, const cw__cudnn_graph *g, cw_
         if (*n_raw >= CW__CUDNN_MAX_CFGS) break;
         /* A config cuDNN cannot describe is skipped, not fatal: the others may serve. */
         if (cw__cfg_info(ctx, cfgs[i], &engine, &notes, &sig) != CW_OK) continue;
-        if (cw__cfg_rejected(notes, dt)) continue;
+        if (cw__cfg_rejected(notes, dt, c->flags)) continue;
         if (engine < 0 || engine >= (1 << 20)) continue; /* keeps the id encoding in range */
+        /* a negative workspace means cuDNN cannot size it for this problem: unusable */
         if (cudnnBackendGetAttribute(cfgs[i], CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &k, &ws) !=
                 CUDNN_STATUS_SUCCESS ||
             ws < 0)
@@ -520,11 +581,12 @@ done:
     return st;
 }
 
-/* Moves the chosen configs of raw (one graph kind) into e: lean = 0 takes each engine's
- * first config (heuristic order), lean = 1 each engine's smallest-workspace config where it
- * is smaller than the first. Taken entries of raw are set to NULL. */
-static void cw__select(cw__cudnn_entry *e, cw__raw_cfg *raw, int n_raw, int packed, int lean) {
-    for (int i = 0; i < n_raw && e->n < CW__CUDNN_MAX_CFGS; i++) {
+/* The configs of raw (one graph kind) to take, in order, into idx: lean = 0 each engine's
+ * first config (heuristic order), lean = 1 each engine's smallest-workspace config where
+ * it is smaller than the first. */
+static int cw__picks(const cw__raw_cfg *raw, int n_raw, int lean, int *idx) {
+    int n = 0;
+    for (int i = 0; i < n_raw; i++) {
         int first = 1;
         for (int j = 0; j < i && first; j++) first = raw[j].engine != raw[i].engine;
         if (!first) continue; /* each engine once, at its best rank */
@@ -534,16 +596,35 @@ static void cw__select(cw__cudnn_entry *e, cw__raw_cfg *raw, int n_raw, int pack
                 if (raw[j].engine == raw[i].engine && raw[j].ws < raw[pick].ws) pick = j;
             if (pick == i) continue;
         }
-        if (!raw[pick].cfg) continue;
-        cw__cudnn_cfg *f = &e->cfgs[e->n++];
-        memset(f, 0, sizeof *f);
-        f->cfg = raw[pick].cfg;
-        f->ws = raw[pick].ws;
-        f->engine = raw[pick].engine;
-        f->lean = lean;
-        f->packed = packed;
-        f->id = cw__cfg_id(f->engine, lean, packed);
-        raw[pick].cfg = NULL;
+        if (raw[pick].cfg) idx[n++] = pick;
+    }
+    return n;
+}
+
+/* Moves raw[pick] into e (the entry of raw is set to NULL). */
+static void cw__take(cw__cudnn_entry *e, cw__raw_cfg *raw, int pick, int packed, int fused, int lean) {
+    if (e->n >= CW__CUDNN_MAX_CFGS || !raw[pick].cfg) return;
+    cw__cudnn_cfg *f = &e->cfgs[e->n++];
+    memset(f, 0, sizeof *f);
+    f->cfg = raw[pick].cfg;
+    f->ws = raw[pick].ws;
+    f->engine = raw[pick].engine;
+    f->lean = lean;
+    f->packed = packed;
+    f->fused = fused;
+    f->id = cw__cfg_id(f->engine, fused, lean, packed);
+    raw[pick].cfg = NULL;
+}
+
+/* Takes the picks of two lists alternately, a's first (each list keeps its own order:
+ * heuristics rank engines within one graph only). */
+static void cw__interleave(cw__cudnn_entry *e, cw__raw_cfg *ra, int na, int fa, cw__raw_cfg *rb, int nb, int fb,
+                           int lean) {
+    int ia[CW__CUDNN_MAX_CFGS], ib[CW__CUDNN_MAX_CFGS];
+    int ka = cw__picks(ra, na, lean, ia), kb = cw__picks(rb, nb, lean, ib);
+    for (int i = 0; i < ka || i < kb; i++) {
+        if (i < ka) cw__take(e, ra, ia[i], 0, fa, lean);
+        if (i < kb) cw__take(e, rb, ib[i], 0, fb, lean);
     }
 }
 
@@ -553,6 +634,7 @@ static void cw__entry_destroy(cw__cudnn_entry *e) {
         if (e->cfgs[i].plan) cudnnBackendDestroyDescriptor(e->cfgs[i].plan);
         if (e->cfgs[i].cfg) cudnnBackendDestroyDescriptor(e->cfgs[i].cfg);
     }
+    cw__cudnn_graph_destroy(&e->gf);
     cw__cudnn_graph_destroy(&e->gp);
     cw__cudnn_graph_destroy(&e->g);
     cw__free(e);
@@ -596,9 +678,9 @@ static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, con
                                cw__cudnn_entry **out) {
     cw_context *ctx = c->ctx;
     cw__cudnn_key key;
-    cw_status st, sa = CW_OK, sf = CW_OK, spa = CW_OK, spf = CW_OK;
-    cw__raw_cfg raw[CW__CUDNN_MAX_CFGS], rawp[CW__CUDNN_MAX_CFGS];
-    int n_raw = 0, n_rawp = 0;
+    cw_status st, sa = CW_OK, sf = CW_OK, spa = CW_OK, spf = CW_OK, sba = CW_OK, sbf = CW_OK;
+    cw__raw_cfg raw[CW__CUDNN_MAX_CFGS], rawp[CW__CUDNN_MAX_CFGS], rawf[CW__CUDNN_MAX_CFGS];
+    int n_raw = 0, n_rawp = 0, n_rawf = 0;
     char desc[512];
     *out = NULL;
     if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
@@ -613,7 +695,7 @@ static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, con
     cw__cudnn_entry *e = cw__calloc(1, sizeof *e);
     if (!e) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cudnn conv: out of host memory for an engine list");
     e->key = key;
-    if ((st = cw__cudnn_graph_build(ctx, p, align, c->handle, &e->g)) != CW_OK) goto fail;
+    if ((st = cw__cudnn_graph_build(ctx, p, align, c->handle, 0, &e->g)) != CW_OK) goto fail;
     const cw_dtype dt = p->x.dtype;
     int need_pack = cw__span(&p->x) >= CW__SPAN_LIMIT || cw__span(&p->y) >= CW__SPAN_LIMIT;
     if (need_pack) {
@@ -629,31 +711,44 @@ static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, con
         e->pack_bytes[1] = cw__round256(cw__desc_numel(&pp.y) * (int64_t)cw_dtype_size(dt));
         /* A patch too big to pack under 2^31 elements keeps the direct configs only. */
         if (cw__desc_numel(&pp.x) < CW__SPAN_LIMIT && cw__desc_numel(&pp.y) < CW__SPAN_LIMIT &&
-            cw__cudnn_graph_build(ctx, &pp, pal, c->handle, &e->gp) == CW_OK)
+            cw__cudnn_graph_build(ctx, &pp, pal, c->handle, 0, &e->gp) == CW_OK)
             cw__heuristics_both(c, &e->gp, dt, rawp, &n_rawp, &spa, &spf);
     }
     cw__heuristics_both(c, &e->g, dt, raw, &n_raw, &sa, &sf);
+    /* The bias-fused graph: a graph cuDNN cannot build or serve just lists nothing. */
+    if (p->has_bias && !need_pack && !(c->flags & CW__CUDNN_NO_FUSE)) {
+        if (cw__cudnn_graph_build(ctx, p, align, c->handle, 1, &e->gf) == CW_OK)
+            cw__heuristics_both(c, &e->gf, dt, rawf, &n_rawf, &sba, &sbf);
+        else
+            cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: no bias-fused graph: %s", cw_context_last_error(ctx));
+    }
     /* Order: every engine at its best knobs (packed first: where packing is needed the
-     * direct list holds only a generic engine), then the leaner knob choices. */
-    cw__select(e, rawp, n_rawp, 1, 0);
-    cw__select(e, raw, n_raw, 0, 0);
-    cw__select(e, rawp, n_rawp, 1, 1);
-    cw__select(e, raw, n_raw, 0, 1);
+     * direct list holds only a generic engine; then bias-fused and unfused alternately,
+     * fused first for f16/bf16, unfused first for f32), then the leaner knob choices in
+     * the same order. */
+    for (int lean = 0; lean < 2; lean++) {
+        int ip[CW__CUDNN_MAX_CFGS], kp = cw__picks(rawp, n_rawp, lean, ip);
+        for (int i = 0; i < kp; i++) cw__take(e, rawp, ip[i], 1, 0, lean);
+        if (dt != CW_F32) cw__interleave(e, rawf, n_rawf, 1, raw, n_raw, 0, lean);
+        else cw__interleave(e, raw, n_raw, 0, rawf, n_rawf, 1, lean);
+    }
     for (int i = 0; i < n_rawp; i++)
         if (rawp[i].cfg) cudnnBackendDestroyDescriptor(rawp[i].cfg);
     for (int i = 0; i < n_raw; i++)
         if (raw[i].cfg) cudnnBackendDestroyDescriptor(raw[i].cfg);
+    for (int i = 0; i < n_rawf; i++)
+        if (rawf[i].cfg) cudnnBackendDestroyDescriptor(rawf[i].cfg);
     if (e->n == 0) {
         st = cw__error(ctx, CW_ERR_UNSUPPORTED,
                        "cudnn conv: no usable engine for %s (heuristics mode A: %s, fallback: %s; nondeterministic, "
-                       "reduced-precision and, for f32, TF32 engines are excluded)",
-                       cw__problem_str(p, desc, sizeof desc), cw_status_name(sa), cw_status_name(sf));
+                       "reduced-precision and, for f32, TF32 engines%s are excluded)",
+                       cw__problem_str(p, desc, sizeof desc), cw_status_name(sa), cw_status_name(sf),
+                       (c->flags & CW__CUDNN_TF32) ? " (allowed here: CW_FLAG_CUDA_TF32)" : "");
         goto fail;
     }
-    cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: %d engine configs (%d direct, %d packed candidates) for %s", e->n, n_raw,
-            n_rawp, cw__problem_str(p, desc, sizeof desc));
-    (void)spa;
-    (void)spf;
+    cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: %d engine configs (%d direct, %d packed, %d bias-fused candidates) for %s",
+            e->n, n_raw, n_rawp, n_rawf, cw__problem_str(p, desc, sizeof desc));
+    (void)spa, (void)spf, (void)sba, (void)sbf;
     cw__evict_idle(c);
     e->next = c->head;
     c->head = e;
@@ -666,7 +761,7 @@ fail:
 }
 
 cw_status cw__cudnn_conv_create(cw__cudnn_conv **out, cw_context *ctx, cudnnHandle_t handle,
-                                cudnnBackendDescriptor_t devprop) {
+                                cudnnBackendDescriptor_t devprop, unsigned flags) {
     *out = NULL;
     cw__cudnn_conv *c = cw__calloc(1, sizeof *c);
     if (!c) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cudnn conv: out of host memory");
@@ -677,6 +772,7 @@ cw_status cw__cudnn_conv_create(cw__cudnn_conv **out, cw_context *ctx, cudnnHand
     c->ctx = ctx;
     c->handle = handle;
     c->devprop = devprop;
+    c->flags = flags;
     *out = c;
     return CW_OK;
 }
@@ -734,8 +830,8 @@ cw_status cw__cudnn_conv_algos(cw__cudnn_conv *c, const cw__conv_problem *p, cw_
             cw__conv_algo *a = &out[k];
             memset(a, 0, sizeof *a);
             a->id = f->id;
-            snprintf(a->name, sizeof a->name, "cudnn engine %" PRId64 "%s%s", f->engine, f->lean ? " lean" : "",
-                     f->packed ? " packed" : "");
+            snprintf(a->name, sizeof a->name, "cudnn engine %" PRId64 "%s%s%s", f->engine, f->fused ? " fused" : "",
+                     f->lean ? " lean" : "", f->packed ? " packed" : "");
             a->workspace = cw__cfg_total_ws(e, f);
             a->cost = (double)k; /* rank: heuristics order expected speed */
             k++;
@@ -771,9 +867,22 @@ static cw_status cw__plan_finalize(cw__cudnn_conv *c, cw__cudnn_cfg *cfg) {
     CW__CUDNN_QUIET(c->ctx, st, fail,
                     cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &k,
                                              &ws));
+    if (ws < 0) { /* cuDNN cannot size this engine's workspace here: unusable, not "0 bytes" */
+        cw__log(c->ctx, CW_LOG_DEBUG, "cudnn conv: engine %" PRId64 " plan reports workspace %" PRId64 ": unusable",
+                cfg->engine, ws);
+        st = CW_ERR_UNSUPPORTED;
+        goto fail;
+    }
     if (ws > cfg->ws) cfg->ws = ws; /* the plan's figure is the one execution needs */
     cfg->plan = plan;
     c->n_plans++;
+    if (c->in_run) {
+        c->n_late++;
+        if (!cfg->late)
+            cw__log(c->ctx, CW_LOG_INFO, "cudnn conv: engine %" PRId64 " plan finalised inside a run (not prepared at "
+                    "compile time)", cfg->engine);
+        cfg->late = 1;
+    }
     return CW_OK;
 fail:
     if (plan) cudnnBackendDestroyDescriptor(plan);
@@ -781,15 +890,17 @@ fail:
     return st;
 }
 
-cw_status cw__cudnn_conv_plan(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3], int id,
-                              int64_t ws_cap, int allow_packed, cw__cudnn_choice *out) {
+/* cw__cudnn_conv_plan with c->mu held. */
+static cw_status cw__conv_plan_locked(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3], int id,
+                                      int64_t ws_cap, int allow_packed, int allow_fused, cw__cudnn_choice *out,
+                                      cw__cudnn_entry **entry) {
     cw__cudnn_entry *e;
     int order[CW__CUDNN_MAX_CFGS], n_order = 0, want = -1;
     memset(out, 0, sizeof *out);
     out->id = -1;
-    pthread_mutex_lock(&c->mu);
     cw_status st = cw__entry_get(c, p, align, &e);
-    if (st != CW_OK) goto done;
+    if (st != CW_OK) return st;
+    if (entry) *entry = e;
     /* The requested config first; then, in rank order, the first that fits ws_cap. */
     for (int i = 0; i < e->n; i++)
         if (e->cfgs[i].id == id) want = i;
@@ -798,18 +909,18 @@ cw_status cw__cudnn_conv_plan(cw__cudnn_conv *c, const cw__conv_problem *p, cons
         if (i != want) order[n_order++] = i;
     for (int k = 0; k < n_order; k++) {
         cw__cudnn_cfg *f = &e->cfgs[order[k]];
-        if (f->broken || (f->packed && !allow_packed) || cw__cfg_total_ws(e, f) > ws_cap) continue;
+        if (f->broken || (f->packed && !allow_packed) || (f->fused && !allow_fused) || cw__cfg_total_ws(e, f) > ws_cap)
+            continue;
         if (cw__plan_finalize(c, f) != CW_OK) {
             f->broken = 1;
             continue;
         }
         if (cw__cfg_total_ws(e, f) > ws_cap) continue;
-        if (f->id != id && id >= 0)
-            cw__log(c->ctx, CW_LOG_DEBUG, "cudnn conv: algorithm %d not usable for this patch, running %d (engine %" PRId64
-                    ")", id, f->id, f->engine);
         out->plan = f->plan;
         out->id = f->id;
         out->packed = f->packed;
+        out->fused = f->fused;
+        out->substituted = id >= 0 && f->id != id;
         out->engine_ws = f->ws;
         out->total_ws = cw__cfg_total_ws(e, f);
         if (f->packed) {
@@ -818,32 +929,51 @@ cw_status cw__cudnn_conv_plan(cw__cudnn_conv *c, const cw__conv_problem *p, cons
             out->xp = e->xp;
             out->yp = e->yp;
         }
-        goto done;
+        return CW_OK;
     }
-    {
-        char desc[512];
-        st = cw__error(c->ctx, CW_ERR_UNSUPPORTED,
-                       "cudnn conv: no engine config of %d finalises with workspace <= %" PRId64 " bytes for %s", e->n,
-                       ws_cap, cw__problem_str(p, desc, sizeof desc));
-    }
-done:
+    char desc[512];
+    return cw__error(c->ctx, CW_ERR_UNSUPPORTED,
+                     "cudnn conv: no engine config of %d finalises with workspace <= %" PRId64 " bytes for %s", e->n,
+                     ws_cap, cw__problem_str(p, desc, sizeof desc));
+}
+
+cw_status cw__cudnn_conv_plan(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3], int id,
+                              int64_t ws_cap, int allow_packed, int allow_fused, cw__cudnn_choice *out) {
+    pthread_mutex_lock(&c->mu);
+    cw_status st = cw__conv_plan_locked(c, p, align, id, ws_cap, allow_packed, allow_fused, out, NULL);
     pthread_mutex_unlock(&c->mu);
     return st;
 }
 
-/* Binds x, w, y and the workspace and runs the plan on s. Caller holds c->mu. */
+cw_status cw__cudnn_conv_prepare(cw__cudnn_conv *c, const cw__conv_problem *p, int id, int64_t ws_cap,
+                                 cw__cudnn_choice *out) {
+    int64_t align[3];
+    memset(out, 0, sizeof *out);
+    out->id = -1;
+    if (!p) return cw__error(c->ctx, CW_ERR_INVALID_ARG, "cudnn conv: problem is NULL");
+    if (cw__cudnn_empty_input(p)) { /* a bias fill at run time: nothing to finalise */
+        out->id = id;
+        return CW_OK;
+    }
+    cw__cudnn_layout_align(p, align);
+    return cw__cudnn_conv_plan(c, p, align, id, ws_cap < 0 ? INT64_MAX : ws_cap, 1, 1, out);
+}
+
+/* Binds x, w, y (and b for a fused plan) and the workspace and runs the plan on s. Caller
+ * holds c->mu. */
 static cw_status cw__execute(cw__cudnn_conv *c, cudaStream_t s, cudnnBackendDescriptor_t plan, const void *x,
-                             const void *w, void *y, void *ws) {
+                             const void *w, const void *b, void *y, void *ws) {
     cw_context *ctx = c->ctx;
     cw_status st = CW_OK;
     cudnnBackendDescriptor_t vp = NULL;
-    int64_t uids[3] = {CW__CUDNN_UID_X, CW__CUDNN_UID_W, CW__CUDNN_UID_Y};
-    void *ptrs[3] = {(void *)(uintptr_t)x, (void *)(uintptr_t)w, y};
+    int64_t uids[4] = {CW__CUDNN_UID_X, CW__CUDNN_UID_W, CW__CUDNN_UID_Y, CW__CUDNN_UID_B};
+    void *ptrs[4] = {(void *)(uintptr_t)x, (void *)(uintptr_t)w, y, (void *)(uintptr_t)b};
+    int64_t n = b ? 4 : 3;
     CW__CUDNN_GOTO(ctx, st, done, cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
     CW__CUDNN_GOTO(ctx, st, done,
-                   cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids));
+                   cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids));
     CW__CUDNN_GOTO(ctx, st, done,
-                   cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs));
+                   cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs));
     CW__CUDNN_GOTO(ctx, st, done,
                    cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws));
     CW__CUDNN_GOTO(ctx, st, done, cudnnBackendFinalize(vp));
@@ -855,12 +985,14 @@ done:
 }
 
 cw_status cw__cudnn_conv_run(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_problem *p, int id, const void *x,
-                             const void *w, void *y, void *ws, int64_t ws_bytes) {
+                             const void *w, const void *b, void *y, void *ws, int64_t ws_bytes, int *bias_done) {
     cw_context *ctx = c->ctx;
     int64_t layout[3], actual[3] = {cw__cudnn_ptr_align(x), cw__cudnn_ptr_align(w), cw__cudnn_ptr_align(y)};
     const int64_t *align = layout;
     cw__cudnn_choice ch;
+    cw__cudnn_entry *e = NULL;
     cw_status st;
+    *bias_done = 0;
     if (!c->handle) return cw__error(ctx, CW_ERR_NO_DEVICE, "cudnn conv: no cuDNN handle (no device)");
     cw__cudnn_layout_align(p, layout);
     /* Pointers less aligned than the layout promised (a caller's odd view): use the list
@@ -870,28 +1002,137 @@ cw_status cw__cudnn_conv_run(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_p
         align = actual;
         id = -1;
     }
-    /* Packed configs put their buffers at the start of ws: it must be 16-byte aligned. */
+    /* Packed configs put their buffers at the start of ws: it must be 16-byte aligned; a
+     * fused plan binds b, described as 16-byte aligned. */
     int allow_packed = cw__cudnn_ptr_align(ws) >= 16;
-    if ((st = cw__cudnn_conv_plan(c, p, align, id, ws_bytes, allow_packed, &ch)) != CW_OK) return st;
-    if (ch.total_ws > 0 && !ws)
-        return cw__error(ctx, CW_ERR_INTERNAL, "cudnn conv: algorithm %d needs %" PRId64 " workspace bytes, ws is NULL",
-                         ch.id, ch.total_ws);
-    pthread_mutex_lock(&c->mu); /* the handle's stream is shared state */
+    int allow_fused = p->has_bias && b && cw__cudnn_ptr_align(b) >= 16;
+    pthread_mutex_lock(&c->mu); /* the cache, and the handle's stream (shared state) */
+    c->in_run = 1;
+    st = cw__conv_plan_locked(c, p, align, id, ws_bytes, allow_packed, allow_fused, &ch, &e);
+    c->in_run = 0;
+    if (st != CW_OK) goto unlock;
+    if (ch.substituted) {
+        c->n_subst++;
+        if (!e->warned)
+            cw__log(ctx, CW_LOG_WARN, "cudnn conv: algorithm %d is not usable for a patch within %" PRId64
+                    " workspace bytes; running algorithm %d instead (logged once per patch shape)", id, ws_bytes, ch.id);
+        e->warned = 1;
+    }
+    if (ch.total_ws > 0 && !ws) {
+        st = cw__error(ctx, CW_ERR_INTERNAL, "cudnn conv: algorithm %d needs %" PRId64 " workspace bytes, ws is NULL",
+                       ch.id, ch.total_ws);
+        goto unlock;
+    }
     if (!ch.packed) {
-        st = cw__execute(c, s, ch.plan, x, w, y, ws);
+        st = cw__execute(c, s, ch.plan, x, w, ch.fused ? b : NULL, y, ws);
+        *bias_done = st == CW_OK && ch.fused;
     } else {
-        /* x view -> contiguous copy, conv into a contiguous y, copy back into the y view;
-         * all on s, so stream order keeps the three steps apart. */
+        /* x view -> contiguous copy, conv into a contiguous y, copy back into the y view
+         * adding the bias on the way; all on s, so stream order keeps the steps apart. */
         char *base = ws;
         cw__view xv = {p->x, (void *)(uintptr_t)x}, xpv = {ch.xp, base};
         cw__view ypv = {ch.yp, base + ch.x_bytes}, yv = {p->y, y};
         void *ews = ch.engine_ws > 0 ? base + ch.x_bytes + ch.y_bytes : NULL;
-        CW__CUDA_GOTO(ctx, st, unlock, cw__cu_copy_view(s, &xpv, &xv));
-        if ((st = cw__execute(c, s, ch.plan, xpv.data, w, ypv.data, ews)) != CW_OK) goto unlock;
-        CW__CUDA_GOTO(ctx, st, unlock, cw__cu_copy_view(s, &yv, &ypv));
+        const void *bb = p->has_bias ? b : NULL;
+        CW__CUDA_GOTO(ctx, st, unlock, cw__cu_copy_view(s, &xpv, &xv, NULL, CW_F32));
+        if ((st = cw__execute(c, s, ch.plan, xpv.data, w, NULL, ypv.data, ews)) != CW_OK) goto unlock;
+        CW__CUDA_GOTO(ctx, st, unlock, cw__cu_copy_view(s, &yv, &ypv, bb, p->w.dtype));
+        *bias_done = bb != NULL;
     }
 unlock:
     pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+/* Spans of a problem's tensors in bytes (scratch sizes for autotuning). */
+static int64_t cw__span_bytes(const cw_tensor_desc *d) { return cw__span(d) * (int64_t)cw_dtype_size(d->dtype); }
+
+cw_status cw__cudnn_conv_autotune(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_problem *p, const int *ids,
+                                  int n, int reps, float *ms, int *best, int64_t *syncs) {
+    cw_context *ctx = c->ctx;
+    cw_status st = CW_OK;
+    int64_t align[3];
+    void *bufs[5] = {0}; /* x, w, y, b, ws */
+    cudaEvent_t ev[2] = {0};
+    cw__cudnn_choice ch[CW__CUDNN_MAX_CFGS];
+    cw__cudnn_entry *e = NULL;
+    int64_t ws_max = 0;
+    *best = -1;
+    *syncs = 0;
+    if (!c->handle) return cw__error(ctx, CW_ERR_NO_DEVICE, "cudnn conv: autotune needs a device");
+    if (n < 1 || n > CW__CUDNN_MAX_CFGS || !ids || !ms)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cudnn conv: autotune of %d candidates", n);
+    if (reps < 1) reps = 1;
+    for (int i = 0; i < n; i++) ms[i] = -1.0f;
+    if (cw__cudnn_empty_input(p)) { /* a fill: nothing to choose */
+        *best = 0;
+        return CW_OK;
+    }
+    cw__cudnn_layout_align(p, align);
+    /* plans first (host only), exact ids; cached times need no device work */
+    int todo = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < n; i++) {
+        cw_status s1 = cw__conv_plan_locked(c, p, align, ids[i], INT64_MAX, 1, 1, &ch[i], &e);
+        if (s1 != CW_OK || ch[i].id != ids[i]) {
+            ch[i].plan = NULL;
+            continue;
+        }
+        for (int k = 0; k < e->n; k++)
+            if (e->cfgs[k].id == ids[i] && e->cfgs[k].tuned_ms != 0.0f) ms[i] = e->cfgs[k].tuned_ms;
+        if (ms[i] < 0.0f) todo++;
+        if (ch[i].total_ws > ws_max) ws_max = ch[i].total_ws;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (todo > 0) {
+        const int64_t sizes[5] = {cw__span_bytes(&p->x), cw__span_bytes(&p->w), cw__span_bytes(&p->y),
+                                  p->y.dims[1] * (int64_t)cw_dtype_size(p->w.dtype), ws_max};
+        for (int i = 0; i < 5; i++) {
+            if (sizes[i] <= 0) continue;
+            (*syncs)++;
+            CW__CUDA_GOTO(ctx, st, done, cudaMalloc(&bufs[i], (size_t)sizes[i]));
+            /* zeros: timing on finite data (garbage may hold NaNs and denormals) */
+            CW__CUDA_GOTO(ctx, st, done, cudaMemsetAsync(bufs[i], 0, (size_t)sizes[i], s));
+        }
+        CW__CUDA_GOTO(ctx, st, done, cudaEventCreate(&ev[0]));
+        CW__CUDA_GOTO(ctx, st, done, cudaEventCreate(&ev[1]));
+        for (int i = 0; i < n; i++) {
+            if (!ch[i].plan || ms[i] >= 0.0f) continue;
+            float t_best = -1.0f;
+            for (int r = 0; r <= reps; r++) { /* r = 0 warms up */
+                int bias_done = 0;
+                float t = 0.0f;
+                CW__CUDA_GOTO(ctx, st, done, cudaEventRecord(ev[0], s));
+                cw_status rs = cw__cudnn_conv_run(c, s, p, ids[i], bufs[0], bufs[1], bufs[3], bufs[2], bufs[4],
+                                                  ws_max, &bias_done);
+                if (rs == CW_OK && p->has_bias && !bias_done)
+                    CW__CUDA_GOTO(ctx, st, done, cw__cu_bias_add(s, &(cw__view){p->y, bufs[2]}, bufs[3], p->w.dtype));
+                CW__CUDA_GOTO(ctx, st, done, cudaEventRecord(ev[1], s));
+                (*syncs)++;
+                CW__CUDA_GOTO(ctx, st, done, cudaEventSynchronize(ev[1]));
+                if (rs != CW_OK) break; /* this engine cannot run here: not a candidate */
+                CW__CUDA_GOTO(ctx, st, done, cudaEventElapsedTime(&t, ev[0], ev[1]));
+                if (r > 0 && (t_best < 0.0f || t < t_best)) t_best = t;
+            }
+            ms[i] = t_best;
+            pthread_mutex_lock(&c->mu);
+            for (int k = 0; e && k < e->n; k++)
+                if (e->cfgs[k].id == ids[i]) e->cfgs[k].tuned_ms = t_best < 0.0f ? -1.0f : t_best;
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (ms[i] >= 0.0f && (*best < 0 || ms[i] < ms[*best])) *best = i;
+    if (*best < 0) st = cw__error(ctx, CW_ERR_UNSUPPORTED, "cudnn conv: autotune: none of %d candidates ran", n);
+done:
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) (void)cudaEventDestroy(ev[i]);
+    for (int i = 0; i < 5; i++)
+        if (bufs[i]) {
+            (*syncs)++;
+            (void)cudaFree(bufs[i]);
+        }
+    (void)cudaGetLastError();
     return st;
 }
 
@@ -902,5 +1143,12 @@ void cw__cudnn_conv_counters(cw__cudnn_conv *c, int64_t *problems, int64_t *plan
     if (problems) *problems = c->n_problems;
     if (plans) *plans = c->n_plans;
     if (hits) *hits = c->n_hits;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void cw__cudnn_conv_late(cw__cudnn_conv *c, int64_t *late_plans, int64_t *substitutions) {
+    pthread_mutex_lock(&c->mu);
+    if (late_plans) *late_plans = c->n_late;
+    if (substitutions) *substitutions = c->n_subst;
     pthread_mutex_unlock(&c->mu);
 }
