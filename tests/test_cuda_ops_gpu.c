@@ -6,8 +6,9 @@
  * cpu| / max |cpu|: <= 1e-5 for f32, <= 2e-3 for f16; bf16 keeps 8 significant bits, so one
  * rounding of the output alone costs up to 2^-8 and its bound is 2e-3 + 2^-8. Inputs are
  * multiples of 1/256 in [-1, 1], exact in every dtype, so the cpu (f32 only) sees the same
- * numbers. Exits 77 without a CUDA device. CW_CUDA_OPS_SELFTEST=1 runs the harness with a
- * second cpu context in place of cuda (f32 only), to check the test itself. */
+ * numbers (GroupNorm's shifted inputs are rounded to the dtype on both sides first).
+ * Exits 77 without a CUDA device. CW_CUDA_OPS_SELFTEST=1 runs the harness with a second cpu
+ * context in place of cuda (f32 only), to check the test itself. */
 #include "testutil.h"
 
 #include <dlfcn.h>
@@ -140,6 +141,14 @@ static void *to_dtype(const float *src, int64_t n, cw_dtype dt) {
     ASSERT_TRUE(out != NULL);
     for (int64_t i = 0; i < n; i++) set_el(out, i, dt, src[i]);
     return out;
+}
+
+/* v as dtype dt holds it (round to nearest even), back in f32. */
+static float round_to(float v, cw_dtype dt) {
+    uint16_t h;
+    if (dt == CW_F32) return v;
+    set_el(&h, 0, dt, v);
+    return get_el(&h, 0, dt);
 }
 
 static float rnd_val(cw_rng *r) { return (float)cw_rng_range(r, -256, 256) / 256.0f; }
@@ -533,7 +542,10 @@ static void test_gn(cw_rng *r, int cases) {
         int64_t fn = cw__desc_numel(&full), nparts = cw_rng_range(r, 1, H < 4 ? H : 4), bounds[5];
         cw__patch_bounds(H, (int)nparts, bounds);
         float *hx = rnd_array(r, fn);
-        for (int64_t i = 0; i < fn; i++) hx[i] = hx[i] * 3.0f + 0.5f; /* non-zero mean */
+        /* non-zero mean; 3k/256 + 1/2 needs up to 10 significant bits, more than bf16 keeps:
+         * both sides get the values rounded to dt, so the cpu's statistics are those of the
+         * very numbers the device reads and the 1e-9 bound below holds for every dtype */
+        for (int64_t i = 0; i < fn; i++) hx[i] = round_to(hx[i] * 3.0f + 0.5f, dt);
         float *gamma = rnd_array(r, C), *beta = rnd_array(r, C);
         int affine = (int)cw_rng_range(r, 0, 1);
         side *sides[2] = {&g_cpu, &g_dev};
@@ -776,6 +788,36 @@ static void test_streams(void) {
         }
     be->i->event_destroy(be, ev);
     free(h);
+    /* cudaMalloc and cudaFree count as host synchronisations (they may stall the device) */
+    if (!g_selftest) {
+        int64_t s0 = be->i->host_syncs(be);
+        void *t = dalloc(sd, 4096);
+        dfree(sd, t);
+        ASSERT_EQ_I(be->i->host_syncs(be) - s0, 2);
+    }
+    /* device timestamps from event pairs: marks in stream order, relative to mark 0 */
+    if (be->i->timer_create) {
+        cw__timer *tm = NULL;
+        int64_t ns[4];
+        cw__event *ev2 = NULL;
+        ASSERT_OK_CTX(sd->ctx, be->i->event_create(be, &ev2));
+        ASSERT_OK_CTX(sd->ctx, be->i->timer_create(be, 4, &tm));
+        ASSERT_OK_CTX(sd->ctx, be->i->timer_mark(be, tm, 0, sd->s));
+        ASSERT_OK_CTX(sd->ctx, be->i->fill32_async(be, sd->s, a, 0u, words));
+        ASSERT_OK_CTX(sd->ctx, be->i->timer_mark(be, tm, 1, sd->s));
+        ASSERT_OK_CTX(sd->ctx, be->i->event_record(be, ev2, sd->s));
+        ASSERT_OK_CTX(sd->ctx, be->i->stream_wait_event(be, sd->s2, ev2));
+        ASSERT_OK_CTX(sd->ctx, be->i->copy_async(be, sd->s2, b, a, words * 4));
+        ASSERT_OK_CTX(sd->ctx, be->i->timer_mark(be, tm, 2, sd->s2));
+        dsync(sd);
+        ASSERT_OK_CTX(sd->ctx, be->i->timer_read(be, tm, ns));
+        ASSERT_EQ_I(ns[0], 0);
+        ASSERT_TRUE(ns[1] >= 0 && ns[2] >= ns[1]);
+        ASSERT_EQ_I(ns[3], -1); /* never recorded */
+        ASSERT_EQ_I(be->i->timer_read(be, tm, ns), CW_ERR_INVALID_ARG); /* recordings forgotten */
+        be->i->timer_destroy(be, tm);
+        be->i->event_destroy(be, ev2);
+    }
     dfree(sd, a), dfree(sd, b);
     /* out of device memory is a clean status, and the next allocation works */
     if (!g_selftest) {
