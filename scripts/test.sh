@@ -43,6 +43,7 @@ for m in "${modes[@]}"; do
       fi
       grep -m1 "^OpenBLAS core:" "$dir/Testing/Temporary/LastTest.log" || true
     done
+    echo "=== gpu-check --no-device"; bash scripts/gpu-check.sh --no-device --build-dir "$dir"
     continue
   fi
   echo "=== $m tests"
