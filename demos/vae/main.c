@@ -65,6 +65,8 @@ typedef struct run_result {
     double ms;              /* best decode time over --repeat runs, ms */
     cw_plan_stats stats;
     int64_t peak_rss;       /* filled by the parent: ru_maxrss of the child, bytes */
+    int64_t work_mem;       /* the child's decode working memory: its peak resident bytes during
+                               the decodes minus its resident bytes just before (-1 unknown) */
     volatile int64_t tasks_done, tasks_total; /* the child's decode progress, for the bar */
     double max_diff;        /* filled by the parent: vs the reference */
 } run_result;
@@ -340,6 +342,38 @@ static void explain_dtype(const opts *o, run_result *res) {
     snprintf(res->err, sizeof(res->err), "%.*s", (int)sizeof(res->err) - 1, tmp);
 }
 
+/* Working memory, as users compare it with diffusers' decode: resident bytes just before the
+ * decode (weights, latent, compiled plan in place) against the peak during it. The peak is
+ * reset through /proc/self/clear_refs ("5" resets VmHWM), so the model's load does not count.
+ * Returns -1 where /proc does not allow it. */
+static int64_t proc_status_kib(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    int64_t v = -1;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ':') {
+            v = strtoll(line + kl + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+static int64_t work_mem_begin(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return -1;
+    int ok = fputs("5", f) >= 0;
+    if (fclose(f) != 0 || !ok) return -1;
+    return proc_status_kib("VmRSS");
+}
+
+static int64_t work_mem_end(int64_t rss0_kib) {
+    int64_t hwm = proc_status_kib("VmHWM");
+    return rss0_kib < 0 || hwm < 0 ? -1 : (hwm - rss0_kib) * 1024;
+}
+
 /* The child: everything big is created here, so ru_maxrss covers this configuration only. */
 /* A progress display only on a terminal, and not with --quiet. */
 static int spinner_on(const opts *o) { return !o->quiet && isatty(STDERR_FILENO); }
@@ -352,6 +386,7 @@ static int child_run(const opts *o, const run_cfg *rc, const float *latent, int6
     cw_plan *plan = NULL;
     cw_status st = CW_OK;
     int code = 0;
+    res->work_mem = -1;
     cw_context_config cc = CW_CONTEXT_CONFIG_INIT;
     cc.backend = o->backend;
     cc.temp_budget = rc->budget > 0 ? rc->budget : 0;
@@ -407,6 +442,7 @@ static int child_run(const opts *o, const run_cfg *rc, const float *latent, int6
     }
     res->ms = INFINITY;
     if (spinner_on(o)) cw_plan_set_progress(plan, on_progress, res);
+    int64_t rss0 = work_mem_begin();
     for (int i = 0; i < o->repeat; i++) {
         double t0 = now_ms();
         st = vae_decode(m, plan, latent, out, res->err, sizeof(res->err));
@@ -417,6 +453,7 @@ static int child_run(const opts *o, const run_cfg *rc, const float *latent, int6
         }
         if (t < res->ms) res->ms = t;
     }
+    res->work_mem = work_mem_end(rss0);
     cw_plan_get_stats(plan, &res->stats);
     if (rc->trace && o->trace) {
         st = cw_plan_write_trace(plan, o->trace);
@@ -537,8 +574,8 @@ static double max_abs_diff(const float *a, const float *b, int64_t n) {
 }
 
 static void table_header(void) {
-    printf("%-30s %10s %11s %11s %11s %11s %10s\n", "configuration", "time ms", "peak temp", "peak act",
-           "peak total", "peak RSS", "max|diff|");
+    printf("%-30s %10s %11s %11s %11s %11s %11s %10s\n", "configuration", "time ms", "peak temp", "peak act",
+           "peak total", "peak RSS", "work mem", "max|diff|");
 }
 
 static void table_row(const run_cfg *rc, const run_result *r, int has_diff) {
@@ -556,9 +593,11 @@ static void table_row(const run_cfg *rc, const run_result *r, int has_diff) {
     fmt_bytes(b, sizeof(b), r->stats.activations_peak);
     fmt_bytes(c, sizeof(c), r->stats.total_peak);
     fmt_bytes(d, sizeof(d), r->peak_rss);
+    char e[32] = "-";
+    if (r->work_mem >= 0) fmt_bytes(e, sizeof(e), r->work_mem);
     char diff[32] = "-";
     if (has_diff) snprintf(diff, sizeof(diff), "%.3g", r->max_diff);
-    printf("%-30s %10.1f %11s %11s %11s %11s %10s\n", rc->label, r->ms, a, b, c, d, diff);
+    printf("%-30s %10.1f %11s %11s %11s %11s %11s %10s\n", rc->label, r->ms, a, b, c, d, e, diff);
 }
 
 static void label_for(run_cfg *rc, const opts *o) {
@@ -711,9 +750,11 @@ int main(int argc, char **argv) {
                 fmt_bytes(b, sizeof(b), res->stats.activations_peak);
                 fmt_bytes(c, sizeof(c), res->stats.total_peak);
                 fmt_bytes(d, sizeof(d), res->peak_rss);
-                printf("%s backend, %s: %.1f ms; peak temp %s, peak activations %s, peak total %s, peak RSS %s; "
-                       "%" PRId64 " conv patches, %.1f GFLOP (+%.1f%% halo)\n",
-                       res->backend, r.label, res->ms, a, b, c, d, res->stats.n_patches, res->stats.conv_gflop,
+                char e[32] = "unknown";
+                if (res->work_mem >= 0) fmt_bytes(e, sizeof(e), res->work_mem);
+                printf("%s backend, %s: %.1f ms; peak temp %s, peak activations %s, peak total %s, peak RSS %s, "
+                       "working memory %s; %" PRId64 " conv patches, %.1f GFLOP (+%.1f%% halo)\n",
+                       res->backend, r.label, res->ms, a, b, c, d, e, res->stats.n_patches, res->stats.conv_gflop,
                        res->stats.halo_overhead_pct);
                 if (o.trace) printf("wrote %s\n", o.trace);
             }
@@ -796,7 +837,8 @@ int main(int argc, char **argv) {
             (best < 0 || results[i].peak_rss < results[best].peak_rss))
             best = i;
     printf("\n%s backend; time = decode only (best of %d); peak temp/act/total from the library's stats;\n"
-           "peak RSS = ru_maxrss of a separate forked process per configuration; max|diff| vs the reference\n",
+           "peak RSS = ru_maxrss of a separate forked process per configuration; work mem = its peak resident\n"
+           "bytes during the decode minus those just before it (model loaded); max|diff| vs the reference\n",
            rs.res->backend, o.repeat);
     table_header();
     table_row(&ref, rs.res, 0);
