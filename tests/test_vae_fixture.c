@@ -73,7 +73,7 @@ static cw_status decode_with(const char *weights, const float *z, const int64_t 
     vae_weights *w = NULL;
     if (vae_weights_open_file(&w, weights, err, errlen)) return CW_ERR_FORMAT;
     vae_model *m = NULL;
-    cw_status st = vae_build(&m, ctx, &cfg, w, zd[2], zd[3], CW_F32, err, errlen);
+    cw_status st = vae_build(&m, ctx, &cfg, w, VAE_DECODER, 1, zd[2], zd[3], CW_F32, 0, err, errlen);
     vae_weights_close(w);
     if (st != CW_OK) return st;
     ASSERT_EQ_I(m->out_desc.rank, 4);
@@ -86,7 +86,7 @@ static cw_status decode_with(const char *weights, const float *z, const int64_t 
         out->n = cw_tensor_desc_numel(&m->out_desc);
         out->y = malloc((size_t)out->n * sizeof(float));
         ASSERT_TRUE(out->y != NULL);
-        st = vae_decode(m, plan, z, out->y, err, errlen);
+        st = vae_run(m, plan, z, out->y, err, errlen);
         if (st == CW_OK) ASSERT_OK_CTX(ctx, cw_plan_get_stats(plan, &out->stats));
     }
     cw_plan_destroy(plan);
@@ -230,7 +230,7 @@ int main(void) {
         vae_weights *w = NULL;
         ASSERT_EQ_I(vae_weights_open_file(&w, FIX "tiny_vae.safetensors", err, sizeof(err)), 0);
         vae_model *m = NULL;
-        ASSERT_EQ_I(vae_build(&m, ctx, &cfg, w, zd[2], zd[3], CW_F32, err, sizeof(err)), CW_OK);
+        ASSERT_EQ_I(vae_build(&m, ctx, &cfg, w, VAE_DECODER, 1, zd[2], zd[3], CW_F32, 0, err, sizeof(err)), CW_OK);
         vae_weights_close(w);
         cw_rng rng = {seed};
         for (int k = 0; k < 4; k++) {
@@ -248,7 +248,7 @@ int main(void) {
             ASSERT_EQ_I(st, CW_OK);
             float *y = malloc((size_t)r.n * sizeof(float));
             ASSERT_TRUE(y != NULL);
-            st = vae_decode(m, plan, z, y, err, sizeof(err));
+            st = vae_run(m, plan, z, y, err, sizeof(err));
             if (st != CW_OK) fprintf(stderr, "decode (budget %lld): %s\n", (long long)o.temp_budget, err);
             ASSERT_EQ_I(st, CW_OK);
             cw_plan_stats s;

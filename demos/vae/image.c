@@ -90,3 +90,57 @@ int img_write_png(const char *path, const float *x, const int64_t dims[4], char 
     free(row);
     return st_atomic_commit(&a, err, errlen);
 }
+
+float img_from_u8(uint8_t v) {
+    /* diffusers: np.array(img).astype(np.float32) / 255.0, then 2.0 * x - 1.0, in f32 */
+    float x = (float)v / 255.0f;
+    return 2.0f * x - 1.0f;
+}
+
+int img_read_png(const char *path, float **out, int64_t dims[4], char *err, size_t errlen) {
+    *out = NULL;
+    png_image im;
+    memset(&im, 0, sizeof(im));
+    im.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&im, path))
+        return st_errf(err, errlen, "%s: not a readable PNG: %s", path, im.message);
+    if (im.format & PNG_FORMAT_FLAG_LINEAR) {
+        png_image_free(&im);
+        return st_errf(err, errlen, "%s: a 16-bit PNG; cw-vae reads 8-bit PNGs (as diffusers' PIL path does after "
+                       "convert('RGB')): convert it first", path);
+    }
+    int64_t h = im.height, w = im.width;
+    if (h < 1 || w < 1 || h > (1 << 20) || w > (1 << 20)) {
+        png_image_free(&im);
+        return st_errf(err, errlen, "%s: %" PRId64 "x%" PRId64 " pixels is out of range", path, w, h);
+    }
+    /* RGBA without compositing and then dropping alpha is PIL's convert("RGB") */
+    im.format = PNG_FORMAT_RGBA;
+    size_t bytes = (size_t)PNG_IMAGE_SIZE(im);
+    uint8_t *px = malloc(bytes);
+    float *x = malloc((size_t)(3 * h * w) * sizeof(float));
+    if (!px || !x) {
+        png_image_free(&im);
+        free(px);
+        free(x);
+        return st_errf(err, errlen, "%s: out of memory for %" PRId64 "x%" PRId64 " pixels", path, w, h);
+    }
+    if (!png_image_finish_read(&im, NULL, px, 0, NULL)) {
+        free(px);
+        free(x);
+        st_errf(err, errlen, "%s: PNG decode failed: %s", path, im.message);
+        png_image_free(&im);
+        return -1;
+    }
+    size_t plane = (size_t)(h * w);
+    for (size_t i = 0; i < plane; i++)
+        for (int c = 0; c < 3; c++) x[c * plane + i] = img_from_u8(px[4 * i + (size_t)c]);
+    free(px);
+    png_image_free(&im);
+    dims[0] = 1;
+    dims[1] = 3;
+    dims[2] = h;
+    dims[3] = w;
+    *out = x;
+    return 0;
+}

@@ -1,6 +1,8 @@
-/* cw-vae: decodes a Stable Diffusion / SDXL / SD3 / FLUX latent with the AutoencoderKL
- * decoder under a temporary-memory budget. Every configuration (scheduled, reference, each
- * --tune setting) runs in its own forked child so its peak RSS can be measured alone. */
+/* cw-vae: decodes Stable Diffusion / SDXL / SD3 / FLUX latents with the AutoencoderKL
+ * decoder (or encodes images with its encoder) under a temporary-memory budget. Every
+ * configuration (scheduled, reference, each --tune setting) runs in its own forked child
+ * so its peak RSS can be measured alone. Nothing the user gave is lost: outputs are
+ * checked before the run, staged beside their targets and renamed together at the end. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -14,8 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <limits.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -24,22 +29,31 @@
 #include "convweave/convweave.h"
 #include "image.h"
 #include "npy.h"
+#include "safetensors.h"
 #include "vae.h"
 
 enum { EXIT_USAGE = 2, EXIT_RUN = 1 };
 
+#define MAX_IMAGES 64
+
 typedef struct opts {
     vae_config cfg;
+    int part;                /* VAE_DECODER, or VAE_ENCODER with --encode */
     int64_t height, width;   /* output pixels; 0: from the latent or 512 */
+    int64_t batch;           /* --batch: random latents per run */
     int64_t budget;          /* bytes; -1 unlimited */
+    int budget_given;
     int streams;
     int patches;             /* 0 auto, -1 none, N fixed */
     cw_backend_kind backend;
     cw_dtype dtype;
     int threads;
     int compare, tune, nvtx, quiet, describe, repeat;
-    const char *trace, *weights, *latent, *output, *raw;
-    int random_weights, scaled_latent;
+    const char *trace, *weights, *latent, *output, *raw, *model, *latent_out;
+    const char *images[MAX_IMAGES];
+    int n_images;
+    char model_config[PATH_MAX], model_weights[PATH_MAX];
+    int random_weights, scaled_latent, allow_nonfinite, sample, no_mem_check;
     uint64_t seed;
 } opts;
 
@@ -69,6 +83,7 @@ typedef struct run_result {
                                the decodes minus its resident bytes just before (-1 unknown) */
     volatile int64_t tasks_done, tasks_total; /* the child's decode progress, for the bar */
     double max_diff;        /* filled by the parent: vs the reference */
+    int nonfinite;          /* the output holds NaN/Inf (err says where) */
 } run_result;
 
 static const char *prog = "cw-vae";
@@ -84,51 +99,74 @@ static void on_progress(void *user, int64_t done, int64_t total) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: %s [options]\n"
-            "Decodes a latent with the AutoencoderKL decoder (diffusers' AutoencoderKL.decode) under a\n"
-            "temporary-memory budget, scheduling every convolution in row patches across streams.\n"
+            "Decodes latents with the AutoencoderKL decoder (diffusers' AutoencoderKL.decode), or with\n"
+            "--encode encodes images (AutoencoderKL.encode), under a temporary-memory budget, scheduling\n"
+            "every convolution in row patches across streams.\n"
             "\n"
-            "model\n"
+            "model (a preset, or a diffusers folder; any flag below overrides either)\n"
             "  --preset NAME         %s (default sd)\n"
+            "  --model DIR           diffusers AutoencoderKL folder (config.json + diffusion_pytorch_model\n"
+            "                        .safetensors), or a pipeline folder with vae/ in it\n"
             "  --channels LIST       block_out_channels, e.g. 128,256,512,512\n"
-            "  --layers N            layers_per_block (each up block has N+1 ResNets)\n"
+            "  --layers N            layers_per_block (each up block has N+1 ResNets, each down block N)\n"
+            "  --groups N            norm_num_groups (32 for sd..flux)\n"
             "  --latent-channels N   latent channels (4 for sd/sdxl, 16 for sd3/flux)\n"
-            "  --weights FILE        diffusers .safetensors (decoder.*, post_quant_conv.*; F32/F16/BF16)\n"
+            "  --in-channels N, --out-channels N  image channels (3)\n"
+            "  --quant-conv 0|1, --post-quant-conv 0|1, --mid-attention 0|1\n"
+            "  --scaling-factor X, --shift-factor X   the latent scaling of --scaled-latent\n"
+            "  --weights FILE        diffusers .safetensors (encoder.*, quant_conv.*, decoder.*,\n"
+            "                        post_quant_conv.*; F32/F16/BF16); every key must belong to the model\n"
             "  --random-weights      seeded random weights instead (std 1/sqrt(fan_in))\n"
-            "  --seed N              seed of random weights and of a random latent (default 0)\n"
-            "input / output\n"
-            "  --latent FILE         latent [1,C,h,w] or [C,h,w] from .safetensors (one tensor) or .npy;\n"
-            "                        without it a seeded standard-normal latent is used\n"
+            "  --seed N              seed of random weights, a random latent and --sample (default 0)\n"
+            "  --allow-nonfinite     accept NaN/Inf in weights, latents, images and the output\n"
+            "decode (default)\n"
+            "  --latent FILE         latents [N,C,h,w] or [C,h,w] from .safetensors (one tensor) or .npy;\n"
+            "                        without it seeded standard-normal latents are used\n"
+            "  --batch N             random latents: N of them (default 1)\n"
             "  --scaled-latent       the latent is scaled as in a pipeline: z = z / scaling + shift first\n"
             "  --size N              output N x N pixels (latent N/8 for 4 blocks; default 512)\n"
             "  --height N, --width N output height / width in pixels\n"
-            "  -o, --output FILE     PNG ([-1,1] -> [0,255] as diffusers); replaced only when complete\n"
-            "  --raw FILE            the f32 output tensor [1,3,H,W] as .npy\n"
+            "  -o, --output FILE     PNG ([-1,1] -> [0,255] as diffusers); with N > 1 samples FILE-0.png, ...\n"
+            "  --raw FILE            the f32 output tensor [N,3,H,W] as .npy\n"
+            "encode\n"
+            "  --encode IMAGE        an 8-bit PNG (or .npy [N,3,H,W] in [-1,1]); repeat for a batch of\n"
+            "                        same-sized images; H and W must be multiples of 8\n"
+            "  --latent-out FILE     latents [N,C,h,w] as .npy or .safetensors (tensor 'latent')\n"
+            "  --sample              a seeded sample of the Gaussian (--seed) instead of its mean\n"
+            "  --scaled-latent       store (z - shift) * scaling, as a pipeline feeds the denoiser\n"
             "scheduling\n"
             "  --budget SIZE         temporary-memory cap: e.g. 512MiB (default), 64MiB, 2GiB, 1GB,\n"
             "                        1048576 (bytes); units B KiB MiB GiB KB MB GB; 'unlimited'\n"
             "  --streams N           1 = in order; N = N-1 heavy streams + 1 light (default 2)\n"
             "  --patches auto|N|none row patches per conv: fewest that fit, fixed N, or unscheduled\n"
+            "                        (none ignores any budget: giving both is an error)\n"
             "  --backend auto|cpu|cuda (default auto: cuda where a device is usable, else cpu)\n"
             "  --dtype f32|f16|bf16  compute dtype (default f32; others only where the backend has them)\n"
             "  --threads N           cpu: BLAS threads in total (default all cores)\n"
+            "  --no-memory-check     skip the up-front check of the job's size against the machine's memory\n"
             "measurement\n"
             "  --compare             also run the unscheduled single-stream reference (patches none,\n"
             "                        no budget) and print one table with max|diff| against it\n"
             "  --tune                run streams 1-4 x patches auto,2,4,8 within the budget, print the\n"
             "                        table and the recommended setting\n"
-            "  --repeat N            decode N times per configuration, report the fastest (default 1)\n"
+            "  --repeat N            run N times per configuration, report the fastest (default 1)\n"
             "  --trace FILE          Chrome/Perfetto trace of the scheduled run\n"
             "  --nvtx                emit NVTX ranges (cuda, for Nsight Systems)\n"
             "  --plan                print the compiled plan (patches, algorithms, workspaces)\n"
             "  -q, --quiet           no progress or summary lines (tables and errors still print)\n"
             "  -h, --help            this text\n"
             "\n"
+            "Outputs (-o, --raw, --latent-out, --trace) may not name an input or each other, and only\n"
+            "regular files are replaced. Each is staged beside its target before the run (so an\n"
+            "unwritable one fails first) and all are renamed into place together once every one is\n"
+            "complete; a failure or SIGINT/SIGTERM leaves the targets as they were.\n"
             "Peak RSS: each configuration runs in its own forked child process, forked before any\n"
-            "weights or activations exist; the child loads the weights, builds, compiles, decodes and\n"
+            "weights or activations exist; the child loads the weights, builds, compiles, runs and\n"
             "writes its output into a shared mapping; its peak RSS is ru_maxrss from wait4(), i.e.\n"
             "everything resident in that process (libraries, weights, activations, temporaries,\n"
-            "the output). Time is the decode alone (upload, run, download), not loading or compiling.\n"
-            "Exit status: 0 ok, 1 a run failed, 2 bad input (option, file, key, shape, budget).\n",
+            "the output). Time is the run alone (upload, run, download), not loading or compiling.\n"
+            "Exit status: 0 ok, 1 a run failed (or its output is not finite), 2 bad input (option,\n"
+            "file, key, shape, budget, memory); 128+N when stopped by signal N.\n",
             prog, vae_preset_names());
 }
 
@@ -191,8 +229,26 @@ enum {
     OPT_PRESET = 256, OPT_CHANNELS, OPT_LAYERS, OPT_LATENT_CH, OPT_WEIGHTS, OPT_RANDOM, OPT_SEED,
     OPT_LATENT, OPT_SCALED, OPT_SIZE, OPT_HEIGHT, OPT_WIDTH, OPT_RAW, OPT_BUDGET, OPT_STREAMS,
     OPT_PATCHES, OPT_BACKEND, OPT_DTYPE, OPT_THREADS, OPT_COMPARE, OPT_TUNE, OPT_REPEAT, OPT_TRACE,
-    OPT_NVTX, OPT_PLAN
+    OPT_NVTX, OPT_PLAN, OPT_MODEL, OPT_GROUPS, OPT_IN_CH, OPT_OUT_CH, OPT_QC, OPT_PQC, OPT_MIDATT,
+    OPT_SCALING, OPT_SHIFT, OPT_NONFINITE, OPT_BATCH, OPT_ENCODE, OPT_LATENT_OUT, OPT_SAMPLE, OPT_NO_MEM
 };
+
+/* An architecture flag's value, applied over the preset or config.json once all are read. */
+typedef struct arch_flags {
+    const char *channels;
+    int64_t layers, groups, latent_ch, in_ch, out_ch, qc, pqc, midatt;
+    double scaling, shift;
+    int has_scaling, has_shift;
+} arch_flags;
+
+static int parse_double(const char *s, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
 
 static int parse_args(int argc, char **argv, opts *o) {
     static const struct option longopts[] = {
@@ -209,29 +265,55 @@ static int parse_args(int argc, char **argv, opts *o) {
         {"compare", no_argument, 0, OPT_COMPARE},       {"tune", no_argument, 0, OPT_TUNE},
         {"repeat", required_argument, 0, OPT_REPEAT},   {"trace", required_argument, 0, OPT_TRACE},
         {"nvtx", no_argument, 0, OPT_NVTX},             {"plan", no_argument, 0, OPT_PLAN},
+        {"model", required_argument, 0, OPT_MODEL},     {"groups", required_argument, 0, OPT_GROUPS},
+        {"in-channels", required_argument, 0, OPT_IN_CH}, {"out-channels", required_argument, 0, OPT_OUT_CH},
+        {"quant-conv", required_argument, 0, OPT_QC},   {"post-quant-conv", required_argument, 0, OPT_PQC},
+        {"mid-attention", required_argument, 0, OPT_MIDATT}, {"scaling-factor", required_argument, 0, OPT_SCALING},
+        {"shift-factor", required_argument, 0, OPT_SHIFT}, {"allow-nonfinite", no_argument, 0, OPT_NONFINITE},
+        {"batch", required_argument, 0, OPT_BATCH},     {"encode", required_argument, 0, OPT_ENCODE},
+        {"latent-out", required_argument, 0, OPT_LATENT_OUT}, {"sample", no_argument, 0, OPT_SAMPLE},
+        {"no-memory-check", no_argument, 0, OPT_NO_MEM},
         {"quiet", no_argument, 0, 'q'},                 {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    const char *preset = "sd", *channels = NULL;
-    int64_t layers = -1, latent_ch = -1, size = 0, v;
+    const char *preset = NULL;
+    arch_flags af = {NULL, -1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0};
+    int64_t size = 0, v;
     char err[VAE_ERR_LEN];
     memset(o, 0, sizeof(*o));
     o->budget = 512ll << 20;
     o->streams = 2;
     o->repeat = 1;
+    o->batch = 1;
     o->dtype = CW_F32;
     o->backend = CW_BACKEND_AUTO;
+    o->part = VAE_DECODER;
     opterr = 0;
     int c;
+#define INT_OPT(flag, lo, hi, dst)                                                                                   \
+    if (parse_int(optarg, lo, hi, &(dst)))                                                                           \
+        return die_usage("%s '%s': expected an integer in [%lld, %lld]", flag, optarg, (long long)(lo), (long long)(hi)); \
+    break
     while ((c = getopt_long(argc, argv, ":o:qh", longopts, NULL)) != -1) {
         switch (c) {
         case OPT_PRESET: preset = optarg; break;
-        case OPT_CHANNELS: channels = optarg; break;
-        case OPT_LAYERS:
-            if (parse_int(optarg, 0, 64, &layers)) return die_usage("--layers '%s': expected an integer in [0, 64]", optarg);
+        case OPT_MODEL: o->model = optarg; break;
+        case OPT_CHANNELS: af.channels = optarg; break;
+        case OPT_LAYERS: INT_OPT("--layers", 0, 64, af.layers);
+        case OPT_GROUPS: INT_OPT("--groups", 1, 1 << 20, af.groups);
+        case OPT_LATENT_CH: INT_OPT("--latent-channels", 1, 4096, af.latent_ch);
+        case OPT_IN_CH: INT_OPT("--in-channels", 1, 4096, af.in_ch);
+        case OPT_OUT_CH: INT_OPT("--out-channels", 1, 4096, af.out_ch);
+        case OPT_QC: INT_OPT("--quant-conv", 0, 1, af.qc);
+        case OPT_PQC: INT_OPT("--post-quant-conv", 0, 1, af.pqc);
+        case OPT_MIDATT: INT_OPT("--mid-attention", 0, 1, af.midatt);
+        case OPT_SCALING:
+            if (parse_double(optarg, &af.scaling) || !(af.scaling > 0))
+                return die_usage("--scaling-factor '%s': expected a positive number", optarg);
+            af.has_scaling = 1;
             break;
-        case OPT_LATENT_CH:
-            if (parse_int(optarg, 1, 4096, &latent_ch))
-                return die_usage("--latent-channels '%s': expected an integer in [1, 4096]", optarg);
+        case OPT_SHIFT:
+            if (parse_double(optarg, &af.shift)) return die_usage("--shift-factor '%s': expected a number", optarg);
+            af.has_shift = 1;
             break;
         case OPT_WEIGHTS: o->weights = optarg; break;
         case OPT_RANDOM: o->random_weights = 1; break;
@@ -239,7 +321,9 @@ static int parse_args(int argc, char **argv, opts *o) {
             if (parse_int(optarg, 0, INT64_MAX, &v)) return die_usage("--seed '%s': expected a non-negative integer", optarg);
             o->seed = (uint64_t)v;
             break;
+        case OPT_NONFINITE: o->allow_nonfinite = 1; break;
         case OPT_LATENT: o->latent = optarg; break;
+        case OPT_BATCH: INT_OPT("--batch", 1, 4096, o->batch);
         case OPT_SCALED: o->scaled_latent = 1; break;
         case OPT_SIZE:
             if (parse_int(optarg, 1, 1 << 20, &size)) return die_usage("--size '%s': expected a positive integer", optarg);
@@ -253,11 +337,19 @@ static int parse_args(int argc, char **argv, opts *o) {
             break;
         case 'o': o->output = optarg; break;
         case OPT_RAW: o->raw = optarg; break;
+        case OPT_ENCODE:
+            if (o->n_images == MAX_IMAGES) return die_usage("--encode: more than %d images", MAX_IMAGES);
+            o->images[o->n_images++] = optarg;
+            o->part = VAE_ENCODER;
+            break;
+        case OPT_LATENT_OUT: o->latent_out = optarg; break;
+        case OPT_SAMPLE: o->sample = 1; break;
         case OPT_BUDGET:
             if (parse_size(optarg, &o->budget))
                 return die_usage("--budget '%s': expected a size like 512MiB (units B, KiB, MiB, GiB, KB, MB, GB) or 'unlimited'",
                                  optarg);
             if (o->budget == 0) return die_usage("--budget '%s': must be more than 0 (or 'unlimited')", optarg);
+            o->budget_given = 1;
             break;
         case OPT_STREAMS:
             if (parse_int(optarg, 1, 8, &v)) return die_usage("--streams '%s': expected an integer in [1, 8]", optarg);
@@ -285,6 +377,7 @@ static int parse_args(int argc, char **argv, opts *o) {
             if (parse_int(optarg, 1, 1024, &v)) return die_usage("--threads '%s': expected an integer in [1, 1024]", optarg);
             o->threads = (int)v;
             break;
+        case OPT_NO_MEM: o->no_mem_check = 1; break;
         case OPT_COMPARE: o->compare = 1; break;
         case OPT_TUNE: o->tune = 1; break;
         case OPT_REPEAT:
@@ -301,15 +394,48 @@ static int parse_args(int argc, char **argv, opts *o) {
             return die_usage("unknown option '%s' (see --help)", argv[optind - 1]);
         }
     }
+#undef INT_OPT
     if (optind < argc) return die_usage("unexpected argument '%s' (see --help)", argv[optind]);
-    if (vae_preset(&o->cfg, preset, err, sizeof(err))) return die_usage("%s", err);
-    if (channels && vae_parse_channels(&o->cfg, channels, err, sizeof(err))) return die_usage("%s", err);
-    if (layers >= 0) o->cfg.layers_per_block = (int)layers;
-    if (latent_ch > 0) o->cfg.latent_channels = (int)latent_ch;
-    if (vae_config_validate(&o->cfg, err, sizeof(err))) return die_usage("model: %s", err);
-    if (!!o->weights == !!o->random_weights) return die_usage("give exactly one of --weights FILE and --random-weights");
+    if (o->model && preset) return die_usage("--preset and --model are exclusive (the folder's config.json is the model)");
+    if (o->model && (o->weights || o->random_weights))
+        return die_usage("--model reads the folder's weights: drop --weights/--random-weights");
+    if (vae_preset(&o->cfg, preset ? preset : "sd", err, sizeof(err))) return die_usage("%s", err);
+    if (o->model) {
+        if (vae_model_dir(o->model, o->model_config, o->model_weights, sizeof(o->model_config), err, sizeof(err)))
+            return die_usage("%s", err);
+        if (vae_config_load(&o->cfg, o->model_config, err, sizeof(err))) return die_usage("--model: %s", err);
+        o->weights = o->model_weights;
+    }
+    vae_config *cf = &o->cfg;
+    if (af.channels && vae_parse_channels(cf, af.channels, err, sizeof(err))) return die_usage("%s", err);
+    if (af.layers >= 0) cf->layers_per_block = (int)af.layers;
+    if (af.groups > 0) cf->groups = (int)af.groups;
+    if (af.latent_ch > 0) cf->latent_channels = (int)af.latent_ch;
+    if (af.in_ch > 0) cf->in_channels = (int)af.in_ch;
+    if (af.out_ch > 0) cf->out_channels = (int)af.out_ch;
+    if (af.qc >= 0) cf->quant_conv = (int)af.qc;
+    if (af.pqc >= 0) cf->post_quant_conv = (int)af.pqc;
+    if (af.midatt >= 0) cf->mid_attention = (int)af.midatt;
+    if (af.has_scaling) cf->scaling_factor = af.scaling;
+    if (af.has_shift) cf->shift_factor = af.shift;
+    if (vae_config_validate(cf, err, sizeof(err))) return die_usage("model: %s", err);
+    if (!!o->weights == !!o->random_weights) return die_usage("give exactly one of --model DIR, --weights FILE and --random-weights");
     if (o->compare && o->tune) return die_usage("--compare and --tune are exclusive (--tune includes the reference)");
     if (o->trace && o->tune) return die_usage("--trace is for a single run, not --tune");
+    if (o->patches < 0 && o->budget_given && o->budget >= 0)
+        return die_usage("--patches none runs unscheduled and cannot keep --budget: drop one of them "
+                         "(or give --budget unlimited)");
+    if (o->part == VAE_ENCODER) {
+        if (o->output || o->raw) return die_usage("-o/--raw are the decoder's outputs; with --encode use --latent-out");
+        if (o->latent) return die_usage("--latent is the decoder's input; --encode reads images");
+        if (o->height || o->width || o->batch != 1) return die_usage("--size/--height/--width/--batch: the images set the size with --encode");
+    } else {
+        if (o->latent_out) return die_usage("--latent-out is the encoder's output: give --encode IMAGE");
+        if (o->sample) return die_usage("--sample is for --encode");
+        if (o->latent && o->batch != 1) return die_usage("--batch is for random latents: --latent FILE sets N");
+    }
+    if (o->scaled_latent && cf->latents_stats)
+        return die_usage("--scaled-latent: %s has latents_mean/latents_std, which cw-vae does not apply", o->model_config);
     return 0;
 }
 
@@ -374,12 +500,46 @@ static int64_t work_mem_end(int64_t rss0_kib) {
     return rss0_kib < 0 || hwm < 0 ? -1 : (hwm - rss0_kib) * 1024;
 }
 
-/* The child: everything big is created here, so ru_maxrss covers this configuration only. */
 /* A progress display only on a terminal, and not with --quiet. */
 static int spinner_on(const opts *o) { return !o->quiet && isatty(STDERR_FILENO); }
 
-static int child_run(const opts *o, const run_cfg *rc, const float *latent, int64_t lh, int64_t lw,
-                     run_result *res, float *out) {
+/* The input of every run: [n, c, h, w] f32 on the host. */
+typedef struct job {
+    const float *in;
+    int64_t n, h, w;        /* batch and the input's spatial size */
+    int64_t out_numel;      /* the graph's output */
+    const char *trace_tmp;  /* where the scheduled run writes --trace (staged) */
+} job;
+
+/* Builds the model again with every block's output kept and names the first block whose
+ * output is not finite (the run that found it kept only the final output). */
+static void diagnose_nonfinite(const opts *o, cw_context *ctx, const job *jb, run_result *res) {
+    char msg[VAE_ERR_LEN] = "";
+    vae_weights *w = NULL;
+    vae_model *m = NULL;
+    int rcw = o->weights ? vae_weights_open_file(&w, o->weights, msg, sizeof(msg))
+                         : vae_weights_random(&w, o->seed, msg, sizeof(msg));
+    if (!rcw) vae_weights_allow_nonfinite(w, o->allow_nonfinite);
+    if (!rcw && vae_build(&m, ctx, &o->cfg, w, o->part, jb->n, jb->h, jb->w, o->dtype, 1, msg, sizeof(msg)) == CW_OK) {
+        vae_weights_close(w);
+        w = NULL;
+        int64_t bytes = 0;
+        for (int i = 0; i < m->n_stages; i++) {
+            cw_tensor_desc d;
+            if (cw_graph_node_desc(m->graph, m->stage[i], &d) == CW_OK) bytes += cw_tensor_desc_numel(&d) * 4;
+        }
+        if (bytes > ((int64_t)1 << 30)) snprintf(msg, sizeof(msg), "too large to keep every block's output to say where it began");
+        else if (vae_first_nonfinite_stage(m, jb->in, msg, sizeof(msg)) == 1)
+            snprintf(msg, sizeof(msg), "no block's output is non-finite in an unscheduled rerun");
+    }
+    vae_model_destroy(m);
+    vae_weights_close(w);
+    size_t len = strlen(res->err);
+    snprintf(res->err + len, sizeof(res->err) - len, "; %s", msg);
+}
+
+/* The child: everything big is created here, so ru_maxrss covers this configuration only. */
+static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result *res, float *out) {
     cw_context *ctx = NULL;
     vae_weights *w = NULL;
     vae_model *m = NULL;
@@ -409,7 +569,8 @@ static int child_run(const opts *o, const run_cfg *rc, const float *latent, int6
         code = EXIT_USAGE;
         goto done;
     }
-    st = vae_build(&m, ctx, &o->cfg, w, lh, lw, o->dtype, res->err, sizeof(res->err));
+    vae_weights_allow_nonfinite(w, o->allow_nonfinite);
+    st = vae_build(&m, ctx, &o->cfg, w, o->part, jb->n, jb->h, jb->w, o->dtype, 0, res->err, sizeof(res->err));
     if (st != CW_OK) {
         if (st == CW_ERR_UNSUPPORTED) explain_dtype(o, res);
         code = exit_for(st);
@@ -445,7 +606,7 @@ static int child_run(const opts *o, const run_cfg *rc, const float *latent, int6
     int64_t rss0 = work_mem_begin();
     for (int i = 0; i < o->repeat; i++) {
         double t0 = now_ms();
-        st = vae_decode(m, plan, latent, out, res->err, sizeof(res->err));
+        st = vae_run(m, plan, jb->in, out, res->err, sizeof(res->err));
         double t = now_ms() - t0;
         if (st != CW_OK) {
             code = exit_for(st);
@@ -455,12 +616,28 @@ static int child_run(const opts *o, const run_cfg *rc, const float *latent, int6
     }
     res->work_mem = work_mem_end(rss0);
     cw_plan_get_stats(plan, &res->stats);
-    if (rc->trace && o->trace) {
-        st = cw_plan_write_trace(plan, o->trace);
+    if (rc->trace && jb->trace_tmp) {
+        st = cw_plan_write_trace(plan, jb->trace_tmp);
         if (st != CW_OK) {
             snprintf(res->err, sizeof(res->err), "--trace %s: %s", o->trace, cw_context_last_error(ctx));
             code = EXIT_RUN;
             goto done;
+        }
+    }
+    int64_t bad = vae_find_nonfinite(out, jb->out_numel);
+    if (bad >= 0) {
+        char where[160];
+        vae_index_str(where, sizeof(where), out, bad, m->out_desc.rank, m->out_desc.dims);
+        snprintf(res->err, sizeof(res->err), "the %s output has %s", o->part == VAE_DECODER ? "decoded" : "encoded",
+                 where);
+        res->nonfinite = 1;
+        if (!o->allow_nonfinite) {
+            cw_plan_destroy(plan);
+            plan = NULL;
+            vae_model_destroy(m);
+            m = NULL;
+            diagnose_nonfinite(o, ctx, jb, res);
+            code = EXIT_RUN;
         }
     }
 done:
@@ -484,14 +661,35 @@ static void shared_free(shared_run *s) {
     memset(s, 0, sizeof(*s));
 }
 
+/* ---- signals: the parent stops its child and removes its staged files ------------------------- */
+
+static volatile sig_atomic_t g_stop;     /* the signal that asked us to stop, or 0 */
+static volatile pid_t g_child;           /* the running child, or 0 */
+
+static void on_stop_signal(int sig) {
+    g_stop = sig;
+    pid_t c = g_child;
+    if (c > 0) kill(c, SIGKILL);
+}
+
+static void install_stop_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0; /* no SA_RESTART: wait4 returns EINTR */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
 
 /* Forks, runs rc in the child, waits (showing elapsed time on a terminal after 1 s) and
- * fills *sr with the child's result and peak RSS. Returns the child's exit code. */
-static int run_in_child(const opts *o, const run_cfg *rc, const float *latent, int64_t lh, int64_t lw,
-                        int64_t out_numel, const char *progress, shared_run *sr) {
+ * fills *sr with the child's result and peak RSS. Returns the child's exit code, or -1
+ * when a signal asked the parent to stop (the child is then killed and reaped). */
+static int run_in_child(const opts *o, const run_cfg *rc, const job *jb, const char *progress, shared_run *sr) {
     memset(sr, 0, sizeof(*sr));
     size_t hdr = (sizeof(run_result) + 63) & ~(size_t)63;
-    sr->bytes = hdr + (size_t)out_numel * sizeof(float);
+    sr->bytes = hdr + (size_t)jb->out_numel * sizeof(float);
     void *p = mmap(NULL, sr->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         fprintf(stderr, "%s: mmap of %zu bytes for the output: %s\n", prog, sr->bytes, strerror(errno));
@@ -502,6 +700,8 @@ static int run_in_child(const opts *o, const run_cfg *rc, const float *latent, i
     sr->res->exit_code = -1;
     fflush(stdout);
     fflush(stderr);
+    pid_t parent = getpid();
+    if (g_stop) return -1;
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "%s: fork: %s\n", prog, strerror(errno));
@@ -509,11 +709,18 @@ static int run_in_child(const opts *o, const run_cfg *rc, const float *latent, i
         return EXIT_RUN;
     }
     if (pid == 0) {
-        int code = child_run(o, rc, latent, lh, lw, sr->res, sr->out);
+        /* die with the parent, whatever kills it; default signal actions again */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(EXIT_RUN);
+        int code = child_run(o, rc, jb, sr->res, sr->out);
         fflush(stdout);
         fflush(stderr);
         _exit(code);
     }
+    g_child = pid;
+    if (g_stop) kill(pid, SIGKILL); /* the signal came between fork and here */
     double t0 = now_ms();
     int shown = 0, status = 0;
     struct rusage ru;
@@ -523,13 +730,18 @@ static int run_in_child(const opts *o, const run_cfg *rc, const float *latent, i
         if (r == pid) break;
         if (r < 0 && errno != EINTR) {
             fprintf(stderr, "%s: wait4: %s\n", prog, strerror(errno));
+            g_child = 0;
             shared_free(sr);
             return EXIT_RUN;
+        }
+        if (g_stop) { /* the handler killed the child: reap it */
+            kill(pid, SIGKILL);
+            continue;
         }
         double el = (now_ms() - t0) / 1000.0;
         if (r == 0 && el >= 1.0) {
             int64_t done = sr->res->tasks_done, total = sr->res->tasks_total;
-            if (total > 0) { /* decoding: a bar over the plan's tasks */
+            if (total > 0) { /* running: a bar over the plan's tasks */
                 char bar[31];
                 int fill = (int)(30 * done / total);
                 for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
@@ -546,7 +758,12 @@ static int run_in_child(const opts *o, const run_cfg *rc, const float *latent, i
             nanosleep(&ts, NULL);
         }
     }
+    g_child = 0;
     if (shown) fprintf(stderr, "\r\033[K");
+    if (g_stop) {
+        shared_free(sr);
+        return -1;
+    }
     sr->res->peak_rss = (int64_t)ru.ru_maxrss * 1024; /* Linux: KiB */
     if (WIFSIGNALED(status)) {
         snprintf(sr->res->err, sizeof(sr->res->err), "%s: child killed by signal %d (%s)", rc->label,
@@ -637,23 +854,216 @@ static void ref_cfg(run_cfg *rc, const opts *o) {
     label_for(rc, o);
 }
 
-/* ---- outputs -------------------------------------------------------------------------------------- */
+/* ---- outputs: checked, staged before the run, renamed together after it ----------------------- */
 
-static int write_outputs(const opts *o, const float *out, const int64_t dims[4]) {
-    char err[VAE_ERR_LEN];
-    if (o->output && img_write_png(o->output, out, dims, err, sizeof(err))) {
-        fprintf(stderr, "%s: -o %s: %s\n", prog, o->output, err);
-        return EXIT_USAGE;
+typedef struct out_file {
+    const char *flag;   /* "-o", "--raw", "--latent-out", "--trace" */
+    char *path;         /* the target */
+    char *tmp;          /* the staged file beside it (NULL until staged, and after rename) */
+    int sample;         /* -o of a batch: the sample it holds; else -1 */
+} out_file;
+
+static out_file *g_outs;
+static int g_n_outs;
+
+static void unstage_all(void) {
+    for (int i = 0; i < g_n_outs; i++)
+        if (g_outs[i].tmp) {
+            unlink(g_outs[i].tmp);
+            free(g_outs[i].tmp);
+            g_outs[i].tmp = NULL;
+        }
+}
+
+static void free_outs(void) {
+    unstage_all();
+    for (int i = 0; i < g_n_outs; i++) free(g_outs[i].path);
+    free(g_outs);
+    g_outs = NULL;
+    g_n_outs = 0;
+}
+
+/* Stopped by a signal: remove what was staged, then die of the same signal. */
+static void stop_now(void) {
+    free_outs();
+    int sig = g_stop;
+    fflush(stdout);
+    signal(sig, SIG_DFL);
+    raise(sig);
+    _exit(128 + sig);
+}
+
+static int add_out(const char *flag, const char *path, int sample) {
+    out_file *p = realloc(g_outs, (size_t)(g_n_outs + 1) * sizeof(*p));
+    if (!p) return -1;
+    g_outs = p;
+    out_file *f = &g_outs[g_n_outs];
+    memset(f, 0, sizeof(*f));
+    f->flag = flag;
+    f->sample = sample;
+    f->path = strdup(path);
+    if (!f->path) return -1;
+    g_n_outs++;
+    return 0;
+}
+
+/* "out.png" -> "out-3.png" (the index before the extension, or at the end) */
+static char *sample_path(const char *path, int i) {
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (!dot || (slash && dot < slash) || dot == (slash ? slash + 1 : path)) dot = path + strlen(path);
+    size_t len = strlen(path) + 24;
+    char *s = malloc(len);
+    if (s) snprintf(s, len, "%.*s-%d%s", (int)(dot - path), path, i, dot);
+    return s;
+}
+
+/* realpath of the folder + "/" + the last component: equal for two paths of one file. */
+static int canon_path(const char *flag, const char *path, char *buf, size_t len) {
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX], real[PATH_MAX];
+    const char *base = slash ? slash + 1 : path;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return die_usage("%s %s: names a folder, not a file", flag, path);
+    if (!slash) snprintf(dir, sizeof(dir), ".");
+    else if (slash == path) snprintf(dir, sizeof(dir), "/");
+    else snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    if (!realpath(dir, real)) return die_usage("%s %s: folder %s: %s", flag, path, dir, strerror(errno));
+    if ((size_t)snprintf(buf, len, "%s/%s", real, base) >= len) return die_usage("%s %s: path too long", flag, path);
+    return 0;
+}
+
+/* Every output: not an input (same inode), not another output, a regular file if it exists. */
+static int check_outputs(const char *const *inputs, const char *const *in_flags, int n_in) {
+    struct stat in_st[MAX_IMAGES + 4];
+    for (int i = 0; i < n_in; i++)
+        if (stat(inputs[i], &in_st[i]) != 0) return die_usage("%s %s: %s", in_flags[i], inputs[i], strerror(errno));
+    char (*canon)[PATH_MAX] = malloc((size_t)g_n_outs * PATH_MAX);
+    if (!canon) return die_usage("out of memory");
+    int rc = 0;
+    for (int i = 0; i < g_n_outs && !rc; i++) {
+        const out_file *f = &g_outs[i];
+        struct stat s;
+        if (lstat(f->path, &s) == 0) {
+            if (!S_ISREG(s.st_mode)) {
+                rc = die_usage("%s %s: exists and is %s, not a regular file: refusing to replace it", f->flag, f->path,
+                               S_ISLNK(s.st_mode) ? "a symbolic link" : S_ISDIR(s.st_mode) ? "a folder"
+                               : S_ISCHR(s.st_mode) || S_ISBLK(s.st_mode) ? "a device" : "special");
+                break;
+            }
+            for (int k = 0; k < n_in && !rc; k++)
+                if (s.st_dev == in_st[k].st_dev && s.st_ino == in_st[k].st_ino)
+                    rc = die_usage("%s %s: is the input %s %s (same file): refusing to overwrite an input", f->flag,
+                                   f->path, in_flags[k], inputs[k]);
+        } else if (errno != ENOENT) {
+            rc = die_usage("%s %s: %s", f->flag, f->path, strerror(errno));
+        }
+        if (rc || (rc = canon_path(f->flag, f->path, canon[i], PATH_MAX))) break;
+        for (int k = 0; k < i && !rc; k++)
+            if (!strcmp(canon[i], canon[k]))
+                rc = die_usage("%s %s and %s %s name the same file: give each output its own path", g_outs[k].flag,
+                               g_outs[k].path, f->flag, f->path);
     }
-    if (o->raw && npy_write_f32(o->raw, 4, dims, out, err, sizeof(err))) {
-        fprintf(stderr, "%s: --raw %s: %s\n", prog, o->raw, err);
-        return EXIT_USAGE;
-    }
-    if (!o->quiet) {
-        if (o->output) printf("wrote %s\n", o->output);
-        if (o->raw) printf("wrote %s\n", o->raw);
+    free(canon);
+    return rc;
+}
+
+/* Creates every staged file beside its target: an output that cannot be written fails
+ * here, before the run. */
+static int stage_outputs(void) {
+    for (int i = 0; i < g_n_outs; i++) {
+        out_file *f = &g_outs[i];
+        size_t len = strlen(f->path) + 16;
+        f->tmp = malloc(len);
+        if (!f->tmp) return die_usage("out of memory");
+        snprintf(f->tmp, len, "%s.cw-XXXXXX", f->path);
+        int fd = mkstemp(f->tmp);
+        if (fd < 0) {
+            int e = errno;
+            free(f->tmp);
+            f->tmp = NULL;
+            unstage_all();
+            return die_usage("%s %s: cannot write beside it: %s", f->flag, f->path, strerror(e));
+        }
+        (void)fchmod(fd, 0644);
+        close(fd);
     }
     return 0;
+}
+
+static void write_out_error(const out_file *f, const char *err) {
+    fprintf(stderr, "%s: %s %s: %s\n", prog, f->flag, f->path, err);
+}
+
+/* Writes the results into the staged files, then renames all of them into place. Returns 0
+ * or an exit code (nothing renamed then, and every staged file removed). */
+static int finish_outputs(const opts *o, const float *out, const int64_t dims[4]) {
+    char err[VAE_ERR_LEN];
+    int64_t n = dims[0], per = dims[1] * dims[2] * dims[3];
+    float *z = NULL;
+    int64_t zd[4] = {dims[0], dims[1] / 2, dims[2], dims[3]};
+    for (int i = 0; i < g_n_outs; i++) {
+        const out_file *f = &g_outs[i];
+        int bad = 0;
+        if (!strcmp(f->flag, "--trace")) continue; /* written by the child */
+        if (!strcmp(f->flag, "-o")) {
+            int64_t d1[4] = {1, dims[1], dims[2], dims[3]};
+            bad = img_write_png(f->tmp, out + (f->sample < 0 ? 0 : f->sample) * per, d1, err, sizeof(err));
+        } else if (!strcmp(f->flag, "--raw")) {
+            bad = npy_write_f32(f->tmp, 4, dims, out, err, sizeof(err));
+        } else { /* --latent-out: the Gaussian's mean or a sample, then the pipeline's scaling */
+            if (!z) {
+                z = malloc((size_t)(n * zd[1] * zd[2] * zd[3]) * sizeof(float));
+                if (!z || vae_moments_to_latent(out, n, zd[1], zd[2] * zd[3], o->sample, o->seed, z)) {
+                    free(z);
+                    unstage_all();
+                    fprintf(stderr, "%s: out of memory for the latents\n", prog);
+                    return EXIT_RUN;
+                }
+                if (o->scaled_latent) vae_latent_scale(&o->cfg, z, (size_t)(n * zd[1] * zd[2] * zd[3]));
+            }
+            size_t L = strlen(f->path);
+            if (L > 12 && !strcmp(f->path + L - 12, ".safetensors")) {
+                const char *names[1] = {"latent"};
+                const int64_t *shapes[1] = {zd};
+                int ranks[1] = {4};
+                const float *data[1] = {z};
+                bad = st_write(f->tmp, 1, names, shapes, ranks, data, err, sizeof(err));
+            } else {
+                bad = npy_write_f32(f->tmp, 4, zd, z, err, sizeof(err));
+            }
+        }
+        if (bad || g_stop) {
+            free(z);
+            if (g_stop) stop_now();
+            write_out_error(f, err);
+            unstage_all();
+            return EXIT_RUN;
+        }
+    }
+    free(z);
+    if (g_stop) stop_now();
+    /* every output is complete: rename them all (signals held so none is cut in half) */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    int ret = 0;
+    for (int i = 0; i < g_n_outs; i++) {
+        out_file *f = &g_outs[i];
+        if (rename(f->tmp, f->path) != 0) {
+            write_out_error(f, strerror(errno));
+            ret = EXIT_RUN;
+            break;
+        }
+        free(f->tmp);
+        f->tmp = NULL;
+        if (!o->quiet) printf("wrote %s\n", f->path);
+    }
+    unstage_all();
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return ret;
 }
 
 static int report_failure(const shared_run *sr) {
@@ -667,7 +1077,147 @@ static int report_failure(const shared_run *sr) {
     return sr->res->exit_code > 0 ? sr->res->exit_code : EXIT_RUN;
 }
 
+/* ---- the job's size against the machine's memory ------------------------------------------------- */
+
+static int64_t machine_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+    int64_t m = pages > 0 && psz > 0 ? (int64_t)pages * psz : INT64_MAX;
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r"); /* a container's limit */
+    if (f) {
+        long long v;
+        if (fscanf(f, "%lld", &v) == 1 && v > 0 && v < m) m = v;
+        fclose(f);
+    }
+    return m;
+}
+
+/* Largest activation of the graph, elements: every level's widest tensor. */
+static int64_t largest_activation(const vae_config *c, int part, int64_t n, int64_t h, int64_t w) {
+    int64_t best = 0;
+    for (int i = 0; i < c->n_blocks; i++) {
+        int64_t ch, hh, ww;
+        if (part == VAE_DECODER) {
+            ch = c->block_out[c->n_blocks - 1 - i];
+            if (i > 0 && c->block_out[c->n_blocks - i] > ch) ch = c->block_out[c->n_blocks - i];
+            hh = h << i, ww = w << i;
+        } else {
+            ch = c->block_out[i];
+            if (i > 0 && c->block_out[i - 1] > ch) ch = c->block_out[i - 1];
+            hh = h >> i, ww = w >> i;
+        }
+        double e = (double)n * (double)ch * (double)hh * (double)ww;
+        if (e > 9e18) return INT64_MAX / 16;
+        if ((int64_t)e > best) best = (int64_t)e;
+    }
+    return best;
+}
+
+/* Refuses a job that cannot fit before anything big exists. Returns 0 or EXIT_USAGE. */
+static int check_memory(const opts *o, int64_t n, int64_t cin, int64_t h, int64_t w, int64_t out_numel) {
+    if (o->no_mem_check) return 0;
+    double in_b = (double)n * (double)cin * (double)h * (double)w * 4.0;
+    double out_b = (double)out_numel * 4.0 * ((o->compare || o->tune) ? 2 : 1);
+    double wt_b = (double)vae_weights_bytes(&o->cfg, o->part) * 2.0; /* f32 staging + the model's copy */
+    /* the cpu backend keeps activations in host memory: at least a conv's input and output */
+    struct stat s;
+    int host_act = o->backend == CW_BACKEND_CPU || (o->backend == CW_BACKEND_AUTO && stat("/dev/nvidiactl", &s) != 0);
+    double act_b = host_act ? 2.0 * (double)largest_activation(&o->cfg, o->part, n, h, w) * (double)cw_dtype_size(o->dtype) : 0;
+    double need = in_b + out_b + wt_b + act_b;
+    int64_t have = machine_memory();
+    if (need <= (double)have) return 0;
+    char a[32], b[32], c1[32], d[32], e[32], f[32];
+    fmt_bytes(a, sizeof(a), (int64_t)fmin(need, 9e18));
+    fmt_bytes(b, sizeof(b), (int64_t)fmin(in_b, 9e18));
+    fmt_bytes(c1, sizeof(c1), (int64_t)fmin(out_b, 9e18));
+    fmt_bytes(d, sizeof(d), (int64_t)wt_b);
+    fmt_bytes(e, sizeof(e), (int64_t)fmin(act_b, 9e18));
+    fmt_bytes(f, sizeof(f), have);
+    return die_usage("the job needs at least %s of memory (input %s, output %s, weights %s%s%s) and this machine has "
+                     "%s: use a smaller --size/--batch/image (or --no-memory-check)",
+                     a, b, c1, d, host_act ? ", activations on the cpu backend " : "", host_act ? e : "", f);
+}
+
 /* ---- main ---------------------------------------------------------------------------------------- */
+
+/* The input batch: latents (decode: a file or seeded random) or images (encode). */
+static int load_input(opts *o, float **in, int64_t d[4], int64_t *out_numel) {
+    char err[VAE_ERR_LEN];
+    const vae_config *cfg = &o->cfg;
+    int64_t up = vae_upscale(cfg);
+    *in = NULL;
+    if (o->part == VAE_ENCODER) {
+        for (int i = 0; i < o->n_images; i++) {
+            float *x = NULL;
+            int64_t xd[4];
+            size_t L = strlen(o->images[i]);
+            int bad = L > 4 && !strcmp(o->images[i] + L - 4, ".npy")
+                          ? vae_tensor_load("--encode", o->images[i], &x, xd, err, sizeof(err))
+                          : img_read_png(o->images[i], &x, xd, err, sizeof(err));
+            if (bad) {
+                free(*in);
+                return die_usage("%s", err);
+            }
+            if (i > 0 && (xd[1] != d[1] || xd[2] != d[2] || xd[3] != d[3])) {
+                free(x);
+                free(*in);
+                return die_usage("--encode %s: %" PRId64 "x%" PRId64 "x%" PRId64 ", the batch's first image is %" PRId64
+                                 "x%" PRId64 "x%" PRId64 ": images of a batch must have one size",
+                                 o->images[i], xd[1], xd[2], xd[3], d[1], d[2], d[3]);
+            }
+            if (xd[1] != cfg->in_channels) {
+                free(x);
+                free(*in);
+                return die_usage("--encode %s: %" PRId64 " channels, the model reads %d (see --in-channels)", o->images[i],
+                                 xd[1], cfg->in_channels);
+            }
+            if (xd[2] % up || xd[3] % up) {
+                free(x);
+                free(*in);
+                return die_usage("--encode %s: %" PRId64 "x%" PRId64 " pixels: width and height must be multiples of %" PRId64
+                                 " (diffusers resizes; cw-vae does not)", o->images[i], xd[3], xd[2], up);
+            }
+            int64_t per = xd[1] * xd[2] * xd[3], have = i ? d[0] : 0;
+            float *p = realloc(*in, (size_t)((have + xd[0]) * per) * sizeof(float));
+            if (!p) {
+                free(x);
+                free(*in);
+                return die_usage("out of memory for the images");
+            }
+            memcpy(p + have * per, x, (size_t)(xd[0] * per) * sizeof(float));
+            free(x);
+            *in = p;
+            memcpy(d, xd, sizeof(xd));
+            d[0] = have + xd[0];
+        }
+        *out_numel = d[0] * 2 * cfg->latent_channels * (d[2] / up) * (d[3] / up);
+        return 0;
+    }
+    if (o->latent) {
+        if (vae_latent_load(o->latent, in, d, err, sizeof(err))) return die_usage("%s", err);
+        if (d[1] != cfg->latent_channels) {
+            free(*in);
+            return die_usage("--latent %s: %" PRId64 " channels, the %s model expects %d (see --latent-channels)", o->latent,
+                             d[1], cfg->name, cfg->latent_channels);
+        }
+        if ((o->height && o->height != d[2] * up) || (o->width && o->width != d[3] * up)) {
+            free(*in);
+            return die_usage("--latent %s is %" PRId64 "x%" PRId64 " (output %" PRId64 "x%" PRId64
+                             "), which disagrees with --size/--height/--width",
+                             o->latent, d[2], d[3], d[2] * up, d[3] * up);
+        }
+    } else {
+        if (!o->height) o->height = 512;
+        if (!o->width) o->width = o->height;
+        if (o->height % up) return die_usage("--size/--height %" PRId64 ": not divisible by %" PRId64, o->height, up);
+        if (o->width % up) return die_usage("--size/--width %" PRId64 ": not divisible by %" PRId64, o->width, up);
+        d[0] = o->batch;
+        d[1] = cfg->latent_channels;
+        d[2] = o->height / up;
+        d[3] = o->width / up;
+    }
+    *out_numel = d[0] * cfg->out_channels * d[2] * up * d[3] * up;
+    return 0;
+}
 
 int main(int argc, char **argv) {
     opts o;
@@ -676,174 +1226,239 @@ int main(int argc, char **argv) {
     char err[VAE_ERR_LEN];
     const vae_config *cfg = &o.cfg;
     int64_t up = vae_upscale(cfg);
+    install_stop_handlers();
 
-    /* the latent (small) is read here; the weights only in the children */
-    float *latent = NULL;
-    int64_t lh, lw;
-    if (o.latent) {
-        int64_t dims[4];
-        if (vae_latent_load(o.latent, &latent, dims, err, sizeof(err))) return die_usage("%s", err);
-        if (dims[1] != cfg->latent_channels) {
-            free(latent);
-            return die_usage("--latent %s: %" PRId64 " channels, the %s model expects %d (see --latent-channels)", o.latent,
-                             dims[1], cfg->name, cfg->latent_channels);
-        }
-        lh = dims[2];
-        lw = dims[3];
-        if ((o.height && o.height != lh * up) || (o.width && o.width != lw * up)) {
-            free(latent);
-            return die_usage("--latent %s is %" PRId64 "x%" PRId64 " (output %" PRId64 "x%" PRId64
-                             "), which disagrees with --size/--height/--width",
-                             o.latent, lh, lw, lh * up, lw * up);
-        }
-        if (o.scaled_latent) vae_latent_unscale(cfg, latent, (size_t)(lh * lw * cfg->latent_channels));
+    /* the input (small) is read here; the weights only in the children */
+    float *in = NULL;
+    int64_t d[4], out_numel = 0;
+    if ((rc = load_input(&o, &in, d, &out_numel))) return rc;
+    int64_t nin = d[0] * d[1] * d[2] * d[3];
+    int64_t out_dims[4];
+    if (o.part == VAE_DECODER) {
+        out_dims[0] = d[0], out_dims[1] = cfg->out_channels, out_dims[2] = d[2] * up, out_dims[3] = d[3] * up;
     } else {
-        if (!o.height) o.height = 512;
-        if (!o.width) o.width = o.height;
-        if (o.height % up) return die_usage("--size/--height %" PRId64 ": not divisible by %" PRId64, o.height, up);
-        if (o.width % up) return die_usage("--size/--width %" PRId64 ": not divisible by %" PRId64, o.width, up);
-        lh = o.height / up;
-        lw = o.width / up;
-        size_t n = (size_t)(lh * lw * cfg->latent_channels);
-        latent = malloc(n * sizeof(float));
-        if (!latent) return die_usage("out of memory for a %" PRId64 "x%" PRId64 " latent", lh, lw);
-        vae_latent_random(latent, n, o.seed);
-        if (o.scaled_latent) vae_latent_unscale(cfg, latent, n);
+        out_dims[0] = d[0], out_dims[1] = 2 * cfg->latent_channels, out_dims[2] = d[2] / up, out_dims[3] = d[3] / up;
     }
-    int64_t out_dims[4] = {1, cfg->out_channels, lh * up, lw * up};
-    int64_t out_numel = out_dims[1] * out_dims[2] * out_dims[3];
+    /* the job's size, before anything big exists (a random latent is not filled yet) */
+    if ((rc = check_memory(&o, d[0], d[1], d[2], d[3], out_numel))) {
+        free(in);
+        return rc;
+    }
+
+    /* the inputs, and the outputs that may name none of them nor each other */
+    const char *inputs[MAX_IMAGES + 4], *in_flags[MAX_IMAGES + 4];
+    int n_in = 0;
+    if (o.weights) inputs[n_in] = o.weights, in_flags[n_in++] = o.model ? "--model" : "--weights";
+    if (o.model) inputs[n_in] = o.model_config, in_flags[n_in++] = "--model";
+    if (o.latent) inputs[n_in] = o.latent, in_flags[n_in++] = "--latent";
+    for (int i = 0; i < o.n_images; i++) inputs[n_in] = o.images[i], in_flags[n_in++] = "--encode";
+    int oom = 0;
+    if (o.output) {
+        if (cfg->out_channels != 1 && cfg->out_channels != 3) {
+            free(in);
+            return die_usage("-o %s: a PNG holds 1 or 3 channels, the model writes %d (use --raw)", o.output,
+                             cfg->out_channels);
+        }
+        if (d[0] == 1) oom |= add_out("-o", o.output, 0);
+        for (int64_t i = 0; d[0] > 1 && i < d[0]; i++) {
+            char *p = sample_path(o.output, (int)i);
+            oom |= !p || add_out("-o", p, (int)i);
+            free(p);
+        }
+    }
+    if (o.raw) oom |= add_out("--raw", o.raw, -1);
+    if (o.latent_out) {
+        size_t L = strlen(o.latent_out);
+        if (!(L > 4 && !strcmp(o.latent_out + L - 4, ".npy")) && !(L > 12 && !strcmp(o.latent_out + L - 12, ".safetensors"))) {
+            free(in);
+            return die_usage("--latent-out %s: expected a .npy or .safetensors name", o.latent_out);
+        }
+        oom |= add_out("--latent-out", o.latent_out, -1);
+    }
+    if (o.trace) oom |= add_out("--trace", o.trace, -1);
+    if (oom) {
+        free(in);
+        free_outs();
+        return die_usage("out of memory");
+    }
+    if ((rc = check_outputs(inputs, in_flags, n_in))) {
+        free(in);
+        free_outs();
+        return rc;
+    }
+
+    /* the input's values: NaN/Inf give garbage silently downstream */
+    if (!o.latent && o.part == VAE_DECODER) {
+        in = malloc((size_t)nin * sizeof(float));
+        if (!in) {
+            free_outs();
+            return die_usage("out of memory for %" PRId64 " latents of %" PRId64 "x%" PRId64, d[0], d[2], d[3]);
+        }
+        vae_latent_random(in, (size_t)nin, o.seed);
+    }
+    if (o.scaled_latent && o.part == VAE_DECODER) vae_latent_unscale(cfg, in, (size_t)nin);
+    int64_t bad = o.allow_nonfinite ? -1 : vae_find_nonfinite(in, nin);
+    if (bad >= 0) {
+        char where[160];
+        vae_index_str(where, sizeof(where), in, bad, 4, d);
+        free(in);
+        free_outs();
+        if (o.part == VAE_ENCODER) return die_usage("--encode: the images have %s (--allow-nonfinite encodes it anyway)", where);
+        return die_usage("--latent %s: %s%s (--allow-nonfinite decodes it anyway)", o.latent ? o.latent : "(random)", where,
+                         o.scaled_latent ? " after --scaled-latent" : "");
+    }
 
     /* bad weights fail once, here, before any child runs (header only: no data is read) */
     if (o.weights) {
         vae_weights *w = NULL;
-        if (vae_weights_open_file(&w, o.weights, err, sizeof(err)) || vae_weights_check(w, cfg, err, sizeof(err))) {
+        if (vae_weights_open_file(&w, o.weights, err, sizeof(err)) || vae_weights_check(w, cfg, o.part, err, sizeof(err))) {
             vae_weights_close(w);
-            free(latent);
+            free(in);
+            free_outs();
             return die_usage("%s", err);
         }
         vae_weights_close(w);
     }
+    if ((rc = stage_outputs())) {
+        free(in);
+        free_outs();
+        return rc;
+    }
+    if (g_stop) stop_now();
 
+    const char *dt = o.dtype == CW_F32 ? "f32" : o.dtype == CW_F16 ? "f16" : "bf16";
     if (!o.quiet) {
         char bud[32];
         fmt_bytes(bud, sizeof(bud), o.budget);
-        printf("cw-vae %s: preset %s, %" PRId64 "x%" PRId64 " (latent %dx%" PRId64 "x%" PRId64 "), %s weights, %s, budget %s\n",
-               cw_version_string(), cfg->name, out_dims[2], out_dims[3], cfg->latent_channels, lh, lw,
-               o.weights ? o.weights : "random", o.dtype == CW_F32 ? "f32" : o.dtype == CW_F16 ? "f16" : "bf16",
-               o.budget < 0 ? "unlimited" : bud);
+        printf("cw-vae %s: %s, %s %s, %" PRId64 " x %" PRId64 "x%" PRId64 "x%" PRId64 " -> %" PRId64 "x%" PRId64
+               "x%" PRId64 ", %s weights, %s, budget %s\n",
+               cw_version_string(), o.part == VAE_DECODER ? "decode" : "encode", o.model ? "model" : "preset",
+               o.model ? o.model : cfg->name, d[0], d[1], d[2], d[3], out_dims[1], out_dims[2], out_dims[3],
+               o.weights ? o.weights : "random", dt, o.budget < 0 ? "unlimited" : bud);
+        if (cfg->force_upcast && o.dtype != CW_F32 && o.model)
+            printf("note: %s has force_upcast: diffusers runs this VAE in f32; --dtype %s may overflow\n",
+                   o.model_config, dt);
         fflush(stdout);
     }
+    job jb = {in, d[0], d[2], d[3], out_numel, NULL};
+    for (int i = 0; i < g_n_outs; i++)
+        if (!strcmp(g_outs[i].flag, "--trace")) jb.trace_tmp = g_outs[i].tmp;
+    const char *verb = o.part == VAE_DECODER ? "decoding" : "encoding";
 
     int ret = 0;
+    shared_run final = {0};
     if (!o.compare && !o.tune) {
         run_cfg r;
         cfg_from_opts(&r, &o);
         shared_run sr;
-        int code = run_in_child(&o, &r, latent, lh, lw, out_numel, "decoding", &sr);
+        int code = run_in_child(&o, &r, &jb, verb, &sr);
+        if (code < 0) stop_now();
         if (code != 0) {
             ret = sr.res ? report_failure(&sr) : code;
-        } else {
-            const run_result *res = sr.res;
-            if (!o.quiet) {
-                char a[32], b[32], c[32], d[32];
-                fmt_bytes(a, sizeof(a), res->stats.temp_peak);
-                fmt_bytes(b, sizeof(b), res->stats.activations_peak);
-                fmt_bytes(c, sizeof(c), res->stats.total_peak);
-                fmt_bytes(d, sizeof(d), res->peak_rss);
-                char e[32] = "unknown";
-                if (res->work_mem >= 0) fmt_bytes(e, sizeof(e), res->work_mem);
-                printf("%s backend, %s: %.1f ms; peak temp %s, peak activations %s, peak total %s, peak RSS %s, "
-                       "working memory %s; %" PRId64 " conv patches, %.1f GFLOP (+%.1f%% halo)\n",
-                       res->backend, r.label, res->ms, a, b, c, d, e, res->stats.n_patches, res->stats.conv_gflop,
-                       res->stats.halo_overhead_pct);
-                if (o.trace) printf("wrote %s\n", o.trace);
-            }
-            ret = write_outputs(&o, sr.out, out_dims);
+            shared_free(&sr);
+            goto out;
         }
-        shared_free(&sr);
-        free(latent);
-        return ret;
-    }
-
-    /* --compare / --tune: the reference first, then the scheduled configuration(s) */
-    run_cfg ref;
-    ref_cfg(&ref, &o);
-    shared_run rs;
-    int total = o.tune ? 17 : 2;
-    char prog_label[96];
-    snprintf(prog_label, sizeof(prog_label), "[1/%d] %s", total, ref.label);
-    int code = run_in_child(&o, &ref, latent, lh, lw, out_numel, prog_label, &rs);
-    if (code != 0) {
-        ret = rs.res ? report_failure(&rs) : code;
-        shared_free(&rs);
-        free(latent);
-        return ret;
-    }
-    run_cfg cfgs[16];
-    int n = 0;
-    if (o.tune) {
-        static const int pol[4] = {0, 2, 4, 8};
-        for (int s = 1; s <= 4; s++)
-            for (int p = 0; p < 4; p++) {
-                run_cfg *c = &cfgs[n++];
-                memset(c, 0, sizeof(*c));
-                c->streams = s;
-                c->budget = o.budget;
-                c->policy = pol[p] ? CW_PATCHES_FIXED : CW_PATCHES_AUTO;
-                c->patches = pol[p];
-                label_for(c, &o);
-            }
+        const run_result *res = sr.res;
+        if (!o.quiet) {
+            char a[32], b[32], c[32], e[32];
+            fmt_bytes(a, sizeof(a), res->stats.temp_peak);
+            fmt_bytes(b, sizeof(b), res->stats.activations_peak);
+            fmt_bytes(c, sizeof(c), res->stats.total_peak);
+            fmt_bytes(e, sizeof(e), res->peak_rss);
+            char wm[32] = "unknown";
+            if (res->work_mem >= 0) fmt_bytes(wm, sizeof(wm), res->work_mem);
+            printf("%s backend, %s: %.1f ms; peak temp %s, peak activations %s, peak total %s, peak RSS %s, "
+                   "working memory %s; %" PRId64 " conv patches, %.1f GFLOP (+%.1f%% halo)\n",
+                   res->backend, r.label, res->ms, a, b, c, e, wm, res->stats.n_patches, res->stats.conv_gflop,
+                   res->stats.halo_overhead_pct);
+        }
+        final = sr;
     } else {
-        cfg_from_opts(&cfgs[n++], &o);
-    }
-    run_result results[16];
-    shared_run out_sr = {0};
-    int out_cfg = -1;
-    for (int i = 0; i < n; i++) {
-        shared_run sr;
-        snprintf(prog_label, sizeof(prog_label), "[%d/%d] %s", i + 2, total, cfgs[i].label);
-        code = run_in_child(&o, &cfgs[i], latent, lh, lw, out_numel, prog_label, &sr);
-        if (!sr.res) {
+        /* --compare / --tune: the reference first, then the scheduled configuration(s) */
+        run_cfg ref;
+        ref_cfg(&ref, &o);
+        shared_run rs;
+        int total = o.tune ? 17 : 2;
+        char prog_label[96];
+        snprintf(prog_label, sizeof(prog_label), "[1/%d] %s", total, ref.label);
+        int code = run_in_child(&o, &ref, &jb, prog_label, &rs);
+        if (code < 0) stop_now();
+        if (code != 0) {
+            ret = rs.res ? report_failure(&rs) : code;
             shared_free(&rs);
-            free(latent);
-            return code;
+            goto out;
         }
-        if (code == 0) sr.res->max_diff = max_abs_diff(sr.out, rs.out, out_numel);
-        results[i] = *sr.res;
-        if (code != 0 && !o.tune) {
-            ret = report_failure(&sr);
-            shared_free(&sr);
-            shared_free(&rs);
-            free(latent);
-            return ret;
-        }
-        /* -o/--raw get the first scheduled configuration that ran (all agree with the
-         * reference within the printed max|diff|) */
-        if (code == 0 && !out_sr.res) {
-            out_sr = sr;
-            out_cfg = i;
+        run_cfg cfgs[16];
+        int n = 0;
+        if (o.tune) {
+            static const int pol[4] = {0, 2, 4, 8};
+            for (int s = 1; s <= 4; s++)
+                for (int p = 0; p < 4; p++) {
+                    run_cfg *c = &cfgs[n++];
+                    memset(c, 0, sizeof(*c));
+                    c->streams = s;
+                    c->budget = o.budget;
+                    c->policy = pol[p] ? CW_PATCHES_FIXED : CW_PATCHES_AUTO;
+                    c->patches = pol[p];
+                    label_for(c, &o);
+                }
         } else {
-            shared_free(&sr);
+            cfg_from_opts(&cfgs[n++], &o);
         }
-    }
-    /* recommended: the lowest peak RSS among the runs within 3% of the fastest, so timing
-     * noise does not pick a configuration that only looks faster */
-    int best = -1;
-    double fastest = INFINITY;
-    for (int i = 0; i < n; i++)
-        if (results[i].exit_code == 0 && results[i].ms < fastest) fastest = results[i].ms;
-    for (int i = 0; i < n; i++)
-        if (results[i].exit_code == 0 && results[i].ms <= 1.03 * fastest &&
-            (best < 0 || results[i].peak_rss < results[best].peak_rss))
-            best = i;
-    printf("\n%s backend; time = decode only (best of %d); peak temp/act/total from the library's stats;\n"
-           "peak RSS = ru_maxrss of a separate forked process per configuration; work mem = its peak resident\n"
-           "bytes during the decode minus those just before it (model loaded); max|diff| vs the reference\n",
-           rs.res->backend, o.repeat);
-    table_header();
-    table_row(&ref, rs.res, 0);
-    for (int i = 0; i < n; i++) table_row(&cfgs[i], &results[i], 1);
-    if (best >= 0) {
+        run_result results[16];
+        int out_cfg = -1;
+        for (int i = 0; i < n; i++) {
+            shared_run sr;
+            snprintf(prog_label, sizeof(prog_label), "[%d/%d] %s", i + 2, total, cfgs[i].label);
+            code = run_in_child(&o, &cfgs[i], &jb, prog_label, &sr);
+            if (code < 0) stop_now();
+            if (!sr.res) {
+                shared_free(&rs);
+                shared_free(&final);
+                ret = code;
+                goto out;
+            }
+            if (code == 0) sr.res->max_diff = max_abs_diff(sr.out, rs.out, out_numel);
+            results[i] = *sr.res;
+            if (code != 0 && (!o.tune || sr.res->nonfinite)) {
+                ret = report_failure(&sr);
+                shared_free(&sr);
+                shared_free(&rs);
+                shared_free(&final);
+                goto out;
+            }
+            /* outputs get the first scheduled configuration that ran (all agree with the
+             * reference within the printed max|diff|) */
+            if (code == 0 && !final.res) {
+                final = sr;
+                out_cfg = i;
+            } else {
+                shared_free(&sr);
+            }
+        }
+        /* recommended: the lowest peak RSS among the runs within 3% of the fastest, so timing
+         * noise does not pick a configuration that only looks faster */
+        int best = -1;
+        double fastest = INFINITY;
+        for (int i = 0; i < n; i++)
+            if (results[i].exit_code == 0 && results[i].ms < fastest) fastest = results[i].ms;
+        for (int i = 0; i < n; i++)
+            if (results[i].exit_code == 0 && results[i].ms <= 1.03 * fastest &&
+                (best < 0 || results[i].peak_rss < results[best].peak_rss))
+                best = i;
+        printf("\n%s backend; time = %s only (best of %d); peak temp/act/total from the library's stats;\n"
+               "peak RSS = ru_maxrss of a separate forked process per configuration; work mem = its peak resident\n"
+               "bytes during the run minus those just before it (model loaded); max|diff| vs the reference\n",
+               rs.res->backend, o.part == VAE_DECODER ? "decode" : "encode", o.repeat);
+        table_header();
+        table_row(&ref, rs.res, 0);
+        for (int i = 0; i < n; i++) table_row(&cfgs[i], &results[i], 1);
+        if (best < 0) {
+            fprintf(stderr, "%s: no configuration fits the budget\n", prog);
+            shared_free(&rs);
+            ret = EXIT_USAGE;
+            goto out;
+        }
         const run_result *b = &results[best];
         if (o.tune) {
             printf("\nrecommended: --streams %d --patches ", cfgs[best].streams);
@@ -856,15 +1471,17 @@ int main(int argc, char **argv) {
                    (double)b->peak_rss / (double)rs.res->peak_rss,
                    rs.res->stats.total_peak > 0 ? (double)b->stats.total_peak / (double)rs.res->stats.total_peak : 0.0);
         }
-        if (o.tune && (o.output || o.raw) && !o.quiet) printf("output from: %s\n", cfgs[out_cfg].label);
-        fflush(stdout);
-        ret = write_outputs(&o, out_sr.out, out_dims);
-    } else {
-        fprintf(stderr, "%s: no configuration fits the budget\n", prog);
-        ret = EXIT_USAGE;
+        if (o.tune && g_n_outs && !o.quiet) printf("output from: %s\n", cfgs[out_cfg].label);
+        shared_free(&rs);
     }
-    shared_free(&out_sr);
-    shared_free(&rs);
-    free(latent);
+    if (final.res->nonfinite) /* only with --allow-nonfinite: the child fails otherwise */
+        fprintf(stderr, "%s: warning: %s (written anyway: --allow-nonfinite)\n", prog, final.res->err);
+    fflush(stdout);
+    ret = finish_outputs(&o, final.out, out_dims);
+    shared_free(&final);
+out:
+    free_outs();
+    free(in);
+    if (g_stop) stop_now();
     return ret;
 }

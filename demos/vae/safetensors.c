@@ -397,6 +397,8 @@ size_t st_count(const st_file *f) { return f ? f->n : 0; }
 
 const st_tensor *st_at(const st_file *f, size_t i) { return f && i < f->n ? &f->t[i] : NULL; }
 
+size_t st_index(const st_file *f, const st_tensor *t) { return (size_t)(t - f->t); }
+
 const st_tensor *st_find(const st_file *f, const char *key) {
     if (!f || !key) return NULL;
     size_t lo = 0, hi = f->n;

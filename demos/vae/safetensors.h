@@ -45,6 +45,8 @@ void st_close(st_file *f);
 /* Tensors in header order (not sorted by name or offset). */
 size_t st_count(const st_file *f);
 const st_tensor *st_at(const st_file *f, size_t i);
+/* i such that st_at(f, i) == t, for t a tensor of f. */
+size_t st_index(const st_file *f, const st_tensor *t);
 /* The tensor called key, or NULL. */
 const st_tensor *st_find(const st_file *f, const char *key);
 /* "__metadata__" string for key, or NULL (also when the file has no metadata). */

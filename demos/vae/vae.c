@@ -1,6 +1,7 @@
-/* AutoencoderKL decoder as a convweave graph: presets, weight sources (diffusers
- * .safetensors or seeded random) and the graph builder. One walk over the architecture
- * serves both the up-front key/shape check and the build, so they cannot disagree. */
+/* AutoencoderKL encoder and decoder as convweave graphs: weight sources (diffusers
+ * .safetensors or seeded random) and the graph builders. One walk over the architecture
+ * serves the up-front key/shape check (which also proves every key of the file is
+ * consumed), the weight count and the build, so they cannot disagree. */
 #include "vae.h"
 
 #include <inttypes.h>
@@ -13,100 +14,13 @@
 #include "npy.h"
 #include "safetensors.h"
 
-/* ---- presets ----------------------------------------------------------------------------- */
-
-static void preset_sd_like(vae_config *c, const char *name, int latent, int pqc, double sf, double shift) {
-    memset(c, 0, sizeof(*c));
-    snprintf(c->name, sizeof(c->name), "%s", name);
-    c->latent_channels = latent;
-    c->out_channels = 3;
-    c->n_blocks = 4;
-    c->block_out[0] = 128;
-    c->block_out[1] = 256;
-    c->block_out[2] = 512;
-    c->block_out[3] = 512;
-    c->layers_per_block = 2;
-    c->groups = 32;
-    c->eps = 1e-6f;
-    c->post_quant_conv = pqc;
-    c->scaling_factor = sf;
-    c->shift_factor = shift;
-}
-
-const char *vae_preset_names(void) { return "sd, sdxl, sd3, flux, tiny"; }
-
-int vae_preset(vae_config *cfg, const char *name, char *err, size_t errlen) {
-    if (!name) return st_errf(err, errlen, "--preset: missing name (known: %s)", vae_preset_names());
-    if (!strcmp(name, "sd")) {
-        preset_sd_like(cfg, "sd", 4, 1, 0.18215, 0.0);
-    } else if (!strcmp(name, "sdxl")) {
-        preset_sd_like(cfg, "sdxl", 4, 1, 0.13025, 0.0);
-    } else if (!strcmp(name, "sd3")) {
-        preset_sd_like(cfg, "sd3", 16, 0, 1.5305, 0.0609);
-    } else if (!strcmp(name, "flux")) {
-        preset_sd_like(cfg, "flux", 16, 0, 0.3611, 0.1159);
-    } else if (!strcmp(name, "tiny")) {
-        /* tests/fixtures/tiny_config.json (the test checks they agree) */
-        preset_sd_like(cfg, "tiny", 4, 1, 0.18215, 0.0);
-        cfg->block_out[0] = 8;
-        cfg->block_out[1] = 16;
-        cfg->block_out[2] = 32;
-        cfg->block_out[3] = 32;
-        cfg->layers_per_block = 1;
-        cfg->groups = 4;
-    } else {
-        return st_errf(err, errlen, "--preset: unknown preset '%s' (known: %s)", name, vae_preset_names());
-    }
-    return 0;
-}
-
-int vae_parse_channels(vae_config *cfg, const char *list, char *err, size_t errlen) {
-    int n = 0;
-    const char *p = list;
-    int64_t v[VAE_MAX_BLOCKS];
-    if (!list || !*list) return st_errf(err, errlen, "--channels: empty list");
-    for (;;) {
-        char *end = NULL;
-        long long x = strtoll(p, &end, 10);
-        if (end == p || x < 1 || x > (1 << 20))
-            return st_errf(err, errlen, "--channels: bad channel count at '%s' in '%s'", p, list);
-        if (n == VAE_MAX_BLOCKS) return st_errf(err, errlen, "--channels: more than %d blocks in '%s'", VAE_MAX_BLOCKS, list);
-        v[n++] = x;
-        if (*end == '\0') break;
-        if (*end != ',') return st_errf(err, errlen, "--channels: expected ',' at '%s' in '%s'", end, list);
-        p = end + 1;
-    }
-    cfg->n_blocks = n;
-    for (int i = 0; i < VAE_MAX_BLOCKS; i++) cfg->block_out[i] = i < n ? v[i] : 0;
-    return 0;
-}
-
-int vae_config_validate(const vae_config *c, char *err, size_t errlen) {
-    if (c->latent_channels < 1 || c->latent_channels > 4096)
-        return st_errf(err, errlen, "latent channels %d out of range [1, 4096]", c->latent_channels);
-    if (c->out_channels < 1) return st_errf(err, errlen, "out channels %d < 1", c->out_channels);
-    if (c->n_blocks < 1 || c->n_blocks > VAE_MAX_BLOCKS)
-        return st_errf(err, errlen, "block count %d out of range [1, %d]", c->n_blocks, VAE_MAX_BLOCKS);
-    if (c->layers_per_block < 0 || c->layers_per_block > 64)
-        return st_errf(err, errlen, "layers per block %d out of range [0, 64]", c->layers_per_block);
-    if (c->groups < 1) return st_errf(err, errlen, "norm groups %d < 1", c->groups);
-    for (int i = 0; i < c->n_blocks; i++)
-        if (c->block_out[i] < 1 || c->block_out[i] % c->groups)
-            return st_errf(err, errlen, "block channels %" PRId64 " (block %d) not a positive multiple of %d groups",
-                        c->block_out[i], i, c->groups);
-    if (!(c->scaling_factor > 0.0) || !isfinite(c->shift_factor))
-        return st_errf(err, errlen, "scaling factor %g must be > 0 and shift %g finite", c->scaling_factor,
-                    c->shift_factor);
-    return 0;
-}
-
-int64_t vae_upscale(const vae_config *cfg) { return (int64_t)1 << (cfg->n_blocks - 1); }
-
 /* ---- weight sources ------------------------------------------------------------------------ */
 
 struct vae_weights {
-    st_file *st;    /* NULL: random */
+    st_file *st;            /* NULL: random */
     uint64_t seed;
+    int allow_nonfinite;
+    unsigned char *used;    /* per tensor (header order): consumed by the last check walk */
 };
 
 int vae_weights_open_file(vae_weights **out, const char *path, char *err, size_t errlen) {
@@ -117,6 +31,11 @@ int vae_weights_open_file(vae_weights **out, const char *path, char *err, size_t
     if (st_open(&w->st, path, msg, sizeof(msg)) != 0) {
         free(w);
         return st_errf(err, errlen, "--weights: %s", msg); /* msg names the file */
+    }
+    w->used = calloc(st_count(w->st) + 1, 1);
+    if (!w->used) {
+        vae_weights_close(w);
+        return st_errf(err, errlen, "out of memory");
     }
     *out = w;
     return 0;
@@ -132,7 +51,24 @@ int vae_weights_random(vae_weights **out, uint64_t seed, char *err, size_t errle
 void vae_weights_close(vae_weights *w) {
     if (!w) return;
     st_close(w->st);
+    free(w->used);
     free(w);
+}
+
+void vae_weights_allow_nonfinite(vae_weights *w, int allow) { w->allow_nonfinite = allow; }
+
+static int starts_with(const char *s, const char *prefix) { return !strncmp(s, prefix, strlen(prefix)); }
+
+static int key_part(const char *k) {
+    if (starts_with(k, "encoder.") || starts_with(k, "quant_conv.")) return VAE_ENCODER;
+    if (starts_with(k, "decoder.") || starts_with(k, "post_quant_conv.")) return VAE_DECODER;
+    return 0;
+}
+
+int vae_weights_parts(const vae_weights *w) {
+    int p = 0;
+    for (size_t i = 0; w->st && i < st_count(w->st); i++) p |= key_part(st_at(w->st, i)->name);
+    return p;
 }
 
 static uint64_t splitmix(uint64_t *s) {
@@ -230,6 +166,7 @@ static int lookup(vae_weights *w, const char *key, int rank, const int64_t *shap
         shape_str(b, sizeof(b), rank, shape);
         return st_errf(err, errlen, "weights: key '%s' has shape %s, expected %s", used, a, b);
     }
+    w->used[st_index(w->st, t)] = 1;
     *out = t;
     return 0;
 }
@@ -247,13 +184,18 @@ int vae_weights_get(vae_weights *w, const char *key, int rank, const int64_t *sh
     char msg[VAE_ERR_LEN];
     if (st_read_f32(w->st, t, dst, (size_t)n, msg, sizeof(msg)))
         return st_errf(err, errlen, "weights: key '%s': %s", key, msg);
+    int64_t bad = w->allow_nonfinite ? -1 : vae_find_nonfinite(dst, n);
+    if (bad >= 0) {
+        vae_index_str(msg, sizeof(msg), dst, bad, t->rank, t->shape);
+        return st_errf(err, errlen, "weights: key '%s' has %s (--allow-nonfinite loads it anyway)", t->name, msg);
+    }
     return 0;
 }
 
 /* ---- the graph builder -------------------------------------------------------------------- */
 
 typedef struct bld {
-    vae_model *m;          /* NULL: check keys and shapes only */
+    vae_model *m;          /* NULL: check keys and shapes (w != NULL) or count bytes only */
     cw_graph *g;
     vae_weights *w;
     const vae_config *cfg;
@@ -263,6 +205,8 @@ typedef struct bld {
     float *buf;            /* f32 staging for one weight */
     void *cvt;             /* dtype staging */
     size_t buf_cap;
+    int64_t count;         /* count mode: f32 bytes of the weights walked */
+    int stages;            /* record block outputs in m->stage */
 } bld;
 
 static void fail_ctx(bld *b, cw_status st, const char *what) {
@@ -284,8 +228,11 @@ static int grow(bld *b, size_t n) {
 
 static cw_node param(bld *b, const char *key, int rank, const int64_t *shape) {
     if (b->st != CW_OK) return CW_NODE_NONE;
-    if (!b->m) { /* check mode */
-        if (!b->w->st) return 0;
+    if (!b->m) { /* check or count mode */
+        int64_t n = 1;
+        for (int i = 0; i < rank; i++) n *= shape[i];
+        b->count += n * (int64_t)sizeof(float);
+        if (!b->w || !b->w->st) return 0;
         const st_tensor *t;
         if (lookup(b->w, key, rank, shape, &t, b->err, b->errlen)) b->st = CW_ERR_FORMAT;
         return 0;
@@ -367,18 +314,23 @@ static void join(char *dst, const char *prefix, const char *suffix) {
     dst[a + b] = '\0';
 }
 
-static cw_node conv(bld *b, cw_node x, const char *prefix, int64_t cin, int64_t cout, int k) {
+static cw_node conv_p(bld *b, cw_node x, const char *prefix, int64_t cin, int64_t cout, int k, const cw_conv_params *p) {
     char kw[KEY_LEN], kb[KEY_LEN];
     join(kw, prefix, ".weight");
     join(kb, prefix, ".bias");
     int64_t ws[4] = {cout, cin, k, k}, bs[1] = {cout};
     cw_node w = param(b, kw, 4, ws);
     cw_node bias = param(b, kb, 1, bs);
+    cw_node y = CW_NODE_NONE;
+    GRAPH_OP(b, prefix, cw_graph_conv(b->g, &y, x, w, bias, p));
+    return y;
+}
+
+/* a "same" convolution: stride 1, padding (k - 1) / 2 on every side */
+static cw_node conv(bld *b, cw_node x, const char *prefix, int64_t cin, int64_t cout, int k) {
     cw_conv_params p = CW_CONV_PARAMS_INIT;
     p.pad_pre[0] = p.pad_pre[1] = p.pad_post[0] = p.pad_post[1] = (k - 1) / 2;
-    cw_node y = CW_NODE_NONE;
-    GRAPH_OP(b, prefix, cw_graph_conv(b->g, &y, x, w, bias, &p));
-    return y;
+    return conv_p(b, x, prefix, cin, cout, k, &p);
 }
 
 static cw_node group_norm(bld *b, cw_node x, const char *prefix, int64_t c) {
@@ -405,6 +357,16 @@ static cw_node add(bld *b, cw_node x, cw_node r, const char *what) {
     return y;
 }
 
+/* Records x as the output of block `name` for the non-finite diagnosis. */
+static void stage(bld *b, cw_node x, const char *name) {
+    if (!b->stages || !b->m || b->st != CW_OK || b->m->n_stages == (int)(sizeof(b->m->stage) / sizeof(b->m->stage[0])))
+        return;
+    vae_model *m = b->m;
+    m->stage[m->n_stages] = x;
+    snprintf(m->stage_name[m->n_stages], sizeof(m->stage_name[0]), "%s", name);
+    m->n_stages++;
+}
+
 /* diffusers ResnetBlock2D without time embedding:
  * h = conv2(silu(norm2(conv1(silu(norm1(x)))))); out = shortcut(x) + h. */
 static cw_node resnet(bld *b, cw_node x, const char *prefix, int64_t cin, int64_t cout) {
@@ -424,7 +386,9 @@ static cw_node resnet(bld *b, cw_node x, const char *prefix, int64_t cin, int64_
         join(k, prefix, ".conv_shortcut");
         sc = conv(b, x, k, cin, cout, 1);
     }
-    return add(b, sc, h, prefix);
+    cw_node y = add(b, sc, h, prefix);
+    stage(b, y, prefix);
+    return y;
 }
 
 /* diffusers Attention as the VAE mid block builds it: one head of dim C, GroupNorm first,
@@ -443,7 +407,9 @@ static cw_node attention(bld *b, cw_node x, const char *prefix, int64_t c) {
     GRAPH_OP(b, prefix, cw_graph_attention(b->g, &o, q, kk, v, (float)(1.0 / sqrt((double)c))));
     join(k, prefix, ".to_out.0");
     o = conv(b, o, k, c, c, 1);
-    return add(b, o, x, prefix);
+    cw_node y = add(b, o, x, prefix);
+    stage(b, y, prefix);
+    return y;
 }
 
 static cw_node upsample(bld *b, cw_node x, const char *prefix, int64_t c) {
@@ -451,7 +417,34 @@ static cw_node upsample(bld *b, cw_node x, const char *prefix, int64_t c) {
     GRAPH_OP(b, prefix, cw_graph_upsample2x(b->g, &y, x));
     char k[KEY_LEN];
     join(k, prefix, ".conv");
-    return conv(b, y, k, c, c, 3);
+    y = conv(b, y, k, c, c, 3);
+    stage(b, y, prefix);
+    return y;
+}
+
+/* diffusers Downsample2D of the encoder (padding 0): F.pad(x, (0, 1, 0, 1)) then a 3x3
+ * stride-2 conv, i.e. no padding before and one row / column after. */
+static cw_node downsample(bld *b, cw_node x, const char *prefix, int64_t c) {
+    cw_conv_params p = CW_CONV_PARAMS_INIT;
+    p.stride[0] = p.stride[1] = 2;
+    p.pad_post[0] = p.pad_post[1] = 1;
+    char k[KEY_LEN];
+    join(k, prefix, ".conv");
+    cw_node y = conv_p(b, x, k, c, c, 3, &p);
+    stage(b, y, prefix);
+    return y;
+}
+
+static cw_node mid_block(bld *b, cw_node x, const char *prefix, int64_t c) {
+    char k[KEY_LEN];
+    join(k, prefix, ".resnets.0");
+    x = resnet(b, x, k, c, c);
+    if (b->cfg->mid_attention) {
+        join(k, prefix, ".attentions.0");
+        x = attention(b, x, k, c);
+    }
+    join(k, prefix, ".resnets.1");
+    return resnet(b, x, k, c, c);
 }
 
 /* The whole decode: [post_quant_conv], conv_in, mid block, up blocks, norm/act/conv_out. */
@@ -459,11 +452,13 @@ static cw_node decoder(bld *b, cw_node z) {
     const vae_config *c = b->cfg;
     int64_t top = c->block_out[c->n_blocks - 1];
     cw_node x = z;
-    if (c->post_quant_conv) x = conv(b, x, "post_quant_conv", c->latent_channels, c->latent_channels, 1);
+    if (c->post_quant_conv) {
+        x = conv(b, x, "post_quant_conv", c->latent_channels, c->latent_channels, 1);
+        stage(b, x, "post_quant_conv");
+    }
     x = conv(b, x, "decoder.conv_in", c->latent_channels, top, 3);
-    x = resnet(b, x, "decoder.mid_block.resnets.0", top, top);
-    x = attention(b, x, "decoder.mid_block.attentions.0", top);
-    x = resnet(b, x, "decoder.mid_block.resnets.1", top, top);
+    stage(b, x, "decoder.conv_in");
+    x = mid_block(b, x, "decoder.mid_block", top);
     int64_t prev = top;
     for (int i = 0; i < c->n_blocks; i++) {
         int64_t out = c->block_out[c->n_blocks - 1 - i];
@@ -480,30 +475,199 @@ static cw_node decoder(bld *b, cw_node z) {
     }
     x = group_norm(b, x, "decoder.conv_norm_out", c->block_out[0]);
     x = silu(b, x, "decoder.conv_norm_out");
-    return conv(b, x, "decoder.conv_out", c->block_out[0], c->out_channels, 3);
+    x = conv(b, x, "decoder.conv_out", c->block_out[0], c->out_channels, 3);
+    stage(b, x, "decoder.conv_out");
+    return x;
 }
 
-int vae_weights_check(vae_weights *w, const vae_config *cfg, char *err, size_t errlen) {
+/* The whole encode up to the Gaussian's moments: conv_in, down blocks (layers_per_block
+ * ResNets each, a stride-2 conv after all but the last), mid block, norm/act/conv_out to
+ * 2 * latent channels, [quant_conv]. */
+static cw_node encoder(bld *b, cw_node img) {
+    const vae_config *c = b->cfg;
+    int64_t top = c->block_out[c->n_blocks - 1], lc2 = 2 * (int64_t)c->latent_channels;
+    cw_node x = conv(b, img, "encoder.conv_in", c->in_channels, c->block_out[0], 3);
+    stage(b, x, "encoder.conv_in");
+    int64_t prev = c->block_out[0];
+    for (int i = 0; i < c->n_blocks; i++) {
+        int64_t out = c->block_out[i];
+        char k[KEY_LEN];
+        for (int j = 0; j < c->layers_per_block; j++) {
+            snprintf(k, sizeof(k), "encoder.down_blocks.%d.resnets.%d", i, j);
+            x = resnet(b, x, k, j == 0 ? prev : out, out);
+        }
+        if (i != c->n_blocks - 1) {
+            snprintf(k, sizeof(k), "encoder.down_blocks.%d.downsamplers.0", i);
+            x = downsample(b, x, k, out);
+        }
+        prev = out;
+    }
+    x = mid_block(b, x, "encoder.mid_block", top);
+    x = group_norm(b, x, "encoder.conv_norm_out", top);
+    x = silu(b, x, "encoder.conv_norm_out");
+    x = conv(b, x, "encoder.conv_out", top, lc2, 3);
+    stage(b, x, "encoder.conv_out");
+    if (c->quant_conv) {
+        x = conv(b, x, "quant_conv", lc2, lc2, 1);
+        stage(b, x, "quant_conv");
+    }
+    return x;
+}
+
+int64_t vae_weights_bytes(const vae_config *cfg, int parts) {
+    bld b = {0};
+    b.cfg = cfg;
+    if (parts & VAE_ENCODER) encoder(&b, 0);
+    if (parts & VAE_DECODER) decoder(&b, 0);
+    return b.count;
+}
+
+/* ---- what the weights say the architecture is ------------------------------------------------ */
+
+static const st_tensor *find_rank(const st_file *f, const char *key, int rank) {
+    const st_tensor *t = st_find(f, key);
+    return t && t->rank == rank ? t : NULL;
+}
+
+int vae_weights_infer(vae_weights *w, vae_config *c, char *err, size_t errlen) {
+    if (!w->st) return st_errf(err, errlen, "random weights");
+    const st_file *f = w->st;
+    int n_dec = 0, n_enc = 0, dec_layers = -1, enc_layers = -1, attn = 0;
+    for (size_t i = 0; i < st_count(f); i++) {
+        const char *k = st_at(f, i)->name;
+        int a, r, used = 0;
+        if (sscanf(k, "decoder.up_blocks.%d.%n", &a, &used) == 1 && used && a >= 0 && a < 64 && a + 1 > n_dec) n_dec = a + 1;
+        used = 0;
+        if (sscanf(k, "encoder.down_blocks.%d.%n", &a, &used) == 1 && used && a >= 0 && a < 64 && a + 1 > n_enc) n_enc = a + 1;
+        used = 0;
+        if (sscanf(k, "decoder.up_blocks.0.resnets.%d.%n", &r, &used) == 1 && used && r >= 0 && r < 256 && r > dec_layers)
+            dec_layers = r;
+        used = 0;
+        if (sscanf(k, "encoder.down_blocks.0.resnets.%d.%n", &r, &used) == 1 && used && r >= 0 && r < 256 &&
+            r + 1 > enc_layers)
+            enc_layers = r + 1;
+        if (strstr(k, ".mid_block.attentions.")) attn = 1;
+    }
+    vae_config x = *c;
+    const st_tensor *t;
+    char key[KEY_LEN];
+    if (n_dec >= 1 && n_dec <= VAE_MAX_BLOCKS) {
+        x.n_blocks = n_dec;
+        for (int i = 0; i < n_dec; i++) {
+            snprintf(key, sizeof(key), "decoder.up_blocks.%d.resnets.0.conv1.weight", i);
+            if (!(t = find_rank(f, key, 4))) return st_errf(err, errlen, "no '%s'", key);
+            x.block_out[n_dec - 1 - i] = t->shape[0];
+        }
+        if (dec_layers >= 0) x.layers_per_block = dec_layers;
+        if ((t = find_rank(f, "decoder.conv_in.weight", 4))) x.latent_channels = (int)t->shape[1];
+        if ((t = find_rank(f, "decoder.conv_out.weight", 4))) x.out_channels = (int)t->shape[0];
+        x.post_quant_conv = st_find(f, "post_quant_conv.weight") != NULL;
+    } else if (n_enc >= 1 && n_enc <= VAE_MAX_BLOCKS) {
+        x.n_blocks = n_enc;
+        for (int i = 0; i < n_enc; i++) {
+            snprintf(key, sizeof(key), "encoder.down_blocks.%d.resnets.0.conv1.weight", i);
+            if (!(t = find_rank(f, key, 4))) return st_errf(err, errlen, "no '%s'", key);
+            x.block_out[i] = t->shape[0];
+        }
+        if (enc_layers >= 0) x.layers_per_block = enc_layers;
+    } else {
+        return st_errf(err, errlen, "no encoder.down_blocks.* or decoder.up_blocks.* keys");
+    }
+    for (int i = x.n_blocks; i < VAE_MAX_BLOCKS; i++) x.block_out[i] = 0;
+    if ((t = find_rank(f, "encoder.conv_in.weight", 4))) x.in_channels = (int)t->shape[1];
+    if ((t = find_rank(f, "encoder.conv_out.weight", 4)) && t->shape[0] % 2 == 0) x.latent_channels = (int)(t->shape[0] / 2);
+    if (vae_weights_parts(w) & VAE_ENCODER) x.quant_conv = st_find(f, "quant_conv.weight") != NULL;
+    x.mid_attention = attn;
+    *c = x;
+    return 0;
+}
+
+/* " (the file's shapes say: --channels 8,16 --layers 1 ...)" for the fields where the file
+ * disagrees with cfg, or "" when it agrees or cannot tell. */
+static void arch_hint(vae_weights *w, const vae_config *cfg, char *buf, size_t len) {
+    buf[0] = '\0';
+    vae_config x = *cfg;
+    if (vae_weights_infer(w, &x, NULL, 0)) return;
+    char s[256] = "";
+    size_t o = 0;
+#define HINT(...) o += (size_t)snprintf(s + o, o < sizeof(s) ? sizeof(s) - o : 0, __VA_ARGS__)
+    int same = x.n_blocks == cfg->n_blocks;
+    for (int i = 0; same && i < x.n_blocks; i++) same = x.block_out[i] == cfg->block_out[i];
+    if (!same) {
+        HINT(" --channels ");
+        for (int i = 0; i < x.n_blocks; i++) HINT("%s%" PRId64, i ? "," : "", x.block_out[i]);
+    }
+    if (x.layers_per_block != cfg->layers_per_block) HINT(" --layers %d", x.layers_per_block);
+    if (x.latent_channels != cfg->latent_channels) HINT(" --latent-channels %d", x.latent_channels);
+    if (x.in_channels != cfg->in_channels) HINT(" --in-channels %d", x.in_channels);
+    if (x.out_channels != cfg->out_channels) HINT(" --out-channels %d", x.out_channels);
+    if (x.quant_conv != cfg->quant_conv) HINT(" --quant-conv %d", x.quant_conv);
+    if (x.post_quant_conv != cfg->post_quant_conv) HINT(" --post-quant-conv %d", x.post_quant_conv);
+    if (x.mid_attention != cfg->mid_attention) HINT(" --mid-attention %d", x.mid_attention);
+#undef HINT
+    if (s[0] && o < sizeof(s)) snprintf(buf, len, " (the file's shapes say:%s)", s);
+}
+
+int vae_weights_check(vae_weights *w, const vae_config *cfg, int parts, char *err, size_t errlen) {
     if (vae_config_validate(cfg, err, errlen)) return -1;
+    if (!w->st) return 0;
+    size_t n = st_count(w->st);
+    memset(w->used, 0, n);
+    parts |= vae_weights_parts(w);
     bld b = {0};
     b.w = w;
     b.cfg = cfg;
     b.err = err;
     b.errlen = errlen;
-    decoder(&b, 0);
-    return b.st == CW_OK ? 0 : -1;
+    if (parts & VAE_ENCODER) encoder(&b, 0);
+    if (b.st == CW_OK && (parts & VAE_DECODER)) decoder(&b, 0);
+    char hint[300];
+    if (b.st != CW_OK) {
+        arch_hint(w, cfg, hint, sizeof(hint));
+        if (hint[0]) {
+            char tmp[VAE_ERR_LEN];
+            snprintf(tmp, sizeof(tmp), "%s", err);
+            st_errf(err, errlen, "%s%s", tmp, hint);
+        }
+        return -1;
+    }
+    size_t first = n, extra = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!w->used[i]) {
+            if (first == n) first = i;
+            else extra++;
+        }
+    if (first == n) return 0;
+    arch_hint(w, cfg, hint, sizeof(hint));
+    char more[48] = "";
+    if (extra) snprintf(more, sizeof(more), " (and %zu more)", extra);
+    return st_errf(err, errlen, "weights: key '%s'%s is not part of the %s model: weights of another "
+                   "architecture%s", st_at(w->st, first)->name, more, cfg->name,
+                   hint[0] ? hint : " (or of another model)");
 }
 
-cw_status vae_build(vae_model **out, cw_context *ctx, const vae_config *cfg, vae_weights *w, int64_t latent_h,
-                    int64_t latent_w, cw_dtype dt, char *err, size_t errlen) {
+/* ---- building and running ---------------------------------------------------------------------- */
+
+cw_status vae_build(vae_model **out, cw_context *ctx, const vae_config *cfg, vae_weights *w, int part,
+                    int64_t batch, int64_t in_h, int64_t in_w, cw_dtype dt, int stages, char *err, size_t errlen) {
     *out = NULL;
     if (vae_config_validate(cfg, err, errlen)) return CW_ERR_INVALID_ARG;
-    if (latent_h < 1 || latent_w < 1) {
-        st_errf(err, errlen, "latent size %" PRId64 "x%" PRId64 " must be positive", latent_h, latent_w);
+    if (part != VAE_DECODER && part != VAE_ENCODER) {
+        st_errf(err, errlen, "vae_build: part %d is neither the encoder nor the decoder", part);
+        return CW_ERR_INVALID_ARG;
+    }
+    if (batch < 1 || in_h < 1 || in_w < 1) {
+        st_errf(err, errlen, "input %" PRId64 " x %" PRId64 "x%" PRId64 " must be positive", batch, in_h, in_w);
+        return CW_ERR_INVALID_ARG;
+    }
+    int64_t up = vae_upscale(cfg);
+    if (part == VAE_ENCODER && (in_h % up || in_w % up)) {
+        st_errf(err, errlen, "image %" PRId64 "x%" PRId64 ": height and width must be multiples of %" PRId64, in_h,
+                in_w, up);
         return CW_ERR_INVALID_ARG;
     }
     /* fail on a bad key before allocating anything */
-    if (vae_weights_check(w, cfg, err, errlen)) return CW_ERR_FORMAT;
+    if (vae_weights_check(w, cfg, part, err, errlen)) return CW_ERR_FORMAT;
     vae_model *m = calloc(1, sizeof(*m));
     if (!m) {
         st_errf(err, errlen, "out of memory");
@@ -511,29 +675,32 @@ cw_status vae_build(vae_model **out, cw_context *ctx, const vae_config *cfg, vae
     }
     m->ctx = ctx;
     m->dtype = dt;
+    m->part = part;
     bld b = {0};
     b.m = m;
     b.w = w;
     b.cfg = cfg;
     b.err = err;
     b.errlen = errlen;
+    b.stages = stages;
     cw_status st = cw_graph_create(&m->graph, ctx);
     if (st != CW_OK) {
         fail_ctx(&b, st, "cw_graph_create");
         goto fail;
     }
     b.g = m->graph;
-    int64_t dims[4] = {1, cfg->latent_channels, latent_h, latent_w};
+    int64_t dims[4] = {batch, part == VAE_DECODER ? cfg->latent_channels : cfg->in_channels, in_h, in_w};
     st = cw_tensor_desc_make(&m->in_desc, dt, 4, dims);
-    if (st == CW_OK) st = cw_graph_input(m->graph, &m->input, "latent", &m->in_desc);
+    if (st == CW_OK) st = cw_graph_input(m->graph, &m->input, part == VAE_DECODER ? "latent" : "image", &m->in_desc);
     if (st != CW_OK) {
-        fail_ctx(&b, st, "latent input");
+        fail_ctx(&b, st, "input");
         goto fail;
     }
-    m->output = decoder(&b, m->input);
+    m->output = part == VAE_DECODER ? decoder(&b, m->input) : encoder(&b, m->input);
     if (b.st != CW_OK) goto fail;
-    st = cw_graph_output(m->graph, m->output, "sample");
+    st = cw_graph_output(m->graph, m->output, part == VAE_DECODER ? "sample" : "moments");
     if (st == CW_OK) st = cw_graph_node_desc(m->graph, m->output, &m->out_desc);
+    for (int i = 0; st == CW_OK && i < m->n_stages; i++) st = cw_graph_output(m->graph, m->stage[i], m->stage_name[i]);
     if (st != CW_OK) {
         fail_ctx(&b, st, "output");
         goto fail;
@@ -564,74 +731,133 @@ cw_status vae_compile(vae_model *m, const cw_compile_options *opt, cw_plan **pla
     return st;
 }
 
-cw_status vae_decode(vae_model *m, cw_plan *plan, const float *latent, float *out, char *err, size_t errlen) {
-    cw_tensor *x = NULL, *y = NULL;
-    int64_t nin = cw_tensor_desc_numel(&m->in_desc), nout = cw_tensor_desc_numel(&m->out_desc);
+static void to_half(cw_dtype dt, const float *x, uint16_t *h, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] = dt == CW_F16 ? st_f32_to_f16(x[i]) : st_f32_to_bf16(x[i]);
+}
+
+static void from_half(cw_dtype dt, const uint16_t *h, float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = dt == CW_F16 ? st_f16_to_f32(h[i]) : st_bf16_to_f32(h[i]);
+}
+
+/* Runs plan with ny outputs: ys[i] (host f32) receive outputs whose descs are yd[i]. */
+static cw_status run_outputs(vae_model *m, cw_plan *plan, const float *in, int ny, const cw_tensor_desc *yd,
+                             float *const *ys, char *err, size_t errlen) {
+    cw_tensor *x = NULL, *y[65] = {0};
+    int64_t nin = cw_tensor_desc_numel(&m->in_desc), nmax = nin;
     size_t es = cw_dtype_size(m->dtype);
     uint16_t *tmp = NULL;
     const char *what = "input tensor";
     cw_status st = cw_tensor_create(m->ctx, &x, &m->in_desc);
-    if (st != CW_OK) goto done;
     what = "output tensor";
-    st = cw_tensor_create(m->ctx, &y, &m->out_desc);
+    for (int i = 0; st == CW_OK && i < ny; i++) {
+        st = cw_tensor_create(m->ctx, &y[i], &yd[i]);
+        if (cw_tensor_desc_numel(&yd[i]) > nmax) nmax = cw_tensor_desc_numel(&yd[i]);
+    }
     if (st != CW_OK) goto done;
     what = "upload";
     if (m->dtype == CW_F32) {
-        st = cw_tensor_upload(x, latent, (size_t)nin * es);
+        st = cw_tensor_upload(x, in, (size_t)nin * es);
     } else {
-        tmp = malloc((size_t)(nin > nout ? nin : nout) * sizeof(uint16_t));
+        tmp = malloc((size_t)nmax * sizeof(uint16_t));
         if (!tmp) {
             st = CW_ERR_OUT_OF_MEMORY;
             goto done;
         }
-        for (int64_t i = 0; i < nin; i++) tmp[i] = m->dtype == CW_F16 ? st_f32_to_f16(latent[i]) : st_f32_to_bf16(latent[i]);
+        to_half(m->dtype, in, tmp, nin);
         st = cw_tensor_upload(x, tmp, (size_t)nin * es);
     }
     if (st != CW_OK) goto done;
     what = "run";
-    st = cw_plan_run(plan, &x, 1, &y, 1);
+    st = cw_plan_run(plan, &x, 1, y, ny);
     if (st != CW_OK) goto done;
     what = "download";
-    if (m->dtype == CW_F32) {
-        st = cw_tensor_download(y, out, (size_t)nout * es);
-    } else {
-        st = cw_tensor_download(y, tmp, (size_t)nout * es);
-        for (int64_t i = 0; st == CW_OK && i < nout; i++)
-            out[i] = m->dtype == CW_F16 ? st_f16_to_f32(tmp[i]) : st_bf16_to_f32(tmp[i]);
+    for (int i = 0; st == CW_OK && i < ny; i++) {
+        int64_t n = cw_tensor_desc_numel(&yd[i]);
+        if (m->dtype == CW_F32) {
+            st = cw_tensor_download(y[i], ys[i], (size_t)n * es);
+        } else {
+            st = cw_tensor_download(y[i], tmp, (size_t)n * es);
+            if (st == CW_OK) from_half(m->dtype, tmp, ys[i], n);
+        }
     }
 done:
     if (st != CW_OK) st_errf(err, errlen, "%s: %s: %s", what, cw_status_name(st), cw_context_last_error(m->ctx));
     free(tmp);
     cw_tensor_destroy(x);
-    cw_tensor_destroy(y);
+    for (int i = 0; i < ny; i++) cw_tensor_destroy(y[i]);
     return st;
 }
 
-/* ---- latents ------------------------------------------------------------------------------- */
+cw_status vae_run(vae_model *m, cw_plan *plan, const float *in, float *out, char *err, size_t errlen) {
+    if (m->n_stages) {
+        st_errf(err, errlen, "vae_run: a model built with stages has %d more outputs (vae_first_nonfinite_stage)",
+                m->n_stages);
+        return CW_ERR_INVALID_ARG;
+    }
+    return run_outputs(m, plan, in, 1, &m->out_desc, &out, err, errlen);
+}
 
-static int latent_dims(const int64_t *shape, int rank, int64_t dims[4], const char *path, char *err, size_t errlen) {
+int vae_first_nonfinite_stage(vae_model *m, const float *in, char *msg, size_t msglen) {
+    int ny = 1 + m->n_stages, rc = -1;
+    cw_tensor_desc yd[65];
+    float *ys[65] = {0};
+    cw_plan *plan = NULL;
+    yd[0] = m->out_desc;
+    for (int i = 0; i < m->n_stages; i++)
+        if (cw_graph_node_desc(m->graph, m->stage[i], &yd[i + 1]) != CW_OK) goto out;
+    for (int i = 0; i < ny; i++)
+        if (!(ys[i] = malloc((size_t)cw_tensor_desc_numel(&yd[i]) * sizeof(float)))) {
+            st_errf(msg, msglen, "out of memory for the diagnosis");
+            goto out;
+        }
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.policy = CW_PATCHES_NONE;
+    o.streams = 1;
+    o.temp_budget = -1;
+    if (vae_compile(m, &o, &plan, msg, msglen) != CW_OK) goto out;
+    if (run_outputs(m, plan, in, ny, yd, ys, msg, msglen) != CW_OK) goto out;
+    rc = 1;
+    for (int i = 1; i < ny; i++) {
+        int64_t bad = vae_find_nonfinite(ys[i], cw_tensor_desc_numel(&yd[i]));
+        if (bad < 0) continue;
+        char where[128];
+        vae_index_str(where, sizeof(where), ys[i], bad, yd[i].rank, yd[i].dims);
+        st_errf(msg, msglen, "first in the output of %s (%s)", m->stage_name[i - 1], where);
+        rc = 0;
+        break;
+    }
+out:
+    cw_plan_destroy(plan);
+    for (int i = 0; i < ny; i++) free(ys[i]);
+    return rc;
+}
+
+/* ---- latents and images ------------------------------------------------------------------------ */
+
+static int tensor_dims(const int64_t *shape, int rank, int64_t dims[4], const char *flag, const char *path, char *err,
+                       size_t errlen) {
     if (rank == 3) {
         dims[0] = 1;
         memcpy(dims + 1, shape, 3 * sizeof(int64_t));
-    } else if (rank == 4 && shape[0] == 1) {
+    } else if (rank == 4) {
         memcpy(dims, shape, 4 * sizeof(int64_t));
     } else {
         char s[128];
         shape_str(s, sizeof(s), rank, shape);
-        return st_errf(err, errlen, "--latent %s: shape %s, expected [C, h, w] or [1, C, h, w]", path, s);
+        return st_errf(err, errlen, "%s %s: shape %s, expected [C, h, w] or [N, C, h, w]", flag, path, s);
     }
     for (int i = 0; i < 4; i++)
-        if (dims[i] < 1) return st_errf(err, errlen, "--latent %s: empty dimension %d", path, i);
+        if (dims[i] < 1) return st_errf(err, errlen, "%s %s: empty dimension %d", flag, path, i);
     return 0;
 }
 
-int vae_latent_load(const char *path, float **out, int64_t dims[4], char *err, size_t errlen) {
+int vae_tensor_load(const char *flag, const char *path, float **out, int64_t dims[4], char *err, size_t errlen) {
     *out = NULL;
     char msg[VAE_ERR_LEN];
     if (ends_with(path, ".npy")) {
         npy_array a;
-        if (npy_read(path, &a, msg, sizeof(msg))) return st_errf(err, errlen, "--latent %s: %s", path, msg);
-        if (latent_dims(a.shape, a.rank, dims, path, err, errlen)) {
+        if (npy_read(path, &a, msg, sizeof(msg))) return st_errf(err, errlen, "%s %s: %s", flag, path, msg);
+        if (tensor_dims(a.shape, a.rank, dims, flag, path, err, errlen)) {
             npy_free(&a);
             return -1;
         }
@@ -639,30 +865,53 @@ int vae_latent_load(const char *path, float **out, int64_t dims[4], char *err, s
         return 0;
     }
     st_file *f = NULL;
-    if (st_open(&f, path, msg, sizeof(msg))) return st_errf(err, errlen, "--latent %s: %s", path, msg);
+    if (st_open(&f, path, msg, sizeof(msg))) return st_errf(err, errlen, "%s %s: %s", flag, path, msg);
     if (st_count(f) != 1) {
-        st_errf(err, errlen, "--latent %s: %zu tensors, expected exactly one", path, st_count(f));
+        st_errf(err, errlen, "%s %s: %zu tensors, expected exactly one", flag, path, st_count(f));
         st_close(f);
         return -1;
     }
     const st_tensor *t = st_at(f, 0);
-    if (latent_dims(t->shape, t->rank, dims, path, err, errlen)) {
+    if (tensor_dims(t->shape, t->rank, dims, flag, path, err, errlen)) {
         st_close(f);
         return -1;
     }
     float *d = malloc((size_t)t->numel * sizeof(float));
     if (!d) {
         st_close(f);
-        return st_errf(err, errlen, "--latent %s: out of memory", path);
+        return st_errf(err, errlen, "%s %s: out of memory", flag, path);
     }
     if (st_read_f32(f, t, d, (size_t)t->numel, msg, sizeof(msg))) {
         free(d);
         st_close(f);
-        return st_errf(err, errlen, "--latent %s: %s", path, msg);
+        return st_errf(err, errlen, "%s %s: %s", flag, path, msg);
     }
     st_close(f);
     *out = d;
     return 0;
+}
+
+int vae_latent_load(const char *path, float **out, int64_t dims[4], char *err, size_t errlen) {
+    return vae_tensor_load("--latent", path, out, dims, err, errlen);
+}
+
+int64_t vae_find_nonfinite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return i;
+    return -1;
+}
+
+void vae_index_str(char *buf, size_t len, const float *x, int64_t i, int rank, const int64_t *dims) {
+    int64_t idx[8] = {0}, r = i;
+    if (rank < 1 || rank > 8) rank = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        int64_t n = rank == 1 ? INT64_MAX : dims[d] > 0 ? dims[d] : 1;
+        idx[d] = r % n;
+        r /= n;
+    }
+    size_t o = (size_t)snprintf(buf, len, "%s at [", isnan(x[i]) ? "NaN" : x[i] > 0 ? "+Inf" : "-Inf");
+    for (int d = 0; d < rank && o < len; d++) o += (size_t)snprintf(buf + o, len - o, "%s%" PRId64, d ? ", " : "", idx[d]);
+    if (o < len) snprintf(buf + o, len - o, "] (flat index %" PRId64 ")", i);
 }
 
 void vae_latent_random(float *dst, size_t n, uint64_t seed) {
@@ -679,4 +928,34 @@ void vae_latent_random(float *dst, size_t n, uint64_t seed) {
 
 void vae_latent_unscale(const vae_config *cfg, float *z, size_t n) {
     for (size_t i = 0; i < n; i++) z[i] = (float)((double)z[i] / cfg->scaling_factor + cfg->shift_factor);
+}
+
+void vae_latent_scale(const vae_config *cfg, float *z, size_t n) {
+    for (size_t i = 0; i < n; i++) z[i] = (float)(((double)z[i] - cfg->shift_factor) * cfg->scaling_factor);
+}
+
+int vae_moments_to_latent(const float *moments, int64_t n, int64_t lc, int64_t hw, int sample, uint64_t seed,
+                          float *z) {
+    float *eps = NULL;
+    if (sample) {
+        eps = malloc((size_t)(n * lc * hw) * sizeof(float));
+        if (!eps) return -1;
+        vae_latent_random(eps, (size_t)(n * lc * hw), seed);
+    }
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t c = 0; c < lc; c++) {
+            const float *mean = moments + (s * 2 * lc + c) * hw, *logvar = mean + lc * hw;
+            float *dst = z + (s * lc + c) * hw;
+            for (int64_t i = 0; i < hw; i++) {
+                if (!eps) {
+                    dst[i] = mean[i];
+                    continue;
+                }
+                /* diffusers' DiagonalGaussianDistribution: clamp, std = exp(0.5 logvar) in f32 */
+                float lv = logvar[i] < -30.0f ? -30.0f : logvar[i] > 20.0f ? 20.0f : logvar[i];
+                dst[i] = mean[i] + expf(0.5f * lv) * eps[(s * lc + c) * hw + i];
+            }
+        }
+    free(eps);
+    return 0;
 }
