@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include "convweave/convweave.h"
+#include "image.h"
 #include "npy.h"
 #include "safetensors.h"
 #include "testutil.h"
 #include "vae.h"
 
 #define FIX CW_SOURCE_DIR "/tests/fixtures/"
+/* a key of layers_per_block 2 (the fixture has 1): edit_extra_key adds it */
+#define EXTRA_KEY "decoder.up_blocks.0.resnets.2.conv1.bias"
 
 static cw_context *ctx;
 
@@ -105,10 +108,10 @@ static void rewrite_weights(const char *path, edit_fn edit) {
         exit(1);
     }
     size_t n = st_count(f);
-    char **names = calloc(n, sizeof(char *));
-    int64_t **shapes = calloc(n, sizeof(int64_t *));
-    int *ranks = calloc(n, sizeof(int));
-    float **data = calloc(n, sizeof(float *));
+    char **names = calloc(n + 1, sizeof(char *));
+    int64_t **shapes = calloc(n + 1, sizeof(int64_t *));
+    int *ranks = calloc(n + 1, sizeof(int));
+    float **data = calloc(n + 1, sizeof(float *));
     ASSERT_TRUE(names && shapes && ranks && data);
     int k = 0;
     for (size_t i = 0; i < n; i++) {
@@ -122,12 +125,24 @@ static void rewrite_weights(const char *path, edit_fn edit) {
         int rank = t->rank, drop = 0;
         ASSERT_EQ_I(st_read_f32(f, t, d, (size_t)t->numel, err, sizeof(err)), 0);
         edit(name, 256, shape, &rank, &drop);
-        if (drop) {
+        if (name[0] == '!') { /* edit_nan: restore the name, poison element 3 */
+            name[0] = t->name[0];
+            d[3] = NAN;
+        }
+        if (drop > 0) {
             free(name), free(shape), free(d);
             continue;
         }
         names[k] = name, shapes[k] = shape, ranks[k] = rank, data[k] = d;
         k++;
+        if (drop < 0) { /* edit_extra_key: the same tensor again under EXTRA_KEY */
+            names[k] = strdup(EXTRA_KEY), shapes[k] = malloc(ST_MAX_RANK * sizeof(int64_t)), ranks[k] = rank;
+            data[k] = malloc((size_t)t->numel * sizeof(float));
+            ASSERT_TRUE(names[k] && shapes[k] && data[k]);
+            memcpy(shapes[k], shape, ST_MAX_RANK * sizeof(int64_t));
+            memcpy(data[k], d, (size_t)t->numel * sizeof(float));
+            k++;
+        }
     }
     if (st_write(path, k, (const char *const *)names, (const int64_t *const *)shapes, ranks,
                  (const float *const *)data, err, sizeof(err))) {
@@ -137,6 +152,123 @@ static void rewrite_weights(const char *path, edit_fn edit) {
     for (int i = 0; i < k; i++) free(names[i]), free(shapes[i]), free(data[i]);
     free(names), free(shapes), free(ranks), free(data);
     st_close(f);
+}
+
+static int contains(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
+
+/* An extra key another architecture has: up block 0 with a third ResNet (layers_per_block 2). */
+static void edit_extra_key(char *name, size_t len, int64_t *shape, int *rank, int *drop) {
+    (void)rank, (void)shape, (void)len, (void)name;
+    if (!strcmp(name, "decoder.up_blocks.0.resnets.1.conv1.bias")) *drop = -1; /* keep it, and a copy */
+}
+
+/* A NaN in one weight (the edit marks it by name; the value is set in rewrite_weights). */
+static void edit_nan(char *name, size_t len, int64_t *shape, int *rank, int *drop) {
+    (void)len, (void)shape, (void)rank, (void)drop;
+    if (!strcmp(name, "decoder.conv_in.bias")) name[0] = '!';
+}
+
+/* The encoder against diffusers' moments of the committed images, unscheduled and
+ * scheduled, as one batch of two. */
+static void check_encoder(void) {
+    char err[VAE_ERR_LEN];
+    float *img[2];
+    int64_t d[2][4];
+    ASSERT_EQ_I(img_read_png(FIX "tiny_image0.png", &img[0], d[0], err, sizeof(err)), 0);
+    ASSERT_EQ_I(img_read_png(FIX "tiny_image1.png", &img[1], d[1], err, sizeof(err)), 0);
+    int64_t per = 3 * d[0][2] * d[0][3];
+    float *x = malloc((size_t)(2 * per) * sizeof(float));
+    ASSERT_TRUE(x != NULL);
+    memcpy(x, img[0], (size_t)per * sizeof(float));
+    memcpy(x + per, img[1], (size_t)per * sizeof(float));
+    npy_array ref;
+    ASSERT_EQ_I(npy_read(FIX "tiny_enc_moments.npy", &ref, err, sizeof(err)), 0);
+    vae_config cfg;
+    ASSERT_EQ_I(vae_preset(&cfg, "tiny", err, sizeof(err)), 0);
+    vae_weights *w = NULL;
+    ASSERT_EQ_I(vae_weights_open_file(&w, FIX "tiny_enc.safetensors", err, sizeof(err)), 0);
+    vae_model *m = NULL;
+    cw_status st = vae_build(&m, ctx, &cfg, w, VAE_ENCODER, 2, d[0][2], d[0][3], CW_F32, 0, err, sizeof(err));
+    if (st != CW_OK) fprintf(stderr, "encoder build: %s\n", err);
+    ASSERT_EQ_I(st, CW_OK);
+    vae_weights_close(w);
+    ASSERT_EQ_I(cw_tensor_desc_numel(&m->out_desc), ref.numel);
+    float *y = malloc((size_t)ref.numel * sizeof(float));
+    ASSERT_TRUE(y != NULL);
+    for (int k = 0; k < 3; k++) {
+        cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+        if (k == 0) {
+            o.policy = CW_PATCHES_NONE;
+            o.streams = 1;
+            o.temp_budget = -1;
+        } else {
+            o.streams = 1 + k;
+            ASSERT_OK_CTX(ctx, cw_graph_min_budget(m->graph, &o, &o.temp_budget));
+        }
+        cw_plan *plan = NULL;
+        ASSERT_EQ_I(vae_compile(m, &o, &plan, err, sizeof(err)), CW_OK);
+        ASSERT_EQ_I(vae_run(m, plan, x, y, err, sizeof(err)), CW_OK);
+        cw_plan_stats s;
+        ASSERT_OK_CTX(ctx, cw_plan_get_stats(plan, &s));
+        double e = rel_err(y, ref.data, ref.numel);
+        fprintf(stderr, "encoder (%s, %d streams, budget %lld, %lld patches) vs diffusers: rel err %.3g\n",
+                k ? "scheduled" : "unscheduled", o.streams, (long long)o.temp_budget, (long long)s.n_patches, e);
+        CHECK(e <= 1e-5);
+        cw_plan_destroy(plan);
+    }
+    /* the mean is the first half of the moments; a sample is mean + std * eps */
+    int64_t hw = d[0][2] / 8 * (d[0][3] / 8);
+    float *z = malloc((size_t)(2 * 4 * hw) * sizeof(float)), *zs = malloc((size_t)(2 * 4 * hw) * sizeof(float));
+    ASSERT_TRUE(z && zs);
+    ASSERT_EQ_I(vae_moments_to_latent(y, 2, 4, hw, 0, 0, z), 0);
+    CHECK(z[0] == y[0] && z[4 * hw] == y[8 * hw]);
+    ASSERT_EQ_I(vae_moments_to_latent(y, 2, 4, hw, 1, 5, zs), 0);
+    double dm = 0;
+    for (int64_t i = 0; i < 8 * hw; i++) dm = fmax(dm, fabs((double)zs[i] - z[i]));
+    CHECK(dm > 0 && dm < 10);
+    free(z), free(zs), free(y), free(x), free(img[0]), free(img[1]);
+    npy_free(&ref);
+    vae_model_destroy(m);
+}
+
+/* diffusers' own config.json of the fixture model reads as the tiny preset; bad configs
+ * name the key. */
+static void check_config_json(void) {
+    char err[VAE_ERR_LEN];
+    vae_config c, t;
+    ASSERT_EQ_I(vae_preset(&t, "tiny", err, sizeof(err)), 0);
+    ASSERT_EQ_I(vae_preset(&c, "sd3", err, sizeof(err)), 0);
+    int rc = vae_config_load(&c, FIX "tiny_model_config.json", err, sizeof(err));
+    if (rc) fprintf(stderr, "config: %s\n", err);
+    ASSERT_EQ_I(rc, 0);
+    ASSERT_EQ_I(c.n_blocks, t.n_blocks);
+    for (int i = 0; i < c.n_blocks; i++) ASSERT_EQ_I(c.block_out[i], t.block_out[i]);
+    ASSERT_EQ_I(c.layers_per_block, t.layers_per_block);
+    ASSERT_EQ_I(c.groups, t.groups);
+    ASSERT_EQ_I(c.latent_channels, t.latent_channels);
+    ASSERT_EQ_I(c.quant_conv, 1);
+    ASSERT_EQ_I(c.post_quant_conv, 1);
+    ASSERT_EQ_I(c.mid_attention, 1);
+    CHECK(c.shift_factor == 0.0 && fabs(c.scaling_factor - 0.18215) < 1e-12);
+    static const char *const bad[][2] = {
+        {"{\"norm_num_groups\": 3.5}", "norm_num_groups"},
+        {"{\"layers_per_block\": \"2\"}", "layers_per_block"},
+        {"{\"up_block_types\": [\"UpDecoderBlock2D\", \"AttnUpDecoderBlock2D\", \"x\", \"y\"]}", "AttnUpDecoderBlock2D"},
+        {"{\"_class_name\": \"AutoencoderTiny\"}", "AutoencoderTiny"},
+        {"{\"use_quant_conv\": 1}", "use_quant_conv"},
+        {"{\"new_knob\": 1}", "new_knob"},
+        {"{\"latent_channels\": 4, \"latent_channels\": 16}", "twice"},
+        {"{\"norm_num_groups\": 24}", "24"},
+        {"{\"block_out_channels\": [128, 256", "byte"},
+        {"[1]", "object"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        vae_config x = t;
+        rc = vae_config_parse_json(&x, bad[i][0], strlen(bad[i][0]), "config.json", err, sizeof(err));
+        fprintf(stderr, "bad config %zu: %s\n", i, err);
+        CHECK(rc == -1 && contains(err, bad[i][1]) && contains(err, "config.json"));
+        CHECK(!memcmp(&x, &t, sizeof(x))); /* untouched on failure */
+    }
 }
 
 /* Legacy attention names; q/k/v/out weights as [C, C, 1, 1] convs. */
@@ -172,7 +304,6 @@ static void edit_bad_shape(char *name, size_t len, int64_t *shape, int *rank, in
     }
 }
 
-static int contains(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
 
 int main(void) {
     uint64_t seed = cw_test_seed(20240611);
@@ -326,7 +457,48 @@ int main(void) {
         CHECK(rc == -1 && w == NULL);
         CHECK(contains(err, path));
     }
+    /* 5b. a key no half of the model consumes (another architecture's weights): named, with
+     * what the file's shapes say */
+    rewrite_weights(path, edit_extra_key);
+    {
+        decoded d = {0};
+        st = decode_with(path, z, zd, &none, &d, err, sizeof(err));
+        fprintf(stderr, "extra key: %s: %s\n", cw_status_name(st), err);
+        CHECK(st == CW_ERR_FORMAT);
+        CHECK(contains(err, EXTRA_KEY) && contains(err, "not part of"));
+        CHECK(d.y == NULL);
+    }
+    /* 5c. a NaN weight: named with its index, unless allowed */
+    rewrite_weights(path, edit_nan);
+    {
+        decoded d = {0};
+        st = decode_with(path, z, zd, &none, &d, err, sizeof(err));
+        fprintf(stderr, "NaN weight: %s: %s\n", cw_status_name(st), err);
+        CHECK(st == CW_ERR_FORMAT);
+        CHECK(contains(err, "decoder.conv_in.bias") && contains(err, "NaN at [3]"));
+        CHECK(d.y == NULL);
+    }
     unlink(path);
+    /* 5d. the tiny decoder file says its architecture: inferred from shapes alone */
+    {
+        vae_config c, t;
+        vae_preset(&t, "tiny", err, sizeof(err));
+        vae_preset(&c, "sd", err, sizeof(err));
+        vae_weights *w = NULL;
+        ASSERT_EQ_I(vae_weights_open_file(&w, FIX "tiny_vae.safetensors", err, sizeof(err)), 0);
+        ASSERT_EQ_I(vae_weights_infer(w, &c, err, sizeof(err)), 0);
+        c.groups = t.groups;
+        CHECK(c.n_blocks == 4 && c.block_out[0] == 8 && c.block_out[3] == 32 && c.layers_per_block == 1);
+        CHECK(vae_weights_check(w, &c, VAE_DECODER, err, sizeof(err)) == 0);
+        /* the sd preset against it: the message says what the file is */
+        vae_preset(&c, "sd", err, sizeof(err));
+        CHECK(vae_weights_check(w, &c, VAE_DECODER, err, sizeof(err)) == -1);
+        fprintf(stderr, "sd preset on tiny weights: %s\n", err);
+        CHECK(contains(err, "--channels 8,16,32,32") && contains(err, "--layers 1"));
+        vae_weights_close(w);
+    }
+    check_encoder();
+    check_config_json();
 
     /* 6. random weights depend on (seed, key) only; configs other than the preset are rejected */
     {

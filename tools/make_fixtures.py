@@ -3,6 +3,8 @@
 
 Modes:
   make_fixtures.py                       tiny fixtures -> tests/fixtures/ (committed, < 2 MiB)
+  make_fixtures.py --encoder             tiny encoder fixtures -> tests/fixtures/tiny_enc* and the
+                                         model folder's config (same model and seed as the decoder's)
   make_fixtures.py --config sd --size 256 [--out fixtures-big]
                                          SD-sized random-weight VAE (not committed, see .gitignore);
                                          --config sdxl differs only in its scaling factor
@@ -183,6 +185,63 @@ def make(config, out_dir, prefix, latent_hw, seed, with_half):
     print(json.dumps(stats, indent=2))
 
 
+def make_encoder(out_dir, seed, hw=(64, 96), batch=2):
+    """Encoder fixtures of the tiny model: its encoder.* + quant_conv.* weights, a batch of
+    8-bit PNG images, and the moments (mean, logvar after quant_conv) diffusers computes for
+    them in float64; plus diffusers' own config.json of the model (for --model folders)."""
+    import copy
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from safetensors.torch import load_file
+
+    torch.use_deterministic_algorithms(True)
+    cfg = CONFIGS["tiny"]
+    vae = build_vae(cfg, seed)
+    # the same model as the committed decoder fixture
+    dec = load_file(os.path.join(out_dir, "tiny_vae.safetensors"))
+    sd = vae.state_dict()
+    assert all(torch.equal(sd[k].float(), v) for k, v in dec.items()), "decoder fixture is another model"
+    enc = {k: v.detach().float().contiguous() for k, v in sd.items()
+           if k.startswith("encoder.") or k.startswith("quant_conv.")}
+    save_st(os.path.join(out_dir, "tiny_enc.safetensors"), enc, torch.float32)
+
+    g = torch.Generator().manual_seed(seed + 2)
+    h, w = hw
+    # smooth gradients plus noise: image-like, every value of the 8-bit range used
+    yy, xx = torch.meshgrid(torch.linspace(0, 1, h), torch.linspace(0, 1, w), indexing="ij")
+    imgs, xs = [], []
+    for b in range(batch):
+        base = torch.stack([xx, yy, (xx + yy) / 2]) * 255
+        noise = torch.randint(-60, 61, (3, h, w), generator=g)
+        u8 = (base + noise + 40 * b).clamp(0, 255).round().to(torch.uint8)
+        name = f"tiny_image{b}.png"
+        Image.fromarray(u8.permute(1, 2, 0).numpy(), "RGB").save(os.path.join(out_dir, name))
+        imgs.append(name)
+        # diffusers' VaeImageProcessor: float32 / 255, then 2x - 1
+        x = torch.from_numpy(np.array(Image.open(os.path.join(out_dir, name))).astype(np.float32) / 255.0)
+        xs.append(2.0 * x.permute(2, 0, 1) - 1.0)
+    x = torch.stack(xs)
+    with torch.no_grad():
+        ref = copy.deepcopy(vae).to(torch.float64).encode(x.to(torch.float64)).latent_dist.parameters
+        f32 = copy.deepcopy(vae).encode(x).latent_dist.parameters.double()
+    np.save(os.path.join(out_dir, "tiny_enc_moments.npy"), ref.float().numpy())
+    d = (f32 - ref).abs()
+    stats = {"ref_abs_max": float(ref.abs().max()), "torch_f32_vs_f64_max_abs": float(d.max()),
+             "torch_f32_vs_f64_max_rel": float(d.max() / ref.abs().max())}
+    vae.save_config(out_dir)  # diffusers' config.json of the model
+    os.replace(os.path.join(out_dir, "config.json"), os.path.join(out_dir, "tiny_model_config.json"))
+    meta = {"images": imgs, "moments": "tiny_enc_moments.npy",
+            "encode": "moments = vae.encode(x).latent_dist.parameters in float64 (mean then logvar, "
+                      "after quant_conv), stored as float32; x = 2 * png / 255 - 1 in float32",
+            "weights": "tiny_enc.safetensors", "seed": seed, "stats": stats, "versions": versions()}
+    with open(os.path.join(out_dir, "tiny_enc_config.json"), "w") as fp:
+        json.dump(meta, fp, indent=2)
+        fp.write("\n")
+    print(json.dumps(stats, indent=2))
+
+
 # ---- regression corpus for the safetensors parser (pure Python: no torch needed) ----
 
 def st_bytes(header, data=b"", hlen=None, pad=True):
@@ -273,10 +332,14 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--corpus", action="store_true", help="write the safetensors regression corpus")
     ap.add_argument("--compare", nargs=2, metavar=("OUT.npy", "REF.npy"))
+    ap.add_argument("--encoder", action="store_true", help="write the tiny encoder fixtures")
     args = ap.parse_args()
 
     if args.compare:
         return compare(*args.compare)
+    if args.encoder:
+        make_encoder(args.out or os.path.join(ROOT, "tests", "fixtures"), args.seed)
+        return 0
     if args.corpus:
         corpus(args.out or os.path.join(ROOT, "tests", "corpus", "safetensors"))
         return 0
