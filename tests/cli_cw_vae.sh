@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# cw-vae's command line: the tiny fixture decodes to diffusers' output through the CLI,
-# and bad input (flags, units, sizes, files, keys) is a one-line error with exit status 2
-# that names what is wrong, leaving an existing output file untouched.
+# cw-vae's command line: the tiny fixture decodes (and encodes) to diffusers' output through
+# the CLI, model folders and batches work, bad input (flags, units, sizes, files, keys,
+# configs, non-finite values) is a one-line error with exit status 2 that names what is
+# wrong, outputs never replace an input, a non-file or each other, and a failure or a
+# signal leaves every existing file as it was and no child behind.
 # usage: cli_cw_vae.sh CW_VAE_BINARY SOURCE_DIR
 set -u
 bin=$1 src=$2
@@ -69,6 +71,227 @@ echo "precious" >"$tmp/keep.png"
 "$bin" --preset tiny --random-weights --size 100 -o "$tmp/keep.png" >/dev/null 2>&1
 n=$((n + 1))
 [ "$(cat "$tmp/keep.png")" = "precious" ] || { echo "FAIL: existing output overwritten" >&2; fail=$((fail + 1)); }
+
+# same FILE CONTENT: the file still holds CONTENT
+same() {
+    n=$((n + 1))
+    [ "$(cat "$1" 2>/dev/null)" = "$2" ] || { echo "FAIL: $1 changed (now: $(head -c 60 "$1" 2>/dev/null | tr -d '\0'))" >&2; fail=$((fail + 1)); }
+}
+# absent FILE...: none of them exists
+absent() {
+    for f in "$@"; do
+        n=$((n + 1))
+        [ ! -e "$f" ] || { echo "FAIL: $f exists" >&2; fail=$((fail + 1)); }
+    done
+}
+# nostaged: no staged file (*.cw-*) is left in $tmp
+nostaged() {
+    n=$((n + 1))
+    if ls "$tmp"/*.cw-* >/dev/null 2>&1 || ls "$tmp"/sub/*.cw-* >/dev/null 2>&1; then
+        echo "FAIL: staged files left: $(ls "$tmp"/*.cw-* "$tmp"/sub/*.cw-* 2>/dev/null)" >&2; fail=$((fail + 1))
+    fi
+}
+# npyclose A B TOL: two .npy files (f4, same shape) agree within TOL relative to max|B|
+npyclose() {
+    n=$((n + 1))
+    python3 - "$@" <<'PY' || { echo "FAIL: $1 vs $2" >&2; fail=$((fail + 1)); }
+import struct, sys
+def load(p):
+    b = open(p, 'rb').read()
+    hl = struct.unpack('<H', b[8:10])[0]
+    h = b[10:10 + hl].decode()
+    d = b[10 + hl:]
+    return h[h.index('(') : h.index(')') + 1], struct.unpack('<%df' % (len(d) // 4), d)
+(sa, a), (sb, b) = load(sys.argv[1]), load(sys.argv[2])
+tol = float(sys.argv[3])
+if len(a) != len(b):
+    sys.exit('shapes %s vs %s' % (sa, sb))
+m = max(abs(x) for x in b) or 1
+e = max(abs(x - y) for x, y in zip(a, b)) / m
+print('%s vs %s: rel err %.3g' % (sys.argv[1].split('/')[-1], sys.argv[2].split('/')[-1], e))
+sys.exit(0 if e <= tol else 1)
+PY
+}
+# npyshape FILE SHAPE: the .npy header's shape tuple
+npyshape() {
+    n=$((n + 1))
+    local got
+    got=$(python3 -c "import sys; b=open(sys.argv[1],'rb').read(); h=b[10:10+b[8]+256*b[9]].decode(); print(h[h.index('(')+1:h.index(')')].replace(' ','').rstrip(','))" "$1")
+    [ "$got" = "$2" ] || { echo "FAIL: $1 shape ($got), want ($2)" >&2; fail=$((fail + 1)); }
+}
+
+# 4. no silent wrong answer: every key consumed, architecture from flags or config
+w=$fx/tiny_vae.safetensors
+expect 2 "post_quant_conv\..*not part"      -- --preset tiny --weights "$w" --post-quant-conv 0 --size 64
+expect 2 "up_blocks.0.resnets.2.*--layers 1"     -- --preset tiny --weights "$w" --layers 2 --size 64
+expect 2 "channels 8,16,32,32"                   -- --preset sd --weights "$w" --size 64
+expect 2 "groups"                                -- --preset tiny --weights "$w" --groups 3 --size 64
+expect 2 "encoder\.conv_in\.weight"              -- --preset tiny --weights "$w" --encode "$fx/tiny_image0.png"
+python3 - "$w" "$tmp/extra.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+data = b[8 + n:]
+t = h['decoder.up_blocks.0.resnets.1.conv1.bias']
+h['decoder.up_blocks.0.resnets.2.conv1.bias'] = dict(t, data_offsets=[len(data), len(data) + t['data_offsets'][1] - t['data_offsets'][0]])
+data += data[t['data_offsets'][0]:t['data_offsets'][1]]
+js = json.dumps(h).encode()
+open(sys.argv[2], 'wb').write(struct.pack('<Q', len(js)) + js + data)
+PY
+expect 2 "decoder.up_blocks.0.resnets.2.conv1.bias.*not part" -- --preset tiny --weights "$tmp/extra.safetensors" --size 64
+# non-finite: latent, weights (named with the index), and an output that overflows
+python3 - "$fx/tiny_latent.npy" "$tmp/nan.npy" "$tmp/huge.npy" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+off = 10 + struct.unpack('<H', b[8:10])[0]
+nan = bytearray(b); nan[off + 4 * 5: off + 4 * 6] = struct.pack('<f', float('nan'))
+open(sys.argv[2], 'wb').write(nan)
+n = (len(b) - off) // 4
+huge = bytearray(b[:off]) + struct.pack('<%df' % n, *([3e38] * n))
+open(sys.argv[3], 'wb').write(huge)
+PY
+expect 2 "nan.npy.*NaN at \[0, 0, 0, 5\]"  -- --preset tiny --weights "$w" --latent "$tmp/nan.npy"
+expect 1 "not finite|Inf|NaN.*first in the output of" -- --preset tiny --weights "$w" --latent "$tmp/huge.npy" --raw "$tmp/huge_out.npy"
+absent "$tmp/huge_out.npy"
+"$bin" "${tiny[@]/--latent/--latent}" --latent "$tmp/nan.npy" --allow-nonfinite --raw "$tmp/nan_out.npy" 2>"$tmp/err" >/dev/null
+n=$((n + 1))
+grep -q "warning" "$tmp/err" && [ -s "$tmp/nan_out.npy" ] || { echo "FAIL: --allow-nonfinite: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+
+# 5. nothing the user gave is lost
+cp "$w" "$tmp/w.safetensors"
+cp "$fx/tiny_latent.npy" "$tmp/z.npy"
+echo "old" >"$tmp/old.png"
+echo "old raw" >"$tmp/old.npy"
+wl=(--preset tiny --weights "$tmp/w.safetensors" --latent "$tmp/z.npy" --backend cpu -q)
+sumw=$(cksum <"$tmp/w.safetensors") sumz=$(cksum <"$tmp/z.npy")
+expect 2 "is the input --weights"  -- "${wl[@]}" --raw "$tmp/w.safetensors"
+expect 2 "is the input --latent"   -- "${wl[@]}" -o "$tmp/z.npy"
+ln "$tmp/z.npy" "$tmp/zlink.npy"
+expect 2 "is the input --latent"   -- "${wl[@]}" --raw "$tmp/zlink.npy"
+mkdir -p "$tmp/sub"
+expect 2 "name the same file"      -- "${wl[@]}" -o "$tmp/old.png" --raw "$tmp/sub/../old.png"
+ln -s "$tmp/old.npy" "$tmp/sym.npy"
+expect 2 "symbolic link"           -- "${wl[@]}" --raw "$tmp/sym.npy"
+expect 2 "device"                  -- "${wl[@]}" --raw /dev/null
+expect 2 "--trace .*nodir"         -- "${wl[@]}" -o "$tmp/old.png" --trace "$tmp/nodir/t.json"
+expect 2 "--raw .*nodir"           -- "${wl[@]}" -o "$tmp/old.png" --raw "$tmp/nodir/y.npy"
+n=$((n + 1))
+[ "$(cksum <"$tmp/w.safetensors")" = "$sumw" ] && [ "$(cksum <"$tmp/z.npy")" = "$sumz" ] || { echo "FAIL: an input changed" >&2; fail=$((fail + 1)); }
+same "$tmp/old.png" "old"
+same "$tmp/old.npy" "old raw"
+n=$((n + 1))
+[ -L "$tmp/sym.npy" ] || { echo "FAIL: the symlink was replaced" >&2; fail=$((fail + 1)); }
+nostaged
+# a run that fails after staging (over budget) leaves the old outputs and no staged file
+expect 2 "smallest budget"         -- "${wl[@]}" -o "$tmp/old.png" --raw "$tmp/old.npy" --trace "$tmp/t.json" --budget 1KiB
+same "$tmp/old.png" "old"
+same "$tmp/old.npy" "old raw"
+absent "$tmp/t.json"
+nostaged
+# late failures are early ones now
+expect 2 "needs at least .* memory" -- --preset sd --random-weights --size 200000
+expect 2 "patches none.*budget"    -- --preset tiny --random-weights --patches none --budget 16MiB
+# SIGTERM / SIGINT: the child dies with the parent and no output appears
+for sig in TERM INT KILL; do
+    "$bin" --preset sd --random-weights --size 192 --backend cpu --threads 1 -q -o "$tmp/sig.png" --raw "$tmp/sig.npy" \
+        >/dev/null 2>&1 &
+    pid=$!
+    kids=""
+    for _ in $(seq 50); do
+        kids=$(cat /proc/$pid/task/*/children 2>/dev/null)
+        [ -n "$kids" ] && break
+        sleep 0.1
+    done
+    sleep 0.3
+    kill -$sig $pid
+    wait $pid 2>/dev/null
+    st=$?
+    sleep 0.5
+    n=$((n + 1))
+    want=$((128 + $(kill -l $sig)))
+    [ "$st" = "$want" ] || { echo "FAIL: SIG$sig: parent exit $st, want $want" >&2; fail=$((fail + 1)); }
+    for k in $kids; do
+        n=$((n + 1))
+        # gone, or a zombie no one reaps (its parent died: PID 1 may not reap in a container)
+        ! kill -0 "$k" 2>/dev/null || grep -q "^State:.*Z" /proc/$k/status 2>/dev/null || { echo "FAIL: SIG$sig: child $k outlived the parent" >&2; kill -9 "$k"; fail=$((fail + 1)); }
+    done
+    absent "$tmp/sig.png" "$tmp/sig.npy"
+    [ $sig = KILL ] || nostaged
+    rm -f "$tmp"/sig.*
+done
+
+# 6. model folders: diffusers' config.json + weights, as a vae/ folder or a pipeline root
+mkdir -p "$tmp/model/vae"
+cp "$fx/tiny_model_config.json" "$tmp/model/vae/config.json"
+ln -s "$(cd "$fx" && pwd)/tiny_vae.safetensors" "$tmp/model/vae/diffusion_pytorch_model.safetensors"
+"$bin" --model "$tmp/model" --latent "$fx/tiny_latent.npy" --backend cpu -q --raw "$tmp/m1.npy" 2>"$tmp/err" ||
+    { echo "FAIL: --model root: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+npyclose "$tmp/m1.npy" "$fx/tiny_out.npy" 1e-4
+"$bin" --model "$tmp/model/vae" --latent "$fx/tiny_latent.npy" --backend cpu -q --raw "$tmp/m2.npy" 2>"$tmp/err" ||
+    { echo "FAIL: --model vae/: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+npyclose "$tmp/m2.npy" "$tmp/m1.npy" 0
+sed 's/"norm_num_groups": 4/"norm_num_groups": 8/' "$fx/tiny_model_config.json" >"$tmp/model/vae/config.json"
+"$bin" --model "$tmp/model" --latent "$fx/tiny_latent.npy" --backend cpu -q --raw "$tmp/m3.npy" 2>/dev/null
+n=$((n + 1))
+python3 -c "import sys; sys.exit(open(sys.argv[1],'rb').read() == open(sys.argv[2],'rb').read())" "$tmp/m3.npy" "$tmp/m1.npy" ||
+    { echo "FAIL: norm_num_groups from config.json made no difference" >&2; fail=$((fail + 1)); }
+"$bin" --model "$tmp/model" --groups 4 --latent "$fx/tiny_latent.npy" --backend cpu -q --raw "$tmp/m4.npy" 2>/dev/null
+npyclose "$tmp/m4.npy" "$tmp/m1.npy" 0
+cp "$fx/tiny_model_config.json" "$tmp/model/vae/config.json"
+expect 2 "is the input --model"    -- --model "$tmp/model" --latent "$fx/tiny_latent.npy" --raw "$tmp/model/vae/config.json"
+sed 's/"act_fn": "silu"/"act_fn": "gelu"/' "$fx/tiny_model_config.json" >"$tmp/model/vae/config.json"
+expect 2 "config.json.*act_fn"     -- --model "$tmp/model" --latent "$fx/tiny_latent.npy"
+expect 2 "no config.json"          -- --model "$tmp/sub" --latent "$fx/tiny_latent.npy"
+expect 2 "exclusive"               -- --model "$tmp/model" --preset sd
+
+# 7. batches: N latents through one plan, one PNG per sample, one npy
+"$bin" --preset tiny --random-weights --size 64 --batch 3 --backend cpu -q -o "$tmp/b.png" --raw "$tmp/b.npy" ||
+    { echo "FAIL: --batch 3" >&2; fail=$((fail + 1)); }
+for i in 0 1 2; do n=$((n + 1)); [ -s "$tmp/b-$i.png" ] || { echo "FAIL: no b-$i.png" >&2; fail=$((fail + 1)); }; done
+absent "$tmp/b.png"
+npyshape "$tmp/b.npy" "3,3,64,64"
+
+# 8. the encoder: diffusers' means of two images as one batch, npy and safetensors, and back
+enc=(--preset tiny --weights "$fx/tiny_enc.safetensors" --encode "$fx/tiny_image0.png" --encode "$fx/tiny_image1.png" --backend cpu -q)
+"$bin" "${enc[@]}" --budget 128KiB --streams 3 --latent-out "$tmp/e.npy" 2>"$tmp/err" ||
+    { echo "FAIL: encode: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+npyshape "$tmp/e.npy" "2,4,8,12"
+python3 - "$fx/tiny_enc_moments.npy" "$tmp/mean.npy" <<'PY'
+import struct, sys
+b = open(sys.argv[1], 'rb').read()
+off = 10 + struct.unpack('<H', b[8:10])[0]
+v = struct.unpack('<%df' % ((len(b) - off) // 4), b[off:])
+hw = 8 * 12
+mean = [x for s in range(2) for x in v[s * 8 * hw: s * 8 * hw + 4 * hw]]
+h = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4, 8, 12), }"
+h += ' ' * (118 - len(h)) + '\n'
+open(sys.argv[2], 'wb').write(b'\x93NUMPY\x01\x00' + struct.pack('<H', len(h)) + h.encode() + struct.pack('<%df' % len(mean), *mean))
+PY
+npyclose "$tmp/e.npy" "$tmp/mean.npy" 1e-5
+"$bin" "${enc[@]}" --latent-out "$tmp/e.safetensors" --scaled-latent 2>"$tmp/err" ||
+    { echo "FAIL: encode to safetensors: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+# round trip: decode both latent files (the scaled one unscaled again) to the same images
+"$bin" --preset tiny --weights "$w" --latent "$tmp/e.npy" --backend cpu -q --raw "$tmp/rt1.npy" -o "$tmp/rt.png" &&
+"$bin" --preset tiny --weights "$w" --latent "$tmp/e.safetensors" --scaled-latent --backend cpu -q --raw "$tmp/rt2.npy" ||
+    { echo "FAIL: decode of encoded latents" >&2; fail=$((fail + 1)); }
+npyshape "$tmp/rt1.npy" "2,3,64,96"
+npyclose "$tmp/rt2.npy" "$tmp/rt1.npy" 1e-5
+"$bin" "${enc[@]}" --sample --seed 3 --latent-out "$tmp/s.npy" 2>/dev/null
+npyshape "$tmp/s.npy" "2,4,8,12"
+python3 - "$tmp/odd.png" <<'PY'
+import struct, sys, zlib
+w, h = 60, 44
+raw = b''.join(b'\0' + bytes(v for x in range(w) for v in (x * 4 % 256, y * 5 % 256, 128)) for y in range(h))
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+png = b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 2, 0, 0, 0)) + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b'')
+open(sys.argv[1], 'wb').write(png)
+PY
+expect 2 "odd.png.*multiples of 8" -- --preset tiny --random-weights --encode "$tmp/odd.png" --latent-out "$tmp/x.npy"
+expect 2 "latent-out.*npy"         -- "${enc[@]}" --latent-out "$tmp/x.png"
+expect 2 "is the input --encode"   -- "${enc[@]}" --latent-out "$tmp/../$(basename "$tmp")/x.npy" --trace "$fx/tiny_image0.png"
+nostaged
 
 echo "$((n - fail)) passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -700,7 +700,8 @@ cw_status vae_build(vae_model **out, cw_context *ctx, const vae_config *cfg, vae
     if (b.st != CW_OK) goto fail;
     st = cw_graph_output(m->graph, m->output, part == VAE_DECODER ? "sample" : "moments");
     if (st == CW_OK) st = cw_graph_node_desc(m->graph, m->output, &m->out_desc);
-    for (int i = 0; st == CW_OK && i < m->n_stages; i++) st = cw_graph_output(m->graph, m->stage[i], m->stage_name[i]);
+    for (int i = 0; st == CW_OK && i < m->n_stages; i++)
+        if (m->stage[i] != m->output) st = cw_graph_output(m->graph, m->stage[i], m->stage_name[i]);
     if (st != CW_OK) {
         fail_ctx(&b, st, "output");
         goto fail;
@@ -798,13 +799,15 @@ cw_status vae_run(vae_model *m, cw_plan *plan, const float *in, float *out, char
 }
 
 int vae_first_nonfinite_stage(vae_model *m, const float *in, char *msg, size_t msglen) {
-    int ny = 1 + m->n_stages, rc = -1;
+    int ny = 1, rc = -1, at[64]; /* at[i]: the plan output of stage i (the main output is 0) */
     cw_tensor_desc yd[65];
     float *ys[65] = {0};
     cw_plan *plan = NULL;
     yd[0] = m->out_desc;
-    for (int i = 0; i < m->n_stages; i++)
-        if (cw_graph_node_desc(m->graph, m->stage[i], &yd[i + 1]) != CW_OK) goto out;
+    for (int i = 0; i < m->n_stages; i++) {
+        at[i] = m->stage[i] == m->output ? 0 : ny++;
+        if (at[i] && cw_graph_node_desc(m->graph, m->stage[i], &yd[at[i]]) != CW_OK) goto out;
+    }
     for (int i = 0; i < ny; i++)
         if (!(ys[i] = malloc((size_t)cw_tensor_desc_numel(&yd[i]) * sizeof(float)))) {
             st_errf(msg, msglen, "out of memory for the diagnosis");
@@ -817,12 +820,13 @@ int vae_first_nonfinite_stage(vae_model *m, const float *in, char *msg, size_t m
     if (vae_compile(m, &o, &plan, msg, msglen) != CW_OK) goto out;
     if (run_outputs(m, plan, in, ny, yd, ys, msg, msglen) != CW_OK) goto out;
     rc = 1;
-    for (int i = 1; i < ny; i++) {
-        int64_t bad = vae_find_nonfinite(ys[i], cw_tensor_desc_numel(&yd[i]));
+    for (int i = 0; i < m->n_stages; i++) {
+        int k = at[i];
+        int64_t bad = vae_find_nonfinite(ys[k], cw_tensor_desc_numel(&yd[k]));
         if (bad < 0) continue;
         char where[128];
-        vae_index_str(where, sizeof(where), ys[i], bad, yd[i].rank, yd[i].dims);
-        st_errf(msg, msglen, "first in the output of %s (%s)", m->stage_name[i - 1], where);
+        vae_index_str(where, sizeof(where), ys[k], bad, yd[k].rank, yd[k].dims);
+        st_errf(msg, msglen, "first in the output of %s (%s)", m->stage_name[i], where);
         rc = 0;
         break;
     }
