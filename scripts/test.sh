@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test: a Release build (with CUDA where the toolkit is found) whose
 # tests run twice, on this machine's OpenBLAS kernels and on the AVX2 (Haswell) ones, then
-# ASan+UBSan and TSan builds of the cpu backend, then the safetensors fuzz target (clang,
+# ASan+UBSan and TSan builds of the cpu backend, then the safetensors, config.json and npy
+# fuzz targets (clang,
 # libFuzzer) over its regression corpus plus a fixed-seed run of new inputs.
 # Usage: scripts/test.sh [release|asan|tsan|fuzz]...
 set -euo pipefail
@@ -19,11 +20,13 @@ for m in "${modes[@]}"; do
       echo "=== fuzz build (build-fuzz)"
       CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_FUZZ=ON \
         -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_TESTS=OFF -DCONVWEAVE_BUILD_BENCH=OFF -DCONVWEAVE_BUILD_DEMOS=OFF >/dev/null
-      cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors
-      echo "=== fuzz: regression corpus + 200000 fixed-seed runs"
-      work=$(mktemp -d)
-      ./build-fuzz/fuzz_safetensors -seed=1 -runs=200000 -max_len=4096 -print_final_stats=1 "$work" tests/corpus/safetensors
-      rm -rf "$work"
+      cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_vae_config fuzz_npy
+      for t in safetensors:safetensors vae_config:config_json npy:npy; do
+        echo "=== fuzz_${t%%:*}: regression corpus + 200000 fixed-seed runs"
+        work=$(mktemp -d)
+        ./build-fuzz/fuzz_${t%%:*} -seed=1 -runs=200000 -max_len=4096 -print_final_stats=1 "$work" tests/corpus/${t#*:}
+        rm -rf "$work"
+      done
       continue ;;
     *) echo "unknown mode $m" >&2; exit 2 ;;
   esac

@@ -308,6 +308,62 @@ def corpus(out_dir):
         with open(os.path.join(out_dir, name), "wb") as fp:
             fp.write(blob)
     print(f"wrote {len(cases)} files to {out_dir}")
+    corpus_config(os.path.join(os.path.dirname(out_dir), "config_json"))
+    corpus_npy(os.path.join(os.path.dirname(out_dir), "npy"))
+
+
+def corpus_config(out_dir):
+    """Seeds for fuzz_vae_config: diffusers-style configs (valid and each kind of bad)."""
+    os.makedirs(out_dir, exist_ok=True)
+    good = {"_class_name": "AutoencoderKL", "_diffusers_version": "0.42.1", "act_fn": "silu",
+            "block_out_channels": [128, 256, 512, 512], "down_block_types": ["DownEncoderBlock2D"] * 4,
+            "up_block_types": ["UpDecoderBlock2D"] * 4, "force_upcast": True, "in_channels": 3,
+            "latent_channels": 16, "latents_mean": None, "latents_std": None, "layers_per_block": 2,
+            "mid_block_add_attention": True, "norm_num_groups": 32, "out_channels": 3, "sample_size": 1024,
+            "scaling_factor": 1.5305, "shift_factor": 0.0609, "use_post_quant_conv": False, "use_quant_conv": False}
+    cases = {"valid_sd3.json": json.dumps(good, indent=2).encode(), "valid_empty.json": b"{}"}
+    for i, (k, v) in enumerate([("norm_num_groups", 24), ("layers_per_block", 2.5), ("act_fn", "gelu"),
+                                ("block_out_channels", []), ("up_block_types", ["UpDecoderBlock2D"]),
+                                ("use_quant_conv", 1), ("new_key", 1), ("scaling_factor", -1),
+                                ("latent_channels", 1e30), ("_class_name", "AutoencoderTiny")]):
+        bad = dict(good)
+        bad[k] = v
+        cases[f"bad_{i}_{k}.json"] = json.dumps(bad).encode()
+    cases["bad_truncated.json"] = json.dumps(good).encode()[:200]
+    cases["bad_duplicate.json"] = b'{"latent_channels": 4, "latent_channels": 16}'
+    cases["bad_array.json"] = b"[1, 2]"
+    for name, blob in cases.items():
+        with open(os.path.join(out_dir, name), "wb") as fp:
+            fp.write(blob)
+    print(f"wrote {len(cases)} files to {out_dir}")
+
+
+def npy_bytes(descr, shape, data, version=1):
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (
+        descr, "".join(f"{d}, " for d in shape) if len(shape) != 1 else f"{shape[0]},")
+    pad = (64 - (10 + len(h) + 1) % 64) % 64
+    h = (h + " " * pad + "\n").encode()
+    return b"\x93NUMPY" + bytes([version, 0]) + struct.pack("<H", len(h)) + h + data
+
+
+def corpus_npy(out_dir):
+    """Seeds for fuzz_npy: latents in each dtype, and malformed headers."""
+    os.makedirs(out_dir, exist_ok=True)
+    f4 = struct.pack("<6f", 1.0, -2.0, 0.5, float("nan"), float("inf"), 3.0)
+    cases = {
+        "valid_f4.npy": npy_bytes("<f4", (1, 2, 1, 3), f4),
+        "valid_f2.npy": npy_bytes("<f2", (2, 3), struct.pack("<6H", 0x3C00, 1, 0x7BFF, 0x7C00, 0xFC00, 0x7E01)),
+        "valid_f8.npy": npy_bytes("<f8", (3,), struct.pack("<3d", 1e300, -1.0, 0.25)),
+        "valid_scalar.npy": npy_bytes("<f4", (), struct.pack("<f", 7.0)),
+        "bad_dtype.npy": npy_bytes("<i4", (2,), b"\0" * 8),
+        "bad_short.npy": npy_bytes("<f4", (4,), b"\0" * 8),
+        "bad_fortran.npy": npy_bytes("<f4", (2,), b"\0" * 8).replace(b"False", b"True "),
+        "bad_magic.npy": b"\x93NUMPX\x01\x00\x00\x00",
+    }
+    for name, blob in cases.items():
+        with open(os.path.join(out_dir, name), "wb") as fp:
+            fp.write(blob)
+    print(f"wrote {len(cases)} files to {out_dir}")
 
 
 def compare(a_path, b_path):
