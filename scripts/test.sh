@@ -2,8 +2,8 @@
 # Builds and runs every test: a Release build (with CUDA where the toolkit is found) whose
 # tests run twice, on this machine's OpenBLAS kernels and on the AVX2 (Haswell) ones, then
 # ASan+UBSan and TSan builds of the cpu backend, then the safetensors, config.json and npy
-# fuzz targets (clang,
-# libFuzzer) over its regression corpus plus a fixed-seed run of new inputs.
+# fuzz targets (clang, libFuzzer) over their regression corpora plus fixed-seed runs of new
+# inputs.
 # Usage: scripts/test.sh [release|asan|tsan|fuzz]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
