@@ -43,7 +43,10 @@ static inline CW_HD float cw_exp_neg(float a) {
 #else
     const int32_t ai = cw__f32_bits(a);
     const int32_t lim = 0x42d00000; /* 104.0f: e^-104 rounds to 0 */
-    float t = -cw__bits_f32(ai < lim ? ai : lim);
+    /* the sign bit masked, so a NaN of either sign (x86's default NaN is negative) clamps
+     * to lim instead of reaching the float-to-int conversion below (undefined for NaN) */
+    const int32_t aa = ai & 0x7fffffff;
+    float t = -cw__bits_f32(aa < lim ? aa : lim);
     float nf = (t * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(t / ln2) */
     float r = t - nf * 0.693359375f;    /* ln2 split in two: the product is exact */
     r = r - nf * -2.12194440e-4f;
