@@ -1,0 +1,406 @@
+"""Python objects over the C handles: Error, Context, Graph, Plan, and zero-copy wrapping
+of torch tensors and NumPy arrays (pointer + strides, never a copy)."""
+import ctypes
+import json
+import math
+import re
+import threading
+
+from . import _lib as C
+from ._lib import lib
+
+
+class Error(RuntimeError):
+    """A failed convweave call. status: the status name ("CW_ERR_BUDGET"); message: the
+    library's message (cw_context_last_error) naming the argument, shape or file at fault."""
+
+    def __init__(self, status, message, min_budget=None):
+        self.status = status
+        self.message = message
+        self.min_budget = min_budget  # CW_ERR_BUDGET from compile: the smallest budget that works
+        super().__init__(f"{status}: {message}")
+
+
+def status_name(code):
+    return lib.cw_status_name(code).decode()
+
+
+# ---- sizes -----------------------------------------------------------------------------------
+_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def parse_bytes(size):
+    """256 * 2**20, "256MiB", "1.5GiB", "64MB" -> bytes; None, "unlimited" -> -1 (no cap).
+    Same units as cw-vae --budget."""
+    if size is None:
+        return -1
+    if isinstance(size, bool):
+        raise ValueError(f"convweave: budget {size!r} is not a size")
+    if isinstance(size, int):
+        if size <= 0:
+            raise ValueError(f"convweave: budget {size} bytes must be > 0 (None: unlimited)")
+        return size
+    if isinstance(size, str):
+        s = size.strip()
+        if s.lower() in ("unlimited", "none"):
+            return -1
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)", s)
+        if m and m[2] in _UNITS:
+            b = round(float(m[1]) * _UNITS[m[2]])
+            if b > 0:
+                return b
+    raise ValueError(f"convweave: budget {size!r}: expected bytes or a size like '256MiB' "
+                     f"(units {', '.join(u for u in _UNITS if u)}) or 'unlimited'")
+
+
+def format_bytes(b):
+    for unit, n in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= n:
+            return f"{b / n:.1f} {unit}"
+    return f"{b} B"
+
+
+# ---- tensors ---------------------------------------------------------------------------------
+_DTYPES = {"float32": C.CW_F32, "float16": C.CW_F16, "bfloat16": C.CW_BF16}
+
+
+class View:
+    """What the library needs of an array: pointer, dtype, dims and strides in elements,
+    the device. `obj` keeps the memory alive while the view is used."""
+    __slots__ = ("obj", "ptr", "dtype", "shape", "strides", "device", "device_index")
+
+    def __init__(self, obj, ptr, dtype, shape, strides, device, device_index=0):
+        self.obj, self.ptr, self.dtype = obj, ptr, dtype
+        self.shape, self.strides = tuple(shape), tuple(strides)
+        self.device, self.device_index = device, device_index
+
+    def desc(self):
+        d = C.cw_tensor_desc()
+        if self.dtype not in _DTYPES:
+            raise Error("CW_ERR_UNSUPPORTED", f"dtype {self.dtype}: convweave takes float32 "
+                        "(float16 and bfloat16 in single convolutions only)")
+        if not 1 <= len(self.shape) <= C.CW_MAX_RANK:
+            raise Error("CW_ERR_INVALID_ARG", f"rank {len(self.shape)} outside 1..{C.CW_MAX_RANK}")
+        d.dtype, d.rank = _DTYPES[self.dtype], len(self.shape)
+        for i, (n, s) in enumerate(zip(self.shape, self.strides)):
+            d.dims[i] = n
+            # A size-1 dim's stride is arbitrary (torch gives 0 or anything); give it a
+            # positive one so a view is never all-zero, which the library reads as contiguous.
+            d.strides[i] = s if n > 1 else max(1, s)
+        return d
+
+
+def as_view(x):
+    """torch.Tensor, numpy.ndarray or any __dlpack__ object -> View, without copying.
+    A broadcast (stride-0) dim is materialised, as the library wants one element per
+    index; that is the only case that copies."""
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if any(s == 0 and n > 1 for n, s in zip(x.shape, x.stride())) or any(s < 0 for s in x.stride()):
+            x = x.contiguous()
+        if x.requires_grad:
+            x = x.detach()
+        return View(x, x.data_ptr(), str(x.dtype).replace("torch.", ""), x.shape, x.stride(), x.device.type,
+                    x.device.index or 0)
+    if mod.startswith("numpy"):
+        import numpy as np
+        if not isinstance(x, np.ndarray):
+            x = np.asarray(x)
+        if not x.dtype.isnative or any(s % x.itemsize for s in x.strides) or \
+                any(s <= 0 and n > 1 for n, s in zip(x.shape, x.strides)):
+            x = np.ascontiguousarray(x)
+        return View(x, x.__array_interface__["data"][0], x.dtype.name, x.shape,
+                    [s // x.itemsize for s in x.strides], "cpu")
+    if hasattr(x, "__dlpack__"):
+        try:
+            import torch
+            return as_view(torch.from_dlpack(x))
+        except ImportError:
+            import numpy as np
+            return as_view(np.from_dlpack(x))
+    raise TypeError(f"convweave: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+
+
+# ---- context ---------------------------------------------------------------------------------
+class Context:
+    """One cw_context: a backend, its streams and the budgeted temporary allocator.
+    Calls on it are serialised (the library's last-error message is per context)."""
+
+    def __init__(self, backend="auto", device=0, budget=None, streams=2, threads=0, flags=0):
+        cfg = C.cw_context_config()
+        cfg.backend = {"auto": C.CW_BACKEND_AUTO, "cpu": C.CW_BACKEND_CPU, "cuda": C.CW_BACKEND_CUDA}[backend]
+        cfg.device = device
+        cfg.temp_budget = parse_bytes(budget)
+        cfg.streams = streams
+        cfg.threads = threads
+        cfg.flags = flags
+        self.lock = threading.RLock()
+        self.budget = cfg.temp_budget
+        self.device = device
+        self.streams = streams
+        self.flags = flags
+        self._cuda_stream = None
+        h = ctypes.c_void_p()
+        st = lib.cw_context_create(ctypes.byref(h), ctypes.byref(cfg))
+        if st:
+            raise Error(status_name(st), f"cw_context_create(backend={backend!r}, device={device}, "
+                        f"streams={streams}) failed (the library logged why)")
+        self.handle = h
+        self.backend = lib.cw_context_backend_name(h).decode()
+
+    def close(self):
+        h, self.handle = getattr(self, "handle", None), None
+        if h and lib is not None:
+            lib.cw_context_destroy(h)
+
+    __del__ = close
+
+    def last_error(self):
+        return lib.cw_context_last_error(self.handle).decode(errors="replace")
+
+    def check(self, st, what=""):
+        """Raises Error with the library's message for a failed status."""
+        if st:
+            msg = self.last_error() or what or "(no message)"
+            raise Error(status_name(st), msg)
+
+    def call(self, fn, *args):
+        with self.lock:
+            self.check(fn(*args), fn.__name__)
+
+    def synchronize(self):
+        self.call(lib.cw_context_synchronize, self.handle)
+
+    def memory_stats(self):
+        s = C.cw_memory_stats()
+        self.call(lib.cw_context_memory_stats, self.handle, ctypes.byref(s))
+        return {n: getattr(s, n) for n, _ in s._fields_}
+
+    def reset_peak_stats(self):
+        with self.lock:
+            lib.cw_context_reset_peak_stats(self.handle)
+
+    def use_cuda_stream(self, stream_ptr):
+        """Makes the context's stream 0 the caller's CUDA stream (torch's current one), so
+        the library's work is ordered after PyTorch's without a host synchronisation."""
+        if stream_ptr != self._cuda_stream:
+            self.call(lib.cw_context_set_cuda_stream, self.handle, 0, ctypes.c_void_p(stream_ptr))
+            self._cuda_stream = stream_ptr
+
+    def wrap(self, view):
+        """A cw_tensor over the view's memory (caller-owned); destroy with Tensor.close."""
+        return Tensor(self, view)
+
+
+class Tensor:
+    """A borrowed cw_tensor over a View's memory; the view (and its array) is kept alive."""
+
+    def __init__(self, ctx, view):
+        self.ctx, self.view, self.handle = ctx, view, None
+        d = view.desc()
+        h = ctypes.c_void_p()
+        ctx.call(lib.cw_tensor_wrap, ctx.handle, ctypes.byref(h), ctypes.byref(d), ctypes.c_void_p(view.ptr))
+        self.handle = h
+
+    def close(self):
+        h, self.handle = self.handle, None
+        if h:
+            lib.cw_tensor_destroy(h)
+
+    __del__ = close
+
+
+# ---- graph and plan --------------------------------------------------------------------------
+def conv_params(spatial, stride, dilation, pad_pre, pad_post, groups):
+    p = C.cw_conv_params()
+    p.spatial = spatial
+    for i in range(spatial):
+        p.stride[i], p.dilation[i] = stride[i], dilation[i]
+        p.pad_pre[i], p.pad_post[i] = pad_pre[i], pad_post[i]
+    p.groups = groups
+    return p
+
+
+def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0):
+    """budget: 0 = the context's, None = unlimited, else parse_bytes; patches: None auto, an int fixed,
+    'none' the unscheduled reference."""
+    o = C.cw_compile_options()
+    o.temp_budget = 0 if budget == 0 else parse_bytes(budget)
+    o.streams = streams
+    if patches == "none":
+        o.policy = C.CW_PATCHES_NONE
+    elif patches is not None:
+        o.policy, o.patches = C.CW_PATCHES_FIXED, int(patches)
+    o.fuse = int(bool(fuse))
+    o.max_patch_rows = max_patch_rows
+    return o
+
+
+class Graph:
+    """A forward pass under construction (cw_graph). Constants borrow their arrays, which
+    the graph and every plan compiled from it keep alive."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.keep = []  # Tensors of constants: plans borrow them
+        h = ctypes.c_void_p()
+        ctx.call(lib.cw_graph_create, ctypes.byref(h), ctx.handle)
+        self.handle = h
+
+    def close(self):
+        h, self.handle = getattr(self, "handle", None), None
+        if h:
+            lib.cw_graph_destroy(h)
+
+    __del__ = close
+
+    def _node(self, fn, *args):
+        n = C.c_int32(C.CW_NODE_NONE)
+        self.ctx.call(fn, self.handle, ctypes.byref(n), *args)
+        return n.value
+
+    def input(self, name, shape, dtype="float32"):
+        d = View(None, 0, dtype, shape, [0] * len(shape), "").desc()
+        return self._node(lib.cw_graph_input, name.encode(), ctypes.byref(d))
+
+    def constant(self, name, array):
+        t = self.ctx.wrap(as_view(array))
+        self.keep.append(t)
+        return self._node(lib.cw_graph_constant, name.encode(), t.handle)
+
+    def conv(self, x, w, b, params):
+        return self._node(lib.cw_graph_conv, x, w, C.CW_NODE_NONE if b is None else b, ctypes.byref(params))
+
+    def group_norm(self, x, gamma, beta, groups, eps):
+        return self._node(lib.cw_graph_group_norm, x, gamma, beta, groups, eps)
+
+    def silu(self, x):
+        return self._node(lib.cw_graph_silu, x)
+
+    def add(self, a, b):
+        return self._node(lib.cw_graph_add, a, b)
+
+    def upsample2x(self, x):
+        return self._node(lib.cw_graph_upsample2x, x)
+
+    def attention(self, q, k, v, scale):
+        return self._node(lib.cw_graph_attention, q, k, v, scale)
+
+    def output(self, node, name):
+        self.ctx.call(lib.cw_graph_output, self.handle, node, name.encode())
+
+    def shape(self, node):
+        d = C.cw_tensor_desc()
+        self.ctx.call(lib.cw_graph_node_desc, self.handle, node, ctypes.byref(d))
+        return tuple(d.dims[i] for i in range(d.rank))
+
+    def min_budget(self, **opts):
+        o = compile_options(**opts)
+        b = C.c_int64()
+        self.ctx.call(lib.cw_graph_min_budget, self.handle, ctypes.byref(o), ctypes.byref(b))
+        return b.value
+
+    def compile(self, **opts):
+        o = compile_options(**opts)
+        h = ctypes.c_void_p()
+        with self.ctx.lock:
+            st = lib.cw_graph_compile(self.handle, ctypes.byref(h), ctypes.byref(o))
+            if st:
+                err = Error(status_name(st), self.ctx.last_error())
+                if err.status == "CW_ERR_BUDGET":
+                    try:
+                        err.min_budget = self.min_budget(**opts)
+                    except Error:
+                        pass
+                raise err
+        return Plan(self, h)
+
+
+class Plan:
+    """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""
+
+    def __init__(self, graph, handle):
+        self.ctx, self.graph, self.handle = graph.ctx, graph, handle  # the graph owns the constants
+
+    def close(self):
+        h, self.handle = getattr(self, "handle", None), None
+        if h:
+            lib.cw_plan_destroy(h)
+
+    __del__ = close
+
+    def run(self, inputs, outputs):
+        """inputs, outputs: arrays (torch or NumPy) in graph order, outputs preallocated."""
+        ctx = self.ctx
+        ins = [ctx.wrap(as_view(x)) for x in inputs]
+        outs = [ctx.wrap(as_view(y)) for y in outputs]
+        try:
+            ia = (ctypes.c_void_p * max(1, len(ins)))(*[t.handle.value for t in ins])
+            oa = (ctypes.c_void_p * max(1, len(outs)))(*[t.handle.value for t in outs])
+            ctx.call(lib.cw_plan_run, self.handle, ia, len(ins), oa, len(outs))
+        finally:
+            for t in ins + outs:
+                t.close()
+
+    def describe(self, json_format=False):
+        """The plan as text (per conv: patches, rows, halos, algorithm, workspace; the
+        predicted peak temp), or as a dict with json_format=True."""
+        out = ctypes.c_void_p()
+        self.ctx.call(lib.cw_plan_describe, self.handle, int(bool(json_format)), ctypes.byref(out))
+        try:
+            text = ctypes.string_at(out.value).decode()
+        finally:
+            lib.cw_free(out)
+        return json.loads(text) if json_format else text
+
+    def stats(self):
+        """Statistics of the last run. Memory entries use torch.cuda.memory_stats() names
+        (bytes; 'all' pools), the others cw_plan_stats's."""
+        s = C.cw_plan_stats()
+        self.ctx.call(lib.cw_plan_get_stats, self.handle, ctypes.byref(s))
+        m = self.ctx.memory_stats()
+        return {
+            # temporaries (workspaces, patch buffers, attention chunks), under the budget
+            "allocated_bytes.all.current": m["allocated_bytes_current"],
+            "allocated_bytes.all.peak": s.temp_peak,
+            "reserved_bytes.all.current": m["reserved_bytes_current"],
+            "reserved_bytes.all.peak": m["reserved_bytes_peak"],
+            "allocation.all.allocated": m["num_allocs"],
+            "allocation.all.freed": m["num_frees"],
+            "num_device_alloc": m["num_device_allocs"],
+            "num_device_free": m["num_device_frees"],
+            "num_sync_all_streams": s.host_syncs,
+            "num_ooms": m["budget_failures"],
+            # convweave's own
+            "budget": m["budget"],
+            "temp_peak": s.temp_peak,
+            "temp_predicted": s.temp_predicted,
+            "activations_peak": s.activations_peak,
+            "weights_bytes": s.weights_bytes,
+            "total_peak": s.total_peak,
+            "cache_hits": m["cache_hits"],
+            "cross_stream_waits": m["cross_stream_waits"],
+            "wall_ms": s.wall_ms,
+            "stage_ms": dict(zip(C.STAGES, s.stage_ms)),
+            "stream_busy_ms": list(s.stream_busy_ms[:min(s.n_streams, C.PLAN_STREAM_COUNT)]),
+            "n_streams": s.n_streams,
+            "n_tasks": s.n_tasks,
+            "n_events": s.n_events,
+            "n_patches": s.n_patches,
+            "conv_gflop": s.conv_gflop,
+            "halo_overhead_pct": s.halo_overhead_pct,
+        }
+
+    def write_trace(self, path):
+        """Writes a Chrome/Perfetto trace of the last run (needs timing=True on enable or
+        the context)."""
+        import os
+        self.ctx.call(lib.cw_plan_write_trace, self.handle, os.fsencode(path))
+
+
+def version():
+    return lib.cw_version_string().decode()
+
+
+def status_string(code):
+    return lib.cw_status_string(code).decode()

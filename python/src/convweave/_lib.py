@@ -1,0 +1,185 @@
+"""ctypes bindings over include/convweave/convweave.h: the library's loader, the struct
+mirrors, and PROTOTYPES, the one table of every C function this package calls.
+
+ctypes checks no signature. The table is written as C prototypes, copied from the header,
+so tests/test_abi.py can compile it against the header: a prototype that no longer
+matches is a compile error there, not a crash here. A changed signature is one line."""
+import ctypes
+import os
+import re
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
+
+# ---- the one table: every C function this package uses, exactly as declared -------------
+PROTOTYPES = """
+int cw_version(void);
+const char *cw_version_string(void);
+const char *cw_status_name(cw_status s);
+const char *cw_status_string(cw_status s);
+cw_status cw_context_create(cw_context **out, const cw_context_config *cfg);
+void cw_context_destroy(cw_context *ctx);
+const char *cw_context_last_error(const cw_context *ctx);
+const char *cw_context_backend_name(const cw_context *ctx);
+cw_status cw_context_synchronize(cw_context *ctx);
+cw_status cw_context_memory_stats(cw_context *ctx, cw_memory_stats *out);
+void cw_context_reset_peak_stats(cw_context *ctx);
+cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *cuda_stream);
+cw_status cw_tensor_wrap(cw_context *ctx, cw_tensor **out, const cw_tensor_desc *desc, void *data);
+void cw_tensor_destroy(cw_tensor *t);
+cw_status cw_graph_create(cw_graph **out, cw_context *ctx);
+void cw_graph_destroy(cw_graph *g);
+cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_tensor_desc *desc);
+cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t);
+cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node b, const cw_conv_params *p);
+cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamma, cw_node beta, int64_t groups, float eps);
+cw_status cw_graph_silu(cw_graph *g, cw_node *out, cw_node x);
+cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b);
+cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
+cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
+cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
+cw_status cw_graph_node_desc(const cw_graph *g, cw_node node, cw_tensor_desc *out);
+cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
+cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_t *out_bytes);
+void cw_plan_destroy(cw_plan *p);
+cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs, int n_outputs);
+cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
+cw_status cw_plan_describe(const cw_plan *p, int json, char **out);
+cw_status cw_plan_write_trace(const cw_plan *p, const char *path);
+void cw_free(void *ptr);
+cw_status cw_conv_forward(cw_context *ctx, const cw_tensor *x, const cw_tensor *w, const cw_tensor *b, cw_tensor *y, const cw_conv_params *p, const cw_compile_options *opt);
+cw_status cw_conv_output_desc(cw_context *ctx, const cw_tensor_desc *x, const cw_tensor_desc *w, const cw_conv_params *p, cw_tensor_desc *y);
+"""
+
+# ---- constants and structs of the header ---------------------------------------------------
+CW_MAX_RANK = 5
+CW_F32, CW_F16, CW_BF16 = 0, 1, 2
+CW_BACKEND_AUTO, CW_BACKEND_CPU, CW_BACKEND_CUDA = 0, 1, 2
+CW_FLAG_POISON, CW_FLAG_CHAOS, CW_FLAG_NVTX, CW_FLAG_TIMING = 1, 2, 4, 8
+CW_LOG_ERROR, CW_LOG_WARN, CW_LOG_INFO, CW_LOG_DEBUG = 0, 1, 2, 3
+CW_PATCHES_AUTO, CW_PATCHES_FIXED, CW_PATCHES_NONE = 0, 1, 2
+CW_NODE_NONE = -1
+CW_CONTEXT_CONFIG_VERSION = 1
+CW_CONV_PARAMS_VERSION = 1
+CW_COMPILE_OPTIONS_VERSION = 1
+# names of cw_plan_stats.stage_ms's entries (CW_STAGE_*), in index order
+STAGES = ("conv", "prep", "epilogue", "stats", "attention", "other")
+PLAN_STAGE_COUNT = 6
+PLAN_STREAM_COUNT = 8
+
+cw_log_fn = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
+
+
+class cw_context_config(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("version", c_int), ("backend", c_int), ("device", c_int),
+                ("temp_budget", c_int64), ("streams", c_int), ("flags", c_uint32), ("chaos_seed", c_uint64),
+                ("threads", c_int), ("log_fn", cw_log_fn), ("log_user", c_void_p), ("log_level", c_int)]
+
+    def __init__(self):  # CW_CONTEXT_CONFIG_INIT
+        super().__init__(ctypes.sizeof(self), CW_CONTEXT_CONFIG_VERSION, CW_BACKEND_AUTO, 0, 0, 2, 0, 0, 0,
+                         cw_log_fn(), None, CW_LOG_WARN)
+
+
+class cw_tensor_desc(ctypes.Structure):
+    _fields_ = [("dtype", c_int), ("rank", c_int), ("dims", c_int64 * CW_MAX_RANK),
+                ("strides", c_int64 * CW_MAX_RANK)]
+
+
+class cw_memory_stats(ctypes.Structure):
+    _fields_ = [(n, c_int64) for n in (
+        "budget", "reserved_bytes_current", "reserved_bytes_peak", "allocated_bytes_current",
+        "allocated_bytes_peak", "num_allocs", "num_frees", "cache_hits", "num_device_allocs",
+        "num_device_frees", "cross_stream_waits", "host_syncs", "budget_failures",
+        "activations_bytes_current", "activations_bytes_peak")]
+
+
+class cw_conv_params(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("version", c_int), ("spatial", c_int), ("stride", c_int64 * 3),
+                ("dilation", c_int64 * 3), ("pad_pre", c_int64 * 3), ("pad_post", c_int64 * 3),
+                ("groups", c_int64)]
+
+    def __init__(self):  # CW_CONV_PARAMS_INIT
+        super().__init__(ctypes.sizeof(self), CW_CONV_PARAMS_VERSION, 2, (1, 1, 1), (1, 1, 1), (0, 0, 0),
+                         (0, 0, 0), 1)
+
+
+class cw_compile_options(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("version", c_int), ("temp_budget", c_int64), ("streams", c_int),
+                ("policy", c_int), ("patches", c_int), ("fuse", c_int), ("max_patch_rows", c_int64)]
+
+    def __init__(self):  # CW_COMPILE_OPTIONS_INIT
+        super().__init__(ctypes.sizeof(self), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0)
+
+
+class cw_plan_stats(ctypes.Structure):
+    _fields_ = [("wall_ms", c_double), ("stage_ms", c_double * PLAN_STAGE_COUNT),
+                ("stream_busy_ms", c_double * PLAN_STREAM_COUNT), ("n_streams", c_int), ("n_tasks", c_int64),
+                ("n_events", c_int64), ("n_patches", c_int64), ("temp_peak", c_int64),
+                ("temp_predicted", c_int64), ("activations_peak", c_int64), ("weights_bytes", c_int64),
+                ("total_peak", c_int64), ("host_syncs", c_int64), ("conv_gflop", c_double),
+                ("halo_overhead_pct", c_double)]
+
+
+STRUCTS = (cw_context_config, cw_tensor_desc, cw_memory_stats, cw_conv_params, cw_compile_options, cw_plan_stats)
+
+# ---- C type spelling -> ctypes type, for the prototypes above ------------------------------
+_HANDLES = {"cw_context", "cw_tensor", "cw_graph", "cw_plan", "void"}
+_VALUES = {"void": None, "int": c_int, "float": c_float, "int64_t": c_int64, "size_t": c_size_t,
+           "cw_status": c_int, "cw_node": c_int32, "cw_dtype": c_int, "cw_log_fn": cw_log_fn}
+_STRUCTS = {s.__name__: s for s in STRUCTS}
+_PROTO = re.compile(r"^(?P<ret>[\w\s\*]+?)\s*\b(?P<name>cw_\w+)\s*\((?P<args>[^)]*)\)\s*;$")
+
+
+def _ctype(decl):
+    """'const cw_tensor_desc *desc' -> POINTER(cw_tensor_desc); handles become c_void_p."""
+    tokens = [t for t in re.findall(r"\w+|\*", decl) if t != "const"]
+    words = [t for t in tokens if t != "*"]
+    base, depth = words[0], tokens.count("*")
+    if depth == 0:
+        return _VALUES[base]
+    if base == "char":
+        return c_char_p if depth == 1 else POINTER(c_void_p)  # char **: a string to cw_free
+    if base in _HANDLES:
+        return c_void_p if depth == 1 else POINTER(c_void_p)
+    inner = _STRUCTS.get(base) or _VALUES[base]
+    assert depth == 1, decl
+    return POINTER(inner)
+
+
+def parse_prototypes(text=PROTOTYPES):
+    """[(name, restype, argtypes)] of every line of the table."""
+    out = []
+    for line in filter(None, (l.strip() for l in text.splitlines())):
+        m = _PROTO.match(line)
+        if not m:
+            raise ValueError(f"convweave: cannot read the prototype {line!r}")
+        args = m["args"].strip()
+        argtypes = [] if args in ("", "void") else [_ctype(a) for a in args.split(",")]
+        out.append((m["name"], _ctype(m["ret"]), argtypes))
+    return out
+
+
+def _find_library():
+    env = os.environ.get("CONVWEAVE_LIBRARY")
+    if env:
+        return env
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libconvweave.so")
+    if os.path.exists(here):
+        return here
+    import ctypes.util
+    found = ctypes.util.find_library("convweave")
+    if found:
+        return found
+    raise OSError("convweave: libconvweave.so is neither bundled with the package nor named by "
+                  "CONVWEAVE_LIBRARY; reinstall with 'pip install ./python'")
+
+
+def load(path=None):
+    lib = ctypes.CDLL(path or _find_library())
+    for name, restype, argtypes in parse_prototypes():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+lib = load()
+path = lib._name
