@@ -140,6 +140,8 @@ class Context:
         self.streams = streams
         self.flags = flags
         self._cuda_stream = None
+        self._owned = {}
+        self._destroy = lib.cw_context_destroy
         h = ctypes.c_void_p()
         st = lib.cw_context_create(ctypes.byref(h), ctypes.byref(cfg))
         if st:
@@ -148,10 +150,28 @@ class Context:
         self.handle = h
         self.backend = lib.cw_context_backend_name(h).decode()
 
+    # The context owns the handles made on it (tensors, graphs, plans) and frees those still
+    # alive before itself: Python may finalise a context before the objects that use it
+    # (cycles, interpreter exit), and a plan freed after its context would crash.
+    _ORDER = {"plan": 0, "graph": 1, "tensor": 2}
+
+    def own(self, kind, handle, destroy):
+        self._owned[handle.value] = (self._ORDER[kind], destroy)
+
+    def release(self, handle):
+        """Frees one owned handle (once; a no-op after the context closed)."""
+        entry = self._owned.pop(handle.value, None) if handle else None
+        if entry:
+            entry[1](handle)
+
     def close(self):
         h, self.handle = getattr(self, "handle", None), None
-        if h and lib is not None:
-            lib.cw_context_destroy(h)
+        if h:
+            owned = getattr(self, "_owned", {})
+            for ptr, (_, destroy) in sorted(owned.items(), key=lambda kv: kv[1][0]):
+                destroy(ctypes.c_void_p(ptr))
+            owned.clear()
+            self._destroy(h)
 
     __del__ = close
 
@@ -200,12 +220,12 @@ class Tensor:
         d = view.desc()
         h = ctypes.c_void_p()
         ctx.call(lib.cw_tensor_wrap, ctx.handle, ctypes.byref(h), ctypes.byref(d), ctypes.c_void_p(view.ptr))
+        ctx.own("tensor", h, lib.cw_tensor_destroy)
         self.handle = h
 
     def close(self):
         h, self.handle = self.handle, None
-        if h:
-            lib.cw_tensor_destroy(h)
+        self.ctx.release(h)
 
     __del__ = close
 
@@ -245,12 +265,12 @@ class Graph:
         self.keep = []  # Tensors of constants: plans borrow them
         h = ctypes.c_void_p()
         ctx.call(lib.cw_graph_create, ctypes.byref(h), ctx.handle)
+        ctx.own("graph", h, lib.cw_graph_destroy)
         self.handle = h
 
     def close(self):
         h, self.handle = getattr(self, "handle", None), None
-        if h:
-            lib.cw_graph_destroy(h)
+        self.ctx.release(h)
 
     __del__ = close
 
@@ -321,11 +341,12 @@ class Plan:
 
     def __init__(self, graph, handle):
         self.ctx, self.graph, self.handle = graph.ctx, graph, handle  # the graph owns the constants
+        self.ctx.own("plan", handle, lib.cw_plan_destroy)
 
     def close(self):
         h, self.handle = getattr(self, "handle", None), None
         if h:
-            lib.cw_plan_destroy(h)
+            self.ctx.release(h)
 
     __del__ = close
 

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Working memory and time of vae.decode(z) in diffusers, unwrapped and with
+convweave.diffusers.enable(vae, budget=...), each in its own fresh process.
+
+Working memory = peak RSS during the decode minus RSS just before it (the peak is reset
+through /proc/self/clear_refs before each decode, so model construction never counts).
+Random-weight AutoencoderKL from a config (no hub). Prints one line per configuration,
+the ratios, and the largest difference between the two outputs relative to max|ref|.
+
+  python bench/bench_python_vae.py --config sd --latent 64 --budget 128MiB --repeat 2
+  python bench/bench_python_vae.py --config sd --latent 16 --json      # what the test runs
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIGS = {
+    "tiny": dict(block_out_channels=(8, 16, 32, 32), layers_per_block=1, norm_num_groups=4),
+    "sd": dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32),
+}
+
+
+def build_vae(config, seed=0):
+    """A random-weight AutoencoderKL whose activations stay O(1) through the depth."""
+    import torch
+    from diffusers import AutoencoderKL
+    from diffusers.utils import logging
+    logging.set_verbosity_error()
+    cfg = CONFIGS[config]
+    n = len(cfg["block_out_channels"])
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * n,
+                        up_block_types=("UpDecoderBlock2D",) * n, latent_channels=4, sample_size=32, **cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in vae.named_parameters():
+            if "norm" in name:
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
+    return vae.eval()
+
+
+def _kib(field):
+    return int(re.search(rf"{field}:\s+(\d+) kB", open("/proc/self/status").read())[1])
+
+
+def child(args):
+    import torch
+    torch.set_num_threads(args.threads)
+    vae = build_vae(args.config)
+    z = torch.randn(args.batch, 4, args.latent, args.latent, generator=torch.Generator().manual_seed(1))
+    if args.mode == "convweave":
+        import convweave.diffusers
+        convweave.diffusers.enable(vae, budget=args.budget, streams=args.streams, threads=args.threads)
+    runs = []
+    with torch.no_grad():
+        for _ in range(args.repeat):
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # VmHWM := VmRSS
+            before = _kib("VmRSS")
+            t0 = time.perf_counter()
+            out = vae.decode(z).sample
+            dt = time.perf_counter() - t0
+            runs.append({"working_bytes": (_kib("VmHWM") - before) * 1024, "seconds": dt})
+    torch.save(out, args.out)
+    res = {"mode": args.mode, "runs": runs}
+    if args.mode == "convweave":
+        res["stats"] = {k: v for k, v in convweave.diffusers.last_plan(vae).stats().items()
+                        if k in ("temp_peak", "activations_peak", "weights_bytes", "wall_ms", "n_patches")}
+    print(json.dumps(res))
+
+
+def run_mode(args, mode, out):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--out", out]
+    for k in ("config", "latent", "batch", "budget", "streams", "threads", "repeat"):
+        cmd += [f"--{k}", str(getattr(args, k))]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"{mode} run failed:\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="sd")
+    ap.add_argument("--latent", type=int, default=64, help="latent height = width (image is 8x)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--budget", default="128MiB")
+    ap.add_argument("--streams", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--repeat", type=int, default=1, help="decodes per process; time: best, memory: max")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--child", choices=("diffusers", "convweave"), help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        args.mode = args.child
+        return child(args)
+    import torch
+    with tempfile.TemporaryDirectory() as tmp:
+        res = {m: run_mode(args, m, os.path.join(tmp, f"{m}.pt")) for m in ("diffusers", "convweave")}
+        ref, out = (torch.load(os.path.join(tmp, f"{m}.pt")) for m in ("diffusers", "convweave"))
+    rel = ((out - ref).abs().max() / ref.abs().max()).item()
+    for r in res.values():
+        r["working_bytes"] = max(x["working_bytes"] for x in r["runs"])
+        r["seconds"] = min(x["seconds"] for x in r["runs"])
+    summary = {"config": args.config, "latent": args.latent, "batch": args.batch, "budget": args.budget,
+               "streams": args.streams, "threads": args.threads, "repeat": args.repeat,
+               "image": args.latent * 8, "max_rel_diff": rel, **res}
+    if args.json:
+        print(json.dumps(summary))
+        return
+    mib = 1 << 20
+    print(f"{args.config} VAE decode, latent {args.batch}x4x{args.latent}x{args.latent} -> "
+          f"{args.latent * 8}x{args.latent * 8}, {args.threads} threads, repeat {args.repeat}")
+    print(f"{'configuration':40s} {'time s':>8s} {'working MiB':>12s}")
+    d, c = res["diffusers"], res["convweave"]
+    print(f"{'diffusers (torch ' + torch.__version__ + ')':40s} {d['seconds']:8.2f} {d['working_bytes'] / mib:12.1f}")
+    label = f"convweave, {args.streams} streams, budget {args.budget}"
+    print(f"{label:40s} {c['seconds']:8.2f} {c['working_bytes'] / mib:12.1f}")
+    print(f"convweave / diffusers: time {c['seconds'] / d['seconds']:.2f}x, working memory "
+          f"{c['working_bytes'] / d['working_bytes']:.2f}x; max|diff| / max|ref| = {rel:.2e}")
+    s = c["stats"]
+    print(f"convweave plan: temp peak {s['temp_peak'] / mib:.1f} MiB, activations peak "
+          f"{s['activations_peak'] / mib:.1f} MiB, {s['n_patches']} conv patches")
+
+
+if __name__ == "__main__":
+    main()
