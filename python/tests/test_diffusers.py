@@ -1,0 +1,146 @@
+"""convweave.diffusers.enable(vae) against the unwrapped diffusers decode: tiny and
+SD-sized random-weight AutoencoderKL models, <= 1e-5 of max|ref| (docs/determinism.md);
+plans cached per shape; disable() restores the module; describe/stats/trace."""
+import json
+
+import pytest
+import torch
+
+import convweave
+import convweave.diffusers as cd
+from conftest import rel_err
+
+pytest.importorskip("diffusers")
+
+
+def decode(vae, z):
+    with torch.no_grad():
+        return vae.decode(z).sample
+
+
+def test_tiny_matches_diffusers_across_budgets_streams_and_shapes(make_vae):
+    vae = make_vae("tiny", 3)
+    zs = [torch.randn(1, 4, 8, 8), torch.randn(2, 4, 6, 10), torch.randn(1, 4, 5, 7)]
+    refs = [decode(vae, z) for z in zs]
+    for budget, streams, patches in (("256MiB", 2, None), ("1MiB", 3, None), (None, 1, None), ("64MiB", 2, 3)):
+        st = cd.enable(vae, budget=budget, streams=streams, patches=patches)
+        for z, ref in zip(zs, refs):
+            out = decode(vae, z)
+            assert out.shape == ref.shape and out.dtype == torch.float32
+            assert rel_err(out, ref) <= 1e-5, (budget, streams, patches, tuple(z.shape))
+        assert len(st.plans) == len(zs)  # one plan per input shape
+        decode(vae, zs[0])
+        assert len(st.plans) == len(zs)  # and reused
+    # the same plan twice gives the same bits (contract clause 1)
+    assert torch.equal(decode(vae, zs[1]), decode(vae, zs[1]))
+    cd.disable(vae)
+    assert not cd.is_enabled(vae) and "forward" not in vae.decoder.__dict__
+    assert torch.equal(decode(vae, zs[0]), refs[0])
+
+
+def test_tiny_slicing_tiling_and_return_dict(make_vae):
+    vae = make_vae("tiny", 4)
+    z = torch.randn(3, 4, 8, 8)
+    vae.enable_slicing()
+    ref = decode(vae, z)
+    cd.enable(vae, budget="8MiB")
+    with torch.no_grad():
+        out, = vae.decode(z, return_dict=False)
+    assert rel_err(out, ref) <= 1e-5
+    assert len(vae.decoder._convweave.plans) == 1  # slices of one
+    cd.disable(vae)
+    vae.disable_slicing()
+    vae.enable_tiling()
+    vae.tile_latent_min_size = 4
+    vae.tile_sample_min_size = 32
+    z = torch.randn(1, 4, 8, 8)
+    ref = decode(vae, z)
+    cd.enable(vae, budget="8MiB")
+    assert rel_err(decode(vae, z), ref) <= 1e-5
+
+
+def test_sd_sized_matches_diffusers(make_vae):
+    """The SD VAE's architecture (128-256-512-512, 32 groups) at a 16x16 latent."""
+    vae = make_vae("sd", 0)
+    z = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(5))
+    ref = decode(vae, z)
+    cd.enable(vae, budget="24MiB", streams=2)
+    out = decode(vae, z)
+    assert rel_err(out, ref) <= 1e-5
+    plan = cd.last_plan(vae)
+    s = plan.stats()
+    assert 0 < s["allocated_bytes.all.peak"] <= 24 << 20
+    assert s["temp_peak"] == s["allocated_bytes.all.peak"] <= s["budget"] == 24 << 20
+    assert s["n_patches"] > 40  # convs were cut to fit
+    assert s["weights_bytes"] == sum(p.numel() * 4 for n, p in vae.decoder.named_parameters())
+    cd.disable(vae)
+
+
+def test_plan_describe_stats_trace(make_vae, tmp_path):
+    vae = make_vae("tiny", 1)
+    assert cd.last_plan(vae) is None
+    st = cd.enable(vae, budget="2MiB", streams=3)
+    decode(vae, torch.randn(1, 4, 8, 8))
+    plan = cd.last_plan(vae)
+    assert plan is st.last_plan
+    text = plan.describe()
+    assert text.startswith("plan: 3 stream(s)") and "predicted peak temp" in text
+    js = plan.describe(json_format=True)
+    assert isinstance(js, dict) and js
+    s = plan.stats()
+    for key in ("allocated_bytes.all.peak", "allocated_bytes.all.current", "reserved_bytes.all.peak",
+                "reserved_bytes.all.current", "num_device_alloc", "num_device_free", "num_sync_all_streams",
+                "allocation.all.allocated", "allocation.all.freed", "num_ooms"):
+        assert isinstance(s[key], int), key
+    assert s["num_sync_all_streams"] == 0 and s["num_ooms"] == 0
+    assert s["n_streams"] == 3 and len(s["stream_busy_ms"]) == 3 and s["wall_ms"] > 0
+    assert set(s["stage_ms"]) == {"conv", "prep", "epilogue", "stats", "attention", "other"}
+    assert s["stage_ms"]["conv"] > 0 and s["stage_ms"]["attention"] > 0
+    path = tmp_path / "decode.json"
+    plan.write_trace(str(path))
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert len(events) > 10
+    ctx = st.ctx
+    ctx.synchronize()
+    ctx.reset_peak_stats()
+    m = ctx.memory_stats()
+    assert m["reserved_bytes_peak"] == m["reserved_bytes_current"] == 0
+    assert "<convweave decoder: budget 2.0 MiB, 3 streams, 1 plan(s)>" == repr(st)
+
+
+def test_parameters_are_read_in_place(make_vae):
+    """No copy of the model: a parameter changed in place changes the next decode; a
+    replaced parameter (new memory) gives a new plan."""
+    vae = make_vae("tiny", 2)
+    z = torch.randn(1, 4, 8, 8)
+    cd.enable(vae, budget="8MiB")
+    before = decode(vae, z)
+    with torch.no_grad():
+        vae.decoder.conv_out.bias.add_(1.0)
+    after = decode(vae, z)
+    assert rel_err(after - 1.0, before) <= 1e-5
+    cd.disable(vae)
+    ref = decode(vae, z)
+    cd.enable(vae, budget="8MiB")
+    st = vae.decoder._convweave
+    decode(vae, z)
+    vae.decoder.conv_out.weight = torch.nn.Parameter(vae.decoder.conv_out.weight.detach() * 2)
+    cd.disable(vae)
+    ref2 = decode(vae, z)
+    st = cd.enable(vae, budget="8MiB")
+    assert rel_err(decode(vae, z), ref2) <= 1e-5 and not torch.equal(ref, ref2)
+
+
+def test_enable_on_the_decoder_itself_and_twice(make_vae):
+    vae = make_vae("tiny", 5)
+    z = torch.randn(1, 4, 4, 4)
+    with torch.no_grad():
+        ref = vae.decoder(z)
+    cd.enable(vae.decoder, budget="4MiB")
+    cd.enable(vae.decoder, budget="8MiB")  # re-enabling replaces the options
+    assert vae.decoder._convweave.budget == 8 << 20
+    with torch.no_grad():
+        assert rel_err(vae.decoder(z), ref) <= 1e-5
+    cd.disable(vae)
+    cd.disable(vae)  # a no-op once disabled
