@@ -47,6 +47,9 @@ def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
     """y = conv(input, weight) + bias as torch.nn.functional.conv{spatial}d computes it.
     budget: cap on temporary memory for this call (bytes or '64MiB'; None: unlimited);
     streams: 0 default, 1 in order, N = N-1 heavy + 1 light; patches: None auto, int fixed."""
+    for a in (input, weight) + (() if bias is None else (bias,)):
+        if not hasattr(a, "shape") or not hasattr(a, "__getitem__"):
+            raise TypeError(f"convweave: expected a torch.Tensor or numpy.ndarray, got {type(a).__name__}")
     unbatched = len(input.shape) == spatial + 1
     if unbatched:
         input = input[None]

@@ -1,0 +1,179 @@
+"""Every error path raises convweave.Error with the status name and the library's message
+(or ValueError/TypeError for Python arguments that torch itself rejects the same way)."""
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+import convweave
+import convweave.diffusers as cd
+import convweave.torch as ct
+from convweave import _core
+
+
+def raises(status, match):
+    return pytest.raises(convweave.Error, match=rf"^{status}: .*{match}")
+
+
+def test_error_carries_status_and_message():
+    with raises("CW_ERR_INVALID_ARG", r"input channels C=6") as e:
+        ct.conv2d(torch.randn(1, 6, 5, 5), torch.randn(4, 5, 3, 3))
+    assert e.value.status == "CW_ERR_INVALID_ARG" and "w: [4, 5, 3, 3]" in e.value.message
+    assert isinstance(e.value, RuntimeError)
+
+
+def test_conv_argument_errors():
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3)
+    with raises("CW_ERR_INVALID_ARG", "groups"):
+        ct.conv2d(x, torch.randn(4, 2, 3, 3), groups=3)
+    with raises("CW_ERR_INVALID_ARG", r"stride"):
+        ct.conv2d(x, w, stride=0)
+    with raises("CW_ERR_INVALID_ARG", r"bias|b\b"):
+        ct.conv2d(x, w, torch.randn(5))
+    with raises("CW_ERR_INVALID_ARG", r"output|kernel|size|< 1"):
+        ct.conv2d(torch.randn(1, 4, 2, 2), w)
+    with raises("CW_ERR_UNSUPPORTED", "f32"):
+        ct.conv2d(x.half(), w.half())
+    with raises("CW_ERR_UNSUPPORTED", "dtype float64"):
+        ct.conv2d(x.double(), w.double())
+    with pytest.raises(ValueError, match="strided convolutions"):
+        ct.conv2d(x, w, padding="same", stride=2)
+    with pytest.raises(ValueError, match="invalid padding string"):
+        ct.conv2d(x, w, padding="full")
+    with pytest.raises(ValueError, match="tuple of 2 ints"):
+        ct.conv2d(x, w, stride=(1, 2, 3))
+    with pytest.raises(ValueError, match="4-D weight"):
+        ct.conv2d(x, torch.randn(4, 4, 3))
+    with pytest.raises(ValueError, match="3-D or 4-D input"):
+        ct.conv2d(torch.randn(6, 6), w)
+    with pytest.raises(TypeError, match="expected a torch.Tensor or numpy.ndarray"):
+        ct.conv2d([[1.0]], w)
+    with raises("CW_ERR_INVALID_ARG", "input is on cpu:0, weight on meta"):
+        ct.conv2d(x, w.to("meta"))
+
+
+def test_budget_errors():
+    with pytest.raises(ValueError, match="expected bytes or a size"):
+        ct.conv2d(torch.randn(1, 1, 3, 3), torch.randn(1, 1, 1, 1), budget="12 parsecs")
+    with pytest.raises(ValueError, match="must be > 0"):
+        convweave.parse_bytes(0)
+    assert convweave.parse_bytes("1.5GiB") == 3 << 29 and convweave.parse_bytes("64MB") == 64 * 10**6
+    assert convweave.parse_bytes("unlimited") == -1 and convweave.parse_bytes(None) == -1
+    x, w = torch.randn(1, 64, 64, 64), torch.randn(64, 64, 3, 3)
+    # a graph compile under a budget too small names (and returns) the smallest that works
+    ctx = convweave.Context(backend="cpu", budget=64)
+    g = convweave.Graph(ctx)
+    xn = g.input("x", (1, 64, 64, 64))
+    h = g.silu(g.group_norm(xn, g.constant("g", torch.ones(64)), g.constant("b", torch.zeros(64)), 8, 1e-6))
+    y = g.conv(h, g.constant("w", w), None, _core.conv_params(2, (1, 1), (1, 1), (1, 1), (1, 1), 1))
+    g.output(y, "y")
+    with raises("CW_ERR_BUDGET", "") as e:
+        g.compile()
+    assert e.value.min_budget and e.value.min_budget > 64
+    assert g.min_budget() == e.value.min_budget
+    plan = g.compile(budget=e.value.min_budget)
+    out = torch.empty(1, 64, 64, 64)
+    plan.run([x], [out])
+    ref = ct.conv2d(torch.nn.functional.silu(torch.nn.functional.group_norm(x, 8, eps=1e-6)), w, padding=1)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_graph_and_plan_errors(tmp_path):
+    ctx = convweave.Context(backend="cpu", budget="8MiB")
+    g = convweave.Graph(ctx)
+    x = g.input("x", (1, 4, 8, 8))
+    with raises("CW_ERR_UNSUPPORTED", "only f32 activations"):
+        g.input("h", (1, 4, 8, 8), dtype="float16")
+    with raises("CW_ERR_INVALID_ARG", "is not a node of this graph"):
+        g.silu(99)
+    with raises("CW_ERR_INVALID_ARG", "groups = 3 must divide"):
+        g.group_norm(x, g.constant("g", torch.ones(4)), g.constant("b", torch.zeros(4)), 3, 1e-6)
+    with raises("CW_ERR_INVALID_ARG", "gamma must be a contiguous f32 constant"):
+        g.group_norm(x, g.constant("g5", torch.ones(5)), g.constant("b5", torch.zeros(4)), 2, 1e-6)
+    with raises("CW_ERR_UNSUPPORTED", "w and b must be constants"):
+        g.conv(x, x, None, _core.conv_params(2, (1, 1), (1, 1), (0, 0), (0, 0), 1))
+    with raises("CW_ERR_INVALID_ARG", ""):
+        g.add(x, g.upsample2x(x))
+    y = g.attention(x, x, x, 0.5)
+    y = g.add(g.silu(y), x)
+    g.output(y, "y")
+    assert g.shape(y) == (1, 4, 8, 8)
+    plan = g.compile()
+    with raises("CW_ERR_INVALID_ARG", r"inputs\[0\] \('x'\) is \[1, 4, 8, 9\]"):
+        plan.run([torch.randn(1, 4, 8, 9)], [torch.empty(1, 4, 8, 8)])
+    with raises("CW_ERR_INVALID_ARG", "1 inputs and 2 outputs given"):
+        plan.run([torch.randn(1, 4, 8, 8)], [torch.empty(1, 4, 8, 8)] * 2)
+    z = torch.randn(1, 4, 8, 8)
+    with raises("CW_ERR_INVALID_ARG", "overlaps"):
+        plan.run([z], [z])
+    g2 = convweave.Graph(ctx)
+    x2 = g2.input("x", (1, 4, 8, 8))
+    g2.output(g2.attention(x2, x2, x2, 0.5), "y")
+    with raises("CW_ERR_UNSUPPORTED", "must be contiguous"):
+        g2.compile().run([z], [torch.empty(1, 4, 8, 16)[..., ::2]])
+    out = np.empty((1, 4, 8, 8), np.float32)
+    plan.run([z.numpy()], [out])  # NumPy in and out
+    with raises("CW_ERR_", "timing|TIMING|trace"):
+        plan.write_trace(str(tmp_path / "t.json"))  # the context has no CW_FLAG_TIMING
+    with raises("CW_ERR_UNSUPPORTED", ""):
+        ctx.use_cuda_stream(1234)  # a cpu context has no CUDA stream
+
+
+def test_context_errors():
+    with pytest.raises(KeyError):
+        convweave.Context(backend="tpu")
+    with raises("CW_ERR_INVALID_ARG", "cw_context_create"):
+        convweave.Context(backend="cpu", streams=0)
+    if not torch.cuda.is_available():
+        with raises("CW_ERR_NO_DEVICE|CW_ERR_UNSUPPORTED|CW_ERR_BACKEND", "cw_context_create"):
+            convweave.Context(backend="cuda")
+
+
+def test_diffusers_unsupported_configs(make_vae):
+    from diffusers import AutoencoderKL
+    vae = make_vae("tiny", 0)
+    z = torch.randn(1, 4, 4, 4)
+    half = make_vae("tiny", 0).half()
+    with raises("CW_ERR_UNSUPPORTED", r"decoder\.conv_in\.weight: parameters are torch.float16.*half precision"):
+        cd.enable(half)
+    assert not cd.is_enabled(half)
+    cd.enable(vae)
+    with raises("CW_ERR_UNSUPPORTED", "input dtype torch.float64"):
+        vae.decoder(z.double())
+    with raises("CW_ERR_UNSUPPORTED", "latent_embeds"):
+        vae.decoder(z, latent_embeds=z)
+    with pytest.raises(ValueError, match=r"\[N, C, h, w\]"):
+        vae.decoder(z[0])
+    with raises("CW_ERR_INVALID_ARG", "the latent is on meta"):
+        vae.decoder(z.to("meta"))
+    cd.disable(vae)
+    gelu = AutoencoderKL(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=4, act_fn="gelu")
+    with raises("CW_ERR_UNSUPPORTED", r"decoder\.mid_block\.resnets\.0\.nonlinearity: activation GELU"):
+        cd.enable(gelu)
+    assert not cd.is_enabled(gelu)
+    with raises("CW_ERR_UNSUPPORTED", "no decoder with 'conv_in'"):
+        cd.enable(torch.nn.Linear(2, 2))
+    vae.decoder.conv_out.padding_mode = "reflect"
+    with raises("CW_ERR_UNSUPPORTED", r"decoder\.conv_out: padding_mode='reflect'"):
+        cd.enable(vae)
+    vae.decoder.conv_out.padding_mode = "zeros"
+    vae.decoder.mid_block.attentions[0].heads = 2
+    with raises("CW_ERR_UNSUPPORTED", r"mid_block\.attentions\.0: attention with 2 heads"):
+        cd.enable(vae)
+    vae.decoder.mid_block.attentions[0].heads = 1
+    vae.decoder.mid_block.resnets[0].output_scale_factor = 2.0
+    with raises("CW_ERR_UNSUPPORTED", "output_scale_factor=2.0"):
+        cd.enable(vae)
+
+
+def test_decode_under_too_small_a_budget_names_the_minimum(make_vae):
+    vae = make_vae("tiny", 0)
+    cd.enable(vae, budget=4096)
+    with raises("CW_ERR_BUDGET", "budget") as e:
+        vae.decode(torch.randn(1, 4, 8, 8))
+    assert e.value.min_budget > 4096
+    cd.enable(vae, budget=e.value.min_budget)
+    with torch.no_grad():
+        vae.decode(torch.randn(1, 4, 8, 8))
