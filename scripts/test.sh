@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 jobs=$(nproc)
 modes=("$@")
-[ ${#modes[@]} -eq 0 ] && modes=(release asan tsan fuzz)
+[ ${#modes[@]} -eq 0 ] && modes=(release asan tsan fuzz python)
 for m in "${modes[@]}"; do
   case "$m" in
     release) dir=build;      flags=(-DCMAKE_BUILD_TYPE=Release); env=() ;;
@@ -27,6 +27,21 @@ for m in "${modes[@]}"; do
         ./build-fuzz/fuzz_${t%%:*} -seed=1 -runs=200000 -max_len=4096 -print_final_stats=1 "$work" tests/corpus/${t#*:}
         rm -rf "$work"
       done
+      continue ;;
+    python)
+      # The Python package (python/): a virtual environment outside the clone, reused across
+      # runs, with the pinned test requirements; the package built from this tree (its CMake
+      # build cached in build-python/); then pytest. Mode "python" alone: scripts/test.sh python
+      venv=${CONVWEAVE_VENV:-$HOME/.cache/convweave/venv}
+      echo "=== python (venv $venv)"
+      if [ ! -x "$venv/bin/python" ]; then
+        python3 -c 'import ensurepip' 2>/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+        python3 -m venv "$venv"
+      fi
+      "$venv/bin/pip" install -q -r python/requirements-test.txt
+      "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps \
+        -Cbuild-dir="$PWD/build-python" ./python
+      (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
       continue ;;
     *) echo "unknown mode $m" >&2; exit 2 ;;
   esac
