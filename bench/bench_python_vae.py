@@ -4,7 +4,7 @@ convweave.diffusers.enable(vae, budget=...), each in its own fresh process.
 
 Working memory = peak RSS during the decode minus RSS just before it (the peak is reset
 through /proc/self/clear_refs before each decode, so model construction never counts).
-Random-weight AutoencoderKL from a config (no hub). Prints one line per configuration,
+Random-weight AutoencoderKL from a config (tools/make_fixtures.py; no hub). Prints one line per configuration,
 the ratios, and the largest difference between the two outputs relative to max|ref|.
 
   python bench/bench_python_vae.py --config sd --latent 64 --budget 128MiB --repeat 2
@@ -19,33 +19,14 @@ import sys
 import tempfile
 import time
 
-CONFIGS = {
-    "tiny": dict(block_out_channels=(8, 16, 32, 32), layers_per_block=1, norm_num_groups=4),
-    "sd": dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32),
-}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import make_fixtures as mf  # noqa: E402  the repository's one random-weight VAE builder
 
 
 def build_vae(config, seed=0):
-    """A random-weight AutoencoderKL whose activations stay O(1) through the depth."""
-    import torch
-    from diffusers import AutoencoderKL
-    from diffusers.utils import logging
-    logging.set_verbosity_error()
-    cfg = CONFIGS[config]
-    n = len(cfg["block_out_channels"])
-    torch.manual_seed(seed)
-    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * n,
-                        up_block_types=("UpDecoderBlock2D",) * n, latent_channels=4, sample_size=32, **cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in vae.named_parameters():
-            if "norm" in name:
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
-    return vae.eval()
+    """A random-weight AutoencoderKL (tools/make_fixtures.py's, eval mode, float32)."""
+    return mf.build_vae(mf.CONFIGS[config], seed)
 
 
 def _kib(field):
@@ -90,7 +71,7 @@ def run_mode(args, mode, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", choices=sorted(CONFIGS), default="sd")
+    ap.add_argument("--config", choices=sorted(mf.CONFIGS), default="sd")
     ap.add_argument("--latent", type=int, default=64, help="latent height = width (image is 8x)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--budget", default="128MiB")
