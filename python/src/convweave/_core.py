@@ -2,7 +2,6 @@
 of torch tensors and NumPy arrays (pointer + strides, never a copy)."""
 import ctypes
 import json
-import math
 import re
 import threading
 

@@ -9,7 +9,6 @@ still runs post_quant_conv, slicing and tiling itself, exactly as before. disabl
 restores the module's own forward. The graph mirrors demos/vae/vae.c's decoder:
 conv_in, mid block (ResNet, attention, ResNet), up blocks (ResNets, nearest 2x + conv),
 GroupNorm + SiLU + conv_out."""
-import math
 import threading
 
 import torch
@@ -98,7 +97,7 @@ class _Builder:
         sc = self.conv(x, mod.conv_shortcut) if mod.conv_shortcut is not None else x
         return self.g.add(sc, h)
 
-    def attention(self, x, mod, channels):
+    def attention(self, x, mod):
         where = self.name(mod)
         if getattr(mod, "heads", 1) != 1:
             raise _unsupported(where, f"attention with {mod.heads} heads (only 1, as AutoencoderKL builds it)")
@@ -127,7 +126,7 @@ class _Builder:
         x = self.resnet(x, mid.resnets[0])
         for attn, res in zip(mid.attentions, mid.resnets[1:]):
             if attn is not None:
-                x = self.attention(x, attn, dec.conv_in.out_channels)
+                x = self.attention(x, attn)
             x = self.resnet(x, res)
         for blk in dec.up_blocks:
             if type(blk).__name__ != "UpDecoderBlock2D":
