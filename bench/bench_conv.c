@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu.h"
-#include "scheduler/patch.h"
+#include "scheduler/planner.h"
 
 #define MIB (1024.0 * 1024.0)
 

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "scheduler/patch.h"
+#include "scheduler/planner.h"
 
 #define DIM_MAX (INT64_C(1) << 40) /* elements; far beyond any real tensor, keeps math exact */
 
@@ -177,30 +177,6 @@ CW_API cw_status cw_conv_output_desc(cw_context *ctx, const cw_tensor_desc *x, c
                                      const cw_conv_params *p, cw_tensor_desc *y) {
     if (!y) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_conv_output_desc: y (output) is NULL");
     return cw__conv_validate(ctx, x, w, NULL, NULL, p, y);
-}
-
-/* Byte span of a view: (max offset + 1) * element size; 0 for an empty or bad view. */
-static int64_t span_bytes(const cw_tensor_desc *d) {
-    if (d->rank < 1 || d->rank > CW_MAX_RANK) return 0;
-    int any = 0;
-    for (int i = 0; i < d->rank; i++) any |= d->strides[i] != 0;
-    int64_t last = 0, s = 1;
-    for (int i = d->rank - 1; i >= 0; i--) {
-        if (d->dims[i] < 1) return 0;
-        int64_t st = any ? d->strides[i] : s;
-        last += (d->dims[i] - 1) * st;
-        s *= d->dims[i];
-    }
-    int64_t es = d->dtype == CW_F32 ? 4 : 2;
-    return (last + 1) * es;
-}
-
-int cw__views_overlap(const cw_tensor_desc *a, const void *pa, const cw_tensor_desc *b, const void *pb) {
-    if (!a || !b || !pa || !pb) return 0;
-    const int64_t sa = span_bytes(a), sb = span_bytes(b);
-    if (sa == 0 || sb == 0) return 0;
-    const uintptr_t a0 = (uintptr_t)pa, b0 = (uintptr_t)pb;
-    return a0 < b0 + (uintptr_t)sb && b0 < a0 + (uintptr_t)sa;
 }
 
 void cw__conv_problem_init(cw__conv_problem *out, const cw_tensor_desc *x, const cw_tensor_desc *w, int has_bias,

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "scheduler/patch.h"
+#include "scheduler/planner.h"
 #include "scheduler/sched.h"
 
 cw_status cw_graph_create(cw_graph **out, cw_context *ctx) {

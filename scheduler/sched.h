@@ -1,6 +1,7 @@
 /* Internal structures of the scheduler: the graph as the user built it, and the plan it
  * lowers into — buffers, tasks on streams, and the host-ordered action list that
- * cw_plan_run replays (allocate, enqueue task with event waits, free). */
+ * cw_plan_run replays (allocate, enqueue task with event waits, free). Which file does
+ * what: docs/architecture.md. */
 #ifndef CW_SCHED_H
 #define CW_SCHED_H
 
@@ -172,17 +173,20 @@ struct cw_plan {
     int ran;
 };
 
-/* compile.c: the buffers task t touches (weights and biases excepted), into out, which
- * holds CW__TASK_MAX_BUFS; returns how many. */
-#define CW__TASK_MAX_BUFS 5
-int cw__task_bufs(const cw__task *t, int *out);
 /* graph.c */
 const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
-/* compile.c */
+/* lower.c: lowers g into a plan sized under `budget` (< 0 unlimited). */
 cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, cw_plan **out);
-/* run.c: replays the action list on a backend; dry = allocation simulation only. */
+/* sync.c: the buffers task t touches (weights and biases excepted), into out, which holds
+ * CW__TASK_MAX_BUFS; returns how many. */
+#define CW__TASK_MAX_BUFS 5
+int cw__task_bufs(const cw__task *t, int *out);
+/* sync.c: places allocations and frees on streams and the events between streams. */
+cw_status cw__plan_sync(cw_plan *p);
+/* execute.c: replays the action list on a backend; dry = allocation simulation only. */
 cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw__allocator *act, int dry,
                            int64_t *peak_temp, int64_t *peak_allocated);
+/* plan.c */
 void cw__plan_free(cw_plan *p);
 
 #endif

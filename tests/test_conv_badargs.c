@@ -1,7 +1,7 @@
 /* Convolution argument validation: a table of invalid convolutions, each must return
  * CW_ERR_INVALID_ARG with a message naming the offending field; valid ones pass and give
  * the right output shape; the view-overlap helper on touching/overlapping spans. */
-#include "scheduler/patch.h"
+#include "scheduler/planner.h"
 #include "testutil.h"
 
 typedef struct conv_args {

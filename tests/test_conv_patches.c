@@ -3,7 +3,7 @@
  * smallest feasible workspace cap to unlimited (results vs the double reference). */
 #include "backend/cpu/cpu.h"
 #include "conv_ref.h"
-#include "scheduler/patch.h"
+#include "scheduler/planner.h"
 #include "testutil.h"
 
 #define TOL 1e-5

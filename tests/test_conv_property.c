@@ -6,7 +6,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "conv_ref.h"
-#include "scheduler/patch.h"
+#include "scheduler/planner.h"
 #include "testutil.h"
 
 #define TOL 1e-5

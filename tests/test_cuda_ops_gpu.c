@@ -17,7 +17,7 @@
 #endif
 
 #include "backend/backend.h"
-#include "scheduler/patch.h"
+#include "scheduler/planner.h"
 
 /* Vendor libraries (driver, runtime, cuDNN, cuBLAS) keep process-lifetime allocations that
  * LeakSanitizer reports in ASan builds; suppress stacks through them only. (CUDA under ASan

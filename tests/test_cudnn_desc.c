@@ -18,7 +18,7 @@ int main(void) {
 #include <dlfcn.h>
 
 #include "backend/cuda/cuda_internal.h"
-#include "scheduler/patch.h"
+#include "scheduler/planner.h"
 
 /* An H100 SXM's device properties (public specifications, as cudaGetDeviceProperties
  * reports them) in the JSON form cuDNN's device-properties descriptor reads. The key set

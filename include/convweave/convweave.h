@@ -277,10 +277,16 @@ CW_API void cw_plan_destroy(cw_plan *p);
 CW_API cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs,
                              int n_outputs);
 
+/* Stage kinds indexing cw_plan_stats.stage_ms. */
+enum { CW_STAGE_CONV = 0, CW_STAGE_PREP = 1, CW_STAGE_EPILOGUE = 2, CW_STAGE_STATS = 3,
+       CW_STAGE_ATTENTION = 4, CW_STAGE_OTHER = 5, CW_STAGE_COUNT = 6 };
+/* Most streams a plan uses (cw_compile_options.streams, cw_context_config.streams). */
+#define CW_MAX_STREAMS 8
+
 typedef struct cw_plan_stats {
     double wall_ms;             /* last run, host wall time */
-    double stage_ms[6];         /* summed task time per stage kind (CW_FLAG_TIMING) */
-    double stream_busy_ms[8];   /* summed task time per stream (CW_FLAG_TIMING) */
+    double stage_ms[CW_STAGE_COUNT];        /* summed task time per stage kind (CW_FLAG_TIMING) */
+    double stream_busy_ms[CW_MAX_STREAMS];  /* summed task time per stream (CW_FLAG_TIMING) */
     int n_streams;
     int64_t n_tasks;
     int64_t n_events;           /* event records per run */
@@ -294,10 +300,6 @@ typedef struct cw_plan_stats {
     double conv_gflop;          /* useful conv GFLOP per run (no halo recompute) */
     double halo_overhead_pct;   /* recomputed conv FLOPs from halos, % */
 } cw_plan_stats;
-
-/* Stage kinds indexing cw_plan_stats.stage_ms. */
-enum { CW_STAGE_CONV = 0, CW_STAGE_PREP = 1, CW_STAGE_EPILOGUE = 2, CW_STAGE_STATS = 3,
-       CW_STAGE_ATTENTION = 4, CW_STAGE_OTHER = 5 };
 
 CW_API cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
 /* Progress of cw_plan_run: fn(user, done, total) after each finished task (done counts

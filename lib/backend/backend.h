@@ -60,8 +60,15 @@ typedef struct cw__gemm_params {
 typedef void (*cw__host_fn)(void *arg);
 typedef struct cw__timer cw__timer; /* a backend's device timestamps (optional timer hooks) */
 
+/* Capabilities a backend declares (cw__backend_i.caps), so callers never test its name. */
+enum {
+    CW__CAP_HOST_STREAMS = 1u << 0 /* streams are host threads: per-task NVTX ranges are pushed
+                                      on the worker around the work, not around the enqueue */
+};
+
 typedef struct cw__backend_i {
     const char *name;
+    unsigned caps; /* CW__CAP_* */
     /* required: frees the backend after all its work finished. */
     void (*destroy)(cw__backend *be);
 

@@ -15,7 +15,7 @@
 #define CW__PRINTF(a, b)
 #endif
 
-#define CW__MAX_STREAMS 8
+#define CW__MAX_STREAMS CW_MAX_STREAMS
 #define CW__ERR_LEN 1024
 
 typedef struct cw__backend cw__backend;
@@ -60,8 +60,12 @@ int64_t cw__desc_numel(const cw_tensor_desc *d);
 /* Fills zero strides as contiguous; returns 1 when d's strides are already contiguous. */
 void cw__desc_fill_strides(cw_tensor_desc *d);
 int cw__desc_is_contiguous(const cw_tensor_desc *d);
-/* Byte extent covered by a strided view: (max offset + 1) * elem size. */
+/* Byte extent covered by a strided view: (max offset + 1) * elem size (all-zero strides:
+ * contiguous); 0 for a rank outside 1..CW_MAX_RANK or a dim < 1. */
 int64_t cw__desc_span_bytes(const cw_tensor_desc *d);
+/* 1 when the byte spans [data, data + span) of the two views intersect. A conservative
+ * test: interleaved views may report overlap. 0 when a pointer is NULL. */
+int cw__views_overlap(const cw_tensor_desc *a, const void *pa, const cw_tensor_desc *b, const void *pb);
 /* Prints "[1, 32, 64, 64]" into buf. */
 const char *cw__dims_str(const cw_tensor_desc *d, char *buf, size_t n);
 

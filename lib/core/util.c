@@ -142,9 +142,24 @@ int cw__desc_is_contiguous(const cw_tensor_desc *d) {
 }
 
 int64_t cw__desc_span_bytes(const cw_tensor_desc *d) {
-    int64_t last = 0;
-    for (int i = 0; i < d->rank; i++) last += (d->dims[i] - 1) * d->strides[i];
+    if (d->rank < 1 || d->rank > CW_MAX_RANK) return 0;
+    int any = 0;
+    for (int i = 0; i < d->rank; i++) any |= d->strides[i] != 0;
+    int64_t last = 0, s = 1;
+    for (int i = d->rank - 1; i >= 0; i--) {
+        if (d->dims[i] < 1) return 0;
+        last += (d->dims[i] - 1) * (any ? d->strides[i] : s);
+        s *= d->dims[i];
+    }
     return (last + 1) * (int64_t)cw_dtype_size(d->dtype);
+}
+
+int cw__views_overlap(const cw_tensor_desc *a, const void *pa, const cw_tensor_desc *b, const void *pb) {
+    if (!a || !b || !pa || !pb) return 0;
+    const int64_t sa = cw__desc_span_bytes(a), sb = cw__desc_span_bytes(b);
+    if (sa == 0 || sb == 0) return 0;
+    const uintptr_t a0 = (uintptr_t)pa, b0 = (uintptr_t)pb;
+    return a0 < b0 + (uintptr_t)sb && b0 < a0 + (uintptr_t)sa;
 }
 
 const char *cw__dims_str(const cw_tensor_desc *d, char *buf, size_t n) {

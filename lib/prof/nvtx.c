@@ -2,13 +2,22 @@
  * costs a branch. The domain and category names are registered once. */
 #include "prof/nvtx.h"
 
+#include "convweave/convweave.h"
+
+/* Index stage + 1: category 0 is the whole run. */
+static const char *const cw__cat_names[CW_STAGE_COUNT + 1] = {"run",   "conv",      "prep", "epilogue",
+                                                              "stats", "attention", "other"};
+
+const char *cw__stage_name(int stage) {
+    return stage >= -1 && stage < CW_STAGE_COUNT ? cw__cat_names[stage + 1] : "unknown";
+}
+
 #ifdef CW_HAVE_NVTX
 #include <nvtx3/nvToolsExt.h>
 #include <pthread.h>
 
 static nvtxDomainHandle_t cw__domain;
 static pthread_once_t cw__once = PTHREAD_ONCE_INIT;
-static const char *const cw__cat_names[] = {"run", "conv", "prep", "epilogue", "stats", "attention", "other"};
 static const uint32_t cw__colors[] = {0xff1f77b4u, 0xffff7f0eu, 0xff2ca02cu, 0xffd62728u,
                                       0xff9467bdu, 0xff8c564bu, 0xffe377c2u, 0xff7f7f7fu};
 

@@ -428,6 +428,7 @@ static void cpu_destroy(cw__backend *be) {
 
 static const cw__backend_i cpu_iface = {
     .name = "cpu",
+    .caps = CW__CAP_HOST_STREAMS,
     .destroy = cpu_destroy,
     .dev_alloc = cpu_dev_alloc,
     .dev_free = cpu_dev_free,

@@ -281,7 +281,7 @@ static cw_status cuda_conv_forward(cw__backend *be, cw__stream *s, const cw__con
     if (!p || !w || !y || (p->has_bias && !b))
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_forward: %s is NULL",
                          !p ? "problem" : !w ? "w" : !y ? "y" : "bias");
-    /* A patch whose input rows all lie in the padding (scheduler/patch.h) has no input
+    /* A patch whose input rows all lie in the padding (scheduler/planner.h) has no input
      * view and cuDNN takes no empty tensor: its output is the bias alone. */
     int empty = cw__cudnn_empty_input(p);
     if (!empty && !x) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_forward: x is NULL");

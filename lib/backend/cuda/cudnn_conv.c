@@ -788,7 +788,7 @@ void cw__cudnn_conv_destroy(cw__cudnn_conv *c) {
     cw__free(c);
 }
 
-/* 1 when the problem's input has no rows (a patch reading only padding, scheduler/patch.h). */
+/* 1 when the problem's input has no rows (a patch reading only padding, scheduler/planner.h). */
 int cw__cudnn_empty_input(const cw__conv_problem *p) {
     int empty = 0;
     for (int d = 2; d < p->x.rank && d < CW_MAX_RANK; d++) empty |= p->x.dims[d] < 1;

@@ -1,10 +1,12 @@
 /* The height-patch planner: exact halo math (DESIGN.md), balanced row bands, and the
  * choice of patch count + algorithm from a workspace cap. Patches are views into the
  * full tensors: only offsets, row counts and per-patch H paddings change. */
+#include <inttypes.h>
 #include <limits.h>
 #include <string.h>
 
-#include "scheduler/patch.h"
+#include "alloc/alloc.h"
+#include "scheduler/planner.h"
 
 #define PATCH_MAX_ALGOS 16
 
@@ -152,6 +154,176 @@ cw_status cw__patch_choose(cw__backend *be, const cw__conv_problem *full, int64_
                      "conv: no patch count 1..%d fits a workspace cap of %lld bytes; the smallest cap that works is "
                      "%lld bytes (%s with %d patches)",
                      pmax, (long long)ws_cap, (long long)best, best_name, best_p);
+}
+
+/* ---- the planner ------------------------------------------------------------------------ */
+
+/* Workspace of algorithm algo_id for problem pr as the backend lists it (-1: not listed);
+ * *out (may be NULL) gets the listing. */
+static cw_status algo_ws(cw__backend *be, const cw__conv_problem *pr, int algo_id, int64_t *ws, cw__conv_algo *out) {
+    cw__conv_algo algos[PATCH_MAX_ALGOS];
+    int n = 0;
+    cw_status st = be->i->conv_algos(be, pr, algos, PATCH_MAX_ALGOS, &n);
+    if (st != CW_OK) return st;
+    for (int i = 0; i < n; i++)
+        if (algos[i].id == algo_id) {
+            *ws = algos[i].workspace;
+            if (out) *out = algos[i];
+            return CW_OK;
+        }
+    *ws = -1;
+    return CW_OK;
+}
+
+/* Bytes of a patch's prep buffer (its input rows, f32); 0 without prep. */
+static int64_t pbuf_bytes(const cw__conv_problem *patch, int prep) {
+    if (!prep) return 0;
+    int64_t e = 1;
+    for (int i = 0; i < patch->x.rank; i++) e *= patch->x.dims[i];
+    return e * 4;
+}
+
+/* Temporary bytes in flight for bands needing ws and pbuf each. */
+static int64_t share_temp(const cw__conv_share *sh, int64_t ws, int64_t pbuf) {
+    return sh->heavy * cw__alloc_round(ws) + sh->n_pbufs * cw__alloc_round(pbuf);
+}
+
+/* The tallest band of a P-band plan, centred in the output. */
+static cw_status centre_band(const cw__conv_problem *full, int64_t h_out, int P, cw__patch *pt) {
+    int64_t rows = (h_out + P - 1) / P, o0 = h_out / 2 - rows / 2;
+    return cw__patch_make(full, o0 < 0 ? 0 : o0, (o0 < 0 ? 0 : o0) + rows, pt);
+}
+
+/* Temp in flight of algorithm id with P bands (probed on the centre band); -1: not listed. */
+static cw_status probe(cw__backend *be, const cw__conv_problem *full, const cw__conv_share *sh, int64_t h_out, int P,
+                       int id, int64_t *temp) {
+    cw__patch pt;
+    int64_t ws;
+    cw_status st = centre_band(full, h_out, P, &pt);
+    if (st == CW_OK) st = algo_ws(be, &pt.prob, id, &ws, NULL);
+    if (st == CW_OK) *temp = ws < 0 ? -1 : share_temp(sh, ws, pbuf_bytes(&pt.prob, sh->prep));
+    return st;
+}
+
+/* ws, pbuf and algo of algorithm id with P bands: the max over the centre, first and last
+ * tallest bands (a centred band may see fewer input rows than the first band's halo). */
+static cw_status size_bands(cw__backend *be, const cw__conv_problem *full, const cw__conv_share *sh, int64_t h_out,
+                            int P, int id, cw__conv_plan *out) {
+    int64_t rows = (h_out + P - 1) / P;
+    cw__patch pt;
+    cw_status st = centre_band(full, h_out, P, &pt);
+    if (st == CW_OK) st = algo_ws(be, &pt.prob, id, &out->ws, &out->algo);
+    if (st != CW_OK) return st;
+    out->pbuf = pbuf_bytes(&pt.prob, sh->prep);
+    for (int e = 0; e < 2; e++) {
+        int64_t q0 = e ? h_out - rows : 0, wse;
+        cw__patch pe;
+        if ((st = cw__patch_make(full, q0, q0 + rows, &pe)) != CW_OK) return st;
+        if ((st = algo_ws(be, &pe.prob, id, &wse, NULL)) != CW_OK) return st;
+        if (wse > out->ws) out->ws = wse;
+        int64_t pb = pbuf_bytes(&pe.prob, sh->prep);
+        if (pb > out->pbuf) out->pbuf = pb;
+    }
+    out->algo.workspace = out->ws;
+    return CW_OK;
+}
+
+/* Unlimited (or the reference): P bands with the fastest algorithm, sized on the first band. */
+static cw_status plan_unlimited(cw__backend *be, const cw__conv_problem *full, const cw__conv_share *sh,
+                                int64_t h_out, const cw__conv_algo *fastest, cw__conv_plan *out) {
+    out->patches = sh->single ? 1 : sh->p_min;
+    out->algo = *fastest;
+    cw__patch pt; /* the first band: rows [0, floor(H_out / P)) */
+    cw_status st = cw__patch_make(full, 0, band_lo(h_out, out->patches, 1), &pt);
+    if (st == CW_OK) st = algo_ws(be, &pt.prob, fastest->id, &out->ws, &out->algo);
+    out->pbuf = pbuf_bytes(&pt.prob, sh->prep);
+    return st;
+}
+
+/* Smallest P in [lo, hi] whose temp fits avail for algorithm id (bisection); -1 if none. */
+static cw_status smallest_fit(cw__backend *be, const cw__conv_problem *full, const cw__conv_share *sh, int64_t h_out,
+                              int lo, int hi, int id, int64_t avail, int *best) {
+    *best = -1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        int64_t temp;
+        cw_status st = probe(be, full, sh, h_out, mid, id, &temp);
+        if (st != CW_OK) return st;
+        if (temp >= 0 && temp <= avail) *best = mid, hi = mid - 1;
+        else lo = mid + 1;
+    }
+    return CW_OK;
+}
+
+/* Cuts the chosen P bands into out->bounds / out->patch. */
+static cw_status cut_bands(const cw__conv_problem *full, int64_t h_out, cw__conv_plan *out) {
+    int P = out->patches;
+    out->bounds = cw__malloc((size_t)(P + 1) * sizeof *out->bounds);
+    out->patch = cw__malloc((size_t)P * sizeof *out->patch);
+    if (!out->bounds || !out->patch) return cw__error(NULL, CW_ERR_OUT_OF_MEMORY, "planner: out of host memory");
+    cw__patch_bounds(h_out, P, out->bounds);
+    cw_status st = CW_OK;
+    for (int j = 0; j < P && st == CW_OK; j++) st = cw__patch_make(full, out->bounds[j], out->bounds[j + 1], &out->patch[j]);
+    return st;
+}
+
+/* The smallest avail any algorithm fits at P = pmax (CW_ERR_BUDGET's hint). */
+static cw_status min_share(cw__backend *be, const cw__conv_problem *full, const cw__conv_share *sh, int64_t h_out,
+                           int pmax, const cw__conv_algo *algos, int na, int64_t *min_avail) {
+    *min_avail = -1;
+    for (int a = 0; a < na; a++) {
+        int64_t temp;
+        cw_status st = probe(be, full, sh, h_out, pmax, algos[a].id, &temp);
+        if (st != CW_OK) return st;
+        if (temp >= 0 && (*min_avail < 0 || temp < *min_avail)) *min_avail = temp;
+    }
+    return CW_OK;
+}
+
+cw_status cw__planner_plan(cw__backend *be, const cw__conv_problem *full, const cw__conv_share *sh,
+                           cw__conv_plan *out, int64_t *min_avail) {
+    memset(out, 0, sizeof *out);
+    const int64_t h_out = full->y.dims[cw__patch_hdim(full)];
+    cw__conv_algo algos[PATCH_MAX_ALGOS];
+    int na = 0;
+    cw_status st = be->i->conv_algos(be, full, algos, PATCH_MAX_ALGOS, &na);
+    if (st != CW_OK) return st;
+    if (na == 0) return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "planner: the backend has no algorithm for a conv");
+    int p_min = sh->p_min > h_out ? (int)h_out : sh->p_min;
+    int pmax = sh->p_max > 0 && sh->p_max < h_out ? sh->p_max : (int)h_out;
+    if (sh->single || (sh->avail < 0 && sh->p_fixed <= 0)) {
+        cw__conv_share one = *sh;
+        one.p_min = p_min;
+        st = plan_unlimited(be, full, &one, h_out, &algos[0], out);
+        return st == CW_OK ? cut_bands(full, h_out, out) : st;
+    }
+    int64_t avail = sh->avail < 0 ? INT64_MAX : sh->avail;
+    for (int a = 0; a < na; a++) {
+        int lo = p_min, hi = pmax, best = -1;
+        if (sh->p_fixed > 0) lo = hi = (int)(sh->p_fixed < h_out ? (sh->p_fixed > p_min ? sh->p_fixed : p_min) : h_out);
+        if ((st = smallest_fit(be, full, sh, h_out, lo, hi, algos[a].id, avail, &best)) != CW_OK) return st;
+        if (best > 0) {
+            out->patches = best;
+            st = size_bands(be, full, sh, h_out, best, algos[a].id, out);
+            return st == CW_OK ? cut_bands(full, h_out, out) : st;
+        }
+    }
+    if (!min_avail)
+        return cw__error(be->ctx, CW_ERR_BUDGET, "planner: no patch count %d..%d fits a conv into %" PRId64 " bytes",
+                         p_min, pmax, sh->avail);
+    if ((st = min_share(be, full, sh, h_out, pmax, algos, na, min_avail)) != CW_OK) return st;
+    return cw__error(be->ctx, CW_ERR_BUDGET,
+                     "planner: no patch count %d..%d fits a conv into %" PRId64 " bytes; the smallest share that "
+                     "works is %" PRId64 " bytes",
+                     p_min, pmax, sh->avail, *min_avail);
+}
+
+void cw__conv_plan_free(cw__conv_plan *plan) {
+    if (!plan) return;
+    cw__free(plan->bounds);
+    cw__free(plan->patch);
+    plan->bounds = NULL;
+    plan->patch = NULL;
 }
 
 double cw__conv_flops(const cw__conv_problem *p) {

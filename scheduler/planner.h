@@ -1,8 +1,8 @@
 /* Height patches: the exact halo math of DESIGN.md, the planner that picks the patch count
  * and algorithm from a workspace cap, and convolution parameter validation (conv_check.c).
  * A patch is a view into the full input/output tensors: same strides, fewer rows. */
-#ifndef CW_PATCH_H
-#define CW_PATCH_H
+#ifndef CW_PLANNER_H
+#define CW_PLANNER_H
 
 #include "backend/backend.h"
 
@@ -55,6 +55,49 @@ void cw__patch_bounds(int64_t h_out, int p, int64_t *bounds);
 cw_status cw__patch_choose(cw__backend *be, const cw__conv_problem *full, int64_t ws_cap, int p_max, int *p_out,
                            cw__conv_algo *algo_out, int64_t *min_cap);
 
+/* What one convolution may use, from the lowering: its share of the budget and how many of
+ * its temporaries are in flight at once. */
+typedef struct cw__conv_share {
+    int64_t avail;  /* bytes for the workspaces and patch buffers in flight; < 0: unlimited */
+    int heavy;      /* workspaces in flight (one per heavy stream), >= 1 */
+    int n_pbufs;    /* patch buffers in flight (when prep) */
+    int prep;       /* 1: each patch reads a prep buffer holding its input rows */
+    int p_min;      /* at least this many patches, >= 1 (max_patch_rows) */
+    int p_max;      /* at most this many; 0: the output height */
+    int p_fixed;    /* > 0: this many patches (clamped to p_min..H_out) whatever avail says */
+    int single;     /* 1: one patch with the fastest algorithm (the unscheduled reference) */
+} cw__conv_share;
+
+/* A convolution's patching: P row bands, each a cw__patch (rows, input rows, halo
+ * paddings, problem), all run with one algorithm (one id, so every band is the same
+ * engine). ws and pbuf are the largest workspace / prep buffer over the bands, in bytes;
+ * algo.workspace == ws. */
+typedef struct cw__conv_plan {
+    int patches;
+    cw__conv_algo algo;
+    int64_t ws, pbuf;
+    int64_t *bounds;  /* patches + 1 output row boundaries */
+    cw__patch *patch; /* patches entries */
+} cw__conv_plan;
+
+/* The one planner (production and tests): picks the patch count and algorithm of `full`
+ * under `share`, then cuts the bands (cw__patch_bounds, cw__patch_make).
+ * - single, or avail < 0 without p_fixed: p_min patches (1 when single) with the fastest
+ *   algorithm the backend lists for the full problem;
+ * - else, for each algorithm in the backend's order for the full problem (fastest first),
+ *   the smallest P in p_min..p_max whose bands fit:
+ *     heavy * round(ws) + n_pbufs * round(pbuf) <= avail   (round: cw__alloc_round)
+ *   found by bisection (workspace and buffer shrink as P grows), probing the tallest band
+ *   (ceil(H_out / P) rows) in the middle of the output, where no padding clips its input
+ *   rows; the chosen P's ws and pbuf are the max over that band and the first and last.
+ *   A slower algorithm is used only when no P fits a faster one.
+ * When nothing fits: CW_ERR_BUDGET; *min_avail (may be NULL, then it is not computed)
+ * gets the smallest avail that would fit, over every algorithm at P = p_max.
+ * Free *out with cw__conv_plan_free (also after a failure). */
+cw_status cw__planner_plan(cw__backend *be, const cw__conv_problem *full, const cw__conv_share *share,
+                           cw__conv_plan *out, int64_t *min_avail);
+void cw__conv_plan_free(cw__conv_plan *plan);
+
 /* Useful convolution FLOPs of a problem: 2 * N * K * prod(out spatial) * (C/groups) *
  * prod(kernel) (multiply and add counted separately; the bias add is not counted).
  * Padding taps are counted as work, as every dense conv library does. */
@@ -93,9 +136,6 @@ cw_status cw__patch_halo(const cw__conv_problem *full, const int64_t *bounds, in
 cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_tensor_desc *w,
                             const cw_tensor_desc *b, const cw_tensor_desc *y, const cw_conv_params *p,
                             cw_tensor_desc *y_expected_out);
-/* 1 when the byte spans [data, data + span) of the two views intersect (strides of all
- * zero mean contiguous). A conservative test: interleaved views may report overlap. */
-int cw__views_overlap(const cw_tensor_desc *a, const void *pa, const cw_tensor_desc *b, const void *pb);
 /* Builds the backend problem of a validated convolution (strides filled in). */
 void cw__conv_problem_init(cw__conv_problem *out, const cw_tensor_desc *x, const cw_tensor_desc *w, int has_bias,
                            const cw_tensor_desc *y, const cw_conv_params *p);

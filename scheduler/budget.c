@@ -1,0 +1,224 @@
+/* The budget search: cw_graph_compile lowers the graph, dry-runs the plan's allocation
+ * sequence against the budget (execute.c on the dry backend) and lowers again with a
+ * smaller sizing budget until it fits; cw_graph_min_budget bisects the budget for the
+ * smallest that compiles. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "scheduler/sched.h"
+
+/* Dry-runs the plan's allocation sequence under its budget. A plan whose allocations
+ * would need a host synchronisation mid-run (the allocator releasing cached segments to
+ * make room) does not fit either: CW_ERR_BUDGET. */
+static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allocated) {
+    cw__backend *dry = NULL;
+    cw__allocator *temp = NULL, *act = NULL;
+    cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
+    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
+    if (st == CW_OK) st = cw__alloc_create(&act, p->ctx, dry, 0, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
+    if (st == CW_OK) st = cw__plan_execute(p, dry, temp, act, 1, peak, peak_allocated);
+    if (st == CW_OK && dry->i->host_syncs(dry) > p->n_streams)
+        st = cw__error(p->ctx, CW_ERR_BUDGET, "compile: the plan would need a host synchronisation mid-run");
+    cw__alloc_destroy(temp);
+    cw__alloc_destroy(act);
+    if (dry) dry->i->destroy(dry);
+    return st;
+}
+
+static int64_t cw__opt_budget(const cw_context *ctx, const cw_compile_options *o) {
+    if (o->policy == CW_PATCHES_NONE) return -1;
+    int64_t b = o->temp_budget ? o->temp_budget : ctx->cfg.temp_budget;
+    return b > 0 ? b : -1;
+}
+
+/* Per-buffer pointers and descriptors the replay fills; constants are bound now,
+ * externals get a placeholder until cw_plan_run binds them. */
+static cw_status cw__plan_bind_constants(cw_plan *p) {
+    p->ptrs = cw__calloc((size_t)p->n_bufs + 1, sizeof *p->ptrs);
+    p->rdesc = cw__calloc((size_t)p->n_bufs + 1, sizeof *p->rdesc);
+    if (!p->ptrs || !p->rdesc) return cw__error(p->ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory");
+    for (int b = 0; b < p->n_bufs; b++) {
+        const cw_tensor *t = p->bufs[b].t;
+        p->rdesc[b] = t ? t->desc : p->bufs[b].d;
+        p->ptrs[b] = t ? t->data : (void *)(uintptr_t)4096; /* externals: bound at run */
+    }
+    return CW_OK;
+}
+
+/* The arena need not be the whole budget: shrinks it towards the bytes the plan actually
+ * has in use at once, as long as the dry run still fits (fragmentation inside the arena
+ * can need a little more than that). */
+static void cw__fit_arena(cw_plan *p, int64_t used, int64_t *peak) {
+    for (int64_t a = (used + 511) / 512 * 512; p->arena > 0 && a < p->arena; a += a / 8 + 512) {
+        int64_t keep = p->arena, pk = 0;
+        p->arena = a;
+        if (cw__plan_simulate(p, &pk, NULL) == CW_OK) {
+            *peak = pk;
+            return;
+        }
+        p->arena = keep;
+    }
+}
+
+/* Builds under `budget`, shrinking the sizing budget until the dry run fits. fit_arena: also
+ * size the run's arena (feasibility searches skip it: only the yes/no matters there). */
+static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_t budget, int fit_arena, cw_plan **out) {
+    int64_t sizing = budget;
+    cw_status st = CW_OK;
+    for (int attempt = 0; attempt < 16; attempt++) {
+        cw_plan *p = NULL;
+        st = cw__plan_build(g, o, sizing, &p);
+        if (st != CW_OK) return st;
+        p->budget = budget;
+        if ((st = cw__plan_bind_constants(p)) != CW_OK) {
+            cw__plan_free(p);
+            return st;
+        }
+        int64_t peak = 0, used = 0;
+        p->arena = budget > 0 ? budget / 512 * 512 : 0;
+        st = cw__plan_simulate(p, &peak, &used);
+        if (st == CW_OK && fit_arena) cw__fit_arena(p, used, &peak);
+        if (st == CW_OK) {
+            p->temp_predicted = peak;
+            *out = p;
+            return CW_OK;
+        }
+        cw__plan_free(p);
+        if (st != CW_ERR_BUDGET || budget < 0) return st;
+        sizing = sizing - sizing / 6 - 1;
+        if (sizing <= 0) break;
+    }
+    return CW_ERR_BUDGET;
+}
+
+static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
+    if (o->size != sizeof(cw_compile_options) || o->version != CW_COMPILE_OPTIONS_VERSION)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options: size %zu / version %d, expected %zu / %d",
+                         o->size, o->version, sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION);
+    if (o->streams < 0 || o->streams > CW__MAX_STREAMS)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.streams = %d, must be 0..%d", o->streams,
+                         CW__MAX_STREAMS);
+    if (o->policy != CW_PATCHES_AUTO && o->policy != CW_PATCHES_FIXED && o->policy != CW_PATCHES_NONE)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.policy = %d is not a cw_patch_policy", (int)o->policy);
+    if (o->policy == CW_PATCHES_FIXED && o->patches < 1)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.patches = %d, must be >= 1 for CW_PATCHES_FIXED",
+                         o->patches);
+    if (o->max_patch_rows < 0)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.max_patch_rows = %" PRId64 " < 0", o->max_patch_rows);
+    return CW_OK;
+}
+
+/* A budget under which g compiles: the unlimited plan's peak, doubled until it is feasible
+ * as a cap; *lo gets the largest budget seen failing (0 if none). */
+static cw_status cw__feasible_budget(cw_graph *g, const cw_compile_options *opt, int64_t *hi, int64_t *lo) {
+    cw_plan *p = NULL;
+    cw_status st = cw__compile_at(g, opt, -1, 0, &p);
+    if (st != CW_OK) return st;
+    *hi = p->temp_predicted, *lo = 0;
+    cw__plan_free(p);
+    for (;;) {
+        st = cw__compile_at(g, opt, *hi, 0, &p);
+        if (st == CW_OK) {
+            cw__plan_free(p);
+            return CW_OK;
+        }
+        if (st != CW_ERR_BUDGET || *hi > INT64_MAX / 4) return st;
+        *lo = *hi;
+        *hi *= 2;
+    }
+}
+
+cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_t *out_bytes) {
+    static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
+    if (!g || !out_bytes) return CW_ERR_INVALID_ARG;
+    if (!opt) opt = &dflt;
+    cw_status st = cw__opt_check(g->ctx, opt);
+    if (st != CW_OK) return st;
+    if (g->n_outputs == 0) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_min_budget: the graph has no outputs");
+    int64_t hi, lo;
+    if ((st = cw__feasible_budget(g, opt, &hi, &lo)) != CW_OK) return st;
+    if (opt->policy == CW_PATCHES_NONE) {
+        *out_bytes = hi;
+        return CW_OK;
+    }
+    /* smallest budget that compiles: compile success is monotone enough in the budget
+     * for a bisection to 1/256 of the range (then rounded up to 4 KiB). */
+    int64_t step = hi / 256 > 4096 ? hi / 256 : 4096;
+    while (hi - lo > step) {
+        int64_t mid = lo + (hi - lo) / 2;
+        cw_plan *p = NULL;
+        st = cw__compile_at(g, opt, mid, 0, &p);
+        if (st == CW_OK) {
+            cw__plan_free(p);
+            hi = mid;
+        } else if (st == CW_ERR_BUDGET) {
+            lo = mid;
+        } else {
+            return st;
+        }
+    }
+    *out_bytes = (hi + 4095) / 4096 * 4096;
+    g->ctx->err[0] = '\0';
+    return CW_OK;
+}
+
+/* What a compiled plan needs to run: events, timing slots, its temporary pool. A plan under
+ * the context's budget shares the context's temporaries; others (the unscheduled
+ * reference, explicit budgets) get their own capped allocator. */
+static cw_status cw__plan_prepare_run(cw_plan *p, int64_t budget) {
+    cw_context *ctx = p->ctx;
+    cw_status st = CW_OK;
+    uint32_t aflags = CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE |
+                      ((ctx->cfg.flags & CW_FLAG_POISON) ? CW__ALLOC_POISON : 0);
+    p->events = cw__calloc((size_t)p->n_events + 1, sizeof *p->events);
+    p->t0 = cw__calloc((size_t)p->n_tasks + 1, sizeof *p->t0);
+    p->t1 = cw__calloc((size_t)p->n_tasks + 1, sizeof *p->t1);
+    if (!p->events || !p->t0 || !p->t1) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory");
+    int64_t ctx_budget = ctx->cfg.temp_budget > 0 ? ctx->cfg.temp_budget : -1;
+    if (budget == ctx_budget) p->temp = ctx->temp;
+    else if ((st = cw__alloc_create(&p->temp, ctx, ctx->be, budget, aflags)) == CW_OK) p->own_temp = 1;
+    for (int e = 0; e < p->n_events && st == CW_OK; e++) st = ctx->be->i->event_create(ctx->be, &p->events[e]);
+    return st;
+}
+
+static void cw__plan_compile_stats(cw_plan *p) {
+    p->stats.n_tasks = p->n_tasks;
+    p->stats.n_events = p->n_events;
+    p->stats.n_streams = p->n_streams;
+    p->stats.temp_predicted = p->temp_predicted;
+    p->stats.weights_bytes = p->weights_bytes;
+    p->stats.conv_gflop = p->conv_gflop;
+    p->stats.halo_overhead_pct = p->conv_gflop > 0 ? 100.0 * p->halo_flop * 1e-9 / p->conv_gflop : 0.0;
+    for (int c = 0; c < p->n_convs; c++) p->stats.n_patches += p->convs[c].patches;
+}
+
+cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt) {
+    static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!opt) opt = &dflt;
+    cw_context *ctx = g->ctx;
+    cw_status st = cw__opt_check(ctx, opt);
+    if (st != CW_OK) return st;
+    if (g->n_outputs == 0) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_graph_compile: the graph has no outputs");
+    int64_t budget = cw__opt_budget(ctx, opt);
+    cw_plan *p = NULL;
+    st = cw__compile_at(g, opt, budget, 1, &p);
+    if (st == CW_ERR_BUDGET) {
+        int64_t need = -1;
+        if (cw_graph_min_budget(g, opt, &need) != CW_OK) need = -1;
+        return cw__error(ctx, CW_ERR_BUDGET,
+                         "cw_graph_compile: budget %" PRId64 " bytes (%.1f MiB) is too small for this graph; the "
+                         "smallest budget that works is %" PRId64 " bytes (%.1f MiB)",
+                         budget, (double)budget / 1048576.0, need, (double)need / 1048576.0);
+    }
+    if (st != CW_OK) return st;
+    if ((st = cw__plan_prepare_run(p, budget)) != CW_OK) {
+        cw__plan_free(p);
+        return st;
+    }
+    cw__plan_compile_stats(p);
+    *out = p;
+    return CW_OK;
+}

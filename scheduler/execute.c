@@ -1,0 +1,421 @@
+/* Running a plan: the host replays the action list — allocate from the budgeted allocator,
+ * make the task's stream wait on the events of its cross-stream dependencies, enqueue the
+ * operation, record its event, free in stream order — and synchronises once at the end.
+ * The same replay against the dry backend, with no operations enqueued, is the budget
+ * search's simulation (budget.c). */
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "prof/nvtx.h"
+#include "scheduler/sched.h"
+
+/* ---- views ------------------------------------------------------------------------------- */
+static cw__view cw__resolve(const cw_plan *p, const cw__vref *r) {
+    cw__view v;
+    memset(&v, 0, sizeof v);
+    const cw_tensor_desc *bd = &p->rdesc[r->buf];
+    v.d.dtype = CW_F32;
+    v.d.rank = r->rank;
+    int64_t off = 0;
+    for (int i = 0; i < r->rank; i++) {
+        v.d.dims[i] = r->dims[i];
+        v.d.strides[i] = bd->strides[i];
+        off += r->start[i] * bd->strides[i];
+    }
+    v.data = (char *)p->ptrs[r->buf] + off * 4;
+    return v;
+}
+
+/* ---- host callbacks for timing and NVTX (run in stream order on the backend) ---------- */
+typedef struct cw__hostarg {
+    cw_plan *p;
+    int task;
+    int nvtx; /* push/pop the task's NVTX range here, on the thread that runs the stream */
+} cw__hostarg;
+
+static void cw__host_begin(void *arg) {
+    cw__hostarg *h = arg;
+    const cw__task *t = &h->p->tasks[h->task];
+    if (h->nvtx) cw__nvtx_push(t->name, t->stage + 1, t->stream);
+    if (h->p->t0) h->p->t0[h->task] = cw__now_ns();
+}
+
+static void cw__host_end(void *arg) {
+    cw__hostarg *h = arg;
+    if (h->p->t1) h->p->t1[h->task] = cw__now_ns();
+    if (h->nvtx) cw__nvtx_pop();
+}
+
+static void cw__host_progress(void *arg) {
+    cw_plan *p = arg;
+    int64_t done = atomic_fetch_add(&p->progress_done, 1) + 1;
+    p->progress_fn(p->progress_user, done, p->n_tasks);
+}
+
+cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user) {
+    if (!p) return CW_ERR_INVALID_ARG;
+    if (fn && !p->ctx->be->i->launch_host)
+        return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "cw_plan_set_progress: the %s backend has no host callbacks",
+                         p->ctx->be->i->name);
+    p->progress_fn = fn;
+    p->progress_user = user;
+    return CW_OK;
+}
+
+/* ---- enqueueing one task's operations ---------------------------------------------------- */
+/* One attention query chunk: S = scale * Q^T K, row softmax, O = V S^T (two GEMMs). */
+static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
+    const cw__backend_i *i = be->i;
+    const int64_t T = t->u.attn.T, C = t->u.attn.C, t0 = t->u.attn.t0, tc = t->u.attn.t1 - t->u.attn.t0;
+    cw__view q = cw__resolve(p, &t->u.attn.q), k = cw__resolve(p, &t->u.attn.k);
+    cw__view v = cw__resolve(p, &t->u.attn.v), o = cw__resolve(p, &t->u.attn.o);
+    const cw__view *all[4] = {&q, &k, &v, &o};
+    for (int a = 0; a < 4; a++)
+        if (!cw__desc_is_contiguous(&all[a]->d))
+            return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "attention: operands must be contiguous tensors");
+    int64_t off = t->u.attn.n * C * T;
+    float *qp = (float *)q.data + off, *kp = (float *)k.data + off, *vp = (float *)v.data + off;
+    float *op = (float *)o.data + off, *sp = p->ptrs[t->u.attn.s_buf];
+    cw__gemm_params g1 = {1, 0, tc, T, C, t->u.attn.scale, 0.0f, qp + t0, T, kp, T, sp, T, t->threads};
+    cw__gemm_params g2 = {0, 1, C, tc, T, 1.0f, 0.0f, vp, T, sp, T, op + t0, T, t->threads};
+    cw_status st = i->gemm(be, s, &g1);
+    if (st == CW_OK) st = i->softmax_rows(be, s, sp, tc, T, T);
+    if (st == CW_OK) st = i->gemm(be, s, &g2);
+    return st;
+}
+
+static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
+    const cw__backend_i *i = be->i;
+    switch (t->kind) {
+    case CW__T_CONV: {
+        cw__conv_problem pr = t->u.conv.prob;
+        cw__view x = cw__resolve(p, &t->u.conv.x), w = cw__resolve(p, &t->u.conv.w), y = cw__resolve(p, &t->u.conv.y);
+        pr.x = x.d, pr.w = w.d, pr.y = y.d;
+        const void *b = t->u.conv.has_b ? p->ptrs[t->u.conv.b.buf] : NULL;
+        void *ws = t->u.conv.ws_buf >= 0 ? p->ptrs[t->u.conv.ws_buf] : NULL;
+        cw__conv_algo algo = t->u.conv.algo;
+        algo.threads = t->threads;
+        return i->conv_forward(be, s, &pr, &algo, x.data, w.data, b, y.data, ws, algo.workspace);
+    }
+    case CW__T_PREP: {
+        cw__prep_params pp;
+        memset(&pp, 0, sizeof pp);
+        pp.src = cw__resolve(p, &t->u.prep.src);
+        pp.dst = cw__resolve(p, &t->u.prep.dst);
+        if (t->u.prep.ss_buf >= 0) {
+            int64_t nc = pp.src.d.dims[0] * pp.src.d.dims[1];
+            pp.scale = p->ptrs[t->u.prep.ss_buf];
+            pp.shift = pp.scale + nc;
+        }
+        pp.silu = t->u.prep.silu;
+        pp.up = t->u.prep.up;
+        pp.dst_row0 = t->u.prep.dst_row0;
+        pp.src_row0 = t->u.prep.src_row0;
+        return i->prep(be, s, &pp);
+    }
+    case CW__T_ADD: {
+        cw__view d = cw__resolve(p, &t->u.add.dst), a = cw__resolve(p, &t->u.add.a), b = cw__resolve(p, &t->u.add.b);
+        return i->add(be, s, &d, &a, &b);
+    }
+    case CW__T_STATS: {
+        cw__view x = cw__resolve(p, &t->u.stats.x);
+        int64_t per = x.d.dims[0] * t->u.stats.groups * 3;
+        double *parts = (double *)p->ptrs[t->u.stats.part_buf] + t->u.stats.part_index * per;
+        return i->gn_stats(be, s, &x, t->u.stats.groups, parts);
+    }
+    case CW__T_FINALIZE: {
+        float *ss = p->ptrs[t->u.fin.ss_buf];
+        cw__view gm = cw__resolve(p, &t->u.fin.gamma), bt = cw__resolve(p, &t->u.fin.beta);
+        return i->gn_finalize(be, s, p->ptrs[t->u.fin.part_buf], t->u.fin.n_parts, t->u.fin.n, t->u.fin.c,
+                              t->u.fin.groups, gm.data, bt.data, t->u.fin.eps, ss, ss + t->u.fin.n * t->u.fin.c);
+    }
+    case CW__T_ATTN: return cw__enqueue_attention(p, be, s, t);
+    }
+    return CW_ERR_INTERNAL;
+}
+
+
+/* ---- the replay ------------------------------------------------------------------------- */
+
+/* One replay of the action list. A run uses the context's streams and the plan's events and
+ * enqueues the operations; a simulation (dry) makes its own streams and events on the dry
+ * backend and enqueues nothing. */
+typedef struct cw__exec {
+    cw_plan *p;
+    cw__backend *be;
+    cw__allocator *temp, *act;
+    int dry;
+    int nvtx, nvtx_worker, timing;
+    cw__stream *streams[CW__MAX_STREAMS];
+    cw__event **ev;
+    cw__hostarg *ha;
+    char *live;           /* per buffer: allocated and not yet freed (a failed run frees it) */
+    int64_t peak_total;
+} cw__exec;
+
+/* NVTX: where the backend's streams are host threads, a task's range is pushed on its
+ * worker around the work; on a GPU backend the range wraps the enqueue on the host (as
+ * Nsight Systems expects, correlated with the kernels it launches). */
+static cw_status cw__exec_open_run(cw__exec *x) {
+    cw_plan *p = x->p;
+    const cw__backend_i *i = x->be->i;
+    cw_status st = CW_OK;
+    x->nvtx = (p->ctx->cfg.flags & CW_FLAG_NVTX) != 0;
+    x->nvtx_worker = x->nvtx && i->launch_host && (i->caps & CW__CAP_HOST_STREAMS);
+    x->timing = ((p->ctx->cfg.flags & CW_FLAG_TIMING) || x->nvtx_worker) && i->launch_host;
+    for (int s = 0; s < p->n_streams && st == CW_OK; s++) st = cw__context_stream(p->ctx, s, &x->streams[s]);
+    x->ev = p->events;
+    if (x->timing && st == CW_OK) {
+        x->ha = cw__malloc((size_t)p->n_tasks * sizeof *x->ha + 1);
+        if (!x->ha) return CW_ERR_OUT_OF_MEMORY;
+        for (int k = 0; k < p->n_tasks; k++) x->ha[k] = (cw__hostarg){p, k, x->nvtx_worker};
+    }
+    return st;
+}
+
+static cw_status cw__exec_open_dry(cw__exec *x) {
+    cw_plan *p = x->p;
+    cw__backend *be = x->be;
+    cw_status st = CW_OK;
+    for (int s = 0; s < p->n_streams && st == CW_OK; s++) st = be->i->stream_create(be, &x->streams[s]);
+    x->ev = cw__calloc((size_t)p->n_events + 1, sizeof *x->ev);
+    if (!x->ev) return CW_ERR_OUT_OF_MEMORY;
+    for (int e = 0; e < p->n_events && st == CW_OK; e++) st = be->i->event_create(be, &x->ev[e]);
+    return st;
+}
+
+static void cw__exec_close_dry(cw__exec *x) {
+    cw__backend *be = x->be;
+    for (int e = 0; x->ev && e < x->p->n_events; e++)
+        if (x->ev[e]) be->i->event_destroy(be, x->ev[e]);
+    cw__free(x->ev);
+    for (int s = 0; s < x->p->n_streams; s++)
+        if (x->streams[s]) be->i->stream_destroy(be, x->streams[s]);
+}
+
+/* Primes a capped pool with one segment, the arena: every temporary is then carved from it
+ * (with event waits across streams), so the allocator never has to give segments back to
+ * make room — which would synchronise the host mid-run. */
+static cw_status cw__exec_prime(cw__exec *x) {
+    cw_memory_stats ms;
+    cw__alloc_stats(x->temp, &ms);
+    if (x->p->arena <= 0 || ms.reserved_bytes_current != 0) return CW_OK;
+    void *arena = NULL;
+    cw_status st = cw__alloc_malloc(x->temp, x->p->arena, NULL, &arena);
+    if (st == CW_OK) st = cw__alloc_free(x->temp, arena, NULL);
+    cw__alloc_reset_peaks(x->temp); /* the priming block is not a use */
+    return st;
+}
+
+static cw__allocator *cw__exec_pool(const cw__exec *x, int buf) {
+    return x->p->bufs[buf].kind == CW__B_TEMP ? x->temp : x->act;
+}
+
+static cw_status cw__exec_alloc(cw__exec *x, const cw__action *ac) {
+    cw_plan *p = x->p;
+    const cw__buf *b = &p->bufs[ac->id];
+    cw_status st = cw__alloc_malloc(cw__exec_pool(x, ac->id), b->bytes, x->streams[ac->stream], &p->ptrs[ac->id]);
+    if (st != CW_OK) return st;
+    x->live[ac->id] = 1;
+    if (ac->event >= 0 && (st = x->be->i->event_record(x->be, x->ev[ac->event], x->streams[ac->stream])) != CW_OK)
+        return st;
+    cw_tensor_desc *d = &p->rdesc[ac->id];
+    *d = b->d;
+    memset(d->strides, 0, sizeof d->strides);
+    cw__desc_fill_strides(d);
+    if (!x->dry) { /* peak of temp + activations + weights */
+        cw_memory_stats ms;
+        int64_t tot = p->weights_bytes;
+        cw__alloc_stats(x->temp, &ms);
+        tot += ms.reserved_bytes_current;
+        cw__alloc_stats(x->act, &ms);
+        tot += ms.reserved_bytes_current;
+        if (tot > x->peak_total) x->peak_total = tot;
+    }
+    return CW_OK;
+}
+
+static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
+    cw_plan *p = x->p;
+    cw_status st = CW_OK;
+    for (int j = 0; j < ac->n_joins && st == CW_OK; j++)
+        st = x->be->i->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]);
+    if (st != CW_OK) return st;
+    st = cw__alloc_free(cw__exec_pool(x, ac->id), p->ptrs[ac->id], x->streams[ac->stream]);
+    x->live[ac->id] = 0;
+    return st;
+}
+
+static cw_status cw__exec_task(cw__exec *x, int ti) {
+    cw_plan *p = x->p;
+    cw__backend *be = x->be;
+    const cw__task *t = &p->tasks[ti];
+    cw__stream *s = x->streams[t->stream];
+    cw_status st = CW_OK;
+    for (int w = 0; w < t->n_waits && st == CW_OK; w++)
+        st = be->i->stream_wait_event(be, s, x->ev[p->tasks[t->waits[w]].event]);
+    for (int w = 0; w < t->n_alloc_waits && st == CW_OK; w++) st = be->i->stream_wait_event(be, s, x->ev[t->alloc_waits[w]]);
+    if (st != CW_OK) return st;
+    if (x->timing) st = be->i->launch_host(be, s, cw__host_begin, &x->ha[ti]);
+    int nvtx_host = x->nvtx && !x->nvtx_worker;
+    if (nvtx_host) cw__nvtx_push(t->name, t->stage + 1, t->stream);
+    if (st == CW_OK && !x->dry) st = cw__enqueue(p, be, s, t);
+    if (nvtx_host) cw__nvtx_pop();
+    if (st == CW_OK && x->timing) st = be->i->launch_host(be, s, cw__host_end, &x->ha[ti]);
+    if (st == CW_OK && !x->dry && p->progress_fn) st = be->i->launch_host(be, s, cw__host_progress, p);
+    if (st == CW_OK && t->event >= 0) st = be->i->event_record(be, x->ev[t->event], s);
+    return st;
+}
+
+/* One wait at the end (also on failure: nothing may still run on freed memory), then the
+ * buffers a failed run left allocated go back in host order (the streams are idle). */
+static cw_status cw__exec_drain(cw__exec *x, cw_status st) {
+    for (int s = 0; s < x->p->n_streams; s++)
+        if (x->streams[s]) {
+            cw_status s2 = x->be->i->stream_synchronize(x->be, x->streams[s]);
+            if (st == CW_OK) st = s2;
+        }
+    for (int b = 0; x->live && b < x->p->n_bufs; b++)
+        if (x->live[b]) cw__alloc_free(cw__exec_pool(x, b), x->p->ptrs[b], NULL);
+    return st;
+}
+
+cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw__allocator *act, int dry,
+                           int64_t *peak_temp, int64_t *peak_allocated) {
+    cw__exec x;
+    memset(&x, 0, sizeof x);
+    x.p = p, x.be = be, x.temp = temp, x.act = act, x.dry = dry;
+    cw_status st = dry ? cw__exec_open_dry(&x) : cw__exec_open_run(&x);
+    if (st == CW_OK) st = cw__exec_prime(&x);
+    x.live = cw__calloc((size_t)p->n_bufs + 1, 1);
+    if (!x.live && st == CW_OK) st = CW_ERR_OUT_OF_MEMORY;
+    for (int a = 0; a < p->n_acts && st == CW_OK; a++) {
+        const cw__action *ac = &p->acts[a];
+        if (ac->kind == CW__A_ALLOC) st = cw__exec_alloc(&x, ac);
+        else if (ac->kind == CW__A_FREE) st = cw__exec_free(&x, ac);
+        else st = cw__exec_task(&x, ac->id);
+    }
+    st = cw__exec_drain(&x, st);
+    cw__free(x.live);
+    if (dry) cw__exec_close_dry(&x);
+    cw__free(x.ha);
+    cw_memory_stats ms;
+    cw__alloc_stats(temp, &ms);
+    if (peak_temp) *peak_temp = ms.reserved_bytes_peak;
+    if (peak_allocated) *peak_allocated = ms.allocated_bytes_peak;
+    if (!dry) p->stats.total_peak = x.peak_total;
+    return st;
+}
+
+/* ---- cw_plan_run ------------------------------------------------------------------------ */
+
+static int cw__dims_equal(const cw_tensor_desc *a, const cw_tensor_desc *b) {
+    if (a->rank != b->rank || a->dtype != b->dtype) return 0;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return 0;
+    return 1;
+}
+
+/* The tensors given to cw_plan_run: counts, shapes, no output overlapping another tensor. */
+static cw_status cw__check_bindings(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs,
+                                    int n_outputs) {
+    cw_context *ctx = p->ctx;
+    char b1[96], b2[96];
+    if (n_inputs != p->n_inputs || n_outputs != p->n_outputs || (n_inputs && !inputs) || (n_outputs && !outputs))
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: %d inputs and %d outputs given, the plan has %d and %d",
+                         n_inputs, n_outputs, p->n_inputs, p->n_outputs);
+    for (int i = 0; i < n_inputs; i++)
+        if (!inputs[i] || !cw__dims_equal(&inputs[i]->desc, &p->in[i].d))
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: inputs[%d] ('%s') is %s, the plan expects f32 %s", i,
+                             p->in[i].name, inputs[i] ? cw__dims_str(&inputs[i]->desc, b1, sizeof b1) : "NULL",
+                             cw__dims_str(&p->in[i].d, b2, sizeof b2));
+    for (int i = 0; i < n_outputs; i++) {
+        if (!outputs[i] || !cw__dims_equal(&outputs[i]->desc, &p->out[i].d))
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] ('%s') is %s, the plan expects f32 %s", i,
+                             p->out[i].name, outputs[i] ? cw__dims_str(&outputs[i]->desc, b1, sizeof b1) : "NULL",
+                             cw__dims_str(&p->out[i].d, b2, sizeof b2));
+        for (int j = 0; j < n_inputs; j++)
+            if (cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &inputs[j]->desc, inputs[j]->data))
+                return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps inputs[%d]", i, j);
+        for (int j = 0; j < i; j++)
+            if (cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &outputs[j]->desc, outputs[j]->data))
+                return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps outputs[%d]", i, j);
+    }
+    return CW_OK;
+}
+
+/* The external tensor bound to buffer bf (NULL for the plan's own buffers). */
+static const cw_tensor *cw__bound(const cw__buf *bf, cw_tensor *const *inputs, cw_tensor *const *outputs) {
+    return bf->kind == CW__B_INPUT ? inputs[bf->ext] : bf->kind == CW__B_OUTPUT ? outputs[bf->ext] : NULL;
+}
+
+/* Attention's GEMMs take contiguous [C, T] operands: checked before anything is queued. */
+static cw_status cw__check_attention_operands(cw_plan *p, cw_tensor *const *inputs, cw_tensor *const *outputs) {
+    for (int k = 0; k < p->n_tasks; k++) {
+        const cw__task *t = &p->tasks[k];
+        if (t->kind != CW__T_ATTN) continue;
+        const int bs[4] = {t->u.attn.q.buf, t->u.attn.k.buf, t->u.attn.v.buf, t->u.attn.o.buf};
+        for (int a = 0; a < 4; a++) {
+            const cw__buf *bf = &p->bufs[bs[a]];
+            const cw_tensor *u = cw__bound(bf, inputs, outputs);
+            if (u && !cw__desc_is_contiguous(&u->desc))
+                return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "cw_plan_run: %s[%d] feeds or receives an attention and must be "
+                                 "contiguous", bf->kind == CW__B_INPUT ? "inputs" : "outputs", bf->ext);
+        }
+    }
+    return CW_OK;
+}
+
+/* Per-stage and per-stream busy time from the task times (CW_FLAG_TIMING). */
+static void cw__stage_times(cw_plan *p) {
+    memset(p->stats.stage_ms, 0, sizeof p->stats.stage_ms);
+    memset(p->stats.stream_busy_ms, 0, sizeof p->stats.stream_busy_ms);
+    for (int k = 0; k < p->n_tasks; k++) {
+        if (!p->t0[k] || !p->t1[k]) continue;
+        double ms = (double)(p->t1[k] - p->t0[k]) * 1e-6;
+        p->stats.stage_ms[p->tasks[k].stage] += ms;
+        if (p->tasks[k].stream < CW_MAX_STREAMS) p->stats.stream_busy_ms[p->tasks[k].stream] += ms;
+    }
+}
+
+cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs, int n_outputs) {
+    if (!p) return CW_ERR_INVALID_ARG;
+    cw_context *ctx = p->ctx;
+    cw_status st = cw__check_bindings(p, inputs, n_inputs, outputs, n_outputs);
+    if (st == CW_OK) st = cw__check_attention_operands(p, inputs, outputs);
+    if (st != CW_OK) return st;
+    for (int b = 0; b < p->n_bufs; b++) {
+        const cw_tensor *t = cw__bound(&p->bufs[b], inputs, outputs);
+        if (t) {
+            p->ptrs[b] = t->data;
+            p->rdesc[b] = t->desc;
+        }
+    }
+    cw__alloc_reset_peaks(p->temp);
+    cw__alloc_reset_peaks(ctx->act);
+    int64_t syncs0 = ctx->be->i->host_syncs(ctx->be);
+    int64_t t0 = cw__now_ns();
+    p->run_t0 = t0;
+    for (int k = 0; k < p->n_tasks; k++) p->t0[k] = p->t1[k] = 0;
+    atomic_store(&p->progress_done, 0);
+    if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_push("cw_plan_run", 0, 0);
+    int64_t peak = 0;
+    st = cw__plan_execute(p, ctx->be, p->temp, ctx->act, 0, &peak, NULL);
+    if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_pop();
+    int64_t t1 = cw__now_ns();
+    p->stats.host_syncs = ctx->be->i->host_syncs(ctx->be) - syncs0 - p->n_streams;
+    /* Give cached temporaries and activations back after the run: memory is not held
+     * between runs, and every run starts from the empty state the dry run simulated. */
+    cw__alloc_release_cached(p->temp);
+    cw__alloc_release_cached(ctx->act);
+    cw_memory_stats act;
+    cw__alloc_stats(ctx->act, &act);
+    p->stats.wall_ms = (double)(t1 - t0) * 1e-6;
+    p->stats.temp_peak = peak;
+    p->stats.activations_peak = act.reserved_bytes_peak;
+    cw__stage_times(p);
+    p->ran = st == CW_OK;
+    return st;
+}

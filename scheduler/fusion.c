@@ -1,0 +1,98 @@
+/* Fusion analysis: which GroupNorm / SiLU / upsample nodes are absorbed into the prep stage
+ * of the convs that read them (a chain GN -> SiLU -> upsample, each used only as a conv's
+ * x or by the next link), and which convs write through a residual add as an epilogue. */
+#include "scheduler/lower.h"
+
+/* Order of the links in a fusable chain: GN, then SiLU, then upsample. */
+static int cw__chain_rank(cw__nkind k) { return k == CW__N_GN ? 0 : k == CW__N_SILU ? 1 : k == CW__N_UP2 ? 2 : 3; }
+
+static int cw__fusable(const cw__node *n) { return n->kind == CW__N_GN || n->kind == CW__N_SILU || n->kind == CW__N_UP2; }
+
+/* 1 when every live consumer of node i takes it as a conv's x or as the input of a later,
+ * already fused link of the chain. */
+static int cw__fuses(const cw__lower *L, int i) {
+    const cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[i];
+    for (int j = i + 1; j < g->n; j++) {
+        const cw__node *c = &g->nodes[j];
+        if (!L->nd[j].live) continue;
+        for (int a = 0; a < 4; a++) {
+            if (c->in[a] != i) continue;
+            if (c->kind == CW__N_CONV && a == 0) continue;
+            if (L->nd[j].fused && a == 0 && cw__chain_rank(c->kind) > cw__chain_rank(n->kind)) continue;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+void cw__fusion_analyse(cw__lower *L) {
+    cw_graph *g = L->g;
+    for (int i = 0; i < g->n; i++) L->nd[i].epi = L->nd[i].epi_into = -1;
+    if (!L->fuse) return;
+    for (int i = g->n - 1; i >= 0; i--) {
+        const cw__node *n = &g->nodes[i];
+        if (!cw__fusable(n) || n->is_output || !L->nd[i].live) continue;
+        L->nd[i].fused = cw__fuses(L, i);
+    }
+    /* Residual epilogue: add(a, b) where one operand is a conv used only here. */
+    for (int i = 0; i < g->n; i++) {
+        const cw__node *n = &g->nodes[i];
+        if (n->kind != CW__N_ADD || n->in[0] == n->in[1]) continue;
+        for (int a = 1; a >= 0; a--) {
+            int c = n->in[a];
+            const cw__node *cn = &g->nodes[c];
+            if (cn->kind == CW__N_CONV && cn->n_uses == 1 && !cn->is_output && L->nd[c].epi_into < 0 && L->nd[i].live) {
+                L->nd[i].epi = c;
+                L->nd[c].epi_into = i;
+                break;
+            }
+        }
+    }
+}
+
+void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, int *up) {
+    const cw_graph *g = L->g;
+    *gn = -1, *silu = 0, *up = 1;
+    while (L->nd[x].fused) {
+        const cw__node *n = &g->nodes[x];
+        if (n->kind == CW__N_UP2) *up = 2;
+        else if (n->kind == CW__N_SILU) *silu = 1;
+        else if (n->kind == CW__N_GN) *gn = x;
+        x = n->in[0];
+    }
+    *src = x;
+}
+
+int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]) {
+    const cw__node *n = &L->g->nodes[i];
+    int k = 0, gn = -1;
+    if (n->kind == CW__N_CONV) {
+        int src, silu, up;
+        cw__fusion_chain(L, n->in[0], &src, &gn, &silu, &up);
+        out[k++] = src;
+        if (L->nd[i].epi_into >= 0) {
+            const cw__node *a = &L->g->nodes[L->nd[i].epi_into];
+            int other = a->in[0] == i ? a->in[1] : a->in[0];
+            if (other != src) out[k++] = other;
+        }
+    } else if (n->kind == CW__N_ADD) {
+        if (L->nd[i].epi >= 0) return -1; /* part of its conv's unit */
+        out[k++] = n->in[0];
+        if (n->in[1] != n->in[0]) out[k++] = n->in[1];
+    } else if (cw__fusable(n)) {
+        if (L->nd[i].fused) return -1;
+        out[k++] = n->in[0];
+        if (n->kind == CW__N_GN) gn = i;
+    } else if (n->kind == CW__N_ATTN) {
+        for (int a = 0; a < 3; a++) {
+            int dup = 0;
+            for (int b = 0; b < k; b++) dup |= out[b] == n->in[a];
+            if (!dup) out[k++] = n->in[a];
+        }
+    } else {
+        return -1;
+    }
+    out[3] = gn;
+    return k;
+}

@@ -1,0 +1,457 @@
+/* Lowering a graph into a plan: each unit (a conv with its fused prep chain and residual
+ * epilogue, an attention, a lone elementwise node) becomes tasks on streams. Heavy tasks
+ * (conv patches, attention chunks) go round-robin onto the heavy streams, light ones onto
+ * the light stream; each buffer is freed after its last reader. The host-ordered action
+ * list (alloc / task / free) is what cw_plan_run replays and the budget search simulates. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "scheduler/lower.h"
+#include "scheduler/planner.h"
+
+/* Headroom for the small temporaries (GroupNorm partials and scale/shift) and allocator
+ * rounding when sizing patches: 1/8 of the budget; the dry run is the real check. */
+#define CW__SMALL_RESERVE(b) ((b) / 8)
+
+/* ---- conv lowering ------------------------------------------------------------------- */
+
+/* One conv unit being lowered: node i, its fused prep chain, its residual epilogue. */
+typedef struct cw__conv_unit {
+    int node, outn;          /* conv node; node whose buffer it writes (the ADD when fused) */
+    int src, gn, silu, up;   /* the prep chain (cw__fusion_chain) */
+    int prep;                /* 1 when the chain is not empty */
+    int other;               /* the residual operand, -1 without epilogue */
+    cw__conv_plan cp;        /* the planner's bands and algorithm */
+    int *ws, *pbuf, *prep_task; /* per patch: workspace and prep buffer, prep task (-1) */
+    cw__conv_info *ci;
+} cw__conv_unit;
+
+/* This conv's share of the budget (see cw__conv_share). */
+static cw__conv_share cw__share(const cw__lower *L, int prep, int64_t h_out) {
+    const cw_compile_options *o = &L->p->opt;
+    cw__conv_share sh;
+    memset(&sh, 0, sizeof sh);
+    sh.avail = L->budget < 0 ? -1 : L->budget - CW__SMALL_RESERVE(L->budget);
+    sh.heavy = L->heavy;
+    /* H convs in flight plus H preps ahead (one stream: one of each) */
+    sh.n_pbufs = L->heavy > 1 || L->light != 0 ? 2 * L->heavy : 1;
+    sh.prep = prep;
+    sh.p_min = o->max_patch_rows > 0 ? (int)((h_out + o->max_patch_rows - 1) / o->max_patch_rows) : 1;
+    sh.p_fixed = o->policy == CW_PATCHES_FIXED ? o->patches : 0;
+    sh.single = L->none;
+    return sh;
+}
+
+/* Records the conv for cw_plan_describe and the plan's FLOP counts. */
+static cw_status cw__conv_record(cw__lower *L, cw__conv_unit *u, const cw__conv_problem *full) {
+    cw_plan *p = L->p;
+    int P = u->cp.patches;
+    if (cw__grow((void **)&p->convs, &p->cap_convs, p->n_convs + 1, sizeof *p->convs) != CW_OK) return cw__oom(L);
+    cw__conv_info *ci = &p->convs[p->n_convs++];
+    memset(ci, 0, sizeof *ci);
+    ci->node = u->node;
+    ci->patches = P;
+    ci->h_out = u->cp.bounds[P];
+    ci->fused_prep = u->prep;
+    ci->tasks = cw__malloc((size_t)P * sizeof(int));
+    if (!ci->tasks) return cw__oom(L);
+    u->ci = ci;
+    cw__halo h;
+    if (cw__patch_halo(full, u->cp.bounds, P, u->prep ? 8.0 : 0.0, &h) == CW_OK) {
+        ci->halo_pct = h.halo_pct;
+        p->halo_flop += h.prep_flops_extra;
+    }
+    p->conv_gflop += cw__conv_flops(full) * 1e-9;
+    return CW_OK;
+}
+
+/* The prep task of patch q: GN apply + SiLU + upsample of its input rows into a buffer. */
+static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
+    const cw__patch *pt = &u->cp.patch[q];
+    if (!u->prep || pt->b <= pt->a) return CW_OK;
+    cw_tensor_desc bd = pt->prob.x;
+    memset(bd.strides, 0, sizeof bd.strides);
+    cw__desc_fill_strides(&bd);
+    CW__TRY(cw__temp(L, cw__desc_numel(&bd) * 4, &bd, &u->pbuf[q]));
+    cw__task *t = NULL;
+    int id = -1;
+    CW__TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &id));
+    int64_t s0 = pt->a / u->up, s1 = (pt->b - 1) / u->up + 1;
+    t->u.prep.src = cw__rows(L->nd[u->src].buf, &L->g->nodes[u->src].desc, s0, s1);
+    t->u.prep.dst = cw__whole(u->pbuf[q], &bd);
+    t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
+    t->u.prep.silu = u->silu;
+    t->u.prep.up = u->up;
+    t->u.prep.dst_row0 = pt->a;
+    t->u.prep.src_row0 = s0;
+    t->flops = (double)cw__desc_numel(&bd) * 8.0;
+    snprintf(t->name, sizeof t->name, "prep%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
+             u->up > 1 ? " up2" : "", u->node, q + 1, u->cp.patches);
+    CW__TRY(cw__dep_rows(L, id, u->src, s0, s1));
+    if (u->gn >= 0) CW__TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
+    u->prep_task[q] = id;
+    return CW_OK;
+}
+
+/* The conv task of patch j (after its workspace); *id gets it. */
+static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
+    const cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[u->node];
+    const cw_tensor_desc *xd = &g->nodes[n->in[0]].desc, *wd = &g->nodes[n->in[1]].desc;
+    const cw__patch *pt = &u->cp.patch[j];
+    if (u->cp.ws > 0) CW__TRY(cw__temp(L, u->cp.ws, NULL, &u->ws[j]));
+    cw__task *t = NULL;
+    CW__TRY(cw__new_task(L, CW__T_CONV, CW_STAGE_CONV, cw__next_heavy(L), u->node, &t, id));
+    t->u.conv.prob = pt->prob;
+    t->u.conv.algo = u->cp.algo;
+    t->u.conv.algo.workspace = u->cp.ws;
+    if (u->prep && pt->b > pt->a) {
+        t->u.conv.x = cw__whole(u->pbuf[j], &L->p->bufs[u->pbuf[j]].d);
+    } else {
+        t->u.conv.x = cw__rows(L->nd[u->src].buf, xd, pt->a, pt->b > pt->a ? pt->b : pt->a);
+        if (u->prep) t->u.conv.x.buf = L->nd[u->src].buf; /* empty patch: no rows are read */
+    }
+    t->u.conv.w = cw__whole(L->nd[n->in[1]].buf, wd);
+    t->u.conv.w.start[wd->rank - 2] = 0;
+    t->u.conv.w.dims[wd->rank - 2] = wd->dims[wd->rank - 2];
+    t->u.conv.has_b = n->in[2] >= 0;
+    if (t->u.conv.has_b) {
+        t->u.conv.b.buf = L->nd[n->in[2]].buf;
+        t->u.conv.b.rank = 1;
+        t->u.conv.b.dims[0] = wd->dims[0];
+    }
+    t->u.conv.y = cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
+    t->u.conv.ws_buf = u->ws[j];
+    t->flops = cw__conv_flops(&pt->prob);
+    snprintf(t->name, sizeof t->name, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches);
+    u->ci->tasks[j] = *id;
+    if (u->prep_task[j] >= 0) return cw__dep(L, *id, u->prep_task[j]);
+    if (pt->b > pt->a) return cw__dep_rows(L, *id, u->src, pt->a, pt->b);
+    return CW_OK;
+}
+
+/* The residual add of patch j after its conv task `conv`; *id gets it. */
+static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int conv, int *id) {
+    const cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[u->node];
+    const cw__patch *pt = &u->cp.patch[j];
+    int addn = u->outn;
+    cw__task *e = NULL;
+    CW__TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
+    e->u.add.dst = cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
+    e->u.add.a = e->u.add.dst;
+    e->u.add.b = cw__rows(L->nd[u->other].buf, &g->nodes[u->other].desc, pt->o0, pt->o1);
+    e->flops = (double)cw__desc_numel(&n->desc) * (double)(pt->o1 - pt->o0) / (double)u->ci->h_out;
+    snprintf(e->name, sizeof e->name, "residual add L%d patch %d/%d", addn, j + 1, u->cp.patches);
+    CW__TRY(cw__dep(L, *id, conv));
+    return cw__dep_rows(L, *id, u->other, pt->o0, pt->o1);
+}
+
+/* Frees patch k's workspace and prep buffer. */
+static cw_status cw__patch_release(cw__lower *L, cw__conv_unit *u, int k) {
+    CW__TRY(cw__release(L, u->ws[k]));
+    CW__TRY(cw__release(L, u->pbuf[k]));
+    u->ws[k] = u->pbuf[k] = -1;
+    return CW_OK;
+}
+
+/* Emits every patch: preps run ahead of their conv by `ahead` patches (double buffering),
+ * then conv, epilogue, band statistics; temporaries are freed H patches later. */
+static cw_status cw__emit_patches(cw__lower *L, cw__conv_unit *u) {
+    const int P = u->cp.patches, H = L->heavy;
+    const int ahead = u->prep ? (L->light != 0 ? L->heavy + 1 : 1) : 0;
+    int next_prep = 0;
+    for (int j = 0; j < P; j++) {
+        while (next_prep < P && next_prep < j + ahead) CW__TRY(cw__emit_prep(L, u, next_prep++));
+        const cw__patch *pt = &u->cp.patch[j];
+        int id = -1, last;
+        CW__TRY(cw__emit_conv(L, u, j, &id));
+        last = id;
+        if (u->other >= 0) CW__TRY(cw__emit_epilogue(L, u, j, id, &last));
+        CW__TRY(cw__writer(L, u->outn, last, pt->o0, pt->o1));
+        CW__TRY(cw__gn_band_stats(L, u->outn, last, pt->o0, pt->o1, j));
+        /* the conv H-1 patches back ran on the stream the next conv takes: free its
+         * workspace and patch buffer now so the next conv reuses them in stream order. */
+        if (j - H + 1 >= 0) CW__TRY(cw__patch_release(L, u, j - H + 1));
+    }
+    for (int k = 0; k < P; k++) CW__TRY(cw__patch_release(L, u, k)); /* the last H-1 patches' */
+    return CW_OK;
+}
+
+static cw_status cw__lower_conv(cw__lower *L, int i) {
+    cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[i];
+    cw__conv_unit u;
+    memset(&u, 0, sizeof u);
+    u.node = i;
+    int addn = L->nd[i].epi_into;
+    u.outn = addn >= 0 ? addn : i;
+    cw__fusion_chain(L, n->in[0], &u.src, &u.gn, &u.silu, &u.up);
+    u.prep = u.gn >= 0 || u.silu || u.up > 1;
+    const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
+    u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
+    cw__conv_problem full;
+    cw__conv_problem_init(&full, &g->nodes[n->in[0]].desc, &g->nodes[n->in[1]].desc, n->in[2] >= 0, &n->desc, &n->conv);
+    int64_t h_out = n->desc.dims[cw__hdim(&n->desc)];
+    cw__conv_share sh = cw__share(L, u.prep, h_out);
+    cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);
+    if (st == CW_OK) {
+        int P = u.cp.patches;
+        u.ws = cw__malloc((size_t)P * sizeof *u.ws);
+        u.pbuf = cw__malloc((size_t)P * sizeof *u.pbuf);
+        u.prep_task = cw__malloc((size_t)P * sizeof *u.prep_task);
+        if (!u.ws || !u.pbuf || !u.prep_task) st = cw__oom(L);
+        for (int q = 0; q < P && st == CW_OK; q++) u.ws[q] = u.pbuf[q] = u.prep_task[q] = -1;
+    }
+    if (st == CW_OK && u.gn >= 0) st = cw__gn_ready(L, u.gn);
+    if (st == CW_OK) st = cw__gn_begin(L, u.outn, u.cp.patches);
+    if (st == CW_OK) st = cw__conv_record(L, &u, &full);
+    if (st == CW_OK) st = cw__emit_patches(L, &u);
+    cw__conv_plan_free(&u.cp);
+    cw__free(u.ws), cw__free(u.pbuf), cw__free(u.prep_task);
+    return st;
+}
+/* ---- other nodes ---------------------------------------------------------------------- */
+static cw_status cw__lower_elementwise(cw__lower *L, int i) {
+    cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[i];
+    const cw_tensor_desc *d = &n->desc;
+    int64_t h = d->dims[cw__hdim(d)];
+    cw__task *t = NULL;
+    int id = -1;
+    if (n->kind == CW__N_ADD) {
+        CW__TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_OTHER, L->light, i, &t, &id));
+        t->u.add.dst = cw__whole(L->nd[i].buf, d);
+        t->u.add.a = cw__whole(L->nd[n->in[0]].buf, d);
+        t->u.add.b = cw__whole(L->nd[n->in[1]].buf, d);
+        t->flops = (double)cw__desc_numel(d);
+        snprintf(t->name, sizeof t->name, "add L%d", i);
+        CW__TRY(cw__dep_rows(L, id, n->in[0], 0, h));
+        CW__TRY(cw__dep_rows(L, id, n->in[1], 0, h));
+    } else {
+        int x = n->in[0];
+        if (n->kind == CW__N_GN) CW__TRY(cw__gn_ready(L, i));
+        CW__TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_OTHER, L->light, i, &t, &id));
+        t->u.prep.src = cw__whole(L->nd[x].buf, &g->nodes[x].desc);
+        t->u.prep.dst = cw__whole(L->nd[i].buf, d);
+        t->u.prep.ss_buf = n->kind == CW__N_GN ? L->nd[i].gn_ss : -1;
+        t->u.prep.silu = n->kind == CW__N_SILU;
+        t->u.prep.up = n->kind == CW__N_UP2 ? 2 : 1;
+        t->flops = (double)cw__desc_numel(d) * 4.0;
+        snprintf(t->name, sizeof t->name, "%s L%d", n->name, i);
+        CW__TRY(cw__dep_rows(L, id, x, 0, g->nodes[x].desc.dims[cw__hdim(&g->nodes[x].desc)]));
+        if (n->kind == CW__N_GN) CW__TRY(cw__dep(L, id, L->nd[i].gn_fin));
+    }
+    CW__TRY(cw__gn_begin(L, i, 1));
+    CW__TRY(cw__writer(L, i, id, 0, h));
+    return cw__gn_band_stats(L, i, id, 0, h, 0);
+}
+
+static cw_status cw__lower_attention(cw__lower *L, int i) {
+    cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[i];
+    const cw_tensor_desc *d = &n->desc;
+    int hd = cw__hdim(d);
+    int64_t N = d->dims[0], C = d->dims[1], T = 1, W = d->dims[d->rank - 1];
+    for (int k = 2; k < d->rank; k++) T *= d->dims[k];
+    int64_t tc = T;
+    if (!L->none && L->budget >= 0) {
+        int64_t avail = L->budget - CW__SMALL_RESERVE(L->budget);
+        tc = avail / (L->heavy * T * 4 + 4096);
+        if (tc > T) tc = T;
+        if (tc < 1)
+            return cw__error(g->ctx, CW_ERR_BUDGET, "compile: attention over %" PRId64 " tokens needs at least %" PRId64
+                             " bytes of score buffer per heavy stream; budget %" PRId64, T, T * 4, L->budget);
+        /* balanced chunks */
+        int64_t nch = (T + tc - 1) / tc;
+        tc = (T + nch - 1) / nch;
+    }
+    int64_t h = d->dims[hd];
+    int nchunks = (int)((T + tc - 1) / tc) * (int)N;
+    int *sb = cw__malloc((size_t)nchunks * sizeof *sb);
+    if (!sb) return cw__oom(L);
+    cw_status st = CW_OK;
+    int c = 0, H = L->heavy;
+    for (int64_t b = 0; b < N && st == CW_OK; b++) {
+        for (int64_t t0 = 0; t0 < T && st == CW_OK; t0 += tc, c++) {
+            int64_t t1 = t0 + tc < T ? t0 + tc : T;
+            if ((st = cw__temp(L, (t1 - t0) * T * 4, NULL, &sb[c])) != CW_OK) break;
+            cw__task *t = NULL;
+            int id = -1;
+            if ((st = cw__new_task(L, CW__T_ATTN, CW_STAGE_ATTENTION, cw__next_heavy(L), i, &t, &id)) != CW_OK) break;
+            t->u.attn.q = cw__whole(L->nd[n->in[0]].buf, d);
+            t->u.attn.k = cw__whole(L->nd[n->in[1]].buf, d);
+            t->u.attn.v = cw__whole(L->nd[n->in[2]].buf, d);
+            t->u.attn.o = cw__whole(L->nd[i].buf, d);
+            t->u.attn.n = b, t->u.attn.t0 = t0, t->u.attn.t1 = t1, t->u.attn.T = T, t->u.attn.C = C;
+            t->u.attn.s_buf = sb[c];
+            t->u.attn.scale = n->scale;
+            t->flops = 4.0 * (double)(t1 - t0) * (double)T * (double)C;
+            snprintf(t->name, sizeof t->name, "attention L%d n%" PRId64 " tokens %" PRId64 "-%" PRId64, i, b, t0, t1);
+            for (int a = 0; a < 3 && st == CW_OK; a++) st = cw__dep_rows(L, id, n->in[a], 0, g->nodes[n->in[a]].desc.dims[hd]);
+            int64_t r0 = d->rank == 4 ? t0 / W : 0, r1 = d->rank == 4 ? (t1 - 1) / W + 1 : h;
+            if (st == CW_OK) st = cw__writer(L, i, id, r0, r1 > h ? h : r1);
+            if (st == CW_OK && c - H + 1 >= 0) st = cw__release(L, sb[c - H + 1]);
+        }
+    }
+    for (int k = c - H + 1 < 0 ? 0 : c - H + 1; k < c && st == CW_OK; k++) st = cw__release(L, sb[k]);
+    cw__free(sb);
+    return st;
+}
+
+/* ---- driver ----------------------------------------------------------------------------- */
+
+/* ---- driver ----------------------------------------------------------------------------- */
+
+/* Marks the nodes some output depends on (the others are not lowered). */
+static void cw__mark_live(cw__lower *L) {
+    const cw_graph *g = L->g;
+    for (int o = 0; o < g->n_outputs; o++) L->nd[g->outputs[o]].live = 1;
+    for (int i = g->n - 1; i >= 0; i--)
+        for (int a = 0; a < 4 && L->nd[i].live; a++)
+            if (g->nodes[i].in[a] >= 0) L->nd[g->nodes[i].in[a]].live = 1;
+}
+
+/* Buffers of inputs and constants, the plan's ports, and how often each node is read. */
+static cw_status cw__bind_externals(cw__lower *L) {
+    cw_graph *g = L->g;
+    cw_plan *p = L->p;
+    for (int i = 0; i < g->n; i++) {
+        cw__node *nd = &g->nodes[i];
+        cw__lnode *ln = &L->nd[i];
+        if (nd->kind == CW__N_INPUT) {
+            CW__TRY(cw__new_buf(L, CW__B_INPUT, nd->index, &nd->desc, 0, &ln->buf));
+            p->in[nd->index].d = nd->desc;
+            snprintf(p->in[nd->index].name, sizeof p->in[nd->index].name, "%s", nd->name);
+        } else if (nd->kind == CW__N_CONST && ln->live) {
+            CW__TRY(cw__new_buf(L, CW__B_CONST, i, &nd->desc, 0, &ln->buf));
+            p->bufs[ln->buf].t = nd->t;
+            p->weights_bytes += cw__desc_span_bytes(&nd->desc);
+        }
+        int rd[4];
+        int k = ln->live ? cw__fusion_unit_reads(L, i, rd) : -1;
+        for (int a = 0; a < k; a++) L->nd[rd[a]].reads++;
+        if (k >= 0 && rd[3] >= 0) L->nd[rd[3]].gn_refs++;
+    }
+    for (int o = 0; o < g->n_outputs; o++) {
+        const cw__node *on = &g->nodes[g->outputs[o]];
+        p->out[o].d = on->desc;
+        snprintf(p->out[o].name, sizeof p->out[o].name, "%s", on->oname);
+    }
+    return CW_OK;
+}
+
+/* After a unit: frees what it was the last to read, and the scale/shift of its GN. */
+static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
+    const cw_graph *g = L->g;
+    for (int a = 0; a < k; a++) {
+        int m = rd[a];
+        const cw__node *nm = &g->nodes[m];
+        if (--L->nd[m].reads != 0 || nm->kind == CW__N_INPUT || nm->kind == CW__N_CONST || nm->is_output ||
+            L->p->bufs[L->nd[m].buf].kind != CW__B_ACT)
+            continue;
+        /* a GN still to be finalized from m must take its stats first */
+        for (int q = m + 1; q < g->n; q++)
+            if (g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0)
+                CW__TRY(cw__gn_ready(L, q));
+        CW__TRY(cw__release(L, L->nd[m].buf));
+    }
+    if (rd[3] >= 0 && --L->nd[rd[3]].gn_refs == 0) CW__TRY(cw__release(L, L->nd[rd[3]].gn_ss));
+    return CW_OK;
+}
+
+/* Lowers the unit at node i's position: its result buffer, its tasks, the frees after it. */
+static cw_status cw__lower_node(cw__lower *L, int i) {
+    const cw_graph *g = L->g;
+    const cw__node *nd = &g->nodes[i];
+    cw__lnode *ln = &L->nd[i];
+    if (nd->kind == CW__N_INPUT || nd->kind == CW__N_CONST || ln->fused || !ln->live) return CW_OK;
+    /* a conv with a residual epilogue is lowered at its ADD's position, where the residual
+     * operand (which may come after the conv) already exists */
+    if (nd->kind == CW__N_CONV && ln->epi_into >= 0) return CW_OK;
+    int u = nd->kind == CW__N_ADD && ln->epi >= 0 ? ln->epi : i; /* the unit lowered */
+    int rd[4];
+    int k = cw__fusion_unit_reads(L, u, rd);
+    if (k < 0) return CW_OK;
+    if (nd->is_output) {
+        CW__TRY(cw__new_buf(L, CW__B_OUTPUT, nd->index, &nd->desc, 0, &ln->buf));
+    } else {
+        CW__TRY(cw__new_buf(L, CW__B_ACT, -1, &nd->desc, cw__desc_numel(&nd->desc) * 4, &ln->buf));
+        CW__TRY(cw__act(L, CW__A_ALLOC, ln->buf, 0));
+    }
+    L->nd[u].buf = ln->buf;
+    cw__nkind kind = g->nodes[u].kind;
+    if (kind == CW__N_CONV) CW__TRY(cw__lower_conv(L, u));
+    else if (kind == CW__N_ATTN) CW__TRY(cw__lower_attention(L, u));
+    else CW__TRY(cw__lower_elementwise(L, u));
+    return cw__release_reads(L, rd, k);
+}
+
+static cw_status cw__lower_init(cw__lower *L, cw_plan *p, cw_graph *g, int64_t budget) {
+    memset(L, 0, sizeof *L);
+    int none = p->opt.policy == CW_PATCHES_NONE;
+    L->p = p;
+    L->g = g;
+    L->budget = budget;
+    L->heavy = p->n_streams > 1 ? p->n_streams - 1 : 1;
+    L->light = p->n_streams > 1 ? p->n_streams - 1 : 0;
+    /* fixed here, never from what else runs: a conv or GEMM task on each heavy stream at
+     * once fills the backend's threads without oversubscribing them */
+    int bt = g->ctx->be->threads;
+    L->threads = bt > 0 ? (bt / L->heavy > 0 ? bt / L->heavy : 1) : 0;
+    L->fuse = !none && p->opt.fuse;
+    L->none = none;
+    L->nd = cw__calloc((size_t)g->n + 1, sizeof *L->nd);
+    p->in = cw__calloc((size_t)g->n_inputs + 1, sizeof *p->in);
+    p->out = cw__calloc((size_t)g->n_outputs + 1, sizeof *p->out);
+    if (!L->nd || !p->in || !p->out) return cw__oom(L);
+    for (int i = 0; i < g->n; i++) {
+        cw__lnode *ln = &L->nd[i];
+        ln->buf = ln->epi = ln->epi_into = -1;
+        ln->gn_part = ln->gn_ss = ln->gn_fin = ln->gn_nparts = ln->gn_stats_first = -1;
+    }
+    return CW_OK;
+}
+
+static void cw__lower_free(cw__lower *L) {
+    for (int i = 0; L->nd && i < L->g->n; i++) cw__free(L->nd[i].wr);
+    cw__free(L->nd);
+}
+
+/* Lowers every live node in graph order, then frees the partials of GroupNorms nobody
+ * finalized, then places events and frees (cw__plan_sync). */
+static cw_status cw__lower_graph(cw__lower *L) {
+    cw_graph *g = L->g;
+    cw__mark_live(L);
+    cw__fusion_analyse(L);
+    CW__TRY(cw__bind_externals(L));
+    for (int i = 0; i < g->n; i++) CW__TRY(cw__lower_node(L, i));
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i].kind == CW__N_GN && L->nd[i].gn_part >= 0 && L->nd[i].gn_fin < 0)
+            CW__TRY(cw__release(L, L->nd[i].gn_part));
+    return cw__plan_sync(L->p);
+}
+
+cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, cw_plan **out) {
+    *out = NULL;
+    cw_context *ctx = g->ctx;
+    cw_plan *p = cw__calloc(1, sizeof *p);
+    if (!p) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory");
+    p->ctx = ctx;
+    p->opt = *opt;
+    p->budget = budget;
+    p->n_streams = opt->policy == CW_PATCHES_NONE ? 1 : (opt->streams > 0 ? opt->streams : ctx->cfg.streams);
+    p->n_inputs = g->n_inputs;
+    p->n_outputs = g->n_outputs;
+    cw__lower L;
+    cw_status st = cw__lower_init(&L, p, g, budget);
+    if (st == CW_OK) st = cw__lower_graph(&L);
+    cw__lower_free(&L);
+    if (st != CW_OK) {
+        cw__plan_free(p);
+        return st;
+    }
+    *out = p;
+    return CW_OK;
+}

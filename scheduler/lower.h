@@ -1,0 +1,95 @@
+/* The lowering's working state and the building blocks its files share: lower.c walks the
+ * graph and lowers each unit, fusion.c decides what fuses, gn_lower.c emits GroupNorm
+ * statistics, emit.c appends buffers, tasks, actions and dependencies to the plan. */
+#ifndef CW_LOWER_H
+#define CW_LOWER_H
+
+#include "scheduler/sched.h"
+
+/* A task that writes rows [r0, r1) of a node's result. */
+typedef struct cw__wr {
+    int task;
+    int64_t r0, r1;
+} cw__wr;
+
+/* What the lowering knows about one graph node. Indices are -1 where they do not apply. */
+typedef struct cw__lnode {
+    int buf;            /* buffer of its result; -1 while fused or not lowered */
+    int fused;          /* 1: absorbed into its consumers' prep */
+    int live;           /* 1: an output depends on it */
+    int epi;            /* ADD: the conv fused into it as an epilogue */
+    int epi_into;       /* CONV: the ADD it writes into */
+    int reads;          /* lowering units still to read it */
+    int gn_refs;        /* GN: units still to use its scale/shift */
+    int gn_part;        /* GN: buffer of the partial statistics */
+    int gn_nparts;      /* GN: how many partials (bands) */
+    int gn_ss;          /* GN: buffer of scale/shift */
+    int gn_fin;         /* GN: its finalize task */
+    int gn_stats_first; /* GN: its first stats task */
+    cw__wr *wr;         /* tasks writing its rows */
+    int n_wr, cap_wr;
+} cw__lnode;
+
+typedef struct cw__lower {
+    cw_plan *p;
+    cw_graph *g;
+    int64_t budget;     /* for sizing; < 0 unlimited */
+    int heavy, light;   /* heavy stream count, light stream index */
+    int threads;        /* per task: the backend's threads / heavy streams (0: n/a) */
+    int rr;             /* round-robin heavy stream */
+    int fuse, none;
+    cw__lnode *nd;      /* per graph node */
+} cw__lower;
+
+#define CW__TRY(x)                          \
+    do {                                    \
+        cw_status cw_st_ = (x);             \
+        if (cw_st_ != CW_OK) return cw_st_; \
+    } while (0)
+
+/* ---- emit.c: the plan's building blocks ---- */
+/* Grows *arr (zero-filled) to hold need elements of elem bytes. */
+cw_status cw__grow(void **arr, int *cap, int need, size_t elem);
+cw_status cw__oom(cw__lower *L);
+cw_status cw__new_buf(cw__lower *L, cw__bkind kind, int ext, const cw_tensor_desc *d, int64_t bytes, int *out);
+/* Appends an action to the host-ordered list. */
+cw_status cw__act(cw__lower *L, cw__akind kind, int id, int stream);
+/* A temporary of `bytes`, allocated now in host order; d may be NULL. */
+cw_status cw__temp(cw__lower *L, int64_t bytes, const cw_tensor_desc *d, int *out);
+/* Frees buffer buf now in host order (buf < 0: nothing). */
+cw_status cw__release(cw__lower *L, int buf);
+/* A task, enqueued now in host order on plan stream `stream`. */
+cw_status cw__new_task(cw__lower *L, cw__tkind kind, int stage, int stream, int node, cw__task **out, int *id);
+/* task runs after dep (dep < 0: nothing). */
+cw_status cw__dep(cw__lower *L, int task, int dep);
+/* task runs after every writer of node n's rows [r0, r1). */
+cw_status cw__dep_rows(cw__lower *L, int task, int n, int64_t r0, int64_t r1);
+/* Records that task writes node n's rows [r0, r1). */
+cw_status cw__writer(cw__lower *L, int n, int task, int64_t r0, int64_t r1);
+/* Index of H in an activation's dims (rank 4/5); 0 for the 1-D constants. */
+int cw__hdim(const cw_tensor_desc *d);
+/* View of rows [r0, r1) (along H) of buffer b whose dims are d; cw__whole: all rows. */
+cw__vref cw__rows(int b, const cw_tensor_desc *d, int64_t r0, int64_t r1);
+cw__vref cw__whole(int b, const cw_tensor_desc *d);
+/* The next heavy stream, round robin. */
+int cw__next_heavy(cw__lower *L);
+
+/* ---- fusion.c: what fuses into what ---- */
+/* Fills nd[].fused (GroupNorm/SiLU/upsample chains absorbed into a conv's prep) and
+ * nd[].epi / epi_into (a conv used only by a residual add writes through it). */
+void cw__fusion_analyse(cw__lower *L);
+/* Follows a conv's x through fused nodes: src (materialised), gn node (-1), silu, up. */
+void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, int *up);
+/* The materialised nodes lowering unit i reads, into out (at most 3); out[3] = the GN whose
+ * scale/shift it uses, or -1. Returns how many, or -1 when i is no unit of its own. */
+int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]);
+
+/* ---- gn_lower.c: exact GroupNorm statistics ---- */
+/* Before a producer of node n emits `parts` bands: partial buffers for its GN consumers. */
+cw_status cw__gn_begin(cw__lower *L, int n, int parts);
+/* Stats of band `part` (rows [r0, r1), written by `task`) of node n, for each GN reading n. */
+cw_status cw__gn_band_stats(cw__lower *L, int n, int task, int64_t r0, int64_t r1, int part);
+/* Makes GN node k's scale/shift available (finalize after all bands' stats). */
+cw_status cw__gn_ready(cw__lower *L, int k);
+
+#endif

@@ -1,0 +1,28 @@
+/* The plan object's lifetime and its statistics; compiling it is budget.c's job, running
+ * it execute.c's. */
+#include "scheduler/sched.h"
+
+void cw__plan_free(cw_plan *p) {
+    if (!p) return;
+    if (p->events) {
+        for (int i = 0; i < p->n_events; i++)
+            if (p->events[i]) p->ctx->be->i->event_destroy(p->ctx->be, p->events[i]);
+    }
+    if (p->own_temp) cw__alloc_destroy(p->temp);
+    for (int i = 0; i < p->n_tasks; i++)
+        cw__free(p->tasks[i].deps), cw__free(p->tasks[i].waits), cw__free(p->tasks[i].alloc_waits);
+    for (int i = 0; i < p->n_acts; i++) cw__free(p->acts[i].joins);
+    for (int i = 0; i < p->n_convs; i++) cw__free(p->convs[i].tasks);
+    cw__free(p->tasks), cw__free(p->acts), cw__free(p->bufs), cw__free(p->convs);
+    cw__free(p->in), cw__free(p->out), cw__free(p->events), cw__free(p->ptrs), cw__free(p->rdesc);
+    cw__free(p->t0), cw__free(p->t1);
+    cw__free(p);
+}
+
+void cw_plan_destroy(cw_plan *p) { cw__plan_free(p); }
+
+cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out) {
+    if (!p || !out) return CW_ERR_INVALID_ARG;
+    *out = p->stats;
+    return CW_OK;
+}

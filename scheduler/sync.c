@@ -1,0 +1,169 @@
+/* Synchronisation: given the host-ordered action list, decides on which stream each buffer
+ * is allocated and freed and which events order the streams — a task waits on the events
+ * of its cross-stream dependencies (deduplicated per stream pair), a stream's first use of
+ * a buffer allocated on another stream waits on an event recorded after the allocation,
+ * and a free joins every other stream that used the buffer. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "scheduler/sched.h"
+
+int cw__task_bufs(const cw__task *t, int *out) {
+    int n = 0;
+    int b[CW__TASK_MAX_BUFS] = {-1, -1, -1, -1, -1};
+    switch (t->kind) {
+    case CW__T_CONV: b[0] = t->u.conv.x.buf, b[1] = t->u.conv.y.buf, b[2] = t->u.conv.ws_buf; break;
+    case CW__T_PREP: b[0] = t->u.prep.src.buf, b[1] = t->u.prep.dst.buf, b[2] = t->u.prep.ss_buf; break;
+    case CW__T_ADD: b[0] = t->u.add.dst.buf, b[1] = t->u.add.a.buf, b[2] = t->u.add.b.buf; break;
+    case CW__T_STATS: b[0] = t->u.stats.x.buf, b[1] = t->u.stats.part_buf; break;
+    case CW__T_FINALIZE: b[0] = t->u.fin.part_buf, b[1] = t->u.fin.ss_buf; break;
+    case CW__T_ATTN:
+        b[0] = t->u.attn.q.buf, b[1] = t->u.attn.k.buf, b[2] = t->u.attn.v.buf, b[3] = t->u.attn.o.buf;
+        b[4] = t->u.attn.s_buf;
+        break;
+    }
+    for (int i = 0; i < CW__TASK_MAX_BUFS; i++)
+        if (b[i] >= 0) out[n++] = b[i];
+    return n;
+}
+
+/* Working state of the pass; S streams, nb buffers. */
+typedef struct cw__sync {
+    cw_plan *p;
+    int S;
+    int *first;     /* per buffer: stream of its first user (-1) */
+    int *lastu;     /* per buffer x stream: last task using it there (-1) */
+    int *waited;    /* per stream x stream: latest task of the second the first waited for */
+    int *alloc_act; /* per buffer: its ALLOC action (-1) */
+    char *ordered;  /* per buffer x stream: the stream is ordered after the allocation */
+} cw__sync;
+
+static cw_status cw__sync_oom(cw__sync *y) {
+    return cw__error(y->p->ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory");
+}
+
+/* Appends v to the int array *arr of *n entries. */
+static cw_status cw__push(cw__sync *y, int **arr, int *n, int v) {
+    int *na = cw__realloc(*arr, (size_t)(*n + 1) * sizeof *na);
+    if (!na) return cw__sync_oom(y);
+    *arr = na;
+    na[(*n)++] = v;
+    return CW_OK;
+}
+
+/* Task t (index ti) in host order: waits for the allocations of buffers it is the first on
+ * its stream to use, and for its cross-stream dependencies. */
+static cw_status cw__sync_task(cw__sync *y, int ti) {
+    cw_plan *p = y->p;
+    const int S = y->S;
+    cw__task *t = &p->tasks[ti];
+    int tb[CW__TASK_MAX_BUFS];
+    int n = cw__task_bufs(t, tb);
+    /* The allocator orders only the allocating stream after the memory's previous use;
+     * every other stream that touches the buffer waits on an event recorded right after
+     * the allocation, before its first use. */
+    for (int k = 0; k < n; k++) {
+        int b = tb[k];
+        if (y->alloc_act[b] < 0 || y->ordered[(size_t)b * S + t->stream]) continue;
+        cw__action *al = &p->acts[y->alloc_act[b]];
+        int ev = al->event >= 0 ? al->event : p->n_events;
+        cw_status st = cw__push(y, &t->alloc_waits, &t->n_alloc_waits, ev);
+        if (st != CW_OK) return st;
+        if (al->event < 0) al->event = p->n_events++;
+        y->ordered[(size_t)b * S + t->stream] = 1;
+    }
+    for (int d = 0; d < t->n_deps; d++) {
+        int dt = t->deps[d];
+        int ds = p->tasks[dt].stream;
+        if (ds == t->stream || y->waited[t->stream * S + ds] >= dt) continue;
+        cw_status st = cw__push(y, &t->waits, &t->n_waits, dt);
+        if (st != CW_OK) return st;
+        y->waited[t->stream * S + ds] = dt;
+        if (p->tasks[dt].event < 0) p->tasks[dt].event = p->n_events++;
+    }
+    for (int k = 0; k < n; k++) y->lastu[tb[k] * S + t->stream] = ti;
+    return CW_OK;
+}
+
+/* A FREE runs on the stream of the buffer's last user, after joining the other users. */
+static cw_status cw__sync_free(cw__sync *y, cw__action *ac) {
+    cw_plan *p = y->p;
+    const int S = y->S;
+    int b = ac->id, fs = 0, lt = -1;
+    for (int s = 0; s < S; s++)
+        if (y->lastu[b * S + s] > lt) lt = y->lastu[b * S + s], fs = s;
+    ac->stream = fs;
+    for (int s = 0; s < S; s++) {
+        int u = y->lastu[b * S + s];
+        if (s == fs || u < 0 || y->waited[fs * S + s] >= u) continue;
+        cw_status st = cw__push(y, &ac->joins, &ac->n_joins, u);
+        if (st != CW_OK) return st;
+        y->waited[fs * S + s] = u;
+        if (p->tasks[u].event < 0) p->tasks[u].event = p->n_events++;
+    }
+    return CW_OK;
+}
+
+/* Invariant: every allocated buffer is freed exactly once. */
+static cw_status cw__sync_check(cw__sync *y) {
+    cw_plan *p = y->p;
+    int *count = y->first; /* reused */
+    for (int b = 0; b < p->n_bufs; b++) count[b] = 0;
+    for (int a = 0; a < p->n_acts; a++)
+        if (p->acts[a].kind == CW__A_ALLOC) count[p->acts[a].id]++;
+        else if (p->acts[a].kind == CW__A_FREE) count[p->acts[a].id]--;
+    for (int b = 0; b < p->n_bufs; b++)
+        if (count[b] != 0)
+            return cw__error(p->ctx, CW_ERR_INTERNAL, "compile: buffer %d (kind %d, %" PRId64 " bytes) %s", b,
+                             (int)p->bufs[b].kind, p->bufs[b].bytes, count[b] > 0 ? "never freed" : "freed twice");
+    return CW_OK;
+}
+
+static cw_status cw__sync_pass(cw__sync *y) {
+    cw_plan *p = y->p;
+    const int S = y->S;
+    int tb[CW__TASK_MAX_BUFS];
+    for (int a = 0; a < p->n_acts; a++) {
+        if (p->acts[a].kind != CW__A_TASK) continue;
+        const cw__task *t = &p->tasks[p->acts[a].id];
+        for (int k = 0, n = cw__task_bufs(t, tb); k < n; k++)
+            if (y->first[tb[k]] < 0) y->first[tb[k]] = t->stream;
+    }
+    p->n_events = 0;
+    for (int a = 0; a < p->n_acts; a++) {
+        cw__action *ac = &p->acts[a];
+        cw_status st = CW_OK;
+        if (ac->kind == CW__A_ALLOC) {
+            ac->stream = y->first[ac->id] >= 0 ? y->first[ac->id] : 0;
+            y->alloc_act[ac->id] = a;
+            for (int s = 0; s < S; s++) y->ordered[(size_t)ac->id * S + s] = s == ac->stream;
+        } else if (ac->kind == CW__A_TASK) {
+            st = cw__sync_task(y, ac->id);
+        } else {
+            st = cw__sync_free(y, ac);
+        }
+        if (st != CW_OK) return st;
+    }
+    return cw__sync_check(y);
+}
+
+cw_status cw__plan_sync(cw_plan *p) {
+    const int S = p->n_streams, nb = p->n_bufs;
+    cw__sync y = {p, S, NULL, NULL, NULL, NULL, NULL};
+    y.first = cw__malloc((size_t)nb * sizeof *y.first + 1);
+    y.lastu = cw__malloc((size_t)nb * (size_t)S * sizeof *y.lastu + 1);
+    y.waited = cw__malloc((size_t)S * (size_t)S * sizeof *y.waited);
+    y.alloc_act = cw__malloc((size_t)nb * sizeof *y.alloc_act + 1);
+    y.ordered = cw__calloc((size_t)nb * (size_t)S + 1, 1);
+    cw_status st;
+    if (!y.first || !y.lastu || !y.waited || !y.alloc_act || !y.ordered) {
+        st = cw__sync_oom(&y);
+    } else {
+        for (int b = 0; b < nb; b++) y.first[b] = -1, y.alloc_act[b] = -1;
+        for (int k = 0; k < nb * S; k++) y.lastu[k] = -1;
+        for (int k = 0; k < S * S; k++) y.waited[k] = -1;
+        st = cw__sync_pass(&y);
+    }
+    cw__free(y.first), cw__free(y.lastu), cw__free(y.waited), cw__free(y.alloc_act), cw__free(y.ordered);
+    return st;
+}
