@@ -110,7 +110,12 @@ static int run_one(const bcase *bc, int64_t budget, int64_t max_ws, int threads,
         }
         algo = lst[pick];
     } else {
-        st = cw__patch_choose(&be, &pr, budget, 0, &P, &algo, &min_cap);
+        /* the planner under a plain workspace cap: one heavy stream, no prep buffers */
+        cw__conv_share sh = {budget, 1, 1, 0, 1, 0, 0, 0};
+        cw__conv_plan cp;
+        st = cw__planner_plan(&be, &pr, &sh, &cp, &min_cap);
+        if (st == CW_OK) P = cp.patches, algo = cp.algo;
+        cw__conv_plan_free(&cp);
         if (st != CW_OK) {
             printf("RESULT skip budget-too-small min=%" PRId64 "\n", min_cap);
             return 0;
@@ -261,7 +266,7 @@ int main(int argc, char **argv) {
     printf("# machine: %ld cores, %s (core %s), BLAS threads %d\n", sysconf(_SC_NPROCESSORS_ONLN),
            openblas_get_config(), openblas_get_corename(), threads);
     printf("# sgemm %dx%dx%d: %.1f GFLOP/s\n", gn, gn, gn, g);
-    printf("# unpatched: fastest algorithm with workspace <= %.0f MiB; patched: cw__patch_choose under the budget\n",
+    printf("# unpatched: fastest algorithm with workspace <= %.0f MiB; patched: cw__planner_plan under the budget\n",
            (double)max_ws / MIB);
     printf("# peak temp = workspace bytes (the only temporary); RSS = child's peak resident set\n");
     printf("%-22s %-10s %5s %-16s %12s %10s %10s %9s  %s\n", "conv (N=1, H=W)", "mode", "P", "algorithm",

@@ -2,7 +2,6 @@
  * choice of patch count + algorithm from a workspace cap. Patches are views into the
  * full tensors: only offsets, row counts and per-patch H paddings change. */
 #include <inttypes.h>
-#include <limits.h>
 #include <string.h>
 
 #include "alloc/alloc.h"
@@ -67,94 +66,6 @@ void cw__patch_bounds(int64_t h_out, int p, int64_t *bounds) {
 }
 
 static int64_t band_lo(int64_t h, int p, int i) { return (int64_t)((__int128)i * h / p); }
-
-/* Workspace of algorithm `id` for a P-band plan: max over the first, last and most central
- * tallest band. -1 when some representative band does not list the algorithm. *rep gets
- * the algorithm as listed for the tallest band. */
-static cw_status plan_ws(cw__backend *be, const cw__conv_problem *full, int P, int id, int64_t *ws_out,
-                         cw__conv_algo *rep) {
-    const int64_t h = full->y.dims[cw__patch_hdim(full)];
-    const int64_t tall = (h + P - 1) / P;
-    int central = P / 2;
-    for (int dlt = 0; dlt < P; dlt++) {
-        int c1 = P / 2 + dlt, c2 = P / 2 - dlt;
-        if (c1 < P && band_lo(h, P, c1 + 1) - band_lo(h, P, c1) == tall) { central = c1; break; }
-        if (c2 >= 0 && band_lo(h, P, c2 + 1) - band_lo(h, P, c2) == tall) { central = c2; break; }
-    }
-    int idx[3] = {central, 0, P - 1};
-    int64_t ws = -1;
-    for (int r = 0; r < 3; r++) {
-        if (r > 0 && idx[r] == idx[0]) continue;
-        cw__patch pt;
-        cw_status st = cw__patch_make(full, band_lo(h, P, idx[r]), band_lo(h, P, idx[r] + 1), &pt);
-        if (st != CW_OK) return st;
-        cw__conv_algo lst[PATCH_MAX_ALGOS];
-        int n = 0;
-        st = be->i->conv_algos(be, &pt.prob, lst, PATCH_MAX_ALGOS, &n);
-        if (st != CW_OK) return st;
-        int found = -1;
-        for (int j = 0; j < n; j++)
-            if (lst[j].id == id) found = j;
-        if (found < 0) {
-            *ws_out = -1;
-            return CW_OK;
-        }
-        if (r == 0 && rep) *rep = lst[found];
-        if (lst[found].workspace > ws) ws = lst[found].workspace;
-    }
-    *ws_out = ws;
-    if (rep) rep->workspace = ws;
-    return CW_OK;
-}
-
-cw_status cw__patch_choose(cw__backend *be, const cw__conv_problem *full, int64_t ws_cap, int p_max, int *p_out,
-                           cw__conv_algo *algo_out, int64_t *min_cap) {
-    if (!be || !full || !p_out || !algo_out)
-        return cw__error(be ? be->ctx : NULL, CW_ERR_INVALID_ARG, "patch_choose: %s is NULL",
-                         !be ? "be" : !full ? "full" : !p_out ? "p_out" : "algo_out");
-    if (full->spatial != 2 && full->spatial != 3)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "patch_choose: spatial=%d must be 2 or 3", full->spatial);
-    const int64_t h_out = full->y.dims[cw__patch_hdim(full)];
-    if (h_out < 1) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "patch_choose: output height %lld", (long long)h_out);
-    int pmax = (p_max <= 0 || p_max > h_out) ? (h_out > INT_MAX ? INT_MAX : (int)h_out) : p_max;
-
-    cw__conv_algo lst[PATCH_MAX_ALGOS];
-    int n = 0;
-    cw_status st = be->i->conv_algos(be, full, lst, PATCH_MAX_ALGOS, &n);
-    if (st != CW_OK) return st;
-    if (n == 0) return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "patch_choose: the %s backend lists no algorithm", be->i->name);
-
-    int64_t best = -1; /* smallest workspace seen over every algorithm and P */
-    int best_p = 0;
-    const char *best_name = "";
-    for (int j = 0; j < n; j++) {
-        for (int P = 1; P <= pmax; P++) {
-            int64_t ws;
-            cw__conv_algo rep;
-            st = plan_ws(be, full, P, lst[j].id, &ws, &rep);
-            if (st != CW_OK) return st;
-            if (ws < 0) continue;
-            if (best < 0 || ws < best) {
-                best = ws;
-                best_p = P;
-                best_name = lst[j].name;
-            }
-            if (ws_cap < 0 || ws <= ws_cap) {
-                *p_out = P;
-                *algo_out = rep;
-                if (min_cap) *min_cap = ws;
-                return CW_OK;
-            }
-        }
-    }
-    if (min_cap) *min_cap = best;
-    if (best < 0)
-        return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "patch_choose: no algorithm runs every patch of this conv");
-    return cw__error(be->ctx, CW_ERR_BUDGET,
-                     "conv: no patch count 1..%d fits a workspace cap of %lld bytes; the smallest cap that works is "
-                     "%lld bytes (%s with %d patches)",
-                     pmax, (long long)ws_cap, (long long)best, best_name, best_p);
-}
 
 /* ---- the planner ------------------------------------------------------------------------ */
 

@@ -1,5 +1,6 @@
-/* Height patches: the exact halo math of DESIGN.md, the planner that picks the patch count
- * and algorithm from a workspace cap, and convolution parameter validation (conv_check.c).
+/* Height patches: the exact halo math of DESIGN.md and the planner that picks a conv's patch
+ * count and algorithm from its share of the budget (planner.c, used by the lowering, the
+ * tests and bench_conv); and convolution parameter validation (conv_check.c).
  * A patch is a view into the full input/output tensors: same strides, fewer rows. */
 #ifndef CW_PLANNER_H
 #define CW_PLANNER_H
@@ -38,22 +39,6 @@ static inline int cw__patch_is_empty(const cw__patch *p) { return p->a >= p->b; 
  * band sizes differ by at most one and none is empty. Requires 1 <= p <= h_out (p > h_out
  * gives empty bands; p < 1 is treated as 1 and writes 2 entries). */
 void cw__patch_bounds(int64_t h_out, int p, int64_t *bounds);
-
-/* Picks the patch count and algorithm for `full` under a workspace cap (bytes):
- * - p_max <= 0 means no cap on P other than H_out;
- * - ws_cap < 0: unlimited: P = 1 with the fastest algorithm;
- * - else, for each algorithm in the order the backend lists them for the full problem
- *   (fastest first): the smallest P in 1..min(p_max, H_out) whose patches' workspace
- *   for that algorithm is <= ws_cap. A slower algorithm is used only when no P fits the
- *   faster one. The workspace of a plan is the max over its first, last and most
- *   central tallest patch (rows differ by <= 1; interior patches of equal height are
- *   identical shapes).
- * *algo_out is the algorithm as listed for the tallest patch (its workspace field is the
- * plan's max). When nothing fits: CW_ERR_BUDGET (message names the cap and the minimum)
- * and *min_cap = the smallest cap that would work (else *min_cap is the chosen plan's
- * workspace). min_cap may be NULL. */
-cw_status cw__patch_choose(cw__backend *be, const cw__conv_problem *full, int64_t ws_cap, int p_max, int *p_out,
-                           cw__conv_algo *algo_out, int64_t *min_cap);
 
 /* What one convolution may use, from the lowering: its share of the budget and how many of
  * its temporaries are in flight at once. */
