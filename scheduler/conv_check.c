@@ -8,27 +8,7 @@
 
 #define DIM_MAX (INT64_C(1) << 40) /* elements; far beyond any real tensor, keeps math exact */
 
-static const char *dt_name(cw_dtype dt) {
-    switch (dt) {
-    case CW_F32: return "f32";
-    case CW_F16: return "f16";
-    case CW_BF16: return "bf16";
-    }
-    return "unknown";
-}
-
 static int dt_known(cw_dtype dt) { return dt == CW_F32 || dt == CW_F16 || dt == CW_BF16; }
-
-/* "[1, 32, 64, 64]"; rank clamped to 0..CW_MAX_RANK for printing bad descs safely. */
-static const char *dims_str(const cw_tensor_desc *d, char *buf, size_t n) {
-    int r = d->rank < 0 ? 0 : d->rank > CW_MAX_RANK ? CW_MAX_RANK : d->rank;
-    size_t o = 0;
-    buf[0] = 0;
-    o += (size_t)snprintf(buf + o, n - o, "[");
-    for (int i = 0; i < r && o < n; i++) o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)d->dims[i]);
-    if (o < n) snprintf(buf + o, n - o, "]");
-    return buf;
-}
 
 /* Checks a descriptor's rank, dims and strides; name is "x", "w", "b" or "y". */
 static cw_status check_desc(cw_context *ctx, const cw_tensor_desc *d, const char *name, int out) {
@@ -41,10 +21,10 @@ static cw_status check_desc(cw_context *ctx, const cw_tensor_desc *d, const char
     for (int i = 0; i < d->rank; i++) {
         if (d->dims[i] < 1 || d->dims[i] > DIM_MAX)
             return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: %s.dims[%d]=%lld is outside 1..2^40 (%s: %s)", name, i,
-                             (long long)d->dims[i], name, dims_str(d, s, sizeof s));
+                             (long long)d->dims[i], name, cw__dims_str(d, s, sizeof s));
         if (__builtin_mul_overflow(numel, d->dims[i], &numel) || numel > (INT64_C(1) << 60))
             return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: %s has too many elements (%s: %s)", name, name,
-                             dims_str(d, s, sizeof s));
+                             cw__dims_str(d, s, sizeof s));
     }
     int any = 0;
     for (int i = 0; i < d->rank; i++) any |= d->strides[i] != 0;
@@ -84,15 +64,15 @@ cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_t
     if ((st = check_desc(ctx, w, "w", 0)) != CW_OK) return st;
     if (x->rank != rank)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: x.rank=%d but params.spatial=%d needs rank %d (x: %s)", x->rank,
-                         sp, rank, dims_str(x, xs, sizeof xs));
+                         sp, rank, cw__dims_str(x, xs, sizeof xs));
     if (w->rank != rank)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: w.rank=%d but params.spatial=%d needs rank %d (w: %s)", w->rank,
-                         sp, rank, dims_str(w, ws, sizeof ws));
+                         sp, rank, cw__dims_str(w, ws, sizeof ws));
     if (w->dtype != x->dtype)
-        return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: w.dtype=%s differs from x.dtype=%s", dt_name(w->dtype),
-                         dt_name(x->dtype));
-    dims_str(x, xs, sizeof xs);
-    dims_str(w, ws, sizeof ws);
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: w.dtype=%s differs from x.dtype=%s", cw__dtype_name(w->dtype),
+                         cw__dtype_name(x->dtype));
+    cw__dims_str(x, xs, sizeof xs);
+    cw__dims_str(w, ws, sizeof ws);
 
     const int64_t C = x->dims[1], K = w->dims[0], G = p->groups;
     if (G < 1) return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.groups=%lld must be >= 1", (long long)G);
@@ -145,27 +125,27 @@ cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_t
     if (b) {
         if ((st = check_desc(ctx, b, "b", 0)) != CW_OK) return st;
         if (b->dtype != x->dtype)
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: b.dtype=%s differs from x.dtype=%s", dt_name(b->dtype),
-                             dt_name(x->dtype));
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: b.dtype=%s differs from x.dtype=%s", cw__dtype_name(b->dtype),
+                             cw__dtype_name(x->dtype));
         if (b->rank != 1 || b->dims[0] != K)
             return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: bias b.dims %s must be [K] = [%lld] (w: %s)",
-                             dims_str(b, ys, sizeof ys), (long long)K, ws);
+                             cw__dims_str(b, ys, sizeof ys), (long long)K, ws);
     }
     if (y) {
         if ((st = check_desc(ctx, y, "y", 1)) != CW_OK) return st;
         if (y->dtype != x->dtype)
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: y.dtype=%s differs from x.dtype=%s", dt_name(y->dtype),
-                             dt_name(x->dtype));
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: y.dtype=%s differs from x.dtype=%s", cw__dtype_name(y->dtype),
+                             cw__dtype_name(x->dtype));
         if (y->rank != rank)
             return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: y.rank=%d, expected %d (y: %s)", y->rank, rank,
-                             dims_str(y, ys, sizeof ys));
+                             cw__dims_str(y, ys, sizeof ys));
         for (int i = 0; i < rank; i++) {
             if (y->dims[i] != yo.dims[i]) {
                 char es[96];
                 return cw__error(ctx, CW_ERR_INVALID_ARG,
                                  "conv: y.dims[%d]=%lld, expected %lld: y %s does not match the output %s of x %s, w %s",
-                                 i, (long long)y->dims[i], (long long)yo.dims[i], dims_str(y, ys, sizeof ys),
-                                 dims_str(&yo, es, sizeof es), xs, ws);
+                                 i, (long long)y->dims[i], (long long)yo.dims[i], cw__dims_str(y, ys, sizeof ys),
+                                 cw__dims_str(&yo, es, sizeof es), xs, ws);
             }
         }
     }

@@ -157,7 +157,7 @@ CW_API void *cw_tensor_data(const cw_tensor *t);
  * the tensor's size. */
 CW_API cw_status cw_tensor_upload(cw_tensor *t, const void *host, size_t bytes);
 CW_API cw_status cw_tensor_download(const cw_tensor *t, void *host, size_t bytes);
-/* Number of elements / bytes of a descriptor. */
+/* Number of elements of a descriptor (0 for NULL). */
 CW_API int64_t cw_tensor_desc_numel(const cw_tensor_desc *d);
 
 /* ---------------------------------------------------------------------------------------
@@ -237,7 +237,8 @@ CW_API cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
 /* Single-head attention over the spatial positions: q, k, v: [N, C, H, W] (or 5-D),
  * y[n, :, t] = sum_s softmax_s(scale * q[n,:,t] . k[n,:,s]) v[n,:,s]. */
 CW_API cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
-/* Marks a node as the plan's output number `index` (0-based, in call order). */
+/* Marks a node as the plan's next output: outputs are numbered from 0 in call order, and
+ * cw_plan_run takes them in that order. name (may be NULL) names it in error messages. */
 CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 /* Descriptor of a node's result (dims are known at build time). */
 CW_API cw_status cw_graph_node_desc(const cw_graph *g, cw_node node, cw_tensor_desc *out);
@@ -263,9 +264,11 @@ typedef struct cw_compile_options {
 #define CW_COMPILE_OPTIONS_INIT \
     { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0 }
 
-/* Lowers g into a plan of tasks on streams. Simulates the run's temporary allocations:
- * returns CW_ERR_BUDGET, with the smallest budget that would work in the message and in
- * cw_plan_min_budget-style output `*min_budget` of cw_graph_min_budget, if it cannot fit. */
+/* Lowers g into a plan of tasks on streams and simulates the run's temporary allocations
+ * under opt's budget (opt NULL: CW_COMPILE_OPTIONS_INIT). If the plan cannot fit, returns
+ * CW_ERR_BUDGET and names the smallest budget that would work in the context's message
+ * (cw_graph_min_budget gives it as a number). On success *out is a plan the caller frees
+ * with cw_plan_destroy; it borrows g's constants, not g. */
 CW_API cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
 /* The smallest temp budget under which cw_graph_compile(g, opt) succeeds (opt's budget
  * ignored). */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "alloc/alloc.h"
+#include "kernels/kernels.h"
 
 #define GRAN 512                   /* bytes: block granularity and alignment within a segment */
 #define SMALL_MAX (INT64_C(1) << 20) /* requests up to 1 MiB come from the small pool */
@@ -15,7 +16,7 @@
 #define MAX_REQUEST (INT64_C(1) << 62) /* larger requests cannot be rounded without overflow */
 #define MAX_PENDING 8  /* streams whose frees a cached block can remember (CW__MAX_STREAMS) */
 #define MAX_WAITED 4   /* streams remembered as already ordered after an event */
-#define POISON_WORD 0x7fc00000u
+#define POISON_WORD CW_POISON_NAN_BITS /* lib/kernels: the same NaN every poison fill writes */
 enum { POOL_SMALL = 0, POOL_LARGE = 1 };
 
 /* An event recorded on `s` at a free, shared (refcounted) by every cached block carved

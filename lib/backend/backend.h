@@ -163,8 +163,8 @@ struct cw__backend {
 
 /* Backend constructors. cfg is the context's config (threads, flags, chaos seed). */
 cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out);
-/* Returns CW_ERR_NO_DEVICE (with a message) when there is no driver or device. Defined
- * only when built with CUDA; cw__backend_cuda_available() is 0 otherwise. */
+/* Returns CW_ERR_NO_DEVICE (with a message) when there is no driver or device, or when
+ * built without CUDA (then cw__backend_cuda_compiled() is 0). */
 cw_status cw__backend_cuda_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out);
 int cw__backend_cuda_compiled(void);
 

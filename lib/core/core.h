@@ -57,7 +57,7 @@ int64_t cw__now_ns(void);
 
 /* Shape helpers. */
 int64_t cw__desc_numel(const cw_tensor_desc *d);
-/* Fills zero strides as contiguous; returns 1 when d's strides are already contiguous. */
+/* Fills d's strides as contiguous when they are all zero; leaves other strides alone. */
 void cw__desc_fill_strides(cw_tensor_desc *d);
 int cw__desc_is_contiguous(const cw_tensor_desc *d);
 /* Byte extent covered by a strided view: (max offset + 1) * elem size (all-zero strides:
@@ -66,8 +66,11 @@ int64_t cw__desc_span_bytes(const cw_tensor_desc *d);
 /* 1 when the byte spans [data, data + span) of the two views intersect. A conservative
  * test: interleaved views may report overlap. 0 when a pointer is NULL. */
 int cw__views_overlap(const cw_tensor_desc *a, const void *pa, const cw_tensor_desc *b, const void *pb);
-/* Prints "[1, 32, 64, 64]" into buf. */
+/* Prints "[1, 32, 64, 64]" into buf and returns buf; a rank outside 0..CW_MAX_RANK is
+ * clamped, so unvalidated descriptors print safely. */
 const char *cw__dims_str(const cw_tensor_desc *d, char *buf, size_t n);
+/* "f32", "f16", "bf16"; "unknown" for anything else. */
+const char *cw__dtype_name(cw_dtype dt);
 
 struct cw_tensor {
     cw_context *ctx;

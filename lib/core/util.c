@@ -163,12 +163,22 @@ int cw__views_overlap(const cw_tensor_desc *a, const void *pa, const cw_tensor_d
 }
 
 const char *cw__dims_str(const cw_tensor_desc *d, char *buf, size_t n) {
+    const int r = d->rank < 0 ? 0 : d->rank > CW_MAX_RANK ? CW_MAX_RANK : d->rank; /* bad descs print safely */
     size_t off = 0;
     off += (size_t)snprintf(buf + off, n - off, "[");
-    for (int i = 0; i < d->rank && off < n; i++)
+    for (int i = 0; i < r && off < n; i++)
         off += (size_t)snprintf(buf + off, n - off, i ? ", %" PRId64 : "%" PRId64, d->dims[i]);
     if (off < n) snprintf(buf + off, n - off, "]");
     return buf;
+}
+
+const char *cw__dtype_name(cw_dtype dt) {
+    switch (dt) {
+    case CW_F32: return "f32";
+    case CW_F16: return "f16";
+    case CW_BF16: return "bf16";
+    }
+    return "unknown";
 }
 
 size_t cw_dtype_size(cw_dtype dt) {

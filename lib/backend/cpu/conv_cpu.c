@@ -374,15 +374,6 @@ void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const
     conv_run(p, algo, x, w, b, y, ws, threads);
 }
 
-static const char *dtype_name(cw_dtype dt) {
-    switch (dt) {
-    case CW_F32: return "f32";
-    case CW_F16: return "f16";
-    case CW_BF16: return "bf16";
-    }
-    return "unknown";
-}
-
 /* CW_OK when the cpu backend can run p at all (f32, 2-D/3-D, consistent ranks). */
 static cw_status check_problem(cw__backend *be, const cw__conv_problem *p, const char *who) {
     cw_context *ctx = be ? be->ctx : NULL;
@@ -392,7 +383,7 @@ static cw_status check_problem(cw__backend *be, const cw__conv_problem *p, const
     for (int i = 0; i < 3; i++) {
         if (t[i]->dtype != CW_F32)
             return cw__error(ctx, CW_ERR_UNSUPPORTED, "cpu %s: %s dtype %s is unsupported (the cpu backend runs f32 only)",
-                             who, names[i], dtype_name(t[i]->dtype));
+                             who, names[i], cw__dtype_name(t[i]->dtype));
     }
     if ((p->spatial != 2 && p->spatial != 3) || p->x.rank != p->spatial + 2 || p->w.rank != p->spatial + 2 ||
         p->y.rank != p->spatial + 2)

@@ -45,8 +45,6 @@ static void view_pad5(const cw__view *v, int64_t dim[5], int64_t st[5]) {
     }
 }
 
-static const char *dims_str(const cw_tensor_desc *d, char *buf, size_t n) { return cw__dims_str(d, buf, n); }
-
 /* Common checks of a view an op reads or writes: f32, rank in [rmin, rmax], dims >= 0,
  * non-NULL data unless empty. */
 static cw_status check_view(cw__backend *be, const char *op, const char *arg, const cw__view *v, int rmin, int rmax) {
@@ -58,12 +56,12 @@ static cw_status check_view(cw__backend *be, const char *op, const char *arg, co
     for (int i = 0; i < v->d.rank; i++)
         if (v->d.dims[i] < 0)
             return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s has a negative dim %s", op, arg,
-                             dims_str(&v->d, b, sizeof b));
+                             cw__dims_str(&v->d, b, sizeof b));
     if (v->d.dtype != CW_F32)
         return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "%s: %s has dtype %d; the cpu backend supports f32 only", op,
                          arg, (int)v->d.dtype);
     if (!v->data && cw__desc_numel(&v->d) > 0)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s %s has NULL data", op, arg, dims_str(&v->d, b, sizeof b));
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s %s has NULL data", op, arg, cw__dims_str(&v->d, b, sizeof b));
     return CW_OK;
 }
 
@@ -173,7 +171,7 @@ cw_status cw__cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p)
     if ((st = check_view(be, op, "dst", &p->dst, 4, 5)) != CW_OK) return st;
     if (p->src.d.rank != p->dst.d.rank)
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: src %s and dst %s differ in rank",
-                         dims_str(&p->src.d, b1, sizeof b1), dims_str(&p->dst.d, b2, sizeof b2));
+                         cw__dims_str(&p->src.d, b1, sizeof b1), cw__dims_str(&p->dst.d, b2, sizeof b2));
     if (p->up < 1) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: up = %d, must be >= 1", p->up);
     if ((p->scale == NULL) != (p->shift == NULL))
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: scale and shift must both be set or both NULL");
@@ -185,7 +183,7 @@ cw_status cw__cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p)
     view_ncdhw(&p->dst, &d5);
     if (s5.dim[0] != d5.dim[0] || s5.dim[1] != d5.dim[1] || s5.dim[2] != d5.dim[2])
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: src %s and dst %s differ in N, C or D",
-                         dims_str(&p->src.d, b1, sizeof b1), dims_str(&p->dst.d, b2, sizeof b2));
+                         cw__dims_str(&p->src.d, b1, sizeof b1), cw__dims_str(&p->dst.d, b2, sizeof b2));
     if (cw__desc_numel(&p->dst.d) > 0) {
         int64_t up = p->up, hd = d5.dim[3], wd = d5.dim[4];
         int64_t r_first = cw_up_src_index(0, p->dst_row0, p->src_row0, up);
@@ -196,7 +194,7 @@ cw_status cw__cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p)
                              "starting at row %lld, but src %s has %lld rows",
                              (long long)p->dst_row0, (long long)(p->dst_row0 + hd), (long long)up,
                              (long long)r_first, (long long)(r_last + 1), (long long)p->src_row0,
-                             dims_str(&p->src.d, b1, sizeof b1), (long long)s5.dim[3]);
+                             cw__dims_str(&p->src.d, b1, sizeof b1), (long long)s5.dim[3]);
         if ((wd - 1) / up >= s5.dim[4])
             return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: dst W = %lld at up = %lld exceeds src W = %lld",
                              (long long)wd, (long long)up, (long long)s5.dim[4]);
@@ -301,7 +299,7 @@ cw_status cw__cpu_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, in
     if (st != CW_OK) return st;
     if (groups < 1 || x->d.dims[1] % groups != 0)
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_stats: groups = %lld does not divide C of x %s",
-                         (long long)groups, dims_str(&x->d, b, sizeof b));
+                         (long long)groups, cw__dims_str(&x->d, b, sizeof b));
     if (!out) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_stats: out is NULL");
     gn_stats_closure c;
     c.x = *x;
@@ -431,7 +429,7 @@ cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const
         for (int i = 0; same && i < dst->d.rank; i++) same = in[k]->d.dims[i] == dst->d.dims[i];
         if (!same)
             return cw__error(be->ctx, CW_ERR_INVALID_ARG, "add: %s %s and dst %s differ in shape", k ? "b" : "a",
-                             dims_str(&in[k]->d, b1, sizeof b1), dims_str(&dst->d, b2, sizeof b2));
+                             cw__dims_str(&in[k]->d, b1, sizeof b1), cw__dims_str(&dst->d, b2, sizeof b2));
     }
     add_closure k;
     k.dst = *dst;
