@@ -43,6 +43,65 @@ static cw_status check_desc(cw_context *ctx, const cw_tensor_desc *d, const char
     return CW_OK;
 }
 
+/* Spatial dim i: stride, dilation, paddings in range and the kernel within the padded
+ * input; *out gets the output extent. */
+static cw_status check_spatial(cw_context *ctx, const cw_tensor_desc *x, const cw_tensor_desc *w,
+                               const cw_conv_params *p, int i, int64_t *out) {
+    const int64_t s = p->stride[i], d = p->dilation[i], pre = p->pad_pre[i], post = p->pad_post[i];
+    const int64_t in = x->dims[2 + i], k = w->dims[2 + i];
+    if (s < 1 || s > DIM_MAX)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.stride[%d]=%lld must be in 1..2^40", i, (long long)s);
+    if (d < 1 || d > DIM_MAX)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.dilation[%d]=%lld must be in 1..2^40", i,
+                         (long long)d);
+    if (pre < 0 || pre > DIM_MAX)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.pad_pre[%d]=%lld must be in 0..2^40", i,
+                         (long long)pre);
+    if (post < 0 || post > DIM_MAX)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.pad_post[%d]=%lld must be in 0..2^40", i,
+                         (long long)post);
+    int64_t eff; /* d*(k-1)+1 <= 2^80 may overflow: check */
+    if (__builtin_mul_overflow(d, k - 1, &eff) || eff > (INT64_C(1) << 62))
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: kernel w.dims[%d]=%lld with dilation[%d]=%lld is too large",
+                         2 + i, (long long)k, i, (long long)d);
+    eff += 1;
+    const int64_t padded = in + pre + post;
+    if (eff > padded)
+        return cw__error(ctx, CW_ERR_INVALID_ARG,
+                         "conv: effective kernel %lld (w.dims[%d]=%lld, dilation[%d]=%lld) exceeds the padded input "
+                         "%lld (x.dims[%d]=%lld + pad_pre[%d]=%lld + pad_post[%d]=%lld)",
+                         (long long)eff, 2 + i, (long long)k, i, (long long)d, (long long)padded, 2 + i,
+                         (long long)in, i, (long long)pre, i, (long long)post);
+    *out = (padded - eff) / s + 1;
+    return CW_OK;
+}
+
+/* y: a valid descriptor of x's dtype and exactly the expected output dims yo. */
+static cw_status check_y(cw_context *ctx, const cw_tensor_desc *x, const cw_tensor_desc *w, const cw_tensor_desc *y,
+                         const cw_tensor_desc *yo) {
+    char xs[96], ws[96], ys[96];
+    const int rank = yo->rank;
+    cw_status st;
+    if ((st = check_desc(ctx, y, "y", 1)) != CW_OK) return st;
+    if (y->dtype != x->dtype)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: y.dtype=%s differs from x.dtype=%s", cw__dtype_name(y->dtype),
+                         cw__dtype_name(x->dtype));
+    if (y->rank != rank)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: y.rank=%d, expected %d (y: %s)", y->rank, rank,
+                         cw__dims_str(y, ys, sizeof ys));
+    for (int i = 0; i < rank; i++) {
+        if (y->dims[i] != yo->dims[i]) {
+            char es[96];
+            return cw__error(ctx, CW_ERR_INVALID_ARG,
+                             "conv: y.dims[%d]=%lld, expected %lld: y %s does not match the output %s of x %s, w %s",
+                             i, (long long)y->dims[i], (long long)yo->dims[i], cw__dims_str(y, ys, sizeof ys),
+                             cw__dims_str(yo, es, sizeof es), cw__dims_str(x, xs, sizeof xs),
+                             cw__dims_str(w, ws, sizeof ws));
+        }
+    }
+    return CW_OK;
+}
+
 cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_tensor_desc *w,
                             const cw_tensor_desc *b, const cw_tensor_desc *y, const cw_conv_params *p,
                             cw_tensor_desc *y_expected_out) {
@@ -93,34 +152,8 @@ cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_t
     yo.rank = rank;
     yo.dims[0] = x->dims[0];
     yo.dims[1] = K;
-    for (int i = 0; i < sp; i++) {
-        const int64_t s = p->stride[i], d = p->dilation[i], pre = p->pad_pre[i], post = p->pad_post[i];
-        const int64_t in = x->dims[2 + i], k = w->dims[2 + i];
-        if (s < 1 || s > DIM_MAX)
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.stride[%d]=%lld must be in 1..2^40", i, (long long)s);
-        if (d < 1 || d > DIM_MAX)
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.dilation[%d]=%lld must be in 1..2^40", i,
-                             (long long)d);
-        if (pre < 0 || pre > DIM_MAX)
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.pad_pre[%d]=%lld must be in 0..2^40", i,
-                             (long long)pre);
-        if (post < 0 || post > DIM_MAX)
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.pad_post[%d]=%lld must be in 0..2^40", i,
-                             (long long)post);
-        int64_t eff; /* d*(k-1)+1 <= 2^80 may overflow: check */
-        if (__builtin_mul_overflow(d, k - 1, &eff) || eff > (INT64_C(1) << 62))
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: kernel w.dims[%d]=%lld with dilation[%d]=%lld is too large",
-                             2 + i, (long long)k, i, (long long)d);
-        eff += 1;
-        const int64_t padded = in + pre + post;
-        if (eff > padded)
-            return cw__error(ctx, CW_ERR_INVALID_ARG,
-                             "conv: effective kernel %lld (w.dims[%d]=%lld, dilation[%d]=%lld) exceeds the padded input "
-                             "%lld (x.dims[%d]=%lld + pad_pre[%d]=%lld + pad_post[%d]=%lld)",
-                             (long long)eff, 2 + i, (long long)k, i, (long long)d, (long long)padded, 2 + i,
-                             (long long)in, i, (long long)pre, i, (long long)post);
-        yo.dims[2 + i] = (padded - eff) / s + 1;
-    }
+    for (int i = 0; i < sp; i++)
+        if ((st = check_spatial(ctx, x, w, p, i, &yo.dims[2 + i])) != CW_OK) return st;
 
     if (b) {
         if ((st = check_desc(ctx, b, "b", 0)) != CW_OK) return st;
@@ -131,24 +164,7 @@ cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_t
             return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: bias b.dims %s must be [K] = [%lld] (w: %s)",
                              cw__dims_str(b, ys, sizeof ys), (long long)K, ws);
     }
-    if (y) {
-        if ((st = check_desc(ctx, y, "y", 1)) != CW_OK) return st;
-        if (y->dtype != x->dtype)
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: y.dtype=%s differs from x.dtype=%s", cw__dtype_name(y->dtype),
-                             cw__dtype_name(x->dtype));
-        if (y->rank != rank)
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: y.rank=%d, expected %d (y: %s)", y->rank, rank,
-                             cw__dims_str(y, ys, sizeof ys));
-        for (int i = 0; i < rank; i++) {
-            if (y->dims[i] != yo.dims[i]) {
-                char es[96];
-                return cw__error(ctx, CW_ERR_INVALID_ARG,
-                                 "conv: y.dims[%d]=%lld, expected %lld: y %s does not match the output %s of x %s, w %s",
-                                 i, (long long)y->dims[i], (long long)yo.dims[i], cw__dims_str(y, ys, sizeof ys),
-                                 cw__dims_str(&yo, es, sizeof es), xs, ws);
-            }
-        }
-    }
+    if (y && (st = check_y(ctx, x, w, y, &yo)) != CW_OK) return st;
     if (y_expected_out) *y_expected_out = yo;
     return CW_OK;
 }
