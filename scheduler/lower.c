@@ -22,13 +22,18 @@ typedef struct cw__conv_unit {
     int src, gn, silu, up;   /* the prep chain (cw__fusion_chain) */
     int prep;                /* 1 when the chain is not empty */
     int other;               /* the residual operand, -1 without epilogue */
+    int inplace;             /* 1: the add's result is written into other's storage: each
+                                patch's conv writes a band buffer, the epilogue adds it in */
     cw__conv_plan cp;        /* the planner's bands and algorithm */
     int *ws, *pbuf, *prep_task; /* per patch: workspace and prep buffer, prep task (-1) */
+    int *ybuf;               /* per patch (inplace): its output band buffer */
+    int *war;                /* inplace: earlier tasks touching other's storage */
+    int n_war;
     cw__conv_info *ci;
 } cw__conv_unit;
 
 /* This conv's share of the budget (see cw__conv_share). */
-static cw__conv_share cw__share(const cw__lower *L, int prep, int64_t h_out) {
+static cw__conv_share cw__share(const cw__lower *L, int prep, int ybuf, int64_t h_out) {
     const cw_compile_options *o = &L->p->opt;
     cw__conv_share sh;
     memset(&sh, 0, sizeof sh);
@@ -37,6 +42,7 @@ static cw__conv_share cw__share(const cw__lower *L, int prep, int64_t h_out) {
     /* H convs in flight plus H preps ahead (one stream: one of each) */
     sh.n_pbufs = L->heavy > 1 || L->light != 0 ? 2 * L->heavy : 1;
     sh.prep = prep;
+    sh.ybuf = ybuf;
     sh.p_min = o->max_patch_rows > 0 ? (int)((h_out + o->max_patch_rows - 1) / o->max_patch_rows) : 1;
     sh.p_fixed = o->policy == CW_PATCHES_FIXED ? o->patches : 0;
     sh.single = L->none;
@@ -101,6 +107,12 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     const cw_tensor_desc *xd = &g->nodes[n->in[0]].desc, *wd = &g->nodes[n->in[1]].desc;
     const cw__patch *pt = &u->cp.patch[j];
     if (u->cp.ws > 0) CW__TRY(cw__temp(L, u->cp.ws, NULL, &u->ws[j]));
+    cw_tensor_desc yb = pt->prob.y;
+    if (u->inplace) {
+        memset(yb.strides, 0, sizeof yb.strides);
+        cw__desc_fill_strides(&yb);
+        CW__TRY(cw__temp(L, cw__desc_numel(&yb) * 4, &yb, &u->ybuf[j]));
+    }
     cw__task *t = NULL;
     CW__TRY(cw__new_task(L, CW__T_CONV, CW_STAGE_CONV, cw__next_heavy(L), u->node, &t, id));
     t->u.conv.prob = pt->prob;
@@ -121,7 +133,7 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
         t->u.conv.b.rank = 1;
         t->u.conv.b.dims[0] = wd->dims[0];
     }
-    t->u.conv.y = cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
+    t->u.conv.y = u->inplace ? cw__whole(u->ybuf[j], &yb) : cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
     t->u.conv.ws_buf = u->ws[j];
     t->flops = cw__conv_flops(&pt->prob);
     snprintf(t->name, sizeof t->name, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches);
@@ -140,19 +152,47 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
     cw__task *e = NULL;
     CW__TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
     e->u.add.dst = cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
-    e->u.add.a = e->u.add.dst;
-    e->u.add.b = cw__rows(L->nd[u->other].buf, &g->nodes[u->other].desc, pt->o0, pt->o1);
+    if (u->inplace) { /* dst is other's storage: other + band, written over other */
+        e->u.add.a = e->u.add.dst;
+        e->u.add.b = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
+        for (int k = 0; k < u->n_war; k++) CW__TRY(cw__dep(L, *id, u->war[k]));
+    } else {
+        e->u.add.a = e->u.add.dst;
+        e->u.add.b = cw__rows(L->nd[u->other].buf, &g->nodes[u->other].desc, pt->o0, pt->o1);
+    }
     e->flops = (double)cw__desc_numel(&n->desc) * (double)(pt->o1 - pt->o0) / (double)u->ci->h_out;
-    snprintf(e->name, sizeof e->name, "residual add L%d patch %d/%d", addn, j + 1, u->cp.patches);
+    snprintf(e->name, sizeof e->name, "residual add%s L%d patch %d/%d", u->inplace ? " in place" : "", addn, j + 1,
+             u->cp.patches);
     CW__TRY(cw__dep(L, *id, conv));
     return cw__dep_rows(L, *id, u->other, pt->o0, pt->o1);
 }
 
-/* Frees patch k's workspace and prep buffer. */
+/* Frees patch k's workspace, prep buffer and output band buffer. */
 static cw_status cw__patch_release(cw__lower *L, cw__conv_unit *u, int k) {
     CW__TRY(cw__release(L, u->ws[k]));
     CW__TRY(cw__release(L, u->pbuf[k]));
-    u->ws[k] = u->pbuf[k] = -1;
+    CW__TRY(cw__release(L, u->ybuf[k]));
+    u->ws[k] = u->pbuf[k] = u->ybuf[k] = -1;
+    return CW_OK;
+}
+
+/* The tasks so far that touch buffer b: an in-place epilogue writing b waits for them
+ * (write after read; the reads are long done in practice, so this costs no parallelism). */
+static cw_status cw__touching(cw__lower *L, int b, int **out, int *n) {
+    const cw_plan *p = L->p;
+    *out = NULL;
+    *n = 0;
+    int *list = cw__malloc((size_t)p->n_tasks * sizeof *list + 1);
+    if (!list) return cw__oom(L);
+    for (int t = 0; t < p->n_tasks; t++) {
+        int tb[CW__TASK_MAX_BUFS];
+        for (int k = 0, m = cw__task_bufs(&p->tasks[t], tb); k < m; k++)
+            if (tb[k] == b) {
+                list[(*n)++] = t;
+                break;
+            }
+    }
+    *out = list;
     return CW_OK;
 }
 
@@ -191,25 +231,28 @@ static cw_status cw__lower_conv(cw__lower *L, int i) {
     u.prep = u.gn >= 0 || u.silu || u.up > 1;
     const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
     u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
+    u.inplace = u.other >= 0 && L->nd[u.other].moved;
     cw__conv_problem full;
     cw__conv_problem_init(&full, &g->nodes[n->in[0]].desc, &g->nodes[n->in[1]].desc, n->in[2] >= 0, &n->desc, &n->conv);
     int64_t h_out = n->desc.dims[cw__hdim(&n->desc)];
-    cw__conv_share sh = cw__share(L, u.prep, h_out);
+    cw__conv_share sh = cw__share(L, u.prep, u.inplace, h_out);
     cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);
     if (st == CW_OK) {
         int P = u.cp.patches;
         u.ws = cw__malloc((size_t)P * sizeof *u.ws);
         u.pbuf = cw__malloc((size_t)P * sizeof *u.pbuf);
+        u.ybuf = cw__malloc((size_t)P * sizeof *u.ybuf);
         u.prep_task = cw__malloc((size_t)P * sizeof *u.prep_task);
-        if (!u.ws || !u.pbuf || !u.prep_task) st = cw__oom(L);
-        for (int q = 0; q < P && st == CW_OK; q++) u.ws[q] = u.pbuf[q] = u.prep_task[q] = -1;
+        if (!u.ws || !u.pbuf || !u.ybuf || !u.prep_task) st = cw__oom(L);
+        for (int q = 0; q < P && st == CW_OK; q++) u.ws[q] = u.pbuf[q] = u.ybuf[q] = u.prep_task[q] = -1;
     }
+    if (st == CW_OK && u.inplace) st = cw__touching(L, L->nd[u.other].buf, &u.war, &u.n_war);
     if (st == CW_OK && u.gn >= 0) st = cw__gn_ready(L, u.gn);
     if (st == CW_OK) st = cw__gn_begin(L, u.outn, u.cp.patches);
     if (st == CW_OK) st = cw__conv_record(L, &u, &full);
     if (st == CW_OK) st = cw__emit_patches(L, &u);
     cw__conv_plan_free(&u.cp);
-    cw__free(u.ws), cw__free(u.pbuf), cw__free(u.prep_task);
+    cw__free(u.ws), cw__free(u.pbuf), cw__free(u.ybuf), cw__free(u.prep_task), cw__free(u.war);
     return st;
 }
 /* ---- other nodes ---------------------------------------------------------------------- */
@@ -349,7 +392,7 @@ static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
         int m = rd[a];
         const cw__node *nm = &g->nodes[m];
         if (--L->nd[m].reads != 0 || nm->kind == CW__N_INPUT || nm->kind == CW__N_CONST || nm->is_output ||
-            L->p->bufs[L->nd[m].buf].kind != CW__B_ACT)
+            L->nd[m].moved || L->p->bufs[L->nd[m].buf].kind != CW__B_ACT)
             continue;
         /* a GN still to be finalized from m must take its stats first */
         for (int q = m + 1; q < g->n; q++)
@@ -359,6 +402,29 @@ static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
     }
     if (rd[3] >= 0 && --L->nd[rd[3]].gn_refs == 0) CW__TRY(cw__release(L, L->nd[rd[3]].gn_ss));
     return CW_OK;
+}
+
+/* The residual operand of ADD node i (whose conv epilogue is unit u) whose storage the
+ * add's result may take, or -1. Legal when that operand is an activation of the same shape
+ * that nothing after this unit reads, and the conv does not read it (its halo rows would
+ * be overwritten under it). The unscheduled reference keeps a buffer per node. */
+static int cw__inplace_operand(const cw__lower *L, int i, int u) {
+    const cw_graph *g = L->g;
+    const cw__node *an = &g->nodes[i];
+    int m = an->in[0] == u ? an->in[1] : an->in[0];
+    const cw__node *nm = &g->nodes[m];
+    const cw__lnode *lm = &L->nd[m];
+    if (L->none || m < 0 || lm->buf < 0 || lm->moved || lm->reads != 1 || nm->is_output ||
+        L->p->bufs[lm->buf].kind != CW__B_ACT || nm->desc.rank != an->desc.rank || nm->desc.dtype != an->desc.dtype)
+        return -1;
+    for (int d = 0; d < an->desc.rank; d++)
+        if (nm->desc.dims[d] != an->desc.dims[d]) return -1;
+    int src, gn, silu, up;
+    cw__fusion_chain(L, g->nodes[u].in[0], &src, &gn, &silu, &up);
+    if (src == m) return -1;
+    for (int q = m + 1; q < g->n; q++) /* GroupNorm statistics still to be taken from m */
+        if (g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0) return -1;
+    return m;
 }
 
 /* Lowers the unit at node i's position: its result buffer, its tasks, the frees after it. */
@@ -374,8 +440,12 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
     int rd[4];
     int k = cw__fusion_unit_reads(L, u, rd);
     if (k < 0) return CW_OK;
+    int other = u != i ? cw__inplace_operand(L, i, u) : -1;
     if (nd->is_output) {
         CW__TRY(cw__new_buf(L, CW__B_OUTPUT, nd->index, &nd->desc, 0, &ln->buf));
+    } else if (other >= 0) {
+        ln->buf = L->nd[other].buf; /* the add's result overwrites its dying operand */
+        L->nd[other].moved = 1;
     } else {
         CW__TRY(cw__new_buf(L, CW__B_ACT, -1, &nd->desc, cw__desc_numel(&nd->desc) * 4, &ln->buf));
         CW__TRY(cw__act(L, CW__A_ALLOC, ln->buf, 0));

@@ -15,6 +15,8 @@ typedef struct cw__wr {
 /* What the lowering knows about one graph node. Indices are -1 where they do not apply. */
 typedef struct cw__lnode {
     int buf;            /* buffer of its result; -1 while fused or not lowered */
+    int moved;          /* 1: its buffer now holds a residual add's result, written in place;
+                           that node frees it, not this one */
     int fused;          /* 1: absorbed into its consumers' prep */
     int live;           /* 1: an output depends on it */
     int epi;            /* ADD: the conv fused into it as an epilogue */

@@ -94,9 +94,18 @@ static int64_t pbuf_bytes(const cw__conv_problem *patch, int prep) {
     return e * 4;
 }
 
-/* Temporary bytes in flight for bands needing ws and pbuf each. */
-static int64_t share_temp(const cw__conv_share *sh, int64_t ws, int64_t pbuf) {
-    return sh->heavy * cw__alloc_round(ws) + sh->n_pbufs * cw__alloc_round(pbuf);
+/* Bytes of a patch's output band buffer (its output rows, f32); 0 when it writes in place. */
+static int64_t ybuf_bytes(const cw__conv_problem *patch, int ybuf) {
+    if (!ybuf) return 0;
+    int64_t e = 1;
+    for (int i = 0; i < patch->y.rank; i++) e *= patch->y.dims[i];
+    return e * 4;
+}
+
+/* Temporary bytes in flight for bands needing ws each, on `patch`'s rows. */
+static int64_t share_temp(const cw__conv_share *sh, int64_t ws, const cw__conv_problem *patch) {
+    return sh->heavy * cw__alloc_round(ws) + sh->n_pbufs * cw__alloc_round(pbuf_bytes(patch, sh->prep)) +
+           sh->n_pbufs * cw__alloc_round(ybuf_bytes(patch, sh->ybuf));
 }
 
 /* The tallest band of a P-band plan, centred in the output. */
@@ -112,7 +121,7 @@ static cw_status probe(cw__backend *be, const cw__conv_problem *full, const cw__
     int64_t ws;
     cw_status st = centre_band(full, h_out, P, &pt);
     if (st == CW_OK) st = algo_ws(be, &pt.prob, id, &ws, NULL);
-    if (st == CW_OK) *temp = ws < 0 ? -1 : share_temp(sh, ws, pbuf_bytes(&pt.prob, sh->prep));
+    if (st == CW_OK) *temp = ws < 0 ? -1 : share_temp(sh, ws, &pt.prob);
     return st;
 }
 
@@ -126,14 +135,16 @@ static cw_status size_bands(cw__backend *be, const cw__conv_problem *full, const
     if (st == CW_OK) st = algo_ws(be, &pt.prob, id, &out->ws, &out->algo);
     if (st != CW_OK) return st;
     out->pbuf = pbuf_bytes(&pt.prob, sh->prep);
+    out->ybuf = ybuf_bytes(&pt.prob, sh->ybuf);
     for (int e = 0; e < 2; e++) {
         int64_t q0 = e ? h_out - rows : 0, wse;
         cw__patch pe;
         if ((st = cw__patch_make(full, q0, q0 + rows, &pe)) != CW_OK) return st;
         if ((st = algo_ws(be, &pe.prob, id, &wse, NULL)) != CW_OK) return st;
         if (wse > out->ws) out->ws = wse;
-        int64_t pb = pbuf_bytes(&pe.prob, sh->prep);
+        int64_t pb = pbuf_bytes(&pe.prob, sh->prep), yb = ybuf_bytes(&pe.prob, sh->ybuf);
         if (pb > out->pbuf) out->pbuf = pb;
+        if (yb > out->ybuf) out->ybuf = yb;
     }
     out->algo.workspace = out->ws;
     return CW_OK;
@@ -148,6 +159,7 @@ static cw_status plan_unlimited(cw__backend *be, const cw__conv_problem *full, c
     cw_status st = cw__patch_make(full, 0, band_lo(h_out, out->patches, 1), &pt);
     if (st == CW_OK) st = algo_ws(be, &pt.prob, fastest->id, &out->ws, &out->algo);
     out->pbuf = pbuf_bytes(&pt.prob, sh->prep);
+    out->ybuf = ybuf_bytes(&pt.prob, sh->ybuf);
     return st;
 }
 

@@ -45,22 +45,24 @@ void cw__patch_bounds(int64_t h_out, int p, int64_t *bounds);
 typedef struct cw__conv_share {
     int64_t avail;  /* bytes for the workspaces and patch buffers in flight; < 0: unlimited */
     int heavy;      /* workspaces in flight (one per heavy stream), >= 1 */
-    int n_pbufs;    /* patch buffers in flight (when prep) */
+    int n_pbufs;    /* patch buffers in flight (when prep), and output band buffers (when ybuf) */
     int prep;       /* 1: each patch reads a prep buffer holding its input rows */
     int p_min;      /* at least this many patches, >= 1 (max_patch_rows) */
     int p_max;      /* at most this many; 0: the output height */
     int p_fixed;    /* > 0: this many patches (clamped to p_min..H_out) whatever avail says */
     int single;     /* 1: one patch with the fastest algorithm (the unscheduled reference) */
+    int ybuf;       /* 1: each patch writes its output rows into a band buffer (the residual
+                       epilogue adds it into the other operand's storage, in place) */
 } cw__conv_share;
 
 /* A convolution's patching: P row bands, each a cw__patch (rows, input rows, halo
  * paddings, problem), all run with one algorithm (one id, so every band is the same
- * engine). ws and pbuf are the largest workspace / prep buffer over the bands, in bytes;
- * algo.workspace == ws. */
+ * engine). ws, pbuf and ybuf are the largest workspace / prep buffer / output band buffer
+ * over the bands, in bytes; algo.workspace == ws. */
 typedef struct cw__conv_plan {
     int patches;
     cw__conv_algo algo;
-    int64_t ws, pbuf;
+    int64_t ws, pbuf, ybuf;
     int64_t *bounds;  /* patches + 1 output row boundaries */
     cw__patch *patch; /* patches entries */
 } cw__conv_plan;
@@ -72,6 +74,7 @@ typedef struct cw__conv_plan {
  * - else, for each algorithm in the backend's order for the full problem (fastest first),
  *   the smallest P in p_min..p_max whose bands fit:
  *     heavy * round(ws) + n_pbufs * round(pbuf) <= avail   (round: cw__alloc_round)
+ *   (+ n_pbufs * round(ybuf) when each band writes an output band buffer)
  *   found by bisection (workspace and buffer shrink as P grows), probing the tallest band
  *   (ceil(H_out / P) rows) in the middle of the output, where no padding clips its input
  *   rows; the chosen P's ws and pbuf are the max over that band and the first and last.
