@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "prof/nvtx.h"
 #include "scheduler/sched.h"
 
@@ -213,12 +214,29 @@ static cw__allocator *cw__exec_pool(const cw__exec *x, int buf) {
     return x->p->bufs[buf].kind == CW__B_TEMP ? x->temp : x->act;
 }
 
+/* An activation's place in the plan's arena, after the frees of those whose bytes it reuses
+ * (dry: a distinct fake address per offset). */
+static cw_status cw__exec_place(cw__exec *x, const cw__action *ac) {
+    cw_plan *p = x->p;
+    cw_status st = CW_OK;
+    for (int w = 0; w < ac->n_waits && st == CW_OK; w++)
+        st = x->be->i->stream_wait_event(x->be, x->streams[ac->stream], x->ev[ac->waits[w]]);
+    char *base = x->dry ? (char *)(uintptr_t)0x10000 : (char *)p->act_arena;
+    p->ptrs[ac->id] = base + p->bufs[ac->id].offset;
+    return st;
+}
+
 static cw_status cw__exec_alloc(cw__exec *x, const cw__action *ac) {
     cw_plan *p = x->p;
     const cw__buf *b = &p->bufs[ac->id];
-    cw_status st = cw__alloc_malloc(cw__exec_pool(x, ac->id), b->bytes, x->streams[ac->stream], &p->ptrs[ac->id]);
+    cw_status st;
+    if (b->kind == CW__B_ACT) {
+        st = cw__exec_place(x, ac);
+    } else {
+        st = cw__alloc_malloc(cw__exec_pool(x, ac->id), b->bytes, x->streams[ac->stream], &p->ptrs[ac->id]);
+        if (st == CW_OK) x->live[ac->id] = 1;
+    }
     if (st != CW_OK) return st;
-    x->live[ac->id] = 1;
     if (ac->event >= 0 && (st = x->be->i->event_record(x->be, x->ev[ac->event], x->streams[ac->stream])) != CW_OK)
         return st;
     cw_tensor_desc *d = &p->rdesc[ac->id];
@@ -229,9 +247,7 @@ static cw_status cw__exec_alloc(cw__exec *x, const cw__action *ac) {
         cw_memory_stats ms;
         int64_t tot = p->weights_bytes;
         cw__alloc_stats(x->temp, &ms);
-        tot += ms.reserved_bytes_current;
-        cw__alloc_stats(x->act, &ms);
-        tot += ms.reserved_bytes_current;
+        tot += ms.reserved_bytes_current + p->act_bytes;
         if (tot > x->peak_total) x->peak_total = tot;
     }
     return CW_OK;
@@ -243,8 +259,16 @@ static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
     for (int j = 0; j < ac->n_joins && st == CW_OK; j++)
         st = x->be->i->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]);
     if (st != CW_OK) return st;
-    st = cw__alloc_free(cw__exec_pool(x, ac->id), p->ptrs[ac->id], x->streams[ac->stream]);
-    x->live[ac->id] = 0;
+    if (p->bufs[ac->id].kind != CW__B_ACT) {
+        st = cw__alloc_free(cw__exec_pool(x, ac->id), p->ptrs[ac->id], x->streams[ac->stream]);
+        x->live[ac->id] = 0;
+        return st;
+    }
+    /* an activation's bytes stay in the arena; poison them so a late reader sees NaN */
+    if (!x->dry && (p->ctx->cfg.flags & CW_FLAG_POISON))
+        st = x->be->i->fill32_async(x->be, x->streams[ac->stream], p->ptrs[ac->id], CW_POISON_NAN_BITS,
+                                    p->bufs[ac->id].bytes / 4);
+    if (st == CW_OK && ac->event >= 0) st = x->be->i->event_record(x->be, x->ev[ac->event], x->streams[ac->stream]);
     return st;
 }
 
@@ -409,12 +433,9 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     /* Give cached temporaries and activations back after the run: memory is not held
      * between runs, and every run starts from the empty state the dry run simulated. */
     cw__alloc_release_cached(p->temp);
-    cw__alloc_release_cached(ctx->act);
-    cw_memory_stats act;
-    cw__alloc_stats(ctx->act, &act);
     p->stats.wall_ms = (double)(t1 - t0) * 1e-6;
     p->stats.temp_peak = peak;
-    p->stats.activations_peak = act.reserved_bytes_peak;
+    p->stats.activations_peak = p->act_bytes; /* the plan's arena, held from compile to destroy */
     cw__stage_times(p);
     p->ran = st == CW_OK;
     return st;

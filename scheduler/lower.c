@@ -500,7 +500,8 @@ static cw_status cw__lower_graph(cw__lower *L) {
     for (int i = 0; i < g->n; i++)
         if (g->nodes[i].kind == CW__N_GN && L->nd[i].gn_part >= 0 && L->nd[i].gn_fin < 0)
             CW__TRY(cw__release(L, L->nd[i].gn_part));
-    return cw__plan_sync(L->p);
+    CW__TRY(cw__plan_sync(L->p));
+    return cw__plan_place_activations(L->p);
 }
 
 cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, cw_plan **out) {

@@ -11,7 +11,8 @@ void cw__plan_free(cw_plan *p) {
     if (p->own_temp) cw__alloc_destroy(p->temp);
     for (int i = 0; i < p->n_tasks; i++)
         cw__free(p->tasks[i].deps), cw__free(p->tasks[i].waits), cw__free(p->tasks[i].alloc_waits);
-    for (int i = 0; i < p->n_acts; i++) cw__free(p->acts[i].joins);
+    for (int i = 0; i < p->n_acts; i++) cw__free(p->acts[i].joins), cw__free(p->acts[i].waits);
+    if (p->act_arena) p->ctx->be->i->dev_free(p->ctx->be, p->act_arena);
     for (int i = 0; i < p->n_convs; i++) cw__free(p->convs[i].tasks);
     cw__free(p->tasks), cw__free(p->acts), cw__free(p->bufs), cw__free(p->convs);
     cw__free(p->in), cw__free(p->out), cw__free(p->events), cw__free(p->ptrs), cw__free(p->rdesc);

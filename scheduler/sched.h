@@ -43,6 +43,7 @@ typedef struct cw__buf {
     int ext;             /* input/output index, or node id of the constant */
     cw_tensor_desc d;    /* dims; strides are the run-time tensor's for externals */
     int64_t bytes;       /* for ACT/TEMP */
+    int64_t offset;      /* ACT: byte offset in the plan's activation arena (arena.c) */
     cw_tensor *t;        /* for CONST */
 } cw__buf;
 
@@ -117,9 +118,14 @@ typedef struct cw__action {
     int id;              /* buffer or task */
     int stream;          /* ALLOC/FREE: stream */
     int event;           /* ALLOC: recorded after the allocation when other streams use the
-                            buffer too (they wait on it before their first use), else -1 */
+                            buffer too (they wait on it before their first use); FREE of an
+                            activation: recorded after it when a later activation on another
+                            stream reuses its bytes; else -1 */
     int *joins;          /* FREE: tasks on other streams to wait for first */
     int n_joins;
+    int *waits;          /* ALLOC of an activation: events of the frees of earlier activations
+                            whose arena bytes it reuses (arena.c) */
+    int n_waits;
 } cw__action;
 
 /* An input or output of the plan: its shape and the name the user gave it. */
@@ -157,6 +163,9 @@ struct cw_plan {
     int64_t weights_bytes;
     int64_t temp_predicted;
     int64_t arena;           /* bytes primed into the capped pool at run start (0: none) */
+    int64_t act_bytes;       /* the activation arena: every activation at a fixed offset */
+    int64_t act_live_peak;   /* the most activation bytes live at once (act_bytes >= it) */
+    void *act_arena;         /* device memory of act_bytes, from compile to destroy */
     double conv_gflop, halo_flop;
     /* run state */
     cw__allocator *temp;   /* the context's when the plan's budget is the context's */
@@ -173,6 +182,8 @@ struct cw_plan {
     int ran;
 };
 
+/* arena.c: places every activation at a fixed offset of one arena (after cw__plan_sync). */
+cw_status cw__plan_place_activations(cw_plan *p);
 /* graph.c */
 const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
 /* lower.c: lowers g into a plan sized under `budget` (< 0 unlimited). */

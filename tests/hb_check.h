@@ -1,7 +1,8 @@
 /* A happens-before checker for plans (tests only): replays a plan's action list with
  * vector clocks — stream FIFO order, event waits of tasks, free joins, the allocator
- * ordering an allocation's stream after the frees of the memory it reuses, and the
- * allocation events other streams wait on — and reports every pair of tasks that touch
+ * ordering a temporary's stream after the frees of the memory it reuses, the waits the plan
+ * records for an activation placed over freed ones (arena.c), and the allocation events
+ * other streams wait on — and reports every pair of tasks that touch
  * overlapping memory (the addresses of the plan's last run) without being ordered. */
 #ifndef CW_HB_CHECK_H
 #define CW_HB_CHECK_H
@@ -44,6 +45,11 @@ static int hb_check(const cw_plan *p) {
             for (int j = 0; j < ac->n_joins; j++) hb_join(vc[s], tvc[ac->joins[j]], S);
             memcpy(fvc[ac->id], vc[s], sizeof vc[s]);
             freed[ac->id] = 1;
+            if (ac->event >= 0) memcpy(evc[ac->event], vc[s], sizeof vc[s]);
+        } else if (p->bufs[ac->id].kind == CW__B_ACT) {
+            /* an activation's arena place: only the waits the plan itself recorded */
+            for (int w = 0; w < ac->n_waits; w++) hb_join(vc[s], evc[ac->waits[w]], S);
+            if (ac->event >= 0) memcpy(evc[ac->event], vc[s], sizeof vc[s]);
         } else {
             const int b = ac->id;
             const char *lo = p->ptrs[b], *hi = lo + p->bufs[b].bytes;
