@@ -180,7 +180,7 @@ static cw_status cw__plan_prepare_run(cw_plan *p, int64_t budget) {
     else if ((st = cw__alloc_create(&p->temp, ctx, ctx->be, budget, aflags)) == CW_OK) p->own_temp = 1;
     for (int e = 0; e < p->n_events && st == CW_OK; e++) st = ctx->be->i->event_create(ctx->be, &p->events[e]);
     /* the activation arena lives with the plan: no allocation inside cw_plan_run */
-    if (st == CW_OK && p->act_bytes > 0) st = ctx->be->i->dev_alloc(ctx->be, p->act_bytes, &p->act_arena);
+    if (st == CW_OK && p->act_bytes > 0) st = cw__alloc_malloc(ctx->act, p->act_bytes, NULL, &p->act_arena);
     return st;
 }
 
