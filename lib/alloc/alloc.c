@@ -306,11 +306,16 @@ static int block_ready(cw__allocator *a, block *b, cw__stream *s) {
 /* Orders s after every pending free of b: a stream wait per foreign event still running
  * (host order: a host synchronisation). Leaves b's pending list as it was. */
 static cw_status block_order(cw__allocator *a, block *b, cw__stream *s) {
+    /* deterministic mode waits even on an event that happens to have completed: whether it
+     * has is timing, and a wait not made now would change later choices (block_ready), so
+     * the compile-time dry run (whose events complete at once) would no longer predict the
+     * run */
+    const int det = (a->flags & CW__ALLOC_DETERMINISTIC) && s;
     for (int i = 0; i < b->n_pend; i++) {
         evref *e = b->pend[i];
-        if (e->done || (s && (e->s == s || evref_waited(e, s)))) continue;
+        if ((e->done && !det) || (s && (e->s == s || evref_waited(e, s)))) continue;
         int done = 0;
-        if (a->be->i->event_query(a->be, e->ev, &done) == CW_OK && done) {
+        if (!det && a->be->i->event_query(a->be, e->ev, &done) == CW_OK && done) {
             e->done = 1;
             continue;
         }
