@@ -306,6 +306,33 @@ static cw_status cw__exec_drain(cw__exec *x, cw_status st) {
     return st;
 }
 
+/* The run forks from stream 0 (the caller's stream where it set one: cuda interop): every
+ * other stream first waits for what was queued there before the run, such as the caller
+ * still writing an input. */
+static cw_status cw__exec_fork(cw__exec *x) {
+    cw_plan *p = x->p;
+    const cw__backend_i *i = x->be->i;
+    if (p->n_streams < 2) return CW_OK;
+    cw__event *e = x->ev[p->fork_event];
+    cw_status st = i->event_record(x->be, e, x->streams[0]);
+    for (int s = 1; s < p->n_streams && st == CW_OK; s++) st = i->stream_wait_event(x->be, x->streams[s], e);
+    return st;
+}
+
+/* ... and joins back into it: work the caller queues on stream 0 after the run comes after
+ * all of the run, on every stream. */
+static cw_status cw__exec_join(cw__exec *x) {
+    cw_plan *p = x->p;
+    const cw__backend_i *i = x->be->i;
+    cw_status st = CW_OK;
+    for (int s = 1; s < p->n_streams && st == CW_OK; s++) {
+        cw__event *e = x->ev[p->fork_event + s];
+        st = i->event_record(x->be, e, x->streams[s]);
+        if (st == CW_OK) st = i->stream_wait_event(x->be, x->streams[0], e);
+    }
+    return st;
+}
+
 cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw__allocator *act, int dry,
                            int64_t *peak_temp, int64_t *peak_allocated) {
     cw__exec x;
@@ -313,6 +340,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
     x.p = p, x.be = be, x.temp = temp, x.act = act, x.dry = dry;
     cw_status st = dry ? cw__exec_open_dry(&x) : cw__exec_open_run(&x);
     if (st == CW_OK) st = cw__exec_prime(&x);
+    if (st == CW_OK) st = cw__exec_fork(&x);
     x.live = cw__calloc((size_t)p->n_bufs + 1, 1);
     if (!x.live && st == CW_OK) st = CW_ERR_OUT_OF_MEMORY;
     for (int a = 0; a < p->n_acts && st == CW_OK; a++) {
@@ -321,6 +349,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
         else if (ac->kind == CW__A_FREE) st = cw__exec_free(&x, ac);
         else st = cw__exec_task(&x, ac->id);
     }
+    if (st == CW_OK) st = cw__exec_join(&x);
     st = cw__exec_drain(&x, st);
     cw__free(x.live);
     if (dry) cw__exec_close_dry(&x);

@@ -501,6 +501,8 @@ static cw_status cw__lower_graph(cw__lower *L) {
         if (g->nodes[i].kind == CW__N_GN && L->nd[i].gn_part >= 0 && L->nd[i].gn_fin < 0)
             CW__TRY(cw__release(L, L->nd[i].gn_part));
     CW__TRY(cw__plan_sync(L->p));
+    L->p->fork_event = L->p->n_events; /* the fork and the joins (execute.c) */
+    L->p->n_events += L->p->n_streams;
     return cw__plan_place_activations(L->p);
 }
 

@@ -163,6 +163,8 @@ struct cw_plan {
     int64_t weights_bytes;
     int64_t temp_predicted;
     int64_t arena;           /* bytes primed into the capped pool at run start (0: none) */
+    int fork_event;          /* events fork_event..+n_streams-1: the run's fork from stream 0
+                                and each other stream's join back into it */
     int64_t act_bytes;       /* the activation arena: every activation at a fixed offset */
     int64_t act_live_peak;   /* the most activation bytes live at once (act_bytes >= it) */
     void *act_arena;         /* device memory of act_bytes, from compile to destroy */
