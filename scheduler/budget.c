@@ -29,6 +29,8 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allo
 static int64_t cw__opt_budget(const cw_context *ctx, const cw_compile_options *o) {
     if (o->policy == CW_PATCHES_NONE) return -1;
     int64_t b = o->temp_budget ? o->temp_budget : ctx->cfg.temp_budget;
+    /* a memory budget without a temporary budget: temporaries get an eighth of it */
+    if (b <= 0 && o->memory_budget > 0) b = o->memory_budget / 8;
     return b > 0 ? b : -1;
 }
 
@@ -63,12 +65,13 @@ static void cw__fit_arena(cw_plan *p, int64_t used, int64_t *peak) {
 
 /* Builds under `budget`, shrinking the sizing budget until the dry run fits. fit_arena: also
  * size the run's arena (feasibility searches skip it: only the yes/no matters there). */
-static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_t budget, int fit_arena, cw_plan **out) {
+static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_t budget, int fit_arena, int64_t rec_min,
+                                cw_plan **out) {
     int64_t sizing = budget;
     cw_status st = CW_OK;
     for (int attempt = 0; attempt < 16; attempt++) {
         cw_plan *p = NULL;
-        st = cw__plan_build(g, o, sizing, &p);
+        st = cw__plan_build(g, o, sizing, rec_min, &p);
         if (st != CW_OK) return st;
         p->budget = budget;
         if ((st = cw__plan_bind_constants(p)) != CW_OK) {
@@ -92,6 +95,49 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
     return CW_ERR_BUDGET;
 }
 
+/* Activations + temporaries a compiled plan holds at its peak (weights apart). */
+static int64_t cw__plan_memory(const cw_plan *p) { return p->act_bytes + (p->arena > 0 ? p->arena : p->temp_predicted); }
+
+/* Under opt->memory_budget: stores every activation if that fits; else recomputes the inner
+ * activation of ResNet-style blocks from the largest size down (each step adds the blocks of
+ * the next size) until the plan fits. CW_ERR_BUDGET names the least memory reached. */
+static cw_status cw__compile_in_memory(cw_graph *g, const cw_compile_options *o, int64_t budget, cw_plan **out) {
+    int64_t sizes[64], best = -1;
+    int ns = 0;
+    for (int i = 0; i < g->n && ns < 64; i++) { /* candidate sizes: every conv result's, descending */
+        if (g->nodes[i].kind != CW__N_CONV) continue;
+        int64_t b = cw__desc_numel(&g->nodes[i].desc) * 4, k = 0;
+        while (k < ns && sizes[k] != b) k++;
+        if (k == ns) sizes[ns++] = b;
+    }
+    for (int a = 0; a < ns; a++)
+        for (int b = a + 1; b < ns; b++)
+            if (sizes[b] > sizes[a]) {
+                int64_t t = sizes[a];
+                sizes[a] = sizes[b], sizes[b] = t;
+            }
+    for (int step = -1; step < ns; step++) {
+        cw_plan *p = NULL;
+        cw_status st = cw__compile_at(g, o, budget, 1, step < 0 ? 0 : sizes[step], &p);
+        if (st == CW_ERR_BUDGET) continue; /* its temporaries do not fit the temp budget */
+        if (st != CW_OK) return st;
+        int64_t m = cw__plan_memory(p);
+        if (m <= o->memory_budget) {
+            *out = p;
+            return CW_OK;
+        }
+        if (best < 0 || m < best) best = m;
+        cw__plan_free(p);
+    }
+    if (best < 0)
+        return cw__error(g->ctx, CW_ERR_BUDGET, "cw_graph_compile: no plan fits temp budget %" PRId64 " bytes", budget);
+    return cw__error(g->ctx, CW_ERR_BUDGET,
+                     "cw_graph_compile: memory budget %" PRId64 " bytes (%.1f MiB) is too small; with every "
+                     "recomputable block recomputed the plan holds %" PRId64 " bytes (%.1f MiB) of activations and "
+                     "temporaries",
+                     o->memory_budget, (double)o->memory_budget / 1048576.0, best, (double)best / 1048576.0);
+}
+
 static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
     if (o->size != sizeof(cw_compile_options) || o->version != CW_COMPILE_OPTIONS_VERSION)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options: size %zu / version %d, expected %zu / %d",
@@ -104,6 +150,8 @@ static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
     if (o->policy == CW_PATCHES_FIXED && o->patches < 1)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.patches = %d, must be >= 1 for CW_PATCHES_FIXED",
                          o->patches);
+    if (o->memory_budget < 0)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.memory_budget = %" PRId64 " < 0", o->memory_budget);
     if (o->max_patch_rows < 0)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.max_patch_rows = %" PRId64 " < 0", o->max_patch_rows);
     return CW_OK;
@@ -113,12 +161,12 @@ static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
  * as a cap; *lo gets the largest budget seen failing (0 if none). */
 static cw_status cw__feasible_budget(cw_graph *g, const cw_compile_options *opt, int64_t *hi, int64_t *lo) {
     cw_plan *p = NULL;
-    cw_status st = cw__compile_at(g, opt, -1, 0, &p);
+    cw_status st = cw__compile_at(g, opt, -1, 0, 0, &p);
     if (st != CW_OK) return st;
     *hi = p->temp_predicted, *lo = 0;
     cw__plan_free(p);
     for (;;) {
-        st = cw__compile_at(g, opt, *hi, 0, &p);
+        st = cw__compile_at(g, opt, *hi, 0, 0, &p);
         if (st == CW_OK) {
             cw__plan_free(p);
             return CW_OK;
@@ -148,7 +196,7 @@ cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_
     while (hi - lo > step) {
         int64_t mid = lo + (hi - lo) / 2;
         cw_plan *p = NULL;
-        st = cw__compile_at(g, opt, mid, 0, &p);
+        st = cw__compile_at(g, opt, mid, 0, 0, &p);
         if (st == CW_OK) {
             cw__plan_free(p);
             hi = mid;
@@ -192,6 +240,10 @@ static void cw__plan_compile_stats(cw_plan *p) {
     p->stats.weights_bytes = p->weights_bytes;
     p->stats.conv_gflop = p->conv_gflop;
     p->stats.halo_overhead_pct = p->conv_gflop > 0 ? 100.0 * p->halo_flop * 1e-9 / p->conv_gflop : 0.0;
+    p->stats.activations_live_peak = p->act_live_peak;
+    p->stats.activations_peak = p->act_bytes;
+    p->stats.n_recomputed = p->n_recomputed;
+    p->stats.recompute_gflop = p->recompute_flop * 1e-9;
     for (int c = 0; c < p->n_convs; c++) p->stats.n_patches += p->convs[c].patches;
 }
 
@@ -206,7 +258,8 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
     if (g->n_outputs == 0) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_graph_compile: the graph has no outputs");
     int64_t budget = cw__opt_budget(ctx, opt);
     cw_plan *p = NULL;
-    st = cw__compile_at(g, opt, budget, 1, &p);
+    st = opt->memory_budget > 0 ? cw__compile_in_memory(g, opt, budget, &p) : cw__compile_at(g, opt, budget, 1, 0, &p);
+    if (st == CW_ERR_BUDGET && opt->memory_budget > 0) return st; /* its message says why */
     if (st == CW_ERR_BUDGET) {
         int64_t need = -1;
         if (cw_graph_min_budget(g, opt, &need) != CW_OK) need = -1;

@@ -96,3 +96,43 @@ int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]) {
     out[3] = gn;
     return k;
 }
+
+/* B's conv reads every output band's input rows (stride and dilation 1 along H, paddings
+ * within the kernel's reach): no band of a recompute pass is empty. */
+static int cw__rec_consumer_ok(const cw_graph *g, const cw__node *b) {
+    const cw_conv_params *c = &b->conv;
+    int h = c->spatial - 2;                                   /* H in the params */
+    int64_t k = g->nodes[b->in[1]].desc.dims[c->spatial];     /* kernel rows */
+    return c->stride[h] == 1 && c->dilation[h] == 1 && c->pad_pre[h] <= k - 1 && c->pad_post[h] <= k - 1;
+}
+
+void cw__fusion_recompute(cw__lower *L, int64_t min_bytes) {
+    const cw_graph *g = L->g;
+    for (int i = 0; i < g->n; i++) L->nd[i].rec = 0, L->nd[i].rec_of = -1;
+    if (!L->fuse || L->none || min_bytes <= 0) return;
+    for (int b = 0; b < g->n; b++) {
+        const cw__node *nb = &g->nodes[b];
+        if (nb->kind != CW__N_CONV || !L->nd[b].live || !cw__rec_consumer_ok(g, nb)) continue;
+        int a, gn, silu, up;
+        cw__fusion_chain(L, nb->in[0], &a, &gn, &silu, &up);
+        const cw__node *na = &g->nodes[a];
+        if (na->kind != CW__N_CONV || gn < 0 || up != 1 || g->nodes[gn].in[0] != a || na->is_output ||
+            na->n_uses != 1 || g->nodes[gn].n_uses != 1 || L->nd[a].epi_into >= 0 || L->nd[a].rec_of >= 0 ||
+            cw__desc_numel(&na->desc) * 4 < min_bytes)
+            continue;
+        int x = nb->in[0]; /* every link of the chain used once: only B reads A's bands */
+        while (x != a && g->nodes[x].n_uses == 1) x = g->nodes[x].in[0];
+        if (x != a) continue;
+        /* B's residual adds A's own input: the second pass reads that input's rows (A's
+         * halo) while B's result would overwrite it in place, so the add needs a buffer of
+         * its own and recomputing saves nothing */
+        int asrc, ag, as, au;
+        cw__fusion_chain(L, na->in[0], &asrc, &ag, &as, &au);
+        if (L->nd[b].epi_into >= 0) {
+            const cw__node *an = &g->nodes[L->nd[b].epi_into];
+            if ((an->in[0] == b ? an->in[1] : an->in[0]) == asrc) continue;
+        }
+        L->nd[a].rec = 1;
+        L->nd[b].rec_of = a;
+    }
+}

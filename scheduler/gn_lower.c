@@ -18,6 +18,11 @@ static int cw__gn_reads(const cw__lower *L, int k, int n) {
 }
 
 cw_status cw__gn_band_stats(cw__lower *L, int n, int task, int64_t r0, int64_t r1, int part) {
+    cw__vref x = cw__rows(L->nd[n].buf, &L->g->nodes[n].desc, r0, r1);
+    return cw__gn_band_stats_at(L, n, task, &x, r0, r1, part);
+}
+
+cw_status cw__gn_band_stats_at(cw__lower *L, int n, int task, const cw__vref *x, int64_t r0, int64_t r1, int part) {
     cw_graph *g = L->g;
     for (int k = n + 1; k < g->n; k++) {
         cw__lnode *ln = &L->nd[k];
@@ -25,7 +30,7 @@ cw_status cw__gn_band_stats(cw__lower *L, int n, int task, int64_t r0, int64_t r
         cw__task *t = NULL;
         int id = -1;
         CW__TRY(cw__new_task(L, CW__T_STATS, CW_STAGE_STATS, L->light, k, &t, &id));
-        t->u.stats.x = cw__rows(L->nd[n].buf, &g->nodes[n].desc, r0, r1);
+        t->u.stats.x = *x;
         t->u.stats.groups = g->nodes[k].groups;
         t->u.stats.part_buf = ln->gn_part;
         t->u.stats.part_index = part;

@@ -24,6 +24,9 @@ typedef struct cw__conv_unit {
     int other;               /* the residual operand, -1 without epilogue */
     int inplace;             /* 1: the add's result is written into other's storage: each
                                 patch's conv writes a band buffer, the epilogue adds it in */
+    int pass1;               /* 1: a recomputed conv's first pass: each band goes to a band
+                                buffer only for its GroupNorm statistics, then is dropped */
+    int rec;                 /* the recomputed conv whose bands this conv's prep computes, -1 */
     cw__conv_plan cp;        /* the planner's bands and algorithm */
     int *ws, *pbuf, *prep_task; /* per patch: workspace and prep buffer, prep task (-1) */
     int *ybuf;               /* per patch (inplace): its output band buffer */
@@ -108,7 +111,7 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     const cw__patch *pt = &u->cp.patch[j];
     if (u->cp.ws > 0) CW__TRY(cw__temp(L, u->cp.ws, NULL, &u->ws[j]));
     cw_tensor_desc yb = pt->prob.y;
-    if (u->inplace) {
+    if (u->inplace || u->pass1) {
         memset(yb.strides, 0, sizeof yb.strides);
         cw__desc_fill_strides(&yb);
         CW__TRY(cw__temp(L, cw__desc_numel(&yb) * 4, &yb, &u->ybuf[j]));
@@ -118,7 +121,7 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     t->u.conv.prob = pt->prob;
     t->u.conv.algo = u->cp.algo;
     t->u.conv.algo.workspace = u->cp.ws;
-    if (u->prep && pt->b > pt->a) {
+    if ((u->prep && pt->b > pt->a) || u->rec >= 0) {
         t->u.conv.x = cw__whole(u->pbuf[j], &L->p->bufs[u->pbuf[j]].d);
     } else {
         t->u.conv.x = cw__rows(L->nd[u->src].buf, xd, pt->a, pt->b > pt->a ? pt->b : pt->a);
@@ -133,11 +136,12 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
         t->u.conv.b.rank = 1;
         t->u.conv.b.dims[0] = wd->dims[0];
     }
-    t->u.conv.y = u->inplace ? cw__whole(u->ybuf[j], &yb) : cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
+    t->u.conv.y = u->inplace || u->pass1 ? cw__whole(u->ybuf[j], &yb)
+                                         : cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
     t->u.conv.ws_buf = u->ws[j];
     t->flops = cw__conv_flops(&pt->prob);
     snprintf(t->name, sizeof t->name, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches);
-    u->ci->tasks[j] = *id;
+    if (u->ci) u->ci->tasks[j] = *id;
     if (u->prep_task[j] >= 0) return cw__dep(L, *id, u->prep_task[j]);
     if (pt->b > pt->a) return cw__dep_rows(L, *id, u->src, pt->a, pt->b);
     return CW_OK;
@@ -196,21 +200,106 @@ static cw_status cw__touching(cw__lower *L, int b, int **out, int *n) {
     return CW_OK;
 }
 
+/* The algorithm for band problem pr of a recomputed conv: the first pass's if listed and its
+ * workspace fits the half of a heavy stream's share the consumer conv left over (see
+ * cw__lower_conv), else the fastest that fits, else the one with the least workspace. */
+static cw_status cw__rec_algo(cw__lower *L, int rec, const cw__conv_problem *pr, cw__conv_algo *algo) {
+    cw__backend *be = L->g->ctx->be;
+    cw__conv_algo list[16];
+    int n = 0;
+    CW__TRY(be->i->conv_algos(be, pr, list, 16, &n));
+    if (n == 0) return cw__error(L->g->ctx, CW_ERR_UNSUPPORTED, "compile: no algorithm for a recomputed band");
+    int64_t cap = L->budget < 0 ? INT64_MAX : (L->budget - CW__SMALL_RESERVE(L->budget)) / 2 / L->heavy;
+    int pick = -1, least = 0;
+    for (int k = 0; k < n; k++) {
+        if (list[k].workspace < list[least].workspace) least = k;
+        if (list[k].workspace > cap) continue;
+        if (list[k].id == L->nd[rec].rec_algo.id) {
+            pick = k;
+            break;
+        }
+        if (pick < 0) pick = k;
+    }
+    *algo = list[pick >= 0 ? pick : least];
+    return CW_OK;
+}
+
+/* Patch q's input rows of a conv that reads a recomputed conv A through GN -> SiLU: A's
+ * band for exactly those rows (its own prep, conv into a band buffer), then GN apply +
+ * SiLU in place on it. The band buffer is q's prep buffer. Exact: the statistics are A's
+ * whole-tensor ones from its first pass. */
+static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
+    const cw_graph *g = L->g;
+    const int A = u->rec;
+    const cw__node *na = &g->nodes[A];
+    const cw__patch *pt = &u->cp.patch[q];
+    cw__conv_problem fa;
+    cw__conv_problem_init(&fa, &g->nodes[na->in[0]].desc, &g->nodes[na->in[1]].desc, na->in[2] >= 0, &na->desc,
+                          &na->conv);
+    cw__conv_unit a;
+    memset(&a, 0, sizeof a);
+    int64_t bounds[2] = {pt->a, pt->b};
+    cw__patch ap;
+    int ws = -1, pbuf = -1, ybuf = -1, ptask = -1, id = -1;
+    a.node = a.outn = A;
+    a.other = a.rec = -1;
+    a.pass1 = 1; /* its conv writes a band buffer */
+    cw__fusion_chain(L, na->in[0], &a.src, &a.gn, &a.silu, &a.up);
+    a.prep = a.gn >= 0 || a.silu || a.up > 1;
+    a.cp.patches = 1;
+    a.cp.bounds = bounds;
+    a.cp.patch = &ap;
+    a.ws = &ws, a.pbuf = &pbuf, a.ybuf = &ybuf, a.prep_task = &ptask;
+    CW__TRY(cw__patch_make(&fa, pt->a, pt->b, &ap));
+    CW__TRY(cw__rec_algo(L, A, &ap.prob, &a.cp.algo));
+    a.cp.ws = a.cp.algo.workspace;
+    CW__TRY(cw__emit_prep(L, &a, 0));
+    CW__TRY(cw__emit_conv(L, &a, 0, &id));
+    L->p->recompute_flop += cw__conv_flops(&ap.prob);
+    CW__TRY(cw__release(L, ws));
+    CW__TRY(cw__release(L, pbuf));
+    /* GN apply + SiLU of the band, in place: it becomes q's prep buffer */
+    const cw__buf *bb = &L->p->bufs[ybuf];
+    cw__task *t = NULL;
+    int pid = -1;
+    CW__TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &pid));
+    t->u.prep.src = cw__whole(ybuf, &bb->d);
+    t->u.prep.dst = t->u.prep.src;
+    t->u.prep.ss_buf = L->nd[u->gn].gn_ss;
+    t->u.prep.silu = u->silu;
+    t->u.prep.up = 1;
+    t->u.prep.dst_row0 = t->u.prep.src_row0 = pt->a;
+    t->flops = (double)cw__desc_numel(&bb->d) * 8.0;
+    snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep gn%s L%d patch %d/%d", A, pt->a,
+             pt->b, u->silu ? " silu" : "", u->node, q + 1, u->cp.patches);
+    CW__TRY(cw__dep(L, pid, id));
+    CW__TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
+    u->pbuf[q] = ybuf;
+    u->prep_task[q] = pid;
+    return CW_OK;
+}
+
 /* Emits every patch: preps run ahead of their conv by `ahead` patches (double buffering),
  * then conv, epilogue, band statistics; temporaries are freed H patches later. */
 static cw_status cw__emit_patches(cw__lower *L, cw__conv_unit *u) {
     const int P = u->cp.patches, H = L->heavy;
-    const int ahead = u->prep ? (L->light != 0 ? L->heavy + 1 : 1) : 0;
+    const int ahead = u->prep || u->rec >= 0 ? (L->light != 0 ? L->heavy + 1 : 1) : 0;
     int next_prep = 0;
     for (int j = 0; j < P; j++) {
-        while (next_prep < P && next_prep < j + ahead) CW__TRY(cw__emit_prep(L, u, next_prep++));
+        while (next_prep < P && next_prep < j + ahead)
+            CW__TRY(u->rec >= 0 ? cw__emit_recompute(L, u, next_prep++) : cw__emit_prep(L, u, next_prep++));
         const cw__patch *pt = &u->cp.patch[j];
         int id = -1, last;
         CW__TRY(cw__emit_conv(L, u, j, &id));
         last = id;
         if (u->other >= 0) CW__TRY(cw__emit_epilogue(L, u, j, id, &last));
-        CW__TRY(cw__writer(L, u->outn, last, pt->o0, pt->o1));
-        CW__TRY(cw__gn_band_stats(L, u->outn, last, pt->o0, pt->o1, j));
+        if (u->pass1) { /* only the band's statistics are kept */
+            cw__vref band = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
+            CW__TRY(cw__gn_band_stats_at(L, u->outn, last, &band, pt->o0, pt->o1, j));
+        } else {
+            CW__TRY(cw__writer(L, u->outn, last, pt->o0, pt->o1));
+            CW__TRY(cw__gn_band_stats(L, u->outn, last, pt->o0, pt->o1, j));
+        }
         /* the conv H-1 patches back ran on the stream the next conv takes: free its
          * workspace and patch buffer now so the next conv reuses them in stream order. */
         if (j - H + 1 >= 0) CW__TRY(cw__patch_release(L, u, j - H + 1));
@@ -232,11 +321,15 @@ static cw_status cw__lower_conv(cw__lower *L, int i) {
     const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
     u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
     u.inplace = u.other >= 0 && L->nd[u.other].moved;
+    u.pass1 = L->nd[i].rec;
+    u.rec = L->nd[i].rec_of;
     cw__conv_problem full;
     cw__conv_problem_init(&full, &g->nodes[n->in[0]].desc, &g->nodes[n->in[1]].desc, n->in[2] >= 0, &n->desc, &n->conv);
     int64_t h_out = n->desc.dims[cw__hdim(&n->desc)];
-    cw__conv_share sh = cw__share(L, u.prep, u.inplace, h_out);
+    cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, u.inplace || u.pass1, h_out);
+    if (u.rec >= 0 && sh.avail > 0) sh.avail /= 2; /* the recomputed conv's temps ride along */
     cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);
+    if (st == CW_OK && u.pass1) L->nd[i].rec_algo = u.cp.algo;
     if (st == CW_OK) {
         int P = u.cp.patches;
         u.ws = cw__malloc((size_t)P * sizeof *u.ws);
@@ -392,7 +485,7 @@ static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
         int m = rd[a];
         const cw__node *nm = &g->nodes[m];
         if (--L->nd[m].reads != 0 || nm->kind == CW__N_INPUT || nm->kind == CW__N_CONST || nm->is_output ||
-            L->nd[m].moved || L->p->bufs[L->nd[m].buf].kind != CW__B_ACT)
+            L->nd[m].moved || L->nd[m].buf < 0 || L->p->bufs[L->nd[m].buf].kind != CW__B_ACT)
             continue;
         /* a GN still to be finalized from m must take its stats first */
         for (int q = m + 1; q < g->n; q++)
@@ -440,6 +533,14 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
     int rd[4];
     int k = cw__fusion_unit_reads(L, u, rd);
     if (k < 0) return CW_OK;
+    if (g->nodes[u].kind == CW__N_CONV && L->nd[u].rec) {
+        /* recomputed: no buffer; its first pass only takes statistics, and what it reads
+         * stays until its consumer's second pass has run */
+        CW__TRY(cw__lower_conv(L, u));
+        for (int a = 0; a < 4; a++) L->nd[u].rec_rd[a] = rd[a];
+        L->nd[u].rec_k = k;
+        return CW_OK;
+    }
     int other = u != i ? cw__inplace_operand(L, i, u) : -1;
     if (nd->is_output) {
         CW__TRY(cw__new_buf(L, CW__B_OUTPUT, nd->index, &nd->desc, 0, &ln->buf));
@@ -455,7 +556,9 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
     if (kind == CW__N_CONV) CW__TRY(cw__lower_conv(L, u));
     else if (kind == CW__N_ATTN) CW__TRY(cw__lower_attention(L, u));
     else CW__TRY(cw__lower_elementwise(L, u));
-    return cw__release_reads(L, rd, k);
+    CW__TRY(cw__release_reads(L, rd, k));
+    int a = g->nodes[u].kind == CW__N_CONV ? L->nd[u].rec_of : -1;
+    return a >= 0 ? cw__release_reads(L, L->nd[a].rec_rd, L->nd[a].rec_k) : CW_OK;
 }
 
 static cw_status cw__lower_init(cw__lower *L, cw_plan *p, cw_graph *g, int64_t budget) {
@@ -495,6 +598,8 @@ static cw_status cw__lower_graph(cw__lower *L) {
     cw_graph *g = L->g;
     cw__mark_live(L);
     cw__fusion_analyse(L);
+    cw__fusion_recompute(L, L->rec_min);
+    for (int i = 0; i < g->n; i++) L->p->n_recomputed += L->nd[i].rec;
     CW__TRY(cw__bind_externals(L));
     for (int i = 0; i < g->n; i++) CW__TRY(cw__lower_node(L, i));
     for (int i = 0; i < g->n; i++)
@@ -506,7 +611,7 @@ static cw_status cw__lower_graph(cw__lower *L) {
     return cw__plan_place_activations(L->p);
 }
 
-cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, cw_plan **out) {
+cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, int64_t rec_min, cw_plan **out) {
     *out = NULL;
     cw_context *ctx = g->ctx;
     cw_plan *p = cw__calloc(1, sizeof *p);
@@ -519,6 +624,7 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
     p->n_outputs = g->n_outputs;
     cw__lower L;
     cw_status st = cw__lower_init(&L, p, g, budget);
+    L.rec_min = rec_min;
     if (st == CW_OK) st = cw__lower_graph(&L);
     cw__lower_free(&L);
     if (st != CW_OK) {

@@ -28,6 +28,12 @@ typedef struct cw__lnode {
     int gn_ss;          /* GN: buffer of scale/shift */
     int gn_fin;         /* GN: its finalize task */
     int gn_stats_first; /* GN: its first stats task */
+    int rec;            /* CONV: 1 = recomputed: its result is never stored whole; a first
+                           pass takes its GroupNorm statistics band by band, its one consumer
+                           conv recomputes each band it reads (lower.c) */
+    int rec_of;         /* CONV: the recomputed conv whose bands it reads, -1 */
+    int rec_rd[4], rec_k; /* rec: its unit's reads, released after the consumer's unit */
+    cw__conv_algo rec_algo; /* rec: the algorithm of its first pass (the second uses it too) */
     cw__wr *wr;         /* tasks writing its rows */
     int n_wr, cap_wr;
 } cw__lnode;
@@ -40,6 +46,7 @@ typedef struct cw__lower {
     int threads;        /* per task: the backend's threads / heavy streams (0: n/a) */
     int rr;             /* round-robin heavy stream */
     int fuse, none;
+    int64_t rec_min;    /* recompute blocks whose inner activation has >= this many bytes */
     cw__lnode *nd;      /* per graph node */
 } cw__lower;
 
@@ -85,12 +92,17 @@ void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, i
 /* The materialised nodes lowering unit i reads, into out (at most 3); out[3] = the GN whose
  * scale/shift it uses, or -1. Returns how many, or -1 when i is no unit of its own. */
 int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]);
+/* Marks ResNet-style pairs (conv A -> GN -> SiLU -> conv B, A's result read only there) whose
+ * A result has >= min_bytes: A is recomputed inside B's lowering (nd[].rec, rec_of). */
+void cw__fusion_recompute(cw__lower *L, int64_t min_bytes);
 
 /* ---- gn_lower.c: exact GroupNorm statistics ---- */
 /* Before a producer of node n emits `parts` bands: partial buffers for its GN consumers. */
 cw_status cw__gn_begin(cw__lower *L, int n, int parts);
 /* Stats of band `part` (rows [r0, r1), written by `task`) of node n, for each GN reading n. */
 cw_status cw__gn_band_stats(cw__lower *L, int n, int task, int64_t r0, int64_t r1, int part);
+/* The same, for a band of n held in a buffer of its own (view x: the band's rows). */
+cw_status cw__gn_band_stats_at(cw__lower *L, int n, int task, const cw__vref *x, int64_t r0, int64_t r1, int part);
 /* Makes GN node k's scale/shift available (finalize after all bands' stats). */
 cw_status cw__gn_ready(cw__lower *L, int k);
 

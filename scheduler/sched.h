@@ -169,6 +169,8 @@ struct cw_plan {
     int64_t act_live_peak;   /* the most activation bytes live at once (act_bytes >= it) */
     void *act_arena;         /* device memory of act_bytes, from compile to destroy */
     double conv_gflop, halo_flop;
+    double recompute_flop;   /* conv FLOPs of second passes over recomputed blocks */
+    int n_recomputed;
     /* run state */
     cw__allocator *temp;   /* the context's when the plan's budget is the context's */
     int own_temp;
@@ -189,7 +191,9 @@ cw_status cw__plan_place_activations(cw_plan *p);
 /* graph.c */
 const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
 /* lower.c: lowers g into a plan sized under `budget` (< 0 unlimited). */
-cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, cw_plan **out);
+/* rec_min > 0: recompute the inner activation of ResNet-style blocks holding >= rec_min
+ * bytes (cw_compile_options.memory_budget); 0: store every activation. */
+cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, int64_t rec_min, cw_plan **out);
 /* sync.c: the buffers task t touches (weights and biases excepted), into out, which holds
  * CW__TASK_MAX_BUFS; returns how many. */
 #define CW__TASK_MAX_BUFS 5

@@ -43,6 +43,7 @@ typedef struct opts {
     int64_t batch;           /* --batch: random latents per run */
     int64_t budget;          /* bytes; -1 unlimited */
     int budget_given;
+    int64_t memory;          /* --memory: cap on activations + temporaries, bytes; 0 none */
     int streams;
     int patches;             /* 0 auto, -1 none, N fixed */
     cw_backend_kind backend;
@@ -137,6 +138,9 @@ static void usage(FILE *f) {
             "scheduling\n"
             "  --budget SIZE         temporary-memory cap: e.g. 512MiB (default), 64MiB, 2GiB, 1GB,\n"
             "                        1048576 (bytes); units B KiB MiB GiB KB MB GB; 'unlimited'\n"
+            "  --memory SIZE         cap on activations + temporaries (weights apart): where storing\n"
+            "                        every activation needs more, ResNet blocks' inner activations are\n"
+            "                        recomputed band by band (exact; costs FLOPs, printed)\n"
             "  --streams N           1 = in order; N = N-1 heavy streams + 1 light (default 2)\n"
             "  --patches auto|N|none row patches per conv: fewest that fit, fixed N, or unscheduled\n"
             "                        (none ignores any budget: giving both is an error)\n"
@@ -227,7 +231,7 @@ static void fmt_bytes(char *buf, size_t len, int64_t b) {
 
 enum {
     OPT_PRESET = 256, OPT_CHANNELS, OPT_LAYERS, OPT_LATENT_CH, OPT_WEIGHTS, OPT_RANDOM, OPT_SEED,
-    OPT_LATENT, OPT_SCALED, OPT_SIZE, OPT_HEIGHT, OPT_WIDTH, OPT_RAW, OPT_BUDGET, OPT_STREAMS,
+    OPT_LATENT, OPT_SCALED, OPT_SIZE, OPT_HEIGHT, OPT_WIDTH, OPT_RAW, OPT_BUDGET, OPT_MEMORY, OPT_STREAMS,
     OPT_PATCHES, OPT_BACKEND, OPT_DTYPE, OPT_THREADS, OPT_COMPARE, OPT_TUNE, OPT_REPEAT, OPT_TRACE,
     OPT_NVTX, OPT_PLAN, OPT_MODEL, OPT_GROUPS, OPT_IN_CH, OPT_OUT_CH, OPT_QC, OPT_PQC, OPT_MIDATT,
     OPT_SCALING, OPT_SHIFT, OPT_NONFINITE, OPT_BATCH, OPT_ENCODE, OPT_LATENT_OUT, OPT_SAMPLE, OPT_NO_MEM
@@ -260,6 +264,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         {"height", required_argument, 0, OPT_HEIGHT},   {"width", required_argument, 0, OPT_WIDTH},
         {"output", required_argument, 0, 'o'},          {"raw", required_argument, 0, OPT_RAW},
         {"budget", required_argument, 0, OPT_BUDGET},   {"streams", required_argument, 0, OPT_STREAMS},
+        {"memory", required_argument, 0, OPT_MEMORY},
         {"patches", required_argument, 0, OPT_PATCHES}, {"backend", required_argument, 0, OPT_BACKEND},
         {"dtype", required_argument, 0, OPT_DTYPE},     {"threads", required_argument, 0, OPT_THREADS},
         {"compare", no_argument, 0, OPT_COMPARE},       {"tune", no_argument, 0, OPT_TUNE},
@@ -344,6 +349,11 @@ static int parse_args(int argc, char **argv, opts *o) {
             break;
         case OPT_LATENT_OUT: o->latent_out = optarg; break;
         case OPT_SAMPLE: o->sample = 1; break;
+        case OPT_MEMORY:
+            if (parse_size(optarg, &o->memory) || o->memory <= 0)
+                return die_usage("--memory '%s': expected a size like 1GiB (units B, KiB, MiB, GiB, KB, MB, GB)",
+                                 optarg);
+            break;
         case OPT_BUDGET:
             if (parse_size(optarg, &o->budget))
                 return die_usage("--budget '%s': expected a size like 512MiB (units B, KiB, MiB, GiB, KB, MB, GB) or 'unlimited'",
@@ -580,6 +590,7 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
     w = NULL;
     cw_compile_options co = CW_COMPILE_OPTIONS_INIT;
     co.temp_budget = rc->budget;
+    co.memory_budget = rc->budget < 0 && rc->policy == CW_PATCHES_NONE ? 0 : o->memory;
     co.streams = rc->streams;
     co.policy = rc->policy;
     co.patches = rc->patches;
@@ -1368,9 +1379,12 @@ int main(int argc, char **argv) {
             char wm[32] = "unknown";
             if (res->work_mem >= 0) fmt_bytes(wm, sizeof(wm), res->work_mem);
             printf("%s backend, %s: %.1f ms; peak temp %s, peak activations %s, peak total %s, peak RSS %s, "
-                   "working memory %s; %" PRId64 " conv patches, %.1f GFLOP (+%.1f%% halo)\n",
+                   "working memory %s; %" PRId64 " conv patches, %.1f GFLOP (+%.1f%% halo",
                    res->backend, r.label, res->ms, a, b, c, e, wm, res->stats.n_patches, res->stats.conv_gflop,
                    res->stats.halo_overhead_pct);
+            if (res->stats.n_recomputed > 0)
+                printf(", +%.1f GFLOP recomputing %d blocks", res->stats.recompute_gflop, res->stats.n_recomputed);
+            printf(")\n");
         }
         final = sr;
     } else {

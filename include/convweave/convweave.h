@@ -249,7 +249,7 @@ typedef enum cw_patch_policy {
     CW_PATCHES_NONE = 2   /* unscheduled reference: one patch, no fusion, one stream */
 } cw_patch_policy;
 
-#define CW_COMPILE_OPTIONS_VERSION 1
+#define CW_COMPILE_OPTIONS_VERSION 2
 typedef struct cw_compile_options {
     size_t size;
     int version;
@@ -259,10 +259,17 @@ typedef struct cw_compile_options {
     int patches;              /* for CW_PATCHES_FIXED */
     int fuse;                 /* fuse GroupNorm-apply + SiLU + upsample into conv prep; default 1 */
     int64_t max_patch_rows;   /* 0: no cap; else cap on output rows per patch (bounds prep buffers) */
+    /* 0: none. Else a cap on activations + temporaries, bytes (weights apart): when the plan
+     * would need more, the planner recomputes instead of storing the inner activation of
+     * ResNet-style blocks (conv -> GroupNorm -> SiLU -> conv), largest first: a first pass
+     * takes that activation's GroupNorm statistics band by band, a second recomputes each
+     * band with its halo and feeds the second conv directly. Exact (the statistics are the
+     * same); costs the first conv's FLOPs again (cw_plan_stats.recompute_gflop). */
+    int64_t memory_budget;
 } cw_compile_options;
 
 #define CW_COMPILE_OPTIONS_INIT \
-    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0 }
+    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0 }
 
 /* Lowers g into a plan of tasks on streams and simulates the run's temporary allocations
  * under opt's budget (opt NULL: CW_COMPILE_OPTIONS_INIT). If the plan cannot fit, returns
@@ -302,6 +309,10 @@ typedef struct cw_plan_stats {
     int64_t host_syncs;         /* host synchronisations during the last run (excl. the final wait) */
     double conv_gflop;          /* useful conv GFLOP per run (no halo recompute) */
     double halo_overhead_pct;   /* recomputed conv FLOPs from halos, % */
+    int64_t activations_live_peak; /* most activation bytes live at once (activations_peak is
+                                      the arena holding them at fixed offsets) */
+    int n_recomputed;           /* blocks whose inner activation is recomputed, not stored */
+    double recompute_gflop;     /* conv GFLOP per run those blocks pay again */
 } cw_plan_stats;
 
 CW_API cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);

@@ -1,0 +1,315 @@
+/* Memory-budgeted plans (cw_compile_options.memory_budget). The graph: conv_in 4->16, a
+ * ResNet block 16->32 with a 1x1 shortcut, a ResNet block 32->32, conv_out 32->4. Each block
+ * is GN -> SiLU -> conv -> GN -> SiLU -> conv plus the residual. Stored, the 16->32 block
+ * holds its input, its inner activation and the shortcut's output at once: the peak. Under
+ * a memory budget below that, the planner must recompute that block's inner activation (a
+ * statistics pass, then each band again with its halo).
+ * Checks:
+ * - the recompute is chosen and reported (blocks, extra GFLOP), and activations +
+ *   temporaries fit the budget;
+ * - the output agrees with the stored plan within 1e-5 of its scale (the statistics are
+ *   exact; only summation order differs) and with a double-precision interpreter;
+ * - every run of one recompute plan gives the same bits under chaos + poison;
+ * - the happens-before replay finds no unordered use of shared memory;
+ * - a budget below what recomputing reaches is CW_ERR_BUDGET, naming what it reaches. */
+#include "convweave/convweave.h"
+#include "hb_check.h"
+#include "testutil.h"
+
+static cw_rng rng;
+
+enum { G = 4, HW = 32, C0 = 4, C1 = 16, C2 = 32 };
+
+typedef struct cv {
+    int64_t cin, cout;
+    int k;
+    float *w, *b;
+} cv;
+typedef struct nrm {
+    int64_t c;
+    float *g, *b;
+} nrm;
+typedef struct blk {
+    nrm n1, n2;
+    cv c1, c2, sc; /* sc.w NULL: identity shortcut */
+} blk;
+
+static cv conv_in, conv_out;
+static blk blocks[2];
+
+static float *rvec(int64_t n, float scale, float off) {
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = off + scale * cw_rng_float(&rng);
+    return v;
+}
+
+static cv mkconv(int64_t cin, int64_t cout, int k) {
+    cv c = {cin, cout, k, rvec(cout * cin * k * k, 1.0f / sqrtf((float)(cin * k * k)), 0.0f), rvec(cout, 0.2f, 0.0f)};
+    return c;
+}
+
+static nrm mknorm(int64_t c) {
+    nrm n = {c, rvec(c, 0.3f, 1.0f), rvec(c, 0.3f, 0.0f)};
+    return n;
+}
+
+static void make_weights(void) {
+    conv_in = mkconv(C0, C1, 3);
+    int64_t ch[3] = {C1, C2, C2};
+    for (int b = 0; b < 2; b++) {
+        blk *k = &blocks[b];
+        k->n1 = mknorm(ch[b]), k->c1 = mkconv(ch[b], ch[b + 1], 3);
+        k->n2 = mknorm(ch[b + 1]), k->c2 = mkconv(ch[b + 1], ch[b + 1], 3);
+        if (ch[b] != ch[b + 1]) k->sc = mkconv(ch[b], ch[b + 1], 1);
+    }
+    conv_out = mkconv(C2, C0, 3);
+}
+
+static void free_conv(cv *c) { free(c->w), free(c->b); }
+
+/* ---- the graph ---- */
+typedef struct gctx {
+    cw_context *ctx;
+    cw_graph *g;
+    cw_tensor *t[64];
+    int nt;
+} gctx;
+
+static cw_node konst(gctx *c, const float *v, int rank, const int64_t *dims) {
+    cw_tensor_desc d;
+    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
+    cw_tensor *t;
+    ASSERT_OK_CTX(c->ctx, cw_tensor_create(c->ctx, &t, &d));
+    ASSERT_OK(cw_tensor_upload(t, v, (size_t)cw_tensor_desc_numel(&d) * 4));
+    c->t[c->nt++] = t;
+    cw_node n;
+    ASSERT_OK_CTX(c->ctx, cw_graph_constant(c->g, &n, "w", t));
+    return n;
+}
+
+static cw_node gconv(gctx *c, cw_node x, const cv *k) {
+    int64_t wd[4] = {k->cout, k->cin, k->k, k->k};
+    cw_conv_params p = CW_CONV_PARAMS_INIT;
+    p.pad_pre[0] = p.pad_pre[1] = p.pad_post[0] = p.pad_post[1] = k->k / 2;
+    cw_node y;
+    ASSERT_OK_CTX(c->ctx, cw_graph_conv(c->g, &y, x, konst(c, k->w, 4, wd), konst(c, k->b, 1, &k->cout), &p));
+    return y;
+}
+
+static cw_node gn_silu(gctx *c, cw_node x, const nrm *n) {
+    cw_node h;
+    ASSERT_OK_CTX(c->ctx, cw_graph_group_norm(c->g, &h, x, konst(c, n->g, 1, &n->c), konst(c, n->b, 1, &n->c), G, 1e-6f));
+    ASSERT_OK_CTX(c->ctx, cw_graph_silu(c->g, &h, h));
+    return h;
+}
+
+static void build(gctx *c, uint64_t chaos, unsigned flags) {
+    memset(c, 0, sizeof *c);
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.threads = 2;
+    cfg.flags = flags;
+    cfg.chaos_seed = chaos;
+    ASSERT_OK(cw_context_create(&c->ctx, &cfg));
+    ASSERT_OK(cw_graph_create(&c->g, c->ctx));
+    int64_t xd[4] = {1, C0, HW, HW};
+    cw_tensor_desc d;
+    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
+    cw_node x;
+    ASSERT_OK_CTX(c->ctx, cw_graph_input(c->g, &x, "x", &d));
+    x = gconv(c, x, &conv_in);
+    for (int b = 0; b < 2; b++) {
+        blk *k = &blocks[b];
+        cw_node h = gconv(c, gn_silu(c, x, &k->n1), &k->c1);
+        h = gconv(c, gn_silu(c, h, &k->n2), &k->c2);
+        cw_node s = k->sc.w ? gconv(c, x, &k->sc) : x;
+        ASSERT_OK_CTX(c->ctx, cw_graph_add(c->g, &x, s, h));
+    }
+    x = gconv(c, x, &conv_out);
+    ASSERT_OK_CTX(c->ctx, cw_graph_output(c->g, x, "y"));
+}
+
+static void unbuild(gctx *c) {
+    cw_graph_destroy(c->g);
+    for (int i = 0; i < c->nt; i++) cw_tensor_destroy(c->t[i]);
+    cw_context_destroy(c->ctx);
+}
+
+static float *run(gctx *c, cw_plan *p, const float *in, int64_t *n_out) {
+    int64_t xd[4] = {1, C0, HW, HW};
+    cw_tensor_desc d;
+    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
+    cw_tensor *tx, *ty;
+    ASSERT_OK(cw_tensor_create(c->ctx, &tx, &d));
+    ASSERT_OK(cw_tensor_create(c->ctx, &ty, &d));
+    ASSERT_OK(cw_tensor_upload(tx, in, (size_t)cw_tensor_desc_numel(&d) * 4));
+    ASSERT_OK_CTX(c->ctx, cw_plan_run(p, &tx, 1, &ty, 1));
+    *n_out = cw_tensor_desc_numel(&d);
+    float *out = malloc((size_t)*n_out * 4);
+    ASSERT_OK(cw_tensor_download(ty, out, (size_t)*n_out * 4));
+    cw_tensor_destroy(tx), cw_tensor_destroy(ty);
+    return out;
+}
+
+/* ---- the double-precision interpreter ---- */
+static void ref_gn_silu(const double *x, const nrm *n, double *y) {
+    const int64_t hw = HW * HW, cg = n->c / G;
+    for (int g = 0; g < G; g++) {
+        double s = 0, s2 = 0, cnt = (double)(cg * hw);
+        for (int64_t i = g * cg * hw; i < (g + 1) * cg * hw; i++) s += x[i];
+        double m = s / cnt;
+        for (int64_t i = g * cg * hw; i < (g + 1) * cg * hw; i++) s2 += (x[i] - m) * (x[i] - m);
+        double rstd = 1.0 / sqrt(s2 / cnt + 1e-6);
+        for (int64_t c = g * cg; c < (g + 1) * cg; c++)
+            for (int64_t i = 0; i < hw; i++) {
+                double v = (x[c * hw + i] - m) * rstd * n->g[c] + n->b[c];
+                y[c * hw + i] = v / (1.0 + exp(-v));
+            }
+    }
+}
+
+static void ref_conv(const double *x, const cv *k, double *y) {
+    const int p = k->k / 2;
+    for (int64_t o = 0; o < k->cout; o++)
+        for (int64_t r = 0; r < HW; r++)
+            for (int64_t q = 0; q < HW; q++) {
+                double s = k->b[o];
+                for (int64_t c = 0; c < k->cin; c++)
+                    for (int i = 0; i < k->k; i++)
+                        for (int j = 0; j < k->k; j++) {
+                            int64_t rr = r + i - p, qq = q + j - p;
+                            if (rr < 0 || rr >= HW || qq < 0 || qq >= HW) continue;
+                            s += (double)k->w[((o * k->cin + c) * k->k + i) * k->k + j] * x[(c * HW + rr) * HW + qq];
+                        }
+                y[(o * HW + r) * HW + q] = s;
+            }
+}
+
+static double *reference(const float *in) {
+    const size_t big = sizeof(double) * C2 * HW * HW;
+    double *x0 = malloc(big), *x = malloc(big), *t = malloc(big), *h = malloc(big), *s = malloc(big);
+    for (int64_t i = 0; i < C0 * HW * HW; i++) x0[i] = in[i];
+    ref_conv(x0, &conv_in, x);
+    for (int b = 0; b < 2; b++) {
+        blk *k = &blocks[b];
+        ref_gn_silu(x, &k->n1, t);
+        ref_conv(t, &k->c1, h);
+        ref_gn_silu(h, &k->n2, t);
+        ref_conv(t, &k->c2, h);
+        if (k->sc.w) ref_conv(x, &k->sc, s);
+        else memcpy(s, x, sizeof(double) * (size_t)(k->c1.cin * HW * HW));
+        for (int64_t i = 0; i < k->c2.cout * HW * HW; i++) x[i] = s[i] + h[i];
+    }
+    ref_conv(x, &conv_out, x0);
+    free(x), free(t), free(h), free(s);
+    return x0;
+}
+
+static double max_rel(const float *a, const double *r, int64_t n) {
+    double md = 0, mr = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - r[i]);
+        if (!(d <= md)) md = isnan(d) ? INFINITY : d;
+        if (fabs(r[i]) > mr) mr = fabs(r[i]);
+    }
+    return md / mr;
+}
+
+static int64_t plan_memory(const cw_plan_stats *s) { return s->activations_peak + s->temp_predicted; }
+
+int main(void) {
+    rng.s = cw_test_seed(21);
+    make_weights();
+    float *in = rvec(C0 * HW * HW, 1.0f, 0.0f);
+    double *ref = reference(in);
+    int64_t n;
+
+    /* 1. stored: every activation kept */
+    gctx c;
+    build(&c, 0, 0);
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.temp_budget = 96 << 10;
+    cw_plan *ps;
+    ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &ps, &o));
+    cw_plan_stats ss;
+    ASSERT_OK(cw_plan_get_stats(ps, &ss));
+    CHECK(ss.n_recomputed == 0);
+    float *ys = run(&c, ps, in, &n);
+    double e_s = max_rel(ys, ref, n);
+    printf("stored: activations %.0f KiB (live peak %.0f KiB) + temp %.0f KiB; rel err vs double %.3g\n",
+           ss.activations_peak / 1024.0, ss.activations_live_peak / 1024.0, ss.temp_predicted / 1024.0, e_s);
+    CHECK(e_s <= 1e-5);
+
+    /* 2. a memory budget under the stored plan's: the 16->32 block is recomputed */
+    o.memory_budget = plan_memory(&ss) - 4096;
+    cw_plan *pr = NULL;
+    ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &pr, &o));
+    cw_plan_stats sr;
+    ASSERT_OK(cw_plan_get_stats(pr, &sr));
+    CHECK(plan_memory(&sr) <= o.memory_budget);
+    CHECK(sr.n_recomputed == 1 && sr.recompute_gflop > 0);
+    CHECK(sr.activations_live_peak < ss.activations_live_peak);
+    float *yr = run(&c, pr, in, &n);
+    double md = 0, mr = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!(fabs((double)yr[i] - ys[i]) <= md)) md = fabs((double)yr[i] - ys[i]);
+        if (fabs((double)ys[i]) > mr) mr = fabs((double)ys[i]);
+    }
+    double e_r = max_rel(yr, ref, n);
+    printf("memory budget %.0f KiB: %d block recomputed (+%.4f GFLOP of %.4f), activations %.0f KiB (live peak %.0f "
+           "KiB) + temp %.0f KiB; vs stored %.3g, vs double %.3g\n",
+           o.memory_budget / 1024.0, sr.n_recomputed, sr.recompute_gflop, sr.conv_gflop, sr.activations_peak / 1024.0,
+           sr.activations_live_peak / 1024.0, sr.temp_predicted / 1024.0, md / mr, e_r);
+    CHECK(md <= 1e-5 * mr && e_r <= 1e-5);
+    CHECK(hb_check(pr) == 0);
+    int64_t reached = plan_memory(&sr);
+    cw_plan_destroy(pr);
+
+    /* 3. below what recomputing reaches: a budget error naming it */
+    o.memory_budget = reached / 2;
+    CHECK(cw_graph_compile(c.g, &pr, &o) == CW_ERR_BUDGET);
+    CHECK(strstr(cw_context_last_error(c.ctx), "with every recomputable block recomputed") != NULL);
+    cw_plan_destroy(ps);
+    free(ys);
+    unbuild(&c);
+
+    /* 4. one recompute plan (2 streams), rebuilt under 4 chaos seeds with poison: the same bits */
+    float *base = NULL;
+    int mism = 0;
+    for (int cs = 0; cs < 4; cs++) {
+        build(&c, 300 + (uint64_t)cs, CW_FLAG_CHAOS | CW_FLAG_POISON);
+        cw_compile_options f = CW_COMPILE_OPTIONS_INIT;
+        f.temp_budget = 96 << 10;
+        f.streams = 2; /* the plan of part 2: one heavy stream and the light one */
+        f.memory_budget = reached;
+        cw_plan *p = NULL;
+        ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &p, &f));
+        cw_plan_stats sf;
+        ASSERT_OK(cw_plan_get_stats(p, &sf));
+        CHECK(sf.n_recomputed == 1);
+        for (int r = 0; r < 2; r++) {
+            float *y = run(&c, p, in, &n);
+            CHECK(hb_check(p) == 0);
+            if (!base) {
+                base = y;
+            } else {
+                if (memcmp(base, y, (size_t)n * 4) != 0) mism++;
+                free(y);
+            }
+        }
+        cw_plan_destroy(p);
+        unbuild(&c);
+    }
+    CHECK(mism == 0);
+    CHECK(max_rel(base, ref, n) <= 1e-5);
+    printf("recompute plan on 2 streams: 4 chaos seeds x 2 runs with poison, %d mismatches\n", mism);
+    free(base), free(yr), free(in), free(ref);
+    free_conv(&conv_in), free_conv(&conv_out);
+    for (int b = 0; b < 2; b++) {
+        blk *k = &blocks[b];
+        free(k->n1.g), free(k->n1.b), free(k->n2.g), free(k->n2.b);
+        free_conv(&k->c1), free_conv(&k->c2);
+        if (k->sc.w) free_conv(&k->sc);
+    }
+    TEST_DONE();
+}
