@@ -95,8 +95,10 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
     return CW_ERR_BUDGET;
 }
 
-/* Activations + temporaries a compiled plan holds at its peak (weights apart). */
-static int64_t cw__plan_memory(const cw_plan *p) { return p->act_bytes + (p->arena > 0 ? p->arena : p->temp_predicted); }
+/* Activations + temporaries a compiled plan holds at its peak (weights apart): its
+ * activation arena and its temporaries' predicted peak (cw_plan_stats.activations_peak +
+ * temp_predicted). */
+static int64_t cw__plan_memory(const cw_plan *p) { return p->act_bytes + p->temp_predicted; }
 
 /* Under opt->memory_budget: stores every activation if that fits; else recomputes the inner
  * activation of ResNet-style blocks from the largest size down (each step adds the blocks of

@@ -259,7 +259,8 @@ typedef struct cw_compile_options {
     int patches;              /* for CW_PATCHES_FIXED */
     int fuse;                 /* fuse GroupNorm-apply + SiLU + upsample into conv prep; default 1 */
     int64_t max_patch_rows;   /* 0: no cap; else cap on output rows per patch (bounds prep buffers) */
-    /* 0: none. Else a cap on activations + temporaries, bytes (weights apart): when the plan
+    /* 0: none. Else a cap on activations + temporaries, bytes (weights apart; what
+     * cw_plan_stats.activations_peak + temp_predicted count): when the plan
      * would need more, the planner recomputes instead of storing the inner activation of
      * ResNet-style blocks (conv -> GroupNorm -> SiLU -> conv), largest first: a first pass
      * takes that activation's GroupNorm statistics band by band, a second recomputes each

@@ -240,9 +240,10 @@ def conv_params(spatial, stride, dilation, pad_pre, pad_post, groups):
     return p
 
 
-def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0):
+def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0, memory=None):
     """budget: 0 = the context's, None = unlimited, else parse_bytes; patches: None auto, an int fixed,
-    'none' the unscheduled reference."""
+    'none' the unscheduled reference; memory: None, or a cap on activations + temporaries
+    (parse_bytes) under which blocks' inner activations are recomputed where needed."""
     o = C.cw_compile_options()
     o.temp_budget = 0 if budget == 0 else parse_bytes(budget)
     o.streams = streams
@@ -252,6 +253,7 @@ def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows
         o.policy, o.patches = C.CW_PATCHES_FIXED, int(patches)
     o.fuse = int(bool(fuse))
     o.max_patch_rows = max_patch_rows
+    o.memory_budget = 0 if memory is None else parse_bytes(memory)
     return o
 
 
@@ -409,6 +411,9 @@ class Plan:
             "n_patches": s.n_patches,
             "conv_gflop": s.conv_gflop,
             "halo_overhead_pct": s.halo_overhead_pct,
+            "activations_live_peak": s.activations_live_peak,
+            "n_recomputed": s.n_recomputed,
+            "recompute_gflop": s.recompute_gflop,
         }
 
     def write_trace(self, path):

@@ -59,7 +59,7 @@ CW_PATCHES_AUTO, CW_PATCHES_FIXED, CW_PATCHES_NONE = 0, 1, 2
 CW_NODE_NONE = -1
 CW_CONTEXT_CONFIG_VERSION = 1
 CW_CONV_PARAMS_VERSION = 1
-CW_COMPILE_OPTIONS_VERSION = 1
+CW_COMPILE_OPTIONS_VERSION = 2
 # names of cw_plan_stats.stage_ms's entries (CW_STAGE_*), in index order
 STAGES = ("conv", "prep", "epilogue", "stats", "attention", "other")
 PLAN_STAGE_COUNT = 6
@@ -103,10 +103,11 @@ class cw_conv_params(ctypes.Structure):
 
 class cw_compile_options(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("version", c_int), ("temp_budget", c_int64), ("streams", c_int),
-                ("policy", c_int), ("patches", c_int), ("fuse", c_int), ("max_patch_rows", c_int64)]
+                ("policy", c_int), ("patches", c_int), ("fuse", c_int), ("max_patch_rows", c_int64),
+                ("memory_budget", c_int64)]
 
     def __init__(self):  # CW_COMPILE_OPTIONS_INIT
-        super().__init__(ctypes.sizeof(self), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0)
+        super().__init__(ctypes.sizeof(self), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0)
 
 
 class cw_plan_stats(ctypes.Structure):
@@ -115,7 +116,8 @@ class cw_plan_stats(ctypes.Structure):
                 ("n_events", c_int64), ("n_patches", c_int64), ("temp_peak", c_int64),
                 ("temp_predicted", c_int64), ("activations_peak", c_int64), ("weights_bytes", c_int64),
                 ("total_peak", c_int64), ("host_syncs", c_int64), ("conv_gflop", c_double),
-                ("halo_overhead_pct", c_double)]
+                ("halo_overhead_pct", c_double), ("activations_live_peak", c_int64), ("n_recomputed", c_int),
+                ("recompute_gflop", c_double)]
 
 
 STRUCTS = (cw_context_config, cw_tensor_desc, cw_memory_stats, cw_conv_params, cw_compile_options, cw_plan_stats)

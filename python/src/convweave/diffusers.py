@@ -143,7 +143,7 @@ class ConvweaveDecoder:
     """What enable() attaches to a decoder: the options, the context, and the compiled plans
     (one per input shape, dtype and parameter set)."""
 
-    def __init__(self, decoder, budget, streams, timing, patches, threads, fuse):
+    def __init__(self, decoder, budget, streams, timing, patches, threads, fuse, memory=None):
         self.decoder = decoder
         self.budget = parse_bytes(budget)
         self.streams = streams
@@ -151,6 +151,7 @@ class ConvweaveDecoder:
         self.patches = patches
         self.threads = threads
         self.fuse = fuse
+        self.memory = memory
         self.ctx = None
         self.plans = {}  # (shape, dtype, device, parameter pointers) -> (plan, out shape)
         self.last_plan = None
@@ -191,7 +192,7 @@ class ConvweaveDecoder:
                 x = g.input("latent", tuple(sample.shape))
                 y = _Builder(g, names).decoder(x, self.decoder)
                 g.output(y, "sample")
-                hit = (g.compile(budget=0, streams=0, patches=self.patches, fuse=self.fuse), g.shape(y))
+                hit = (g.compile(budget=0, streams=0, patches=self.patches, fuse=self.fuse, memory=self.memory), g.shape(y))
                 self.plans[key] = hit
             self.last_plan = hit[0]
             return hit
@@ -230,18 +231,20 @@ def _decoder_of(vae):
     return dec
 
 
-def enable(vae, budget="256MiB", streams=2, *, timing=True, patches=None, threads=0, fuse=True):
+def enable(vae, budget="256MiB", streams=2, *, timing=True, patches=None, threads=0, fuse=True, memory=None):
     """Makes vae.decode(z) (vae: a diffusers AutoencoderKL, or its .decoder) run convweave:
     at most `budget` of temporary memory (bytes, '256MiB', or None for no cap) on `streams`
     streams (1: in order; N: N-1 heavy + 1 light). Plans compile on the first decode of
     each shape; the decoder's parameters are read in place. Raises convweave.Error naming
-    the first module or setting it does not support; then nothing is changed.
+    the first module or setting it does not support; then nothing is changed. memory: a cap
+    on activations + temporaries (like budget); where storing every activation needs more,
+    blocks recompute their inner activation band by band (exact; stats() counts the cost).
     Returns the ConvweaveDecoder attached to the decoder (its .last_plan has describe(),
     stats(), write_trace())."""
     dec = _decoder_of(vae)
     if is_enabled(vae):
         disable(vae)
-    state = ConvweaveDecoder(dec, budget, streams, timing, patches, threads, fuse)
+    state = ConvweaveDecoder(dec, budget, streams, timing, patches, threads, fuse, memory)
     # Build the graph once on a 1x1 latent now, so an unsupported module fails here.
     names = {m: f"decoder.{n}" if n else "decoder" for n, m in dec.named_modules()}
     probe = Graph(state._context(next(dec.parameters()).device))
