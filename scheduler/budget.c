@@ -229,9 +229,33 @@ static cw_status cw__plan_prepare_run(cw_plan *p, int64_t budget) {
     if (budget == ctx_budget) p->temp = ctx->temp;
     else if ((st = cw__alloc_create(&p->temp, ctx, ctx->be, budget, aflags)) == CW_OK) p->own_temp = 1;
     for (int e = 0; e < p->n_events && st == CW_OK; e++) st = ctx->be->i->event_create(ctx->be, &p->events[e]);
+    /* traces from device timestamps where the backend has them */
+    if (st == CW_OK && (ctx->cfg.flags & CW_FLAG_TIMING) && ctx->be->i->timer_create)
+        st = ctx->be->i->timer_create(ctx->be, 2 * p->n_tasks + 1, &p->timer);
     /* the activation arena lives with the plan: no allocation inside cw_plan_run */
     if (st == CW_OK && p->act_bytes > 0) st = cw__alloc_malloc(ctx->act, p->act_bytes, NULL, &p->act_arena);
     return st;
+}
+
+/* Backends that build per-problem state (cuDNN execution plans) do it now, not in the
+ * first run; where a task's algorithm cannot run its patch within the workspace the plan
+ * gives it, the backend's substitute (within that workspace) takes its place. */
+static cw_status cw__plan_prepare_convs(cw_plan *p) {
+    cw__backend *be = p->ctx->be;
+    if (!be->i->conv_prepare) return CW_OK;
+    for (int k = 0; k < p->n_tasks; k++) {
+        cw__task *t = &p->tasks[k];
+        if (t->kind != CW__T_CONV) continue;
+        cw__conv_algo used;
+        cw_status st = be->i->conv_prepare(be, &t->u.conv.prob, &t->u.conv.algo, t->u.conv.algo.workspace, &used);
+        if (st != CW_OK) return st;
+        if (used.id != t->u.conv.algo.id && used.workspace <= t->u.conv.algo.workspace) {
+            int64_t ws = t->u.conv.algo.workspace; /* the buffer the plan sized stays */
+            t->u.conv.algo = used;
+            t->u.conv.algo.workspace = ws;
+        }
+    }
+    return CW_OK;
 }
 
 static void cw__plan_compile_stats(cw_plan *p) {
@@ -271,7 +295,7 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
                          budget, (double)budget / 1048576.0, need, (double)need / 1048576.0);
     }
     if (st != CW_OK) return st;
-    if ((st = cw__plan_prepare_run(p, budget)) != CW_OK) {
+    if ((st = cw__plan_prepare_run(p, budget)) != CW_OK || (st = cw__plan_prepare_convs(p)) != CW_OK) {
         cw__plan_free(p);
         return st;
     }

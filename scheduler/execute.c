@@ -149,6 +149,7 @@ typedef struct cw__exec {
     cw__allocator *temp, *act;
     int dry;
     int nvtx, nvtx_worker, timing;
+    cw__timer *timer;     /* device timestamps instead of host callbacks (p->timer) */
     cw__stream *streams[CW__MAX_STREAMS];
     cw__event **ev;
     cw__hostarg *ha;
@@ -165,7 +166,10 @@ static cw_status cw__exec_open_run(cw__exec *x) {
     cw_status st = CW_OK;
     x->nvtx = (p->ctx->cfg.flags & CW_FLAG_NVTX) != 0;
     x->nvtx_worker = x->nvtx && i->launch_host && (i->caps & CW__CAP_HOST_STREAMS);
-    x->timing = ((p->ctx->cfg.flags & CW_FLAG_TIMING) || x->nvtx_worker) && i->launch_host;
+    /* device timestamps where the backend has them: host callbacks would serialise the
+     * schedule around every task */
+    x->timer = p->timer;
+    x->timing = ((p->ctx->cfg.flags & CW_FLAG_TIMING) || x->nvtx_worker) && i->launch_host && !x->timer;
     for (int s = 0; s < p->n_streams && st == CW_OK; s++) st = cw__context_stream(p->ctx, s, &x->streams[s]);
     x->ev = p->events;
     if (x->timing && st == CW_OK) {
@@ -283,11 +287,13 @@ static cw_status cw__exec_task(cw__exec *x, int ti) {
     for (int w = 0; w < t->n_alloc_waits && st == CW_OK; w++) st = be->i->stream_wait_event(be, s, x->ev[t->alloc_waits[w]]);
     if (st != CW_OK) return st;
     if (x->timing) st = be->i->launch_host(be, s, cw__host_begin, &x->ha[ti]);
+    if (st == CW_OK && x->timer) st = be->i->timer_mark(be, x->timer, 1 + 2 * ti, s);
     int nvtx_host = x->nvtx && !x->nvtx_worker;
     if (nvtx_host) cw__nvtx_push(t->name, t->stage + 1, t->stream);
     if (st == CW_OK && !x->dry) st = cw__enqueue(p, be, s, t);
     if (nvtx_host) cw__nvtx_pop();
     if (st == CW_OK && x->timing) st = be->i->launch_host(be, s, cw__host_end, &x->ha[ti]);
+    if (st == CW_OK && x->timer) st = be->i->timer_mark(be, x->timer, 2 + 2 * ti, s);
     if (st == CW_OK && !x->dry && p->progress_fn) st = be->i->launch_host(be, s, cw__host_progress, p);
     if (st == CW_OK && t->event >= 0) st = be->i->event_record(be, x->ev[t->event], s);
     return st;
@@ -341,6 +347,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
     cw_status st = dry ? cw__exec_open_dry(&x) : cw__exec_open_run(&x);
     if (st == CW_OK) st = cw__exec_prime(&x);
     if (st == CW_OK) st = cw__exec_fork(&x);
+    if (st == CW_OK && x.timer) st = be->i->timer_mark(be, x.timer, 0, x.streams[0]);
     x.live = cw__calloc((size_t)p->n_bufs + 1, 1);
     if (!x.live && st == CW_OK) st = CW_ERR_OUT_OF_MEMORY;
     for (int a = 0; a < p->n_acts && st == CW_OK; a++) {
@@ -433,6 +440,21 @@ static void cw__stage_times(cw_plan *p) {
     }
 }
 
+/* Task times from the device timestamps, after the run's final wait: offsets from mark 0
+ * (the fork) placed at the run's host start time. */
+static cw_status cw__read_timer(cw_plan *p) {
+    int64_t *ns = cw__malloc((size_t)(2 * p->n_tasks + 1) * sizeof *ns);
+    if (!ns) return cw__error(p->ctx, CW_ERR_OUT_OF_MEMORY, "cw_plan_run: out of host memory for task times");
+    cw_status st = p->ctx->be->i->timer_read(p->ctx->be, p->timer, ns);
+    for (int k = 0; k < p->n_tasks && st == CW_OK; k++)
+        if (ns[1 + 2 * k] >= 0 && ns[2 + 2 * k] >= 0) {
+            p->t0[k] = p->run_t0 + ns[1 + 2 * k];
+            p->t1[k] = p->run_t0 + ns[2 + 2 * k] + 1; /* t0 and t1 nonzero: recorded */
+        }
+    cw__free(ns);
+    return st;
+}
+
 cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs, int n_outputs) {
     if (!p) return CW_ERR_INVALID_ARG;
     cw_context *ctx = p->ctx;
@@ -459,6 +481,7 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_pop();
     int64_t t1 = cw__now_ns();
     p->stats.host_syncs = ctx->be->i->host_syncs(ctx->be) - syncs0 - p->n_streams;
+    if (st == CW_OK && p->timer) st = cw__read_timer(p);
     /* Give cached temporaries and activations back after the run: memory is not held
      * between runs, and every run starts from the empty state the dry run simulated. */
     cw__alloc_release_cached(p->temp);

@@ -168,6 +168,8 @@ struct cw_plan {
     int64_t act_bytes;       /* the activation arena: every activation at a fixed offset */
     int64_t act_live_peak;   /* the most activation bytes live at once (act_bytes >= it) */
     void *act_arena;         /* device memory of act_bytes, from compile to destroy */
+    cw__timer *timer;        /* device timestamps for traces (backends with timer hooks,
+                                CW_FLAG_TIMING): mark 0 at the fork, 1+2k / 2+2k around task k */
     double conv_gflop, halo_flop;
     double recompute_flop;   /* conv FLOPs of second passes over recomputed blocks */
     int n_recomputed;
