@@ -200,16 +200,36 @@ static cw_status cw__touching(cw__lower *L, int b, int **out, int *n) {
     return CW_OK;
 }
 
+/* A second pass runs conv b on bands of recomputed conv a's output: both convs' temporaries
+ * are in flight at once. Splits avail between them in proportion to their reduction lengths
+ * (C/groups x kernel volume: im2col workspace per output row), a's share weighted 5/4 for its
+ * halo rows. Returns b's share (which = 0) or a's (which = 1). */
+static int64_t cw__rec_split(const cw__lower *L, int b, int a, int64_t avail, int which) {
+    const cw_graph *g = L->g;
+    double r[2];
+    const int nodes[2] = {b, a};
+    for (int k = 0; k < 2; k++) {
+        const cw__node *n = &g->nodes[nodes[k]];
+        const cw_tensor_desc *w = &g->nodes[n->in[1]].desc;
+        r[k] = 1.0;
+        for (int d = 1; d < w->rank; d++) r[k] *= (double)w->dims[d];
+    }
+    r[1] *= 1.25;
+    return (int64_t)((double)avail * r[which] / (r[0] + r[1]));
+}
+
 /* The algorithm for band problem pr of a recomputed conv: the first pass's if listed and its
- * workspace fits the half of a heavy stream's share the consumer conv left over (see
- * cw__lower_conv), else the fastest that fits, else the one with the least workspace. */
-static cw_status cw__rec_algo(cw__lower *L, int rec, const cw__conv_problem *pr, cw__conv_algo *algo) {
+ * workspace fits the recomputed conv's part of a heavy stream's share (cw__rec_split),
+ * else the fastest that fits, else the one with the least workspace. */
+static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_problem *pr, cw__conv_algo *algo) {
     cw__backend *be = L->g->ctx->be;
     cw__conv_algo list[16];
     int n = 0;
     CW__TRY(be->i->conv_algos(be, pr, list, 16, &n));
     if (n == 0) return cw__error(L->g->ctx, CW_ERR_UNSUPPORTED, "compile: no algorithm for a recomputed band");
-    int64_t cap = L->budget < 0 ? INT64_MAX : (L->budget - CW__SMALL_RESERVE(L->budget)) / 2 / L->heavy;
+    int64_t cap = L->budget < 0 ? INT64_MAX
+                                : cw__rec_split(L, b, rec, L->budget - CW__SMALL_RESERVE(L->budget), 1) /
+                                      L->heavy;
     int pick = -1, least = 0;
     for (int k = 0; k < n; k++) {
         if (list[k].workspace < list[least].workspace) least = k;
@@ -251,7 +271,7 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     a.cp.patch = &ap;
     a.ws = &ws, a.pbuf = &pbuf, a.ybuf = &ybuf, a.prep_task = &ptask;
     CW__TRY(cw__patch_make(&fa, pt->a, pt->b, &ap));
-    CW__TRY(cw__rec_algo(L, A, &ap.prob, &a.cp.algo));
+    CW__TRY(cw__rec_algo(L, u->node, A, &ap.prob, &a.cp.algo));
     a.cp.ws = a.cp.algo.workspace;
     CW__TRY(cw__emit_prep(L, &a, 0));
     CW__TRY(cw__emit_conv(L, &a, 0, &id));
@@ -327,7 +347,7 @@ static cw_status cw__lower_conv(cw__lower *L, int i) {
     cw__conv_problem_init(&full, &g->nodes[n->in[0]].desc, &g->nodes[n->in[1]].desc, n->in[2] >= 0, &n->desc, &n->conv);
     int64_t h_out = n->desc.dims[cw__hdim(&n->desc)];
     cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, u.inplace || u.pass1, h_out);
-    if (u.rec >= 0 && sh.avail > 0) sh.avail /= 2; /* the recomputed conv's temps ride along */
+    if (u.rec >= 0 && sh.avail > 0) sh.avail = cw__rec_split(L, i, u.rec, sh.avail, 0);
     cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);
     if (st == CW_OK && u.pass1) L->nd[i].rec_algo = u.cp.algo;
     if (st == CW_OK) {
