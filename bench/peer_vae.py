@@ -79,9 +79,11 @@ def parse_bytes(s):
 
 
 def run_cw(a, tmp, weights, latent, budget):
-    out = os.path.join(tmp, f"cw_{budget}.npy")
+    """budget: a cw-vae --budget value, optionally '+MEMORY' for --memory MEMORY too."""
+    budget, _, memory = budget.partition("+")
+    out = os.path.join(tmp, f"cw_{budget}_{memory}.npy")
     cmd = [a.cw, "--preset", a.config, "--weights", weights, "--latent", latent, "--raw", out,
-           "--budget", budget, "--threads", str(a.threads)] + a.cw_args
+           "--budget", budget, "--threads", str(a.threads)] + (["--memory", memory] if memory else []) + a.cw_args
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()}")
@@ -97,7 +99,8 @@ def main():
     ap.add_argument("--size", type=int, default=512, help="image side in pixels (latent = size / 8)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--budgets", default="64MiB,256MiB", help="cw-vae --budget values, comma-separated")
+    ap.add_argument("--budgets", default="64MiB,256MiB",
+                    help="cw-vae --budget values, comma-separated; BUDGET+MEMORY adds --memory MEMORY")
     ap.add_argument("--tiling", action="store_true", help="also diffusers with vae.enable_tiling()")
     ap.add_argument("--tile", type=int, default=None,
                     help="tiling's tile side in pixels (default: 512 for sd, 1024 for sdxl, as their checkpoints)")
@@ -130,18 +133,19 @@ def main():
     if a.tiling:
         rows.append(("diffusers enable_tiling()", run_diffusers(a, tmp, latent, True)))
     for b in a.budgets.split(","):
-        rows.append((f"convweave cw-vae --budget {b}", run_cw(a, tmp, weights, latent, b)))
+        name = "convweave --budget " + b.replace("+", " --memory ")
+        rows.append((name, run_cw(a, tmp, weights, latent, b)))
 
     ref = np.load(rows[0][1]["out"]).astype(np.float64)
     scale = float(np.abs(ref).max())
     base = rows[0][1]
     print(f"# {a.config} decoder, {a.size}x{a.size}, f32, {a.threads} threads, torch {torch.__version__}; "
           f"working memory = peak resident during the decode - resident before it")
-    print(f"{'configuration':34s} {'time ms':>9s} {'x diffusers':>11s} {'work MiB':>9s} {'x diffusers':>11s}"
+    print(f"{'configuration':44s} {'time ms':>9s} {'x diffusers':>11s} {'work MiB':>9s} {'x diffusers':>11s}"
           f" {'max|diff| vs diffusers':>23s}")
     for name, r in rows:
         d = float(np.abs(np.load(r["out"]).astype(np.float64) - ref).max())
-        print(f"{name:34s} {r['ms']:9.1f} {r['ms'] / base['ms']:11.2f} {r['work'] / 2**20:9.1f}"
+        print(f"{name:44s} {r['ms']:9.1f} {r['ms'] / base['ms']:11.2f} {r['work'] / 2**20:9.1f}"
               f" {r['work'] / base['work']:11.2f} {d:15.3g} ({d / scale:.2g} rel)")
     subprocess.run(["rm", "-rf", tmp], check=False)
 
