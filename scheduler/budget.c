@@ -11,7 +11,7 @@
 /* Dry-runs the plan's allocation sequence under its budget. A plan whose allocations
  * would need a host synchronisation mid-run (the allocator releasing cached segments to
  * make room) does not fit either: CW_ERR_BUDGET. */
-static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allocated) {
+static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allocated, int64_t *segments) {
     cw__backend *dry = NULL;
     cw__allocator *temp = NULL, *act = NULL;
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
@@ -20,6 +20,11 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allo
     if (st == CW_OK) st = cw__plan_execute(p, dry, temp, act, 1, peak, peak_allocated);
     if (st == CW_OK && dry->i->host_syncs(dry) > p->n_streams)
         st = cw__error(p->ctx, CW_ERR_BUDGET, "compile: the plan would need a host synchronisation mid-run");
+    if (segments) { /* device segments the run takes: the arena, and any beyond it */
+        cw_memory_stats ms;
+        cw__alloc_stats(temp, &ms);
+        *segments = ms.num_device_allocs;
+    }
     cw__alloc_destroy(temp);
     cw__alloc_destroy(act);
     if (dry) dry->i->destroy(dry);
@@ -49,13 +54,14 @@ static cw_status cw__plan_bind_constants(cw_plan *p) {
 }
 
 /* The arena need not be the whole budget: shrinks it towards the bytes the plan actually
- * has in use at once, as long as the dry run still fits (fragmentation inside the arena
- * can need a little more than that). */
+ * has in use at once, as long as the dry run still fits in it alone, with no segment beyond
+ * it (fragmentation inside the arena can need a little more than the bytes in use). */
 static void cw__fit_arena(cw_plan *p, int64_t used, int64_t *peak) {
     for (int64_t a = (used + 511) / 512 * 512; p->arena > 0 && a < p->arena; a += a / 8 + 512) {
         int64_t keep = p->arena, pk = 0;
         p->arena = a;
-        if (cw__plan_simulate(p, &pk, NULL) == CW_OK) {
+        int64_t segs = 0; /* the arena alone: a run then takes no device memory of its own */
+        if (cw__plan_simulate(p, &pk, NULL, &segs) == CW_OK && segs <= 1) {
             *peak = pk;
             return;
         }
@@ -80,7 +86,7 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
         }
         int64_t peak = 0, used = 0;
         p->arena = budget > 0 ? budget / 512 * 512 : 0;
-        st = cw__plan_simulate(p, &peak, &used);
+        st = cw__plan_simulate(p, &peak, &used, NULL);
         if (st == CW_OK && fit_arena) cw__fit_arena(p, used, &peak);
         if (st == CW_OK) {
             p->temp_predicted = peak;
@@ -232,6 +238,12 @@ static cw_status cw__plan_prepare_run(cw_plan *p, int64_t budget) {
     /* traces from device timestamps where the backend has them */
     if (st == CW_OK && (ctx->cfg.flags & CW_FLAG_TIMING) && ctx->be->i->timer_create)
         st = ctx->be->i->timer_create(ctx->be, 2 * p->n_tasks + 1, &p->timer);
+    /* streams and the temporaries' arena now, not in the first run */
+    for (int s = 0; s < p->n_streams && st == CW_OK; s++) {
+        cw__stream *unused;
+        st = cw__context_stream(ctx, s, &unused);
+    }
+    if (st == CW_OK) st = cw__plan_prime(p, p->temp);
     /* the activation arena lives with the plan: no allocation inside cw_plan_run */
     if (st == CW_OK && p->act_bytes > 0) st = cw__alloc_malloc(ctx->act, p->act_bytes, NULL, &p->act_arena);
     return st;

@@ -203,16 +203,26 @@ static void cw__exec_close_dry(cw__exec *x) {
 /* Primes a capped pool with one segment, the arena: every temporary is then carved from it
  * (with event waits across streams), so the allocator never has to give segments back to
  * make room — which would synchronise the host mid-run. */
-static cw_status cw__exec_prime(cw__exec *x) {
+cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp) {
     cw_memory_stats ms;
-    cw__alloc_stats(x->temp, &ms);
-    if (x->p->arena <= 0 || ms.reserved_bytes_current != 0) return CW_OK;
+    cw__alloc_stats(temp, &ms);
+    if (p->arena <= 0) return CW_OK;
+    if (p->primed == temp && ms.reserved_bytes_current == p->arena_reserved && ms.allocated_bytes_current == 0)
+        return CW_OK; /* still this plan's arena, from compile time or the last run */
+    cw_status st = CW_OK;
+    /* another plan's arena in a shared pool: this plan's run was simulated from its own */
+    if (ms.reserved_bytes_current != 0 && (st = cw__alloc_release_cached(temp)) != CW_OK) return st;
     void *arena = NULL;
-    cw_status st = cw__alloc_malloc(x->temp, x->p->arena, NULL, &arena);
-    if (st == CW_OK) st = cw__alloc_free(x->temp, arena, NULL);
-    cw__alloc_reset_peaks(x->temp); /* the priming block is not a use */
+    st = cw__alloc_malloc(temp, p->arena, NULL, &arena);
+    if (st == CW_OK) st = cw__alloc_free(temp, arena, NULL);
+    cw__alloc_reset_peaks(temp); /* the priming block is not a use */
+    cw__alloc_stats(temp, &ms);
+    p->arena_reserved = ms.reserved_bytes_current; /* the arena as the pool rounded it */
+    p->primed = temp;
     return st;
 }
+
+static cw_status cw__exec_prime(cw__exec *x) { return cw__plan_prime(x->p, x->temp); }
 
 static cw__allocator *cw__exec_pool(const cw__exec *x, int buf) {
     return x->p->bufs[buf].kind == CW__B_TEMP ? x->temp : x->act;
@@ -482,9 +492,10 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     int64_t t1 = cw__now_ns();
     p->stats.host_syncs = ctx->be->i->host_syncs(ctx->be) - syncs0 - p->n_streams;
     if (st == CW_OK && p->timer) st = cw__read_timer(p);
-    /* Give cached temporaries and activations back after the run: memory is not held
-     * between runs, and every run starts from the empty state the dry run simulated. */
-    cw__alloc_release_cached(p->temp);
+    /* The temporaries' arena stays for the next run (no device allocation or free inside
+     * a run); the final wait completed every free, so the pool is again the one free arena
+     * the dry run simulated from. */
+    cw__alloc_forget_frees(p->temp);
     p->stats.wall_ms = (double)(t1 - t0) * 1e-6;
     p->stats.temp_peak = peak;
     p->stats.activations_peak = p->act_bytes; /* the plan's arena, held from compile to destroy */

@@ -9,6 +9,7 @@ void cw__plan_free(cw_plan *p) {
             if (p->events[i]) p->ctx->be->i->event_destroy(p->ctx->be, p->events[i]);
     }
     if (p->own_temp) cw__alloc_destroy(p->temp);
+    else if (p->temp) cw__alloc_release_cached(p->temp); /* its arena in the context's pool */
     if (p->timer) p->ctx->be->i->timer_destroy(p->ctx->be, p->timer);
     for (int i = 0; i < p->n_tasks; i++)
         cw__free(p->tasks[i].deps), cw__free(p->tasks[i].waits), cw__free(p->tasks[i].alloc_waits);

@@ -163,6 +163,8 @@ struct cw_plan {
     int64_t weights_bytes;
     int64_t temp_predicted;
     int64_t arena;           /* bytes primed into the capped pool at run start (0: none) */
+    int64_t arena_reserved;  /* the pool's reserved bytes once primed (its rounding included) */
+    cw__allocator *primed;   /* the pool that arena_reserved describes */
     int fork_event;          /* events fork_event..+n_streams-1: the run's fork from stream 0
                                 and each other stream's join back into it */
     int64_t act_bytes;       /* the activation arena: every activation at a fixed offset */
@@ -207,5 +209,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw_
                            int64_t *peak_temp, int64_t *peak_allocated);
 /* plan.c */
 void cw__plan_free(cw_plan *p);
+/* Primes temp with the plan's arena (one free segment) unless it already holds exactly that. */
+cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp);
 
 #endif

@@ -107,6 +107,79 @@ int main(void) {
     }
     CHECK(bad == 0);
     printf("fork/join: 1-4 streams, input written late on stream 0: %d wrong\n", bad);
+
+    /* Runs allocate and free no device memory: the streams, the temporaries' arena (here in
+     * the context's pool, under the context's budget) and the activation arena all come at
+     * compile time and stay until the plan is destroyed. */
+    {
+        cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+        cfg.backend = CW_BACKEND_CPU;
+        cfg.temp_budget = 256 << 10;
+        cfg.streams = 3;
+        cw_context *ctx;
+        ASSERT_OK(cw_context_create(&ctx, &cfg));
+        cw_graph *g;
+        ASSERT_OK(cw_graph_create(&g, ctx));
+        cw_tensor_desc d, dw;
+        ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
+        ASSERT_OK(cw_tensor_desc_make(&dw, CW_F32, 4, wd));
+        cw_tensor *tw, *tx, *ty;
+        ASSERT_OK(cw_tensor_create(ctx, &tw, &dw));
+        ASSERT_OK(cw_tensor_upload(tw, hw, (size_t)C * C * 9 * 4));
+        cw_node x, w, h, y;
+        ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &d));
+        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &w, "w", tw));
+        cw_conv_params p = CW_CONV_PARAMS_INIT;
+        p.pad_pre[0] = p.pad_pre[1] = p.pad_post[0] = p.pad_post[1] = 1;
+        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, x, w, -1, &p));
+        /* GroupNorm + SiLU fused into the second conv's prep: patch buffers (temporaries) */
+        const int64_t cd[1] = {C};
+        float gb[2 * C];
+        for (int i = 0; i < 2 * C; i++) gb[i] = i < C ? 1.0f : 0.0f;
+        cw_tensor_desc dc;
+        ASSERT_OK(cw_tensor_desc_make(&dc, CW_F32, 1, cd));
+        cw_tensor *tg, *tb;
+        ASSERT_OK(cw_tensor_create(ctx, &tg, &dc));
+        ASSERT_OK(cw_tensor_create(ctx, &tb, &dc));
+        ASSERT_OK(cw_tensor_upload(tg, gb, C * 4));
+        ASSERT_OK(cw_tensor_upload(tb, gb + C, C * 4));
+        cw_node ng, nb;
+        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &ng, "gamma", tg));
+        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nb, "beta", tb));
+        ASSERT_OK_CTX(ctx, cw_graph_group_norm(g, &h, h, ng, nb, 2, 1e-6f));
+        ASSERT_OK_CTX(ctx, cw_graph_silu(g, &h, h));
+        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y, h, w, -1, &p)); /* h: an activation */
+        ASSERT_OK_CTX(ctx, cw_graph_output(g, y, "y"));
+        cw_plan *plan;
+        ASSERT_OK_CTX(ctx, cw_graph_compile(g, &plan, NULL));
+        ASSERT_OK(cw_tensor_create(ctx, &tx, &d));
+        ASSERT_OK(cw_tensor_create(ctx, &ty, &d));
+        ASSERT_OK(cw_tensor_upload(tx, hx, (size_t)n * 4));
+        cw_memory_stats m0, m1;
+        ASSERT_OK(cw_context_memory_stats(ctx, &m0));
+        float *y1 = malloc((size_t)n * 4), *y2 = malloc((size_t)n * 4);
+        ASSERT_OK_CTX(ctx, cw_plan_run(plan, &tx, 1, &ty, 1));
+        ASSERT_OK(cw_tensor_download(ty, y1, (size_t)n * 4));
+        ASSERT_OK_CTX(ctx, cw_plan_run(plan, &tx, 1, &ty, 1));
+        ASSERT_OK(cw_tensor_download(ty, y2, (size_t)n * 4));
+        ASSERT_OK(cw_context_memory_stats(ctx, &m1));
+        cw_plan_stats ps;
+        ASSERT_OK(cw_plan_get_stats(plan, &ps));
+        printf("two runs: %lld device allocations, %lld frees, %lld host syncs mid-run (temp arena %lld B, "
+               "activations %lld B)\n", (long long)(m1.num_device_allocs - m0.num_device_allocs),
+               (long long)(m1.num_device_frees - m0.num_device_frees), (long long)ps.host_syncs,
+               (long long)m0.reserved_bytes_current, (long long)ps.activations_peak);
+        CHECK(m1.num_device_allocs == m0.num_device_allocs && m1.num_device_frees == m0.num_device_frees);
+        CHECK(m0.reserved_bytes_current > 0 && m1.reserved_bytes_current == m0.reserved_bytes_current);
+        CHECK(ps.activations_peak > 0 && ps.host_syncs == 0);
+        CHECK(memcmp(y1, y2, (size_t)n * 4) == 0); /* the kept arena changes nothing */
+        free(y1), free(y2);
+        cw_plan_destroy(plan);
+        cw_tensor_destroy(tx), cw_tensor_destroy(ty), cw_tensor_destroy(tw), cw_tensor_destroy(tg),
+            cw_tensor_destroy(tb);
+        cw_graph_destroy(g);
+        cw_context_destroy(ctx);
+    }
     free(hx), free(hw), free(ref);
     TEST_DONE();
 }

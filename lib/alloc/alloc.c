@@ -686,6 +686,15 @@ cw_status cw__alloc_release_cached(cw__allocator *a) {
     return st;
 }
 
+void cw__alloc_forget_frees(cw__allocator *a) {
+    if (!a) return;
+    pthread_mutex_lock(&a->mu);
+    for (segment *g = a->segs; g; g = g->next)
+        for (block *b = g->first; b; b = b->next)
+            if (!b->allocated) pend_clear(a, b);
+    pthread_mutex_unlock(&a->mu);
+}
+
 void cw__alloc_stats(const cw__allocator *a, cw_memory_stats *out) {
     if (!a || !out) return;
     cw__allocator *m = (cw__allocator *)a; /* the lock is not part of the logical state */

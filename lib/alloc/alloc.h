@@ -31,6 +31,9 @@ cw_status cw__alloc_malloc(cw__allocator *a, int64_t bytes, cw__stream *s, void 
  * host order: the caller already finished every use (no event, no poison); likewise
  * malloc with s == NULL synchronises pending frees on the host. */
 cw_status cw__alloc_free(cw__allocator *a, void *p, cw__stream *s);
+/* The host has waited for every stream that used a: forgets every pending free (all are
+ * complete), so what a does next no longer depends on which streams freed what. */
+void cw__alloc_forget_frees(cw__allocator *a);
 /* Returns cached free segments to the device (synchronising their events). */
 cw_status cw__alloc_release_cached(cw__allocator *a);
 /* Fills the temp fields of out (budget, reserved/allocated, counters). */
