@@ -267,7 +267,11 @@ static void sweep(cw_context *ctx, cw_rng *r, const char *name, int sp, const in
             }
             int64_t used;
             double e = run_plan(&pr, got_p, al.id, x, w, b, y, ref, &used);
-            CHECK(used == al.workspace);
+            /* GEMM's workspace follows the output rows, so the tallest band's is exact;
+             * oneDNN's holds the band's input rows, fewer where padding clips them, so the
+             * planner's unclipped probe is an upper bound */
+            if (al.id == CW__CPU_ALGO_DNNL) CHECK(used <= al.workspace);
+            else CHECK(used == al.workspace);
             CHECK(cap < 0 || used <= cap);
             if (e > worst) worst = e;
             if (!(e <= TOL)) {
@@ -352,6 +356,7 @@ int main(void) {
         float x[12], w[4] = {1, 2, 3, 4}, b[2] = {0.5f, -0.25f}, y[2 * 5 * 3];
         for (int i = 0; i < 12; i++) x[i] = (float)i;
         for (int algo = 0; algo < CW__CPU_ALGO_COUNT; algo++) {
+            if (algo == CW__CPU_ALGO_DNNL && !cw__cpu_dnnl_compiled()) continue;
             for (int i = 0; i < 30; i++) y[i] = NAN;
             cw__patch pt;
             ASSERT_OK(cw__patch_make(&pr, 0, 3, &pt));

@@ -1,7 +1,8 @@
 /* Property test of the cpu convolution: random 2-D/3-D convs (kernel 1-7, stride 1-3,
- * dilation 1-3, independent pads 0-3, groups incl. depthwise, strided x/y views) with both
- * algorithms against the naive double reference, and each cut into random height patches
- * (views into the same tensors, no copies) against the unpatched result. */
+ * dilation 1-3, independent pads 0-3, groups incl. depthwise, strided x/y views) with every
+ * algorithm (im2col+GEMM, direct, and oneDNN when built with it) against the naive double
+ * reference, and each cut into random height patches (views into the same tensors, no
+ * copies) against the unpatched result. */
 #include <cblas.h>
 
 #include "backend/cpu/cpu.h"
@@ -178,11 +179,34 @@ static void print_case(const conv_case *cc, int algo, int P) {
             (long long)p->pad_post[1], (long long)p->pad_post[2], (long long)cc->y.strides[cc->y.rank - 1]);
 }
 
+enum { NA = CW__CPU_ALGO_COUNT };
 typedef struct stats {
     double macs;
-    int64_t cases, runs[2], patched_runs[2], bitwise[2], empty_patches, views, patches;
-    double max_err[2], max_patch_err[2];
+    int64_t cases, runs[NA], patched_runs[NA], bitwise[NA], empty_patches, views, patches;
+    int64_t dnnl_listed; /* cases where oneDNN was listed (a kernel, not only cpu_direct fallback) */
+    double max_err[NA], max_patch_err[NA];
 } stats;
+
+/* Workspace of exactly `bytes` followed by a canary tail: an algorithm that uses more than
+ * it reports overwrites the tail (and ASan sees the exact-size block overrun). */
+static float *ws_alloc(int64_t bytes) {
+    if (bytes < 0) return NULL;
+    char *p = malloc((size_t)bytes + 64);
+    ASSERT_TRUE(p);
+    memset(p + bytes, 0xA5, 64);
+    return (float *)p;
+}
+static void ws_check_free(float *ws, int64_t bytes, int algo) {
+    if (!ws) return;
+    const unsigned char *t = (const unsigned char *)ws + bytes;
+    for (int i = 0; i < 64; i++)
+        if (t[i] != 0xA5) {
+            fprintf(stderr, "algo %d wrote past its reported workspace of %lld bytes\n", algo, (long long)bytes);
+            cw_test_failures++;
+            break;
+        }
+    free(ws);
+}
 
 /* Runs one case through both algorithms, unpatched and patched. */
 static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
@@ -229,6 +253,7 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     for (int i = 0; i < na; i++) {
         has_gemm |= algos[i].id == CW__CPU_ALGO_GEMM;
         has_direct |= algos[i].id == CW__CPU_ALGO_DIRECT;
+        stt->dnnl_listed += algos[i].id == CW__CPU_ALGO_DNNL;
         ASSERT_EQ_I(algos[i].workspace, cw__cpu_conv_workspace(&prob, algos[i].id));
     }
     CHECK(has_direct);
@@ -238,11 +263,15 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     const int64_t h_out = cc->y.dims[hd];
     for (int algo = 0; algo < CW__CPU_ALGO_COUNT; algo++) {
         if (algo == CW__CPU_ALGO_GEMM && !has_gemm) continue;
+        /* oneDNN runs every problem, listed or not (sub-bands it has no kernel for run
+         * cpu_direct inside its plan), so the random patches below all go through it */
+        if (algo == CW__CPU_ALGO_DNNL && !cw__cpu_dnnl_compiled()) continue;
         int64_t wsb = cw__cpu_conv_workspace(&prob, algo);
-        float *ws = wsb ? malloc((size_t)wsb) : NULL;
+        ASSERT_TRUE(wsb >= 0);
+        float *ws = wsb ? ws_alloc(wsb) : NULL;
         fill_canary(y1, cc->y_len);
         cw__cpu_conv_run(&prob, algo, x, w, bias, y1 + cc->y_off, ws, g_threads);
-        free(ws);
+        ws_check_free(ws, wsb, algo);
         double e = cw_ref_rel_err(&cc->y, y1 + cc->y_off, ref);
         stt->runs[algo]++;
         if (e > stt->max_err[algo]) stt->max_err[algo] = e;
@@ -274,9 +303,10 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
             if (cw__patch_is_empty(&pt)) stt->empty_patches++;
             else CHECK(pt.a - pt.pad_pre == pt.o0 * cc->p.stride[hd - 2] - cc->p.pad_pre[hd - 2]);
             int64_t wsb2 = cw__cpu_conv_workspace(&pt.prob, algo);
-            float *ws2 = wsb2 ? malloc((size_t)wsb2) : NULL;
+            ASSERT_TRUE(wsb2 >= 0);
+            float *ws2 = wsb2 ? ws_alloc(wsb2) : NULL;
             cw__cpu_conv_run(&pt.prob, algo, x + pt.x_offset, w, bias, y2 + cc->y_off + pt.y_offset, ws2, g_threads);
-            free(ws2);
+            ws_check_free(ws2, wsb2, algo);
         }
         CHECK(rows == h_out);
         free(bounds);
@@ -433,8 +463,8 @@ static void test_threaded(cw_rng *r) {
         stats st;
         memset(&st, 0, sizeof st);
         run_case(r, &cc, &st);
-        fprintf(stderr, "threaded conv %d (%.1f M MACs): gemm rel err %.3g, direct %.3g\n", t, st.macs * 1e-6,
-                st.max_err[0], st.max_err[1]);
+        fprintf(stderr, "threaded conv %d (%.1f M MACs): gemm rel err %.3g, direct %.3g, dnnl %.3g\n", t,
+                st.macs * 1e-6, st.max_err[0], st.max_err[1], st.max_err[2]);
     }
 }
 
@@ -496,15 +526,22 @@ int main(void) {
             "%lld random convs (%lld with strided views, %.1f M reference MACs), %.2f s\n"
             "  gemm:   %lld runs, max rel err %.3g; patched %lld runs, max rel err vs unpatched %.3g, bitwise equal %lld\n"
             "  direct: %lld runs, max rel err %.3g; patched %lld runs, max rel err vs unpatched %.3g, bitwise equal %lld\n"
+            "  dnnl:   %lld runs (oneDNN listed for %lld), max rel err %.3g; patched %lld runs, max rel err vs unpatched "
+            "%.3g\n"
             "  %lld patches, %lld of them read no input rows (pure padding)\n",
             (long long)st.cases, (long long)st.views, st.macs * 1e-6, (double)(cw__now_ns() - t0) * 1e-9, (long long)st.runs[0],
             st.max_err[0], (long long)st.patched_runs[0], st.max_patch_err[0], (long long)st.bitwise[0],
             (long long)st.runs[1], st.max_err[1], (long long)st.patched_runs[1], st.max_patch_err[1],
-            (long long)st.bitwise[1], (long long)st.patches, (long long)st.empty_patches);
+            (long long)st.bitwise[1], (long long)st.runs[2], (long long)st.dnnl_listed, st.max_err[2],
+            (long long)st.patched_runs[2], st.max_patch_err[2], (long long)st.patches, (long long)st.empty_patches);
     CHECK(st.runs[0] >= n_cases * 8 / 10);       /* GEMM skipped only for W-strided outputs */
     CHECK(st.runs[1] == n_cases);
     CHECK(st.empty_patches > 0);                 /* the pure-padding band case was exercised */
     CHECK(st.bitwise[1] == st.patched_runs[1]);  /* direct: same taps in the same order */
+    if (cw__cpu_dnnl_compiled()) {
+        CHECK(st.runs[2] == n_cases);
+        CHECK(st.dnnl_listed >= n_cases / 2);    /* most random shapes get a oneDNN kernel */
+    }
     test_forward_hook(&r, 100);
     test_threaded(&r);
     test_1x1(&r);

@@ -345,7 +345,18 @@ static void direct_range(void *p, int64_t lo, int64_t hi) {
 
 /* ---- entry points --------------------------------------------------------------------- */
 
+/* DNNL: the plan's workspace (made now, or found in the plan cache). */
+static int64_t dnnl_workspace(const cw__conv_problem *p) {
+    cw__dnnl_plan *pl;
+    if (cw__cpu_dnnl_plan_get(NULL, p, &pl) != CW_OK) return -1;
+    cw__dnnl_info info;
+    cw__cpu_dnnl_info(pl, &info);
+    cw__cpu_dnnl_release(pl);
+    return info.workspace;
+}
+
 int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
+    if (algo == CW__CPU_ALGO_DNNL) return dnnl_workspace(p);
     if (algo != CW__CPU_ALGO_GEMM) return 0;
     cv_geom g;
     cv_geom_make(p, &g);
@@ -355,6 +366,17 @@ int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
 /* threads: for im2col rows, GEMM blocks and direct rows. */
 static void conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
                      float *ws, int threads) {
+    if (algo == CW__CPU_ALGO_DNNL) {
+        cw__dnnl_plan *pl;
+        char msg[192] = "";
+        cw_status st = cw__cpu_dnnl_plan_get(NULL, p, &pl);
+        if (st == CW_OK) {
+            st = cw__cpu_dnnl_run(pl, p, x, w, b, y, ws, threads, msg, sizeof msg);
+            cw__cpu_dnnl_release(pl);
+            if (st != CW_OK) cw__log(NULL, CW_LOG_ERROR, "%s", msg);
+        }
+        return;
+    }
     cv_geom g;
     cv_geom_make(p, &g);
     if (algo == CW__CPU_ALGO_GEMM) {
@@ -412,6 +434,11 @@ static double cost_gemm(const cv_geom *g, double flops) {
     return flops / (60.0 * eff) + calls * 1000.0 + col * per_elem;
 }
 
+/* oneDNN: see the measurements below. */
+static double cost_dnnl(const cv_geom *g, const cw__dnnl_info *info) {
+    return info->flops / 30.0 + (double)info->moved_bytes * 0.25 + (double)info->subbands * 5000.0;
+}
+
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
     cw_status st = check_problem(be, p, "conv_algos");
     if (st != CW_OK) return st;
@@ -423,6 +450,26 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
                    (double)(g.ks[0] * g.ks[1] * g.ks[2]);
     cw__conv_algo list[CW__CPU_ALGO_COUNT];
     int cnt = 0;
+    if (cw__cpu_dnnl_compiled()) {
+        cw__dnnl_plan *pl;
+        st = cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl);
+        if (st == CW_ERR_OUT_OF_MEMORY) return st;
+        if (st == CW_OK) {
+            cw__dnnl_info info;
+            if (cw__cpu_dnnl_info(pl, &info)) {
+                cw__conv_algo *a = &list[cnt++];
+                memset(a, 0, sizeof *a);
+                a->id = CW__CPU_ALGO_DNNL;
+                snprintf(a->name, sizeof a->name, "cpu_dnnl_%s", info.impl);
+                a->workspace = info.workspace;
+                a->cost = cost_dnnl(&g, &info);
+            }
+            cw__cpu_dnnl_release(pl);
+        } else {
+            /* oneDNN failed unexpectedly for this shape: the other algorithms still run it */
+            cw__log(be ? be->ctx : NULL, CW_LOG_DEBUG, "cpu conv_algos: oneDNN not listed for this conv");
+        }
+    }
     if (gemm_supported(&g)) {
         cw__conv_algo *a = &list[cnt++];
         memset(a, 0, sizeof *a);
@@ -439,11 +486,12 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
         a->workspace = 0;
         a->cost = flops / 14.0 + 1000.0;
     }
-    if (cnt == 2 && list[1].cost < list[0].cost) {
-        cw__conv_algo t = list[0];
-        list[0] = list[1];
-        list[1] = t;
-    }
+    for (int i = 1; i < cnt; i++) /* cheapest first; ties keep the order above */
+        for (int j = i; j > 0 && list[j].cost < list[j - 1].cost; j--) {
+            cw__conv_algo t = list[j];
+            list[j] = list[j - 1];
+            list[j - 1] = t;
+        }
     int k = cnt < max ? cnt : max;
     for (int i = 0; i < k; i++) out[i] = list[i];
     *n = k;
@@ -457,11 +505,25 @@ typedef struct conv_job {
     int threads;
     const float *x, *w, *b;
     float *y, *ws;
+    cw__dnnl_plan *plan; /* DNNL: held from enqueue to the end of the job */
+    cw_context *ctx;
 } conv_job;
 
 static void conv_job_run(void *arg) {
     conv_job *j = arg;
+    if (j->plan) {
+        char msg[192] = "";
+        if (cw__cpu_dnnl_run(j->plan, &j->prob, j->x, j->w, j->b, j->y, j->ws, j->threads, msg, sizeof msg) != CW_OK)
+            cw__log(j->ctx, CW_LOG_ERROR, "%s (the output holds NaN)", msg);
+        return;
+    }
     conv_run(&j->prob, j->algo, j->x, j->w, j->b, j->y, j->ws, j->threads);
+}
+
+static void conv_job_fin(void *arg) {
+    conv_job *j = arg;
+    cw__cpu_dnnl_release(j->plan);
+    cw__free(j);
 }
 
 cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
@@ -481,12 +543,26 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
     if (algo->id == CW__CPU_ALGO_GEMM && !gemm_supported(&g))
         return cw__error(ctx, CW_ERR_UNSUPPORTED,
                          "cpu conv_forward: cpu_im2col_gemm needs y's W stride 1 and contiguous weights");
+    cw__dnnl_plan *plan = NULL;
     int64_t need = algo->id == CW__CPU_ALGO_GEMM ? gemm_workspace(&g) : 0;
-    if (need > 0 && (!ws || ws_bytes < need))
+    if (algo->id == CW__CPU_ALGO_DNNL) {
+        /* found in the plan cache (made when the algorithm was listed) */
+        st = cw__cpu_dnnl_plan_get(ctx, p, &plan);
+        if (st != CW_OK) return st;
+        cw__dnnl_info info;
+        cw__cpu_dnnl_info(plan, &info);
+        need = info.workspace;
+    }
+    if (need > 0 && (!ws || ws_bytes < need)) {
+        cw__cpu_dnnl_release(plan);
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: workspace %lld bytes at %p < %lld needed by %s",
                          (long long)ws_bytes, ws, (long long)need, algo->name);
+    }
     conv_job *j = cw__malloc(sizeof *j);
-    if (!j) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu conv_forward: out of host memory for the closure");
+    if (!j) {
+        cw__cpu_dnnl_release(plan);
+        return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu conv_forward: out of host memory for the closure");
+    }
     j->prob = *p;
     j->algo = algo->id;
     j->threads = algo->threads > 0 ? algo->threads : cw__cpu_blas_threads(be);
@@ -495,5 +571,7 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
     j->b = p->has_bias ? b : NULL;
     j->y = y;
     j->ws = ws;
-    return cw__cpu_enqueue(be, s, conv_job_run, j, cw__free);
+    j->plan = plan;
+    j->ctx = ctx;
+    return cw__cpu_enqueue(be, s, conv_job_run, j, conv_job_fin);
 }

@@ -25,8 +25,8 @@ void cw__cpu_gemm_blocks(int64_t m, int64_t n, int64_t *mb, int64_t *nb);
  * spread over `threads` threads: identical bits for every thread count. */
 void cw__cpu_sgemm(const cw__gemm_params *p, int threads);
 
-/* cpu conv algorithm ids */
-enum { CW__CPU_ALGO_GEMM = 0, CW__CPU_ALGO_DIRECT = 1, CW__CPU_ALGO_COUNT };
+/* cpu conv algorithm ids (DNNL is listed only when built with oneDNN) */
+enum { CW__CPU_ALGO_GEMM = 0, CW__CPU_ALGO_DIRECT = 1, CW__CPU_ALGO_DNNL = 2, CW__CPU_ALGO_COUNT };
 
 /* conv_cpu.c: the backend hooks, and the synchronous math they run (tests use it). */
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
@@ -36,8 +36,35 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
  * do not depend on it); ws >= workspace bytes. */
 void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
                       float *ws, int threads);
-/* Workspace bytes of algorithm id for p. */
+/* Workspace bytes of algorithm id for p; -1 when the algorithm cannot be planned for p
+ * (DNNL: built without oneDNN, or oneDNN failed). */
 int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo);
+
+/* conv_dnnl.c: oneDNN convolution on blocked layouts (CONVWEAVE_DNNL; stubs without). A
+ * plan is one patch problem's sub-bands, primitives and workspace layout, made once and
+ * kept in a bounded process-wide cache keyed by the problem (not the data pointers). */
+typedef struct cw__dnnl_plan cw__dnnl_plan;
+typedef struct cw__dnnl_info {
+    int64_t workspace;   /* bytes the run uses: weights, sub-band buffers, scratchpads */
+    int64_t moved_bytes; /* bytes reordered per run (weights + blocked inputs + outputs) */
+    double flops;
+    int subbands;
+    char impl[32];       /* oneDNN's kernel for the bulk of the patch, e.g. "jit:avx2" */
+} cw__dnnl_info;
+/* 1 when built with oneDNN. */
+int cw__cpu_dnnl_compiled(void);
+/* The plan for p, held until cw__cpu_dnnl_release. Fails on host OOM or an unexpected
+ * oneDNN error; sub-bands oneDNN has no kernel for run cpu_direct inside the plan. */
+cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out);
+void cw__cpu_dnnl_release(cw__dnnl_plan *pl);
+/* Fills info; returns 1 when the plan is worth listing (a oneDNN kernel, not its
+ * reference code, runs the bulk of the patch). */
+int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info);
+/* Runs plan pl for problem p (the one it was made for) on `threads` threads (the bits do
+ * not depend on it); ws holds info.workspace bytes. On failure y's view is NaN and msg
+ * names the call. */
+cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const float *x, const float *w,
+                           const float *b, float *y, void *ws, int threads, char *msg, size_t msg_len);
 
 /* ops_cpu.c: the elementwise / reduction / attention hooks and their synchronous math. */
 cw_status cw__cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p);

@@ -1,0 +1,634 @@
+/* oneDNN convolution as a cpu algorithm (CW__CPU_ALGO_DNNL; built with CONVWEAVE_DNNL).
+ * A patch is cut into row sub-bands whose boundaries depend on its shape only; each
+ * sub-band's input rows are reordered from the strided NCHW view into oneDNN's blocked
+ * layout (nChw8c on AVX2) in the workspace, convolved with its own pre/post padding, and
+ * reordered into the output view. Every oneDNN call runs single-threaded (the calling
+ * thread's OpenMP ICV set to 1) and threads only decide which sub-band runs where, so the
+ * bits never depend on the thread count (docs/determinism.md), as for the GEMM blocks.
+ *
+ * The workspace holds the reordered weights, every sub-band's blocked input and output,
+ * and one user-mode scratchpad per thread slot: all from the budget. Plans (primitives and
+ * their layouts) are made when the algorithm is listed, at compile time, and kept in a
+ * bounded process-wide cache keyed by the patch problem. */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+
+#ifndef CW_HAVE_DNNL
+
+int cw__cpu_dnnl_compiled(void) { return 0; }
+cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
+    *out = NULL;
+    return cw__error(ctx, CW_ERR_UNSUPPORTED, "cpu dnnl: convweave was built without oneDNN (CONVWEAVE_DNNL=OFF)");
+}
+void cw__cpu_dnnl_release(cw__dnnl_plan *pl) {}
+int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info) {
+    memset(info, 0, sizeof *info);
+    return 0;
+}
+cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const float *x, const float *w,
+                           const float *b, float *y, void *ws, int threads, char *msg, size_t msg_len) {
+    snprintf(msg, msg_len, "cpu dnnl: built without oneDNN");
+    return CW_ERR_UNSUPPORTED;
+}
+
+#else
+
+#include <math.h>
+#include <omp.h>
+#include <stdatomic.h>
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#define DN_ALIGN 64       /* bytes: every workspace region starts on a cache line */
+#define DN_MAX_SUB 64     /* sub-bands per patch */
+#define DN_MAX_CLASS 8    /* distinct sub-band shapes per patch (first, last, interior) */
+#define DN_SLOTS 16       /* scratchpad slots = cw__cpu_parallel's thread cap */
+#define DN_CACHE_CAP 256  /* plans kept; least recently used evicted */
+#define DN_KEY_LEN 48
+
+/* One distinct sub-band shape: its conv primitive and the two reorders around it. */
+typedef struct dn_class {
+    int64_t in_rows, out_rows, pre, post;
+    int fallback;                   /* oneDNN refused it or it reads no input: cpu_direct */
+    dnnl_primitive_t conv, rin, rout;
+    dnnl_memory_desc_t src_user, src, dst, dst_user, scratch, rin_scratch, rout_scratch;
+    int64_t src_bytes, dst_bytes, scratch_bytes;
+    char impl[32];
+} dn_class;
+
+typedef struct dn_sub {
+    int64_t r0, r1, a;              /* output rows [r0, r1); first input row a (clipped) */
+    int cls;
+    int64_t src_off, dst_off;       /* workspace byte offsets of its blocked buffers */
+} dn_sub;
+
+struct cw__dnnl_plan {
+    int64_t key[DN_KEY_LEN];
+    uint64_t hash;
+    struct cw__dnnl_plan *prev, *next; /* cache LRU list */
+    int refs;                          /* the cache's + each holder's; guarded by cache_mu */
+    int hd;                            /* H dim index in x / y (2 or 3) */
+    int64_t xs_h, ys_h;                /* H strides of x and y, elements */
+    int nsub, ncls, nslot, main_cls;
+    dn_sub sub[DN_MAX_SUB];
+    dn_class cls[DN_MAX_CLASS];
+    dnnl_primitive_t rw;               /* weights reorder (NULL when every sub-band falls back) */
+    dnnl_memory_desc_t w_user, w, bias, w_scratch;
+    int has_bias;
+    int64_t w_off, w_bytes, scratch_off, slot_bytes, ws;
+    double flops;
+};
+
+/* ---- engine, OpenMP ICV, cache ------------------------------------------------------- */
+static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
+static dnnl_engine_t g_eng;
+static dnnl_status_t g_eng_st = dnnl_runtime_error;
+
+static void eng_init(void) { g_eng_st = dnnl_engine_create(&g_eng, dnnl_cpu, 0); }
+
+/* oneDNN's OpenMP runtime reads the calling thread's max-threads ICV when a primitive is
+ * created (its blocking) and run (its split): 1 on every thread that calls it. */
+static int omp_single(void) {
+    int old = omp_get_max_threads();
+    if (old != 1) omp_set_num_threads(1);
+    return old;
+}
+static void omp_restore(int old) {
+    if (old != 1) omp_set_num_threads(old);
+}
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static cw__dnnl_plan *cache_head, *cache_tail;
+static int cache_n;
+
+int cw__cpu_dnnl_compiled(void) { return 1; }
+
+static void plan_destroy(cw__dnnl_plan *pl) {
+    if (!pl) return;
+    for (int c = 0; c < pl->ncls; c++) {
+        if (pl->cls[c].conv) dnnl_primitive_destroy(pl->cls[c].conv);
+        if (pl->cls[c].rin) dnnl_primitive_destroy(pl->cls[c].rin);
+        if (pl->cls[c].rout) dnnl_primitive_destroy(pl->cls[c].rout);
+    }
+    if (pl->rw) dnnl_primitive_destroy(pl->rw);
+    cw__free(pl);
+}
+
+void cw__cpu_dnnl_release(cw__dnnl_plan *pl) {
+    if (!pl) return;
+    pthread_mutex_lock(&cache_mu);
+    int last = --pl->refs == 0;
+    pthread_mutex_unlock(&cache_mu);
+    if (last) plan_destroy(pl);
+}
+
+/* ---- the key: everything but the data pointers ----------------------------------------- */
+static void full_strides(const cw_tensor_desc *d, int64_t *st) {
+    int any = 0;
+    for (int i = 0; i < d->rank; i++) any |= d->strides[i] != 0;
+    int64_t s = 1;
+    for (int i = d->rank - 1; i >= 0; i--) {
+        st[i] = any ? d->strides[i] : s;
+        s *= d->dims[i];
+    }
+}
+
+static void make_key(const cw__conv_problem *p, int64_t *k) {
+    memset(k, 0, DN_KEY_LEN * sizeof *k);
+    int n = 0;
+    k[n++] = p->spatial;
+    k[n++] = p->groups;
+    k[n++] = p->has_bias;
+    const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
+    for (int i = 0; i < 3; i++) {
+        int64_t st[CW_MAX_RANK];
+        full_strides(t[i], st);
+        for (int j = 0; j < 5; j++) k[n + j] = j < t[i]->rank ? t[i]->dims[j] : 0;
+        for (int j = 0; j < 5; j++) k[n + 5 + j] = j < t[i]->rank ? st[j] : 0;
+        n += 10;
+    }
+    for (int j = 0; j < 3; j++) {
+        k[n++] = p->stride[j];
+        k[n++] = p->dilation[j];
+        k[n++] = p->pad_pre[j];
+        k[n++] = p->pad_post[j];
+    }
+}
+
+static uint64_t key_hash(const int64_t *k) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < DN_KEY_LEN; i++) h = (h ^ (uint64_t)k[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ---- sub-bands: a function of the patch's shape only ----------------------------------- */
+/* Sub-bands of at least 4 halo rows (input read twice stays under ~25 %) and ~8 MFLOP
+ * (~0.2 ms on one core, so oneDNN's per-call cost stays under 1 %), at most DN_MAX_SUB:
+ * enough to spread over 16 threads. */
+static int sub_count(int64_t rows, int64_t halo, double flops_per_row) {
+    int64_t min_rows = halo > 0 ? 4 * halo : 1;
+    int64_t by_flops = flops_per_row > 0 ? (int64_t)ceil(8e6 / flops_per_row) : rows;
+    if (by_flops > min_rows) min_rows = by_flops;
+    int64_t n = rows / (min_rows > 0 ? min_rows : 1);
+    if (n > DN_MAX_SUB) n = DN_MAX_SUB;
+    if (n < 1) n = 1;
+    return (int)n;
+}
+
+#define DN_TRY(call, what)                                                                              \
+    do {                                                                                                \
+        dnnl_status_t s_ = (call);                                                                      \
+        if (s_ != dnnl_success) {                                                                       \
+            st = cw__error(ctx, CW_ERR_BACKEND, "cpu dnnl: %s: %s failed: %s", what, #call, dnnl_status2str(s_)); \
+            goto fail;                                                                                  \
+        }                                                                                               \
+    } while (0)
+
+static int64_t align_up(int64_t v) { return (v + DN_ALIGN - 1) / DN_ALIGN * DN_ALIGN; }
+
+/* x's or y's view as oneDNN sees it, with the H extent replaced by rows. */
+static dnnl_status_t view_md(dnnl_memory_desc_t *md, const cw_tensor_desc *d, int hd, int64_t rows) {
+    dnnl_dims_t dims, st;
+    int64_t sts[CW_MAX_RANK];
+    full_strides(d, sts);
+    for (int i = 0; i < d->rank; i++) dims[i] = d->dims[i], st[i] = sts[i];
+    dims[hd] = rows;
+    return dnnl_memory_desc_init_by_strides(md, d->rank, dims, dnnl_f32, st);
+}
+
+static dnnl_status_t make_reorder(dnnl_primitive_t *out, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
+                                  const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *scratch) {
+    dnnl_primitive_desc_t pd;
+    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&pd, from, g_eng, to, g_eng, attr);
+    if (s != dnnl_success) return s;
+    *scratch = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    s = dnnl_primitive_create(out, pd);
+    dnnl_primitive_desc_destroy(pd);
+    return s;
+}
+
+static int64_t md_bytes(const dnnl_memory_desc_t *md) { return (int64_t)dnnl_memory_desc_get_size(md); }
+
+/* Makes class c's conv primitive. wfix: the weights layout every class shares (NULL: any,
+ * and *w_chosen gets what oneDNN chose). dnnl_unimplemented: oneDNN has no kernel, and the
+ * class falls back. */
+static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, const dnnl_memory_desc_t *wfix,
+                                dnnl_memory_desc_t *w_chosen, const_dnnl_primitive_attr_t attr) {
+    const int sp = p->spatial, rank = sp + 2;
+    dnnl_dims_t sd, dd, wd, bd, strd, dil, pl, pr;
+    for (int i = 0; i < rank; i++) sd[i] = p->x.dims[i], dd[i] = p->y.dims[i];
+    sd[hd] = c->in_rows;
+    dd[hd] = c->out_rows;
+    const int64_t G = p->groups;
+    int wr = 0;
+    if (G > 1) wd[wr++] = G;
+    wd[wr++] = p->w.dims[0] / G;
+    for (int i = 1; i < rank; i++) wd[wr++] = p->w.dims[i];
+    bd[0] = p->y.dims[1];
+    for (int i = 0; i < sp; i++) {
+        strd[i] = p->stride[i];
+        dil[i] = p->dilation[i] - 1; /* oneDNN counts dilation from 0 */
+        pl[i] = p->pad_pre[i];
+        pr[i] = p->pad_post[i];
+    }
+    pl[hd - 2] = c->pre;
+    pr[hd - 2] = c->post;
+    dnnl_memory_desc_t smd, wmd, bmd, dmd;
+    dnnl_status_t s;
+    if ((s = dnnl_memory_desc_init_by_tag(&smd, rank, sd, dnnl_f32, dnnl_format_tag_any)) != dnnl_success) return s;
+    if ((s = dnnl_memory_desc_init_by_tag(&dmd, rank, dd, dnnl_f32, dnnl_format_tag_any)) != dnnl_success) return s;
+    if (wfix) wmd = *wfix;
+    else if ((s = dnnl_memory_desc_init_by_tag(&wmd, wr, wd, dnnl_f32, dnnl_format_tag_any)) != dnnl_success) return s;
+    if ((s = dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_x)) != dnnl_success) return s;
+    dnnl_convolution_desc_t cd;
+    s = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &smd, &wmd,
+                                                   p->has_bias ? &bmd : NULL, &dmd, strd, dil, pl, pr);
+    if (s != dnnl_success) return s;
+    dnnl_primitive_desc_t pd;
+    if ((s = dnnl_primitive_desc_create(&pd, &cd, attr, g_eng, NULL)) != dnnl_success) return s;
+    const char *impl = "";
+    dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    snprintf(c->impl, sizeof c->impl, "%s", impl);
+    c->src = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+    c->dst = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    c->scratch = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    if (w_chosen) *w_chosen = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    s = dnnl_primitive_create(&c->conv, pd);
+    dnnl_primitive_desc_destroy(pd);
+    return s;
+}
+
+/* Builds the plan for p (no cache). Errors are host OOM or oneDNN failures other than
+ * "no kernel for this shape" (which makes sub-bands fall back to cpu_direct). */
+static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
+    cw_status st = CW_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    cw__dnnl_plan *pl = cw__calloc(1, sizeof *pl);
+    if (!pl) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu dnnl: out of host memory for a plan");
+    const int omp_old = omp_single();
+    pthread_once(&eng_once, eng_init);
+    if (g_eng_st != dnnl_success) {
+        st = cw__error(ctx, CW_ERR_BACKEND, "cpu dnnl: dnnl_engine_create(cpu) failed: %s", dnnl_status2str(g_eng_st));
+        goto fail;
+    }
+    DN_TRY(dnnl_primitive_attr_create(&attr), "attributes");
+    DN_TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "attributes");
+
+    const int sp = p->spatial, hd = sp; /* H is dim 2 of NCHW, dim 3 of NCDHW */
+    pl->hd = hd;
+    pl->has_bias = p->has_bias;
+    int64_t xst[CW_MAX_RANK], yst[CW_MAX_RANK];
+    full_strides(&p->x, xst);
+    full_strides(&p->y, yst);
+    pl->xs_h = xst[hd];
+    pl->ys_h = yst[hd];
+    const int64_t rows = p->y.dims[hd], h_in = p->x.dims[hd];
+    const int64_t s_h = p->stride[hd - 2], d_h = p->dilation[hd - 2], pre = p->pad_pre[hd - 2];
+    const int64_t eff = d_h * (p->w.dims[hd] - 1) + 1;
+    double per_row = 2.0 * (double)p->y.dims[0] * (double)p->y.dims[1] * (double)p->w.dims[1];
+    for (int i = 2; i < sp + 2; i++) per_row *= (double)p->w.dims[i] * (double)(i == hd ? 1 : p->y.dims[i]);
+    pl->flops = per_row * (double)rows;
+    pl->nsub = rows > 0 ? sub_count(rows, eff > s_h ? eff - s_h : 0, per_row) : 0;
+
+    /* sub-bands and their classes (DESIGN.md's halo formula, inside the patch) */
+    for (int j = 0; j < pl->nsub; j++) {
+        dn_sub *sb = &pl->sub[j];
+        sb->r0 = rows * j / pl->nsub;
+        sb->r1 = rows * (j + 1) / pl->nsub;
+        int64_t i0 = sb->r0 * s_h - pre, i1 = (sb->r1 - 1) * s_h - pre + eff;
+        int64_t a = i0 > 0 ? i0 : 0, b = i1 < h_in ? i1 : h_in;
+        if (b < a) b = a;
+        sb->a = a;
+        dn_class c;
+        memset(&c, 0, sizeof c);
+        c.in_rows = b - a;
+        c.out_rows = sb->r1 - sb->r0;
+        c.pre = a - i0;
+        c.post = i1 - b;
+        int k = 0;
+        while (k < pl->ncls && !(pl->cls[k].in_rows == c.in_rows && pl->cls[k].out_rows == c.out_rows &&
+                                 pl->cls[k].pre == c.pre && pl->cls[k].post == c.post))
+            k++;
+        if (k == pl->ncls) {
+            if (pl->ncls == DN_MAX_CLASS) {
+                st = cw__error(ctx, CW_ERR_BACKEND, "cpu dnnl: more than %d sub-band shapes in one patch",
+                               DN_MAX_CLASS);
+                goto fail;
+            }
+            pl->cls[pl->ncls++] = c;
+        }
+        sb->cls = k;
+    }
+    if (pl->nsub == 0) goto done;
+    pl->main_cls = pl->sub[pl->nsub / 2].cls;
+
+    /* the main class picks the weights layout; the others take it as given */
+    dnnl_memory_desc_t wfix;
+    memset(&wfix, 0, sizeof wfix);
+    int have_w = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < pl->ncls; k++) {
+            dn_class *c = &pl->cls[k];
+            if ((pass == 0) != (k == pl->main_cls)) continue;
+            if (c->in_rows == 0) { /* pure padding: bias only */
+                c->fallback = 1;
+                continue;
+            }
+            dnnl_status_t s = class_conv(p, hd, c, have_w ? &wfix : NULL, have_w ? NULL : &wfix, attr);
+            if (s == dnnl_unimplemented || s == dnnl_invalid_arguments) {
+                c->fallback = 1;
+                if (c->conv) dnnl_primitive_destroy(c->conv), c->conv = NULL;
+                continue;
+            }
+            DN_TRY(s, "convolution primitive");
+            have_w = 1;
+            DN_TRY(view_md(&c->src_user, &p->x, hd, c->in_rows), "input view");
+            DN_TRY(view_md(&c->dst_user, &p->y, hd, c->out_rows), "output view");
+            DN_TRY(make_reorder(&c->rin, &c->src_user, &c->src, attr, &c->rin_scratch), "input reorder");
+            DN_TRY(make_reorder(&c->rout, &c->dst, &c->dst_user, attr, &c->rout_scratch), "output reorder");
+            c->src_bytes = align_up(md_bytes(&c->src));
+            c->dst_bytes = align_up(md_bytes(&c->dst));
+            int64_t sc = md_bytes(&c->scratch);
+            if (md_bytes(&c->rin_scratch) > sc) sc = md_bytes(&c->rin_scratch);
+            if (md_bytes(&c->rout_scratch) > sc) sc = md_bytes(&c->rout_scratch);
+            c->scratch_bytes = align_up(sc);
+        }
+    }
+    if (!have_w) goto done; /* every sub-band falls back: no workspace */
+
+    /* weights: the user's [K, C/G, k...] (as [G, K/G, C/G, k...] when grouped) -> wfix */
+    {
+        dnnl_dims_t wd, ws;
+        int64_t wst[CW_MAX_RANK];
+        full_strides(&p->w, wst);
+        const int64_t G = p->groups;
+        int wr = 0;
+        if (G > 1) wd[wr] = G, ws[wr] = wst[0] * (p->w.dims[0] / G), wr++;
+        wd[wr] = p->w.dims[0] / G, ws[wr] = wst[0], wr++;
+        for (int i = 1; i < sp + 2; i++) wd[wr] = p->w.dims[i], ws[wr] = wst[i], wr++;
+        DN_TRY(dnnl_memory_desc_init_by_strides(&pl->w_user, wr, wd, dnnl_f32, ws), "weights view");
+        pl->w = wfix;
+        DN_TRY(make_reorder(&pl->rw, &pl->w_user, &pl->w, attr, &pl->w_scratch), "weights reorder");
+        dnnl_dims_t bd = {p->y.dims[1]};
+        DN_TRY(dnnl_memory_desc_init_by_tag(&pl->bias, 1, bd, dnnl_f32, dnnl_x), "bias");
+    }
+
+    /* workspace: weights | sub-band buffers | scratchpad slots */
+    int64_t off = 0, slot = align_up(md_bytes(&pl->w_scratch));
+    pl->w_off = off;
+    pl->w_bytes = align_up(md_bytes(&pl->w));
+    off += pl->w_bytes;
+    for (int j = 0; j < pl->nsub; j++) {
+        dn_class *c = &pl->cls[pl->sub[j].cls];
+        if (c->fallback) continue;
+        pl->sub[j].src_off = off;
+        off += c->src_bytes;
+        pl->sub[j].dst_off = off;
+        off += c->dst_bytes;
+        if (c->scratch_bytes > slot) slot = c->scratch_bytes;
+    }
+    pl->slot_bytes = slot;
+    pl->nslot = pl->nsub < DN_SLOTS ? pl->nsub : DN_SLOTS;
+    pl->scratch_off = off;
+    off += slot * pl->nslot;
+    pl->ws = off;
+
+done:
+    dnnl_primitive_attr_destroy(attr);
+    omp_restore(omp_old);
+    *out = pl;
+    return CW_OK;
+fail:
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    omp_restore(omp_old);
+    plan_destroy(pl);
+    *out = NULL;
+    return st;
+}
+
+cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
+    *out = NULL;
+    int64_t key[DN_KEY_LEN];
+    make_key(p, key);
+    uint64_t h = key_hash(key);
+    pthread_mutex_lock(&cache_mu);
+    for (cw__dnnl_plan *q = cache_head; q; q = q->next) {
+        if (q->hash != h || memcmp(q->key, key, sizeof key) != 0) continue;
+        if (q != cache_head) { /* most recently used first */
+            q->prev->next = q->next;
+            if (q->next) q->next->prev = q->prev;
+            else cache_tail = q->prev;
+            q->prev = NULL;
+            q->next = cache_head;
+            cache_head->prev = q;
+            cache_head = q;
+        }
+        q->refs++;
+        pthread_mutex_unlock(&cache_mu);
+        *out = q;
+        return CW_OK;
+    }
+    pthread_mutex_unlock(&cache_mu);
+
+    /* made outside the lock (JIT takes ~0.3 ms a primitive); a racing maker of the same
+     * key only adds a duplicate that ages out */
+    cw__dnnl_plan *pl;
+    cw_status st = plan_make(ctx, p, &pl);
+    if (st != CW_OK) return st;
+    memcpy(pl->key, key, sizeof key);
+    pl->hash = h;
+    pl->refs = 2; /* the cache's and the caller's */
+    cw__dnnl_plan *evict = NULL;
+    pthread_mutex_lock(&cache_mu);
+    pl->next = cache_head;
+    if (cache_head) cache_head->prev = pl;
+    cache_head = pl;
+    if (!cache_tail) cache_tail = pl;
+    if (++cache_n > DN_CACHE_CAP) {
+        evict = cache_tail;
+        cache_tail = evict->prev;
+        cache_tail->next = NULL;
+        cache_n--;
+        if (--evict->refs > 0) evict = NULL; /* still held by a queued job: its release frees it */
+    }
+    pthread_mutex_unlock(&cache_mu);
+    plan_destroy(evict);
+    *out = pl;
+    return CW_OK;
+}
+
+int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info) {
+    memset(info, 0, sizeof *info);
+    info->workspace = pl->ws;
+    info->flops = pl->flops;
+    info->subbands = pl->nsub;
+    if (pl->nsub == 0) return 0;
+    const dn_class *c = &pl->cls[pl->main_cls];
+    if (c->fallback) return 0;
+    snprintf(info->impl, sizeof info->impl, "%s", c->impl);
+    info->moved_bytes = pl->ws - pl->slot_bytes * pl->nslot; /* reordered weights, inputs, outputs */
+    return strncmp(c->impl, "ref", 3) != 0; /* listed when a real kernel runs the bulk */
+}
+
+/* ---- running --------------------------------------------------------------------------- */
+typedef struct run_arg {
+    const cw__dnnl_plan *pl;
+    const cw__conv_problem *p;
+    const float *x, *w, *b;
+    float *y;
+    char *ws;
+    _Atomic int next_slot;
+    _Atomic int failed;
+    char msg[160];
+} run_arg;
+
+static void run_fail(run_arg *r, const char *what, dnnl_status_t s) {
+    int expect = 0;
+    if (atomic_compare_exchange_strong(&r->failed, &expect, 1))
+        snprintf(r->msg, sizeof r->msg, "cpu dnnl: %s failed: %s", what, dnnl_status2str(s));
+}
+
+static dnnl_status_t exec(dnnl_primitive_t prim, dnnl_stream_t strm, int n, const dnnl_exec_arg_t *args) {
+    dnnl_status_t s = dnnl_primitive_execute(prim, strm, n, args);
+    return s == dnnl_success ? dnnl_stream_wait(strm) : s;
+}
+
+/* Sub-band j on this thread: reorder in, convolve, reorder out; or cpu_direct. */
+static dnnl_status_t run_sub(run_arg *r, int j, dnnl_stream_t strm, char *scratch, const char **what) {
+    const cw__dnnl_plan *pl = r->pl;
+    const dn_sub *sb = &pl->sub[j];
+    const dn_class *c = &pl->cls[sb->cls];
+    if (c->fallback) {
+        cw__conv_problem q = *r->p;
+        const int hd = pl->hd;
+        int64_t st[CW_MAX_RANK];
+        full_strides(&r->p->x, st);
+        memcpy(q.x.strides, st, sizeof st);
+        full_strides(&r->p->y, st);
+        memcpy(q.y.strides, st, sizeof st);
+        full_strides(&r->p->w, st);
+        memcpy(q.w.strides, st, sizeof st);
+        q.x.dims[hd] = c->in_rows;
+        q.y.dims[hd] = c->out_rows;
+        q.pad_pre[hd - 2] = c->pre;
+        q.pad_post[hd - 2] = c->post;
+        cw__cpu_conv_run(&q, CW__CPU_ALGO_DIRECT, r->x + sb->a * pl->xs_h, r->w, r->b, r->y + sb->r0 * pl->ys_h,
+                         NULL, 1);
+        return dnnl_success;
+    }
+    /* m: user input, blocked input, weights, bias, blocked output, user output, and one
+     * scratchpad memory per primitive, all on this thread's slot (used one after another) */
+    dnnl_memory_t m[9] = {0};
+    dnnl_status_t s = dnnl_success;
+    const struct {
+        const dnnl_memory_desc_t *md;
+        void *h;
+    } mk[9] = {{&c->src_user, (void *)(r->x + sb->a * pl->xs_h)},
+               {&c->src, r->ws + sb->src_off},
+               {&pl->w, r->ws + pl->w_off},
+               {&pl->bias, (void *)r->b},
+               {&c->dst, r->ws + sb->dst_off},
+               {&c->dst_user, r->y + sb->r0 * pl->ys_h},
+               {&c->rin_scratch, scratch},
+               {&c->scratch, scratch},
+               {&c->rout_scratch, scratch}};
+    *what = "dnnl_memory_create";
+    for (int i = 0; i < 9 && s == dnnl_success; i++) s = dnnl_memory_create(&m[i], mk[i].md, g_eng, mk[i].h);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t a[3] = {{DNNL_ARG_FROM, m[0]}, {DNNL_ARG_TO, m[1]}, {DNNL_ARG_SCRATCHPAD, m[6]}};
+        *what = "input reorder";
+        s = exec(c->rin, strm, 3, a);
+    }
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, m[1]}, {DNNL_ARG_WEIGHTS, m[2]}, {DNNL_ARG_DST, m[4]},
+                                {DNNL_ARG_SCRATCHPAD, m[7]}, {DNNL_ARG_BIAS, m[3]}};
+        *what = "convolution";
+        s = exec(c->conv, strm, pl->has_bias ? 5 : 4, a);
+    }
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t a[3] = {{DNNL_ARG_FROM, m[4]}, {DNNL_ARG_TO, m[5]}, {DNNL_ARG_SCRATCHPAD, m[8]}};
+        *what = "output reorder";
+        s = exec(c->rout, strm, 3, a);
+    }
+    for (int i = 0; i < 9; i++)
+        if (m[i]) dnnl_memory_destroy(m[i]);
+    return s;
+}
+
+static void run_range(void *arg, int64_t lo, int64_t hi) {
+    run_arg *r = arg;
+    const int omp_old = omp_single();
+    int slot = atomic_fetch_add(&r->next_slot, 1); /* < nslot: threads <= nslot */
+    char *scratch = r->ws ? r->ws + r->pl->scratch_off + (int64_t)slot * r->pl->slot_bytes : NULL;
+    dnnl_stream_t strm = NULL;
+    dnnl_status_t s = dnnl_stream_create(&strm, g_eng, dnnl_stream_default_flags);
+    if (s != dnnl_success) {
+        run_fail(r, "dnnl_stream_create", s);
+    } else {
+        for (int64_t j = lo; j < hi && !atomic_load(&r->failed); j++) {
+            const char *what = "";
+            s = run_sub(r, (int)j, strm, scratch, &what);
+            if (s != dnnl_success) run_fail(r, what, s);
+        }
+        dnnl_stream_destroy(strm);
+    }
+    omp_restore(omp_old);
+}
+
+/* y's view filled with NaN: a failed run must not look like a result. */
+static void poison_view(const cw_tensor_desc *d, float *y) {
+    int64_t st[CW_MAX_RANK], idx[CW_MAX_RANK] = {0}, n = 1;
+    full_strides(d, st);
+    for (int i = 0; i < d->rank; i++) n *= d->dims[i];
+    for (int64_t o = 0; o < n; o++) {
+        int64_t off = 0;
+        for (int i = 0; i < d->rank; i++) off += idx[i] * st[i];
+        y[off] = NAN;
+        for (int i = d->rank - 1; i >= 0; i--) {
+            if (++idx[i] < d->dims[i]) break;
+            idx[i] = 0;
+        }
+    }
+}
+
+cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const float *x, const float *w,
+                           const float *b, float *y, void *ws, int threads, char *msg, size_t msg_len) {
+    if (pl->nsub == 0) return CW_OK;
+    run_arg r = {pl, p, x, w, b, y, ws, 0, 0, ""};
+    if (pl->rw) { /* weights into the shared blocked layout, on this thread */
+        const int omp_old = omp_single();
+        dnnl_stream_t strm = NULL;
+        dnnl_memory_t mu = NULL, mb = NULL, msc = NULL;
+        dnnl_status_t s = dnnl_stream_create(&strm, g_eng, dnnl_stream_default_flags);
+        if (s == dnnl_success) s = dnnl_memory_create(&mu, &pl->w_user, g_eng, (void *)w);
+        if (s == dnnl_success) s = dnnl_memory_create(&mb, &pl->w, g_eng, (char *)ws + pl->w_off);
+        if (s == dnnl_success) s = dnnl_memory_create(&msc, &pl->w_scratch, g_eng, (char *)ws + pl->scratch_off);
+        if (s == dnnl_success) {
+            dnnl_exec_arg_t a[3] = {{DNNL_ARG_FROM, mu}, {DNNL_ARG_TO, mb}, {DNNL_ARG_SCRATCHPAD, msc}};
+            s = exec(pl->rw, strm, 3, a);
+        }
+        if (msc) dnnl_memory_destroy(msc);
+        if (mb) dnnl_memory_destroy(mb);
+        if (mu) dnnl_memory_destroy(mu);
+        if (strm) dnnl_stream_destroy(strm);
+        omp_restore(omp_old);
+        if (s != dnnl_success) run_fail(&r, "weights reorder", s);
+    }
+    if (!atomic_load(&r.failed)) {
+        int t = threads < pl->nslot ? threads : pl->nslot;
+        /* helper threads cost ~50 us to start: not for patches under ~4 MFLOP */
+        if (pl->flops < 4e6) t = 1;
+        cw__cpu_parallel(t, pl->nsub, run_range, &r);
+    }
+    if (atomic_load(&r.failed)) {
+        poison_view(&p->y, y);
+        snprintf(msg, msg_len, "%s", r.msg);
+        return CW_ERR_BACKEND;
+    }
+    return CW_OK;
+}
+
+#endif
