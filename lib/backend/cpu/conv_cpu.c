@@ -10,6 +10,7 @@
  * more. */
 #include <assert.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -434,9 +435,29 @@ static double cost_gemm(const cv_geom *g, double flops) {
     return flops / (60.0 * eff) + calls * 1000.0 + col * per_elem;
 }
 
-/* oneDNN: see the measurements below. */
+/* oneDNN, fitted to bench_conv_algos on this project's 2-core AVX2 development machine
+ * (AMD EPYC, jit:avx2 kernels, one thread, 22 shapes, C and K 3..512, k 1..7, W 64..1024,
+ * loaded machine): 3x3 convs ran at 31-76 GFLOP/s (about 48 GFLOP/s x sqrt(K/32), capped
+ * at 48, times K/ceil8(K) for the output channels padded to blocks of 8), 1x1 at ~35,
+ * depthwise at ~16; reorders ~0.1 ns per byte moved; ~10 us per sub-band. The fit is
+ * within 0.7-2.0x of every measurement. The same run measured im2col+GEMM at 0.72x of
+ * what cost_gemm (fitted on an AVX-512 machine) predicts, so the sum is scaled by 0.72
+ * into cost_gemm's units: oneDNN then comes first for every 3x3/5x5/7x7 conv with K >= 8
+ * (it measured 1.1-6x faster than im2col there), and cpu_gemm_1x1 (same speed, no
+ * workspace) stays first for 1x1. cost_direct's 14 GFLOP/s is also an AVX-512 figure:
+ * direct ran at 3-5 GFLOP/s here, so for K = 3 and depthwise convs direct is still listed
+ * first although oneDNN measured 2-3x faster. */
 static double cost_dnnl(const cv_geom *g, const cw__dnnl_info *info) {
-    return info->flops / 30.0 + (double)info->moved_bytes * 0.25 + (double)info->subbands * 5000.0;
+    double rate;
+    if (g->cg == 1 && g->kg == 1) {
+        rate = 16.0;
+    } else if (g->ks[0] * g->ks[1] * g->ks[2] == 1) {
+        rate = 35.0;
+    } else {
+        double kb = (double)((g->kg + 7) / 8 * 8);
+        rate = 48.0 * sqrt(kb < 32.0 ? kb / 32.0 : 1.0) * (double)g->kg / kb;
+    }
+    return 0.72 * (info->flops / rate + 0.1 * (double)info->moved_bytes + 1e4 * (double)info->subbands);
 }
 
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {

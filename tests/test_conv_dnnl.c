@@ -1,0 +1,249 @@
+/* oneDNN as a cpu patch algorithm (CONVWEAVE_DNNL; skips with 77 when built without it).
+ * 1. Budget: 2-D and 3-D conv graphs compiled under budgets from the smallest that works
+ *    to loose ones pick cpu_dnnl_* where it is fastest, and the allocator never holds more
+ *    temporary memory than the budget, with oneDNN's blocked inputs/outputs, reordered
+ *    weights and scratchpads all counted (they are the algorithm's workspace). Results
+ *    stay within 1e-5 of the unscheduled plan's scale.
+ * 2. Determinism (docs/determinism.md): a fixed-patch plan on 1-3 streams with 1-3 threads
+ *    per task, under chaos + poison, gives the bits of the first plan on every run; and a
+ *    oneDNN patch run directly on 1-4 threads gives identical bits. A split of oneDNN's work
+ *    that followed the thread count would fail this on any CPU whose kernels' bits follow
+ *    the split. */
+#include "backend/cpu/cpu.h"
+#include "convweave/convweave.h"
+#include "testutil.h"
+
+static cw_context *ctx;
+static cw_tensor *consts[16];
+static int n_consts;
+static cw_rng rng;
+
+static cw_node konst(cw_graph *g, int rank, const int64_t *dims, float scale) {
+    cw_tensor_desc d;
+    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
+    int64_t n = cw_tensor_desc_numel(&d);
+    float *h = malloc((size_t)n * sizeof *h);
+    ASSERT_TRUE(h);
+    for (int64_t i = 0; i < n; i++) h[i] = scale * cw_rng_float(&rng);
+    cw_tensor *t;
+    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &t, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)n * 4));
+    free(h);
+    consts[n_consts++] = t;
+    cw_node c;
+    ASSERT_OK_CTX(ctx, cw_graph_constant(g, &c, "c", t));
+    return c;
+}
+
+/* conv k3 "same" C -> C, twice (2-D: [1, C, H, W]; 3-D: [1, C, D, H, W]). */
+static cw_graph *make_graph(int sp, const int64_t *xd, cw_tensor_desc *d) {
+    cw_graph *g;
+    ASSERT_OK(cw_graph_create(&g, ctx));
+    ASSERT_OK(cw_tensor_desc_make(d, CW_F32, sp + 2, xd));
+    cw_node x, h;
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", d));
+    h = x;
+    const int64_t c = xd[1];
+    for (int l = 0; l < 2; l++) {
+        int64_t wd[5] = {c, c, 3, 3, 3};
+        cw_conv_params p = CW_CONV_PARAMS_INIT;
+        p.spatial = sp;
+        for (int i = 0; i < sp; i++) p.pad_pre[i] = p.pad_post[i] = 1;
+        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, h, konst(g, sp + 2, wd, 0.2f), konst(g, 1, &c, 0.1f), &p));
+    }
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, h, "y"));
+    return g;
+}
+
+static void free_consts(void) {
+    for (int i = 0; i < n_consts; i++) cw_tensor_destroy(consts[i]);
+    n_consts = 0;
+}
+
+static int describes_dnnl(const cw_plan *p) {
+    char *s = NULL;
+    ASSERT_OK(cw_plan_describe(p, 0, &s));
+    int yes = strstr(s, "cpu_dnnl") != NULL;
+    cw_free(s);
+    return yes;
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n) {
+    double md = 0, mr = 0;
+    for (size_t e = 0; e < n; e++) {
+        double dd = fabs((double)a[e] - (double)b[e]);
+        if (!(dd <= md)) md = isnan(dd) ? INFINITY : dd;
+        if (fabs((double)b[e]) > mr) mr = fabs((double)b[e]);
+    }
+    return md / (mr > 0 ? mr : 1);
+}
+
+/* Part 1: budgets from the minimum up; temp_peak never above the budget. */
+static void test_budget(int sp, const int64_t *xd) {
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.threads = 2;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    cw_tensor_desc d;
+    cw_graph *g = make_graph(sp, xd, &d);
+    cw_compile_options r = CW_COMPILE_OPTIONS_INIT;
+    r.policy = CW_PATCHES_NONE;
+    cw_plan *pr;
+    ASSERT_OK_CTX(ctx, cw_graph_compile(g, &pr, &r));
+    cw_tensor *in, *out, *ref;
+    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &in, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &out, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &ref, &d));
+    const size_t n = (size_t)cw_tensor_desc_numel(&d), bytes = n * 4;
+    float *hx = malloc(bytes), *hr = malloc(bytes), *ho = malloc(bytes);
+    ASSERT_TRUE(hx && hr && ho);
+    for (size_t i = 0; i < n; i++) hx[i] = cw_rng_float(&rng);
+    ASSERT_OK(cw_tensor_upload(in, hx, bytes));
+    ASSERT_OK_CTX(ctx, cw_plan_run(pr, &in, 1, &ref, 1));
+    ASSERT_OK(cw_tensor_download(ref, hr, bytes));
+
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.streams = 3;
+    int64_t minb = 0;
+    ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &o, &minb));
+    /* the allocator rounds large blocks to MiB: oneDNN's workspace starts to fit at a few MiB */
+    const int64_t mib = 1 << 20;
+    const int64_t budgets[9] = {minb, 1 * mib, 2 * mib, 3 * mib, 4 * mib, 5 * mib, 6 * mib, 8 * mib, 64 * mib};
+    int n_dnnl = 0;
+    for (int b = 0; b < 9; b++) {
+        o.temp_budget = budgets[b];
+        cw_plan *p;
+        ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
+        ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, &out, 1));
+        ASSERT_OK(cw_tensor_download(out, ho, bytes));
+        cw_plan_stats st;
+        ASSERT_OK(cw_plan_get_stats(p, &st));
+        int dn = describes_dnnl(p);
+        n_dnnl += dn;
+        ASSERT_LE_I(st.temp_peak, budgets[b]);
+        double e = max_rel_diff(ho, hr, n);
+        fprintf(stderr, "%d-D budget %8.3f MiB: %lld patches, temp peak %8.3f MiB (predicted %8.3f), dnnl %s, rel diff %.3g\n",
+                sp, (double)budgets[b] / (1 << 20), (long long)st.n_patches, (double)st.temp_peak / (1 << 20),
+                (double)st.temp_predicted / (1 << 20), dn ? "yes" : "no", e);
+        CHECK(e <= 1e-5);
+        cw_plan_destroy(p);
+    }
+    CHECK(n_dnnl >= 2); /* oneDNN is the fastest algorithm for these shapes once it fits */
+    free(hx), free(hr), free(ho);
+    cw_tensor_destroy(in), cw_tensor_destroy(out), cw_tensor_destroy(ref);
+    cw_plan_destroy(pr);
+    cw_graph_destroy(g);
+    free_consts();
+    cw_context_destroy(ctx);
+}
+
+/* Part 2a: fixed patches on 1-3 streams and 1-3 threads: every run gives the same bits. */
+static void test_streams_threads(void) {
+    const uint64_t seed = rng.s;
+    const int64_t xd[4] = {1, 32, 80, 72};
+    float *h1 = NULL;
+    int plans = 0;
+    for (int streams = 1; streams <= 3; streams++) {
+        for (int threads = 1; threads <= 3; threads++) {
+            rng.s = seed;
+            cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+            cfg.backend = CW_BACKEND_CPU;
+            cfg.threads = threads * (streams > 1 ? streams - 1 : 1); /* per-task threads = `threads` */
+            cfg.flags = CW_FLAG_POISON | CW_FLAG_CHAOS;
+            cfg.chaos_seed = (uint64_t)(10 * streams + threads);
+            ASSERT_OK(cw_context_create(&ctx, &cfg));
+            cw_tensor_desc d;
+            cw_graph *g = make_graph(2, xd, &d);
+            cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+            o.policy = CW_PATCHES_FIXED;
+            o.patches = 3;
+            o.streams = streams;
+            o.temp_budget = -1;
+            cw_plan *p;
+            ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
+            CHECK(describes_dnnl(p));
+            cw_tensor *in, *out;
+            ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &in, &d));
+            ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &out, &d));
+            const size_t n = (size_t)cw_tensor_desc_numel(&d), bytes = n * 4;
+            float *hx = malloc(bytes), *ho = malloc(bytes);
+            ASSERT_TRUE(hx && ho);
+            for (size_t i = 0; i < n; i++) hx[i] = cw_rng_float(&rng);
+            ASSERT_OK(cw_tensor_upload(in, hx, bytes));
+            for (int k = 0; k < 2; k++) {
+                ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, &out, 1));
+                ASSERT_OK(cw_tensor_download(out, ho, bytes));
+                if (!h1) {
+                    h1 = malloc(bytes);
+                    ASSERT_TRUE(h1);
+                    memcpy(h1, ho, bytes);
+                }
+                if (memcmp(ho, h1, bytes) != 0) {
+                    fprintf(stderr, "streams %d threads %d run %d (CONVWEAVE_CHAOS_SEED=%d): bits differ from the first plan's\n",
+                            streams, threads, k, 10 * streams + threads);
+                    cw_test_failures++;
+                }
+            }
+            plans++;
+            free(hx), free(ho);
+            cw_tensor_destroy(in), cw_tensor_destroy(out);
+            cw_plan_destroy(p);
+            cw_graph_destroy(g);
+            free_consts();
+            cw_context_destroy(ctx);
+        }
+    }
+    free(h1);
+    fprintf(stderr, "%d fixed-patch plans (1-3 streams x 1-3 threads per task) x 2 runs: identical bits\n", plans);
+}
+
+/* Part 2b: one oneDNN patch (with pre/post padding, several sub-bands) on 1-4 threads. */
+static void test_direct_threads(int sp) {
+    cw__conv_problem p;
+    memset(&p, 0, sizeof p);
+    p.spatial = sp;
+    p.groups = 1;
+    p.has_bias = 1;
+    for (int i = 0; i < 3; i++) p.stride[i] = p.dilation[i] = 1, p.pad_pre[i] = p.pad_post[i] = 1;
+    int64_t xd2[4] = {1, 24, 61, 50}, xd3[5] = {1, 16, 5, 37, 30};
+    int64_t wd[5] = {sp == 2 ? 24 : 16, sp == 2 ? 24 : 16, 3, 3, 3};
+    const int64_t *xd = sp == 2 ? xd2 : xd3;
+    ASSERT_OK(cw_tensor_desc_make(&p.x, CW_F32, sp + 2, xd));
+    ASSERT_OK(cw_tensor_desc_make(&p.w, CW_F32, sp + 2, wd));
+    ASSERT_OK(cw_tensor_desc_make(&p.y, CW_F32, sp + 2, xd));
+    const int64_t nx = cw_tensor_desc_numel(&p.x), nw = cw_tensor_desc_numel(&p.w);
+    float *x = malloc((size_t)nx * 4), *w = malloc((size_t)nw * 4), *b = malloc((size_t)wd[0] * 4);
+    float *y0 = malloc((size_t)nx * 4), *y = malloc((size_t)nx * 4);
+    ASSERT_TRUE(x && w && b && y0 && y);
+    for (int64_t i = 0; i < nx; i++) x[i] = cw_rng_float(&rng);
+    for (int64_t i = 0; i < nw; i++) w[i] = cw_rng_float(&rng);
+    for (int64_t i = 0; i < wd[0]; i++) b[i] = cw_rng_float(&rng);
+    int64_t wsb = cw__cpu_conv_workspace(&p, CW__CPU_ALGO_DNNL);
+    ASSERT_TRUE(wsb > 0);
+    float *ws = malloc((size_t)wsb);
+    ASSERT_TRUE(ws);
+    for (int t = 1; t <= 4; t++) {
+        float *dst = t == 1 ? y0 : y;
+        cw__cpu_conv_run(&p, CW__CPU_ALGO_DNNL, x, w, b, dst, ws, t);
+        if (t > 1 && memcmp(y, y0, (size_t)nx * 4) != 0) {
+            fprintf(stderr, "%d-D oneDNN patch: %d threads give other bits than 1\n", sp, t);
+            cw_test_failures++;
+        }
+    }
+    free(x), free(w), free(b), free(y0), free(y), free(ws);
+}
+
+int main(void) {
+    if (!cw__cpu_dnnl_compiled()) {
+        fprintf(stderr, "built without oneDNN (CONVWEAVE_DNNL=OFF): skipped\n");
+        return CW_TEST_SKIP;
+    }
+    rng.s = cw_test_seed(0xD11Full);
+    const int64_t x2[4] = {1, 32, 96, 80}, x3[5] = {1, 16, 6, 40, 36};
+    test_budget(2, x2);
+    test_budget(3, x3);
+    test_streams_threads();
+    test_direct_threads(2);
+    test_direct_threads(3);
+    TEST_DONE();
+}
