@@ -18,6 +18,7 @@
 #ifndef CW_HAVE_DNNL
 
 int cw__cpu_dnnl_compiled(void) { return 0; }
+int cw__cpu_dnnl_threads_seen(void) { return 0; }
 cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
     *out = NULL;
     return cw__error(ctx, CW_ERR_UNSUPPORTED, "cpu dnnl: convweave was built without oneDNN (CONVWEAVE_DNNL=OFF)");
@@ -99,6 +100,16 @@ static int omp_single(void) {
 static void omp_restore(int old) {
     if (old != 1) omp_set_num_threads(old);
 }
+
+/* The largest max-threads ICV oneDNN could have seen (tests assert 1): one atomic per
+ * primitive creation or sub-band. */
+static _Atomic int g_threads_seen;
+static void note_threads(void) {
+    int n = omp_get_max_threads(), seen = atomic_load(&g_threads_seen);
+    while (n > seen && !atomic_compare_exchange_weak(&g_threads_seen, &seen, n)) {
+    }
+}
+int cw__cpu_dnnl_threads_seen(void) { return atomic_load(&g_threads_seen); }
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static cw__dnnl_plan *cache_head, *cache_tail;
@@ -269,6 +280,7 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_
     cw__dnnl_plan *pl = cw__calloc(1, sizeof *pl);
     if (!pl) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu dnnl: out of host memory for a plan");
     const int omp_old = omp_single();
+    note_threads();
     pthread_once(&eng_once, eng_init);
     if (g_eng_st != dnnl_success) {
         st = cw__error(ctx, CW_ERR_BACKEND, "cpu dnnl: dnnl_engine_create(cpu) failed: %s", dnnl_status2str(g_eng_st));
@@ -561,6 +573,7 @@ static dnnl_status_t run_sub(run_arg *r, int j, dnnl_stream_t strm, char *scratc
 static void run_range(void *arg, int64_t lo, int64_t hi) {
     run_arg *r = arg;
     const int omp_old = omp_single();
+    note_threads();
     int slot = atomic_fetch_add(&r->next_slot, 1); /* < nslot: threads <= nslot */
     char *scratch = r->ws ? r->ws + r->pl->scratch_off + (int64_t)slot * r->pl->slot_bytes : NULL;
     dnnl_stream_t strm = NULL;
@@ -600,6 +613,7 @@ cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, c
     run_arg r = {pl, p, x, w, b, y, ws, 0, 0, ""};
     if (pl->rw) { /* weights into the shared blocked layout, on this thread */
         const int omp_old = omp_single();
+        note_threads();
         dnnl_stream_t strm = NULL;
         dnnl_memory_t mu = NULL, mb = NULL, msc = NULL;
         dnnl_status_t s = dnnl_stream_create(&strm, g_eng, dnnl_stream_default_flags);

@@ -53,6 +53,9 @@ typedef struct cw__dnnl_info {
 } cw__dnnl_info;
 /* 1 when built with oneDNN. */
 int cw__cpu_dnnl_compiled(void);
+/* The largest OpenMP max-threads value in effect on a thread when it created or ran a
+ * oneDNN primitive (0 before any): 1 when every oneDNN call was single-threaded. */
+int cw__cpu_dnnl_threads_seen(void);
 /* The plan for p, held until cw__cpu_dnnl_release. Fails on host OOM or an unexpected
  * oneDNN error; sub-bands oneDNN has no kernel for run cpu_direct inside the plan. */
 cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out);
