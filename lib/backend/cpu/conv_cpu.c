@@ -519,6 +519,32 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
     return CW_OK;
 }
 
+/* Compile time (the scheduler calls it for every conv task): makes or finds the oneDNN
+ * plan of each DNNL task, so no primitive is created inside a run. A plan whose workspace
+ * exceeds ws_cap (the planner sizes it from the same problem, so only as a guard) is
+ * replaced by cpu_direct, which needs none. */
+cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
+                               cw__conv_algo *used) {
+    cw_status st = check_problem(be, p, "conv_prepare");
+    if (st != CW_OK) return st;
+    if (!algo || !used) return cw__error(be ? be->ctx : NULL, CW_ERR_INVALID_ARG, "cpu conv_prepare: NULL argument");
+    *used = *algo;
+    if (algo->id != CW__CPU_ALGO_DNNL) return CW_OK;
+    cw__dnnl_plan *pl;
+    st = cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl);
+    if (st != CW_OK) return st;
+    cw__dnnl_info info;
+    cw__cpu_dnnl_info(pl, &info);
+    cw__cpu_dnnl_release(pl); /* the cache keeps it */
+    if (ws_cap >= 0 && info.workspace > ws_cap) {
+        memset(used, 0, sizeof *used);
+        used->id = CW__CPU_ALGO_DIRECT;
+        snprintf(used->name, sizeof used->name, "%s", "cpu_direct");
+        used->threads = algo->threads;
+    }
+    return CW_OK;
+}
+
 /* ---- the asynchronous hook ------------------------------------------------------------ */
 typedef struct conv_job {
     cw__conv_problem prob;

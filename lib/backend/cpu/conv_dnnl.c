@@ -47,7 +47,7 @@ cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, c
 #define DN_MAX_SUB 64     /* sub-bands per patch */
 #define DN_MAX_CLASS 8    /* distinct sub-band shapes per patch (first, last, interior) */
 #define DN_SLOTS 16       /* scratchpad slots = cw__cpu_parallel's thread cap */
-#define DN_CACHE_CAP 256  /* plans kept; least recently used evicted */
+#define DN_CACHE_CAP 512  /* plans kept (~45 KiB each); least recently used evicted */
 #define DN_KEY_LEN 48
 
 /* One distinct sub-band shape: its conv primitive and the two reorders around it. */

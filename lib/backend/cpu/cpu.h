@@ -32,6 +32,9 @@ enum { CW__CPU_ALGO_GEMM = 0, CW__CPU_ALGO_DIRECT = 1, CW__CPU_ALGO_DNNL = 2, CW
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
 cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
                                const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes);
+/* The conv_prepare hook: builds the oneDNN plan of a DNNL task at compile time. */
+cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
+                               cw__conv_algo *used);
 /* Synchronous f32 convolution with the given algorithm id on `threads` threads (the bits
  * do not depend on it); ws >= workspace bytes. */
 void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,

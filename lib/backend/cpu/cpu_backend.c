@@ -449,6 +449,7 @@ static const cw__backend_i cpu_iface = {
     .launch_host = cpu_launch_host,
     .conv_algos = cw__cpu_conv_algos,
     .conv_forward = cw__cpu_conv_forward,
+    .conv_prepare = cw__cpu_conv_prepare,
     .prep = cw__cpu_prep,
     .gn_stats = cw__cpu_gn_stats,
     .gn_finalize = cw__cpu_gn_finalize,
