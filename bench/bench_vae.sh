@@ -50,13 +50,13 @@ for size in $SIZES; do
         echo "== ${size}x${size}, budget $budget, $best_s stream(s) (fastest of: $STREAMS)"
         table=$("$BIN" "${common[@]}" --size "$size" --budget "$budget" --streams "$best_s" --compare)
         printf '%s\n' "$table"
-        # ratios from the table's last line: "scheduled / reference: time 0.95x, peak RSS 0.42x, ..."
-        ratio=$(printf '%s\n' "$table" | sed -n 's/^scheduled \/ reference: //p')
+        # ratios from the table's last line: "scheduled / unscheduled: time 0.95x, peak RSS 0.42x, ..."
+        ratio=$(printf '%s\n' "$table" | sed -n 's/^scheduled \/ unscheduled: //p')
         summary+=("$(printf '%5s  %-8s  %7s  %s' "$size" "$budget" "$best_s" "$ratio")")
     done
 done
 
 echo
-echo "summary (scheduled / reference; targets at 512: time <= 1.10x, peak RSS <= 0.6x)"
+echo "summary (scheduled / unscheduled; targets at 512: time <= 1.10x, peak RSS <= 0.6x)"
 printf '%5s  %-8s  %7s  %s\n' "size" "budget" "streams" "ratios"
 for line in "${summary[@]}"; do printf '%s\n' "$line"; done

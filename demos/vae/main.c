@@ -833,7 +833,7 @@ static void label_for(run_cfg *rc, const opts *o) {
     fmt_bytes(bud, sizeof(bud), rc->budget);
     if (rc->budget < 0) snprintf(bud, sizeof(bud), "unlimited");
     if (rc->policy == CW_PATCHES_NONE)
-        snprintf(rc->label, sizeof(rc->label), "reference (unscheduled)");
+        snprintf(rc->label, sizeof(rc->label), "unscheduled (convweave)");
     else if (rc->policy == CW_PATCHES_AUTO)
         snprintf(rc->label, sizeof(rc->label), "%d stream%s, auto, %s", rc->streams, rc->streams > 1 ? "s" : "", bud);
     else
@@ -1462,7 +1462,8 @@ int main(int argc, char **argv) {
                 best = i;
         printf("\n%s backend; time = %s only (best of %d); peak temp/act/total from the library's stats;\n"
                "peak RSS = ru_maxrss of a separate forked process per configuration; work mem = its peak resident\n"
-               "bytes during the run minus those just before it (model loaded); max|diff| vs the reference\n",
+               "bytes during the run minus those just before it (model loaded); max|diff| vs convweave's own\n"
+               "unscheduled run (no patches, no budget). Against diffusers: python bench/peer_vae.py\n",
                rs.res->backend, o.part == VAE_DECODER ? "decode" : "encode", o.repeat);
         table_header();
         table_row(&ref, rs.res, 0);
@@ -1478,10 +1479,10 @@ int main(int argc, char **argv) {
             printf("\nrecommended: --streams %d --patches ", cfgs[best].streams);
             if (cfgs[best].policy == CW_PATCHES_AUTO) printf("auto");
             else printf("%d", cfgs[best].patches);
-            printf("  (%.1f ms, %.2fx the reference's time, %.2fx its peak RSS)\n", b->ms, b->ms / rs.res->ms,
+            printf("  (%.1f ms, %.2fx the unscheduled run's time, %.2fx its peak RSS)\n", b->ms, b->ms / rs.res->ms,
                    (double)b->peak_rss / (double)rs.res->peak_rss);
         } else {
-            printf("\nscheduled / reference: time %.2fx, peak RSS %.2fx, peak total %.2fx\n", b->ms / rs.res->ms,
+            printf("\nscheduled / unscheduled: time %.2fx, peak RSS %.2fx, peak total %.2fx\n", b->ms / rs.res->ms,
                    (double)b->peak_rss / (double)rs.res->peak_rss,
                    rs.res->stats.total_peak > 0 ? (double)b->stats.total_peak / (double)rs.res->stats.total_peak : 0.0);
         }
