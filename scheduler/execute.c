@@ -133,6 +133,11 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
                               t->u.fin.groups, gm.data, bt.data, t->u.fin.eps, ss, ss + t->u.fin.n * t->u.fin.c);
     }
     case CW__T_ATTN: return cw__enqueue_attention(p, be, s, t);
+    case CW__T_CHANNEL: {
+        cw__channel_params cp = {t->u.chan.op, cw__resolve(p, &t->u.chan.dst), cw__resolve(p, &t->u.chan.x), NULL};
+        cp.v = cw__resolve(p, &t->u.chan.v).data;
+        return cw__op_channel(be, s, &cp);
+    }
     }
     return CW_ERR_INTERNAL;
 }

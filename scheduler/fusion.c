@@ -84,14 +84,14 @@ int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]) {
         if (L->nd[i].fused) return -1;
         out[k++] = n->in[0];
         if (n->kind == CW__N_GN) gn = i;
-    } else if (n->kind == CW__N_ATTN) {
-        for (int a = 0; a < 3; a++) {
+    } else if (n->kind == CW__N_INPUT || n->kind == CW__N_CONST) {
+        return -1;
+    } else { /* attention, per-channel ops: each operand once (constants are never freed) */
+        for (int a = 0; a < 3 && n->in[a] >= 0; a++) {
             int dup = 0;
             for (int b = 0; b < k; b++) dup |= out[b] == n->in[a];
             if (!dup) out[k++] = n->in[a];
         }
-    } else {
-        return -1;
     }
     out[3] = gn;
     return k;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "scheduler/planner.h"
 #include "scheduler/sched.h"
 
@@ -219,6 +220,28 @@ cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
     cw__use(g, a);
     cw__use(g, b);
     return CW_OK;
+}
+
+/* A per-channel op (kernels/kernels.h: CW_CHANNEL_*) of activation x by the [C] constant v. */
+static cw_status cw__channel(cw_graph *g, cw_node *out, cw_node x, cw_node v, int op, const char *call,
+                             const char *arg, const char *name) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if ((st = cw__check_act(g, x, call, &nx)) != CW_OK) return st;
+    if ((st = cw__check_vec(g, v, nx->desc.dims[1], call, arg)) != CW_OK) return st;
+    cw__node *n = NULL;
+    if ((st = cw__node_add(g, CW__N_CHANNEL, name, &n, out)) != CW_OK) return st;
+    n->desc = g->nodes[x].desc;
+    n->in[0] = x, n->in[1] = v;
+    n->op = op;
+    cw__use(g, x);
+    return CW_OK;
+}
+
+cw_status cw_graph_scale(cw_graph *g, cw_node *out, cw_node x, cw_node s) {
+    return cw__channel(g, out, x, s, CW_CHANNEL_SCALE, "cw_graph_scale", "s", "scale");
 }
 
 cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale) {

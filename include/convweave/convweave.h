@@ -232,6 +232,10 @@ CW_API cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_no
 CW_API cw_status cw_graph_silu(cw_graph *g, cw_node *out, cw_node x);
 /* y = a + b (same shape). */
 CW_API cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b);
+/* y[n, c, ...] = x[n, c, ...] * s[c]: a per-channel scale. x: [N, C, H, W] or
+ * [N, C, D, H, W]; s: a contiguous f32 constant (cw_graph_constant) of dims [C]. Returns
+ * CW_ERR_INVALID_ARG (naming the argument) for any other s. */
+CW_API cw_status cw_graph_scale(cw_graph *g, cw_node *out, cw_node x, cw_node s);
 /* Nearest-neighbour upsampling by 2 in H and W (not D). */
 CW_API cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
 /* Single-head attention over the spatial positions: q, k, v: [N, C, H, W] (or 5-D),

@@ -46,6 +46,15 @@ typedef struct cw__prep_params {
     int64_t dst_row0, src_row0;
 } cw__prep_params;
 
+/* A per-channel op (kernels/kernels.h: CW_CHANNEL_*): dst[n, c, ...] =
+ * cw_channel_elem(op, x[n, c, ...], v[c]). dst and x: views of equal dims and dtype, rank
+ * 2..5, channel dim 1 (dst may alias x exactly); v: device floats [C]. */
+typedef struct cw__channel_params {
+    int op;
+    cw__view dst, x;
+    const float *v;
+} cw__channel_params;
+
 /* Row-major GEMM: C = alpha * op(A) * op(B) + beta * C, op(A): M x K, op(B): K x N. */
 typedef struct cw__gemm_params {
     int trans_a, trans_b;
@@ -125,6 +134,10 @@ typedef struct cw__backend_i {
                              float *scale, float *shift);
     /* required: dst = a + b (views of equal dims; dst may alias a or b exactly). */
     cw_status (*add)(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b);
+    /* required on executing backends (the dry backend enqueues no op and leaves it NULL):
+     * the per-channel op p (see cw__channel_params). Called through cw__op_channel, which
+     * has checked p; the backend may refuse a dtype it lacks with CW_ERR_UNSUPPORTED. */
+    cw_status (*channel_op)(cw__backend *be, cw__stream *s, const cw__channel_params *p);
     /* required */
     cw_status (*gemm)(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
     /* required: row-wise softmax in place: rows x cols, row stride ld (floats). */
@@ -160,6 +173,10 @@ struct cw__backend {
     cw_context *ctx;   /* for error messages; may be NULL in tests */
     int threads;       /* host threads its ops may use in total (cpu); 0 on device backends */
 };
+
+/* ops.c: the checks in front of the op hooks. Each checks its arguments once (naming the
+ * bad one in the context's message) and calls the backend's hook, which trusts them. */
+cw_status cw__op_channel(cw__backend *be, cw__stream *s, const cw__channel_params *p);
 
 /* Backend constructors. cfg is the context's config (threads, flags, chaos seed). */
 cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out);

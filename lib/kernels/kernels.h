@@ -1,6 +1,7 @@
 /* Per-element math shared by the cpu backend (C11) and the cuda kernels (nvcc, C++):
  * SiLU, GroupNorm apply/finalize, Chan/Welford moment merges, nearest-upsample indexing,
- * softmax pieces. Everything is `static inline CW_HD` so both backends run the same code. */
+ * softmax pieces, the per-channel ops. Everything is `static inline CW_HD` so both
+ * backends run the same code. */
 #ifndef CW_KERNELS_H
 #define CW_KERNELS_H
 
@@ -94,6 +95,22 @@ static inline CW_HD float cw_gn_apply(float x, float scale, float shift) { retur
 static inline CW_HD float cw_prep_elem(float x, float scale, float shift, int has_norm, int silu) {
     if (has_norm) x = cw_gn_apply(x, scale, shift);
     return silu ? cw_silu(x) : x;
+}
+
+/* ---- per-channel ops: y[n, c, ...] = f(x[n, c, ...], v[c]) ------------------------- */
+
+/* The per-channel ops (cw__channel_params.op): the graph node, the scheduler's task and
+ * both backends' loops carry the code, and only this switch knows what it computes — so a
+ * new per-channel op is one enum entry and one case here (docs/adding-an-op.md).
+ * Append only: the codes are stored in plans. */
+enum { CW_CHANNEL_SCALE = 0, /* y = x * v[c] (cw_graph_scale) */
+       CW_CHANNEL_OP_COUNT };
+
+static inline CW_HD float cw_channel_elem(int op, float x, float v) {
+    switch (op) {
+    case CW_CHANNEL_SCALE: return x * v;
+    default: return x;
+    }
 }
 
 /* ---- nearest upsampling --------------------------------------------------------- */

@@ -79,6 +79,7 @@ cw_status cw__cpu_gn_finalize(cw__backend *be, cw__stream *s, const double *part
                               int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
                               float *scale, float *shift);
 cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b);
+cw_status cw__cpu_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p);
 cw_status cw__cpu_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
 cw_status cw__cpu_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld);
 
@@ -87,6 +88,7 @@ void cw__cpu_gn_stats_run(const cw__view *x, int64_t groups, double *out);
 void cw__cpu_gn_finalize_run(const double *parts, int64_t n_parts, int64_t n, int64_t c, int64_t groups,
                              const float *gamma, const float *beta, float eps, float *scale, float *shift);
 void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b);
+void cw__cpu_channel_run(const cw__channel_params *p);
 void cw__cpu_softmax_rows_run(float *x, int64_t rows, int64_t cols, int64_t ld);
 
 #endif

@@ -454,6 +454,7 @@ static const cw__backend_i cpu_iface = {
     .gn_stats = cw__cpu_gn_stats,
     .gn_finalize = cw__cpu_gn_finalize,
     .add = cw__cpu_add,
+    .channel_op = cw__cpu_channel_op,
     .gemm = cw__cpu_gemm,
     .softmax_rows = cw__cpu_softmax_rows,
 };

@@ -1,7 +1,8 @@
 /* The cpu backend's light operations: fused GroupNorm-apply + SiLU + nearest upsample
- * ("prep"), GroupNorm statistics and finalize, add, GEMM and row softmax. Each hook
- * validates, copies its parameters into a closure and enqueues it on the stream's worker;
- * the *_run functions hold the math (per-element pieces from kernels/kernels.h). */
+ * ("prep"), GroupNorm statistics and finalize, add, the per-channel ops, GEMM and row
+ * softmax. Each hook validates (the per-channel ops: cw__op_channel did), copies its
+ * parameters into a closure and enqueues it on the stream's worker; the *_run functions
+ * hold the math (per-element pieces from kernels/kernels.h). */
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -439,6 +440,55 @@ cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const
     cw__desc_fill_strides(&k.a.d);
     cw__desc_fill_strides(&k.b.d);
     return enqueue_copy(be, s, "add", add_fn, &k, sizeof k);
+}
+
+/* ---- per-channel ops ------------------------------------------------------------------ */
+
+/* A rank 2..5 view as [N, C, a, b, W]: size-1 dims inserted after C. */
+static void view_nc5(const cw__view *v, int64_t dim[5], int64_t st[5]) {
+    cw_tensor_desc d = v->d;
+    cw__desc_fill_strides(&d);
+    int pad = 5 - d.rank;
+    for (int i = 0; i < 5; i++) {
+        int j = i < 2 ? i : i - pad; /* the view's dim; an inserted one has j < 2 */
+        int ins = i >= 2 && j < 2;
+        dim[i] = ins ? 1 : d.dims[j];
+        st[i] = ins ? 0 : d.strides[j];
+    }
+}
+
+/* Plain indexed loads and stores, so dst may alias x exactly. */
+void cw__cpu_channel_run(const cw__channel_params *p) {
+    int64_t dim[5], sd[5], sx[5], tmp[5];
+    view_nc5(&p->dst, dim, sd);
+    view_nc5(&p->x, tmp, sx);
+    float *y = (float *)p->dst.data;
+    const float *px = (const float *)p->x.data;
+    const int op = p->op;
+    for (int64_t n = 0; n < dim[0]; n++)
+        for (int64_t c = 0; c < dim[1]; c++) {
+            const float v = p->v[c];
+            for (int64_t i2 = 0; i2 < dim[2]; i2++)
+                for (int64_t i3 = 0; i3 < dim[3]; i3++) {
+                    float *yr = y + n * sd[0] + c * sd[1] + i2 * sd[2] + i3 * sd[3];
+                    const float *xr = px + n * sx[0] + c * sx[1] + i2 * sx[2] + i3 * sx[3];
+                    if (sd[4] == 1 && sx[4] == 1) {
+                        for (int64_t w = 0; w < dim[4]; w++) yr[w] = cw_channel_elem(op, xr[w], v);
+                    } else {
+                        for (int64_t w = 0; w < dim[4]; w++) yr[w * sd[4]] = cw_channel_elem(op, xr[w * sx[4]], v);
+                    }
+                }
+        }
+}
+
+static void channel_fn(void *arg) { cw__cpu_channel_run((const cw__channel_params *)arg); }
+
+/* p was checked by cw__op_channel. */
+cw_status cw__cpu_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
+    if (p->dst.d.dtype != CW_F32)
+        return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "channel op: dtype %d; the cpu backend supports f32 only",
+                         (int)p->dst.d.dtype);
+    return enqueue_copy(be, s, "channel op", channel_fn, p, sizeof *p);
 }
 
 /* ---- GEMM ----------------------------------------------------------------------------- */

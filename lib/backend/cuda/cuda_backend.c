@@ -450,6 +450,16 @@ done:
     return CW__LEAVE(cb, st);
 }
 
+/* p was checked by cw__op_channel. */
+static cw_status cuda_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
+    cw__cuda *cb = cw__cb(be);
+    cw_status st = CW_OK;
+    CW__ENTER(cb);
+    CW__CUDA_GOTO(be->ctx, st, done, cw__cu_channel(s->cs, p));
+done:
+    return CW__LEAVE(cb, st);
+}
+
 /* Row-major C = alpha op(A) op(B) + beta C is column-major C^T = op(B)^T op(A)^T: the same
  * buffers with A and B swapped and m and n swapped. */
 static cw_status cuda_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p) {
@@ -605,6 +615,7 @@ static const cw__backend_i cw__cuda_iface = {
     .gn_stats = cuda_gn_stats,
     .gn_finalize = cuda_gn_finalize,
     .add = cuda_add,
+    .channel_op = cuda_channel_op,
     .gemm = cuda_gemm,
     .softmax_rows = cuda_softmax_rows,
     .conv_prepare = cuda_conv_prepare,

@@ -1,5 +1,5 @@
-/* The cuda backend's elementwise and reduction kernels: fills, bias, residual add, view
- * copies, the fused prep stage (GroupNorm apply + SiLU + nearest upsample), GroupNorm
+/* The cuda backend's elementwise and reduction kernels: fills, bias, residual add, the
+ * per-channel ops, view copies, the fused prep stage (GroupNorm apply + SiLU + nearest upsample), GroupNorm
  * statistics and their finalisation, row softmax. The per-element math is
  * lib/kernels/kernels.h, shared with the cpu backend; here is only indexing and the parallel
  * structure. Views that fold to rank 4 with 32-bit offsets (every patch of the VAE) take a
@@ -115,9 +115,11 @@ __device__ __forceinline__ int row_off(const V4 &v, int n, int c, int h) { retur
         for (int row = (int)row##_, row##_once = 1; row##_once; row##_once = 0)
 
 /* Elementwise ops over equal-shape rank-4 views (one dtype T): */
-enum { EW_FILL_BIAS = 0, EW_BIAS_ADD = 1, EW_ADD = 2, EW_COPY = 3, EW_COPY_BIAS = 4 };
+enum { EW_FILL_BIAS = 0, EW_BIAS_ADD = 1, EW_ADD = 2, EW_COPY = 3, EW_COPY_BIAS = 4,
+       EW_CHANNEL = 8 /* + a CW_CHANNEL_* code: d = cw_channel_elem(code, a, bias[c]) */ };
 
-/* d = bias[c] (or 0 without bias) / d += bias[c] / d = a + b / d = a / d = a + bias[c].
+/* d = bias[c] (or 0 without bias) / d += bias[c] / d = a + b / d = a / d = a + bias[c] /
+ * d = cw_channel_elem(op - EW_CHANNEL, a, bias[c]).
  * d may alias a or b exactly: each element is read before it is written, by one thread. */
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
@@ -150,6 +152,8 @@ __global__ void __launch_bounds__(kThreads)
                     } else {
                         x[0] += to_f(bp[ob + w * vb.sw]);
                     }
+                } else if (op >= EW_CHANNEL) {
+                    for (int j = 0; j < VEC; j++) x[j] = cw_channel_elem(op - EW_CHANNEL, x[j], bv);
                 } else if (op != EW_COPY) {
                     for (int j = 0; j < VEC; j++) x[j] += bv;
                 }
@@ -274,7 +278,9 @@ __global__ void __launch_bounds__(kThreads)
         case EW_FILL_BIAS: v = bv; break;
         case EW_BIAS_ADD: v = load_dt(dp, od, d.dtype) + bv; break;
         case EW_ADD: v = load_dt(ap, offset_of(a, c), a.dtype) + load_dt(bp, offset_of(b, c), b.dtype); break;
-        default: v = load_dt(ap, offset_of(a, c), a.dtype) + bv; break; /* copy (bias 0 unless COPY_BIAS) */
+        case EW_COPY:
+        case EW_COPY_BIAS: v = load_dt(ap, offset_of(a, c), a.dtype) + bv; break; /* bias 0 unless COPY_BIAS */
+        default: v = cw_channel_elem(op - EW_CHANNEL, load_dt(ap, offset_of(a, c), a.dtype), bv); break;
         }
         store_dt(dp, od, d.dtype, v);
     }
@@ -759,6 +765,10 @@ cudaError_t cw__cu_bias_add(cudaStream_t s, const cw__view *y, const void *b, cw
 
 cudaError_t cw__cu_add(cudaStream_t s, const cw__view *dst, const cw__view *a, const cw__view *b) {
     return ew_launch(s, EW_ADD, dst, a, b, nullptr, 0);
+}
+
+cudaError_t cw__cu_channel(cudaStream_t s, const cw__channel_params *p) {
+    return ew_launch(s, EW_CHANNEL + p->op, &p->dst, &p->x, nullptr, p->v, (int)CW_F32);
 }
 
 cudaError_t cw__cu_copy_view(cudaStream_t s, const cw__view *dst, const cw__view *src, const void *b,
