@@ -80,7 +80,7 @@ static void make_problem(const bcase *bc, cw__conv_problem *pr) {
     int64_t xd[4] = {1, bc->c, bc->h, bc->h}, wd[4] = {bc->k, bc->c, bc->ks, bc->ks};
     cw_tensor_desc_make(&x, CW_F32, 4, xd);
     cw_tensor_desc_make(&w, CW_F32, 4, wd);
-    cw_conv_output_desc(NULL, &x, &w, &p, &y);
+    cw_conv_output_desc(NULL, &y, &x, &w, &p);
     cw__conv_problem_init(pr, &x, &w, 1, &y, &p);
 }
 

@@ -17,7 +17,7 @@
         cw_status st_ = (call);                                                                         \
         if (st_ != CW_OK) {                                                                             \
             fprintf(stderr, "%s failed: %s (%s)\n", #call, cw_status_string(st_),                      \
-                    ctx ? cw_context_last_error(ctx) : "");                                             \
+                    ctx ? cw_context_get_last_error(ctx) : "");                                         \
             return 1;                                                                                   \
         }                                                                                               \
     } while (0)
@@ -59,9 +59,9 @@ int main(int argc, char **argv) {
     CHECK(cw_tensor_desc_make(&dw, CW_F32, 4, wd));
     CHECK(cw_tensor_desc_make(&db, CW_F32, 1, bd));
     cw_tensor *tx, *tw, *tb, *ty;
-    CHECK(cw_tensor_create(ctx, &tx, &dx));
-    CHECK(cw_tensor_create(ctx, &tw, &dw));
-    CHECK(cw_tensor_create(ctx, &tb, &db));
+    CHECK(cw_tensor_create(&tx, ctx, &dx));
+    CHECK(cw_tensor_create(&tw, ctx, &dw));
+    CHECK(cw_tensor_create(&tb, ctx, &db));
     /* deterministic data, written in chunks so no second full-size host copy exists */
     {
         const int64_t nx = cw_tensor_desc_numel(&dx), nw = cw_tensor_desc_numel(&dw);
@@ -102,8 +102,8 @@ int main(int argc, char **argv) {
     cw_plan *plan;
     CHECK(cw_graph_compile(g, &plan, &o));
     cw_tensor_desc dy;
-    CHECK(cw_conv_output_desc(ctx, &dx, &dw, &p, &dy));
-    CHECK(cw_tensor_create(ctx, &ty, &dy));
+    CHECK(cw_conv_output_desc(ctx, &dy, &dx, &dw, &p));
+    CHECK(cw_tensor_create(&ty, ctx, &dy));
     double t[64];
     for (int r = 0; r < reps; r++) {
         CHECK(cw_plan_run(plan, &tx, 1, &ty, 1));
@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
     cw_plan_stats st;
     CHECK(cw_plan_get_stats(plan, &st));
     char *desc = NULL;
-    CHECK(cw_plan_describe(plan, 0, &desc));
+    CHECK(cw_plan_describe(plan, &desc, 0));
     /* the algorithm names of the conv's patches, from the description */
     char algos[256] = "";
     for (const char *q = desc; (q = strstr(q, "cpu_")) != NULL;) {

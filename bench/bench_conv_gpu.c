@@ -77,7 +77,7 @@ static double now_ms(void) {
         cw_status st_ = (call);                                                                          \
         if (st_ != CW_OK) {                                                                              \
             fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, cw_status_name(st_),       \
-                    (ctx) ? cw_context_last_error(ctx) : "");                                            \
+                    (ctx) ? cw_context_get_last_error(ctx) : "");                                            \
             exit(1);                                                                                     \
         }                                                                                                \
     } while (0)
@@ -99,7 +99,7 @@ static void fill_const(cw_context *ctx, cw_tensor *t, float v) {
         pattern = (((bits >> 16) & 0x8000) | (e << 10) | m) * 0x10001u;
     }
     CHECK_OK(ctx, cw__context_stream(ctx, 0, &s));
-    CHECK_OK(ctx, ctx->be->i->fill32_async(ctx->be, s, cw_tensor_data(t), pattern, bytes / 4));
+    CHECK_OK(ctx, ctx->be->i->fill32_async(ctx->be, s, cw_tensor_get_data(t), pattern, bytes / 4));
     CHECK_OK(ctx, ctx->be->i->stream_synchronize(ctx->be, s));
 }
 
@@ -118,7 +118,7 @@ static int graph_takes(cw_dtype dt, char *why, size_t n) {
     CHECK_OK(ctx, cw_tensor_desc_make(&d, dt, 4, dims));
     CHECK_OK(ctx, cw_graph_create(&g, ctx));
     cw_status st = cw_graph_input(g, &nx, "x", &d);
-    if (st != CW_OK) snprintf(why, n, "%s", cw_context_last_error(ctx));
+    if (st != CW_OK) snprintf(why, n, "%s", cw_context_get_last_error(ctx));
     cw_graph_destroy(g);
     cw_context_destroy(ctx);
     return st == CW_OK;
@@ -144,12 +144,12 @@ static void run_one(const bcase *bc, cw_dtype dt, double budget_mib, int reps, u
     CHECK_OK(ctx, cw_tensor_desc_make(&bdesc, dt, 1, bd));
     cw_conv_params cp = CW_CONV_PARAMS_INIT;
     cp.pad_pre[0] = cp.pad_pre[1] = cp.pad_post[0] = cp.pad_post[1] = 1;
-    CHECK_OK(ctx, cw_conv_output_desc(ctx, &xdesc, &wdesc, &cp, &ydesc));
+    CHECK_OK(ctx, cw_conv_output_desc(ctx, &ydesc, &xdesc, &wdesc, &cp));
     cw_tensor *x, *w, *b, *y;
-    CHECK_OK(ctx, cw_tensor_create(ctx, &x, &xdesc));
-    CHECK_OK(ctx, cw_tensor_create(ctx, &w, &wdesc));
-    CHECK_OK(ctx, cw_tensor_create(ctx, &b, &bdesc));
-    CHECK_OK(ctx, cw_tensor_create(ctx, &y, &ydesc));
+    CHECK_OK(ctx, cw_tensor_create(&x, ctx, &xdesc));
+    CHECK_OK(ctx, cw_tensor_create(&w, ctx, &wdesc));
+    CHECK_OK(ctx, cw_tensor_create(&b, ctx, &bdesc));
+    CHECK_OK(ctx, cw_tensor_create(&y, ctx, &ydesc));
     fill_const(ctx, x, 0.0625f);
     fill_const(ctx, w, 0.0078125f);
     fill_const(ctx, b, 1.0f);
@@ -172,7 +172,7 @@ static void run_one(const bcase *bc, cw_dtype dt, double budget_mib, int reps, u
     cw_status cs = cw_graph_compile(g, &plan, &opt);
     if (cs == CW_ERR_BUDGET) {
         printf("| %4" PRId64 "->%-4" PRId64 " %5" PRId64 "^2 %-4s | %-17s | does not fit: %s |\n", bc->c, bc->k, bc->h,
-               dt_name(dt), label, cw_context_last_error(ctx));
+               dt_name(dt), label, cw_context_get_last_error(ctx));
         goto out;
     }
     CHECK_OK(ctx, cs);

@@ -120,7 +120,7 @@ static int stack_failed(stack *s, cw_status st, const char *what, const char *na
     if (s->st == CW_OK) {
         s->st = st;
         snprintf(s->err, sizeof s->err, "%s (%s): %s: %s", what, name, cw_status_name(st),
-                 cw_context_last_error(s->ctx));
+                 cw_context_get_last_error(s->ctx));
     }
     return 1;
 }
@@ -136,7 +136,7 @@ static cw_node stack_const(stack *s, const char *name, int rank, const int64_t *
     cw_tensor *t = NULL;
     cw_node n = CW_NODE_NONE;
     if (stack_failed(s, cw_tensor_desc_make(&d, CW_F32, rank, dims), "cw_tensor_desc_make", name)) return n;
-    if (stack_failed(s, cw_tensor_create(s->ctx, &t, &d), "cw_tensor_create", name)) return n;
+    if (stack_failed(s, cw_tensor_create(&t, s->ctx, &d), "cw_tensor_create", name)) return n;
     s->consts[s->n_consts++] = t;
     int64_t numel = cw_tensor_desc_numel(&d);
     float *host = malloc((size_t)numel * sizeof(float));
@@ -236,7 +236,7 @@ static void stack_free(stack *s) {
 
 static void set_err(result *res, cw_status st, const char *what, cw_context *ctx) {
     res->status = st;
-    if (ctx) snprintf(res->err, sizeof res->err, "%s: %s: %s", what, cw_status_name(st), cw_context_last_error(ctx));
+    if (ctx) snprintf(res->err, sizeof res->err, "%s: %s: %s", what, cw_status_name(st), cw_context_get_last_error(ctx));
     else snprintf(res->err, sizeof res->err, "%s: %s", what, cw_status_name(st));
 }
 
@@ -259,7 +259,7 @@ static void child_run(const bench_opts *o, const config *cf, result *res, float 
         set_err(res, st, "cw_context_create (details in the log above)", NULL);
         goto done;
     }
-    snprintf(res->backend, sizeof res->backend, "%s", cw_context_backend_name(ctx));
+    snprintf(res->backend, sizeof res->backend, "%s", cw_context_get_backend_name(ctx));
     if (stack_build(&sk, ctx, o->seed, o->size) != CW_OK) {
         res->status = sk.st;
         snprintf(res->err, sizeof res->err, "%s", sk.err);
@@ -280,7 +280,7 @@ static void child_run(const bench_opts *o, const config *cf, result *res, float 
     cw_tensor_desc_make(&xd, CW_F32, 4, in_dims);
     cw_tensor_desc_make(&yd, CW_F32, 4, out_dims);
     int64_t nin = cw_tensor_desc_numel(&xd), nout = cw_tensor_desc_numel(&yd);
-    if ((st = cw_tensor_create(ctx, &x, &xd)) != CW_OK || (st = cw_tensor_create(ctx, &y, &yd)) != CW_OK) {
+    if ((st = cw_tensor_create(&x, ctx, &xd)) != CW_OK || (st = cw_tensor_create(&y, ctx, &yd)) != CW_OK) {
         set_err(res, st, "cw_tensor_create (input/output)", ctx);
         goto done;
     }

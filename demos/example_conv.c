@@ -11,7 +11,7 @@
         cw_status st_ = (call);                                                                \
         if (st_ != CW_OK) {                                                                    \
             fprintf(stderr, "%s failed: %s: %s\n", #call, cw_status_name(st_),                 \
-                    ctx ? cw_context_last_error(ctx) : "");                                    \
+                    ctx ? cw_context_get_last_error(ctx) : "");                                    \
             return 1;                                                                          \
         }                                                                                      \
     } while (0)
@@ -39,7 +39,7 @@ int main(void) {
     CHECK(cw_tensor_desc_make(&bdesc, CW_F32, 1, bd));
     cw_conv_params p = CW_CONV_PARAMS_INIT;
     p.pad_pre[0] = p.pad_pre[1] = p.pad_post[0] = p.pad_post[1] = 1; /* "same" 3x3 */
-    CHECK(cw_conv_output_desc(ctx, &xdesc, &wdesc, &p, &ydesc));
+    CHECK(cw_conv_output_desc(ctx, &ydesc, &xdesc, &wdesc, &p));
 
     size_t nx = (size_t)cw_tensor_desc_numel(&xdesc), nw = (size_t)cw_tensor_desc_numel(&wdesc);
     size_t ny = (size_t)cw_tensor_desc_numel(&ydesc);
@@ -54,10 +54,10 @@ int main(void) {
     fill(hb, (size_t)K, 3, 0.1f);
 
     cw_tensor *x, *w, *b, *y;
-    CHECK(cw_tensor_create(ctx, &x, &xdesc));
-    CHECK(cw_tensor_create(ctx, &w, &wdesc));
-    CHECK(cw_tensor_create(ctx, &b, &bdesc));
-    CHECK(cw_tensor_create(ctx, &y, &ydesc));
+    CHECK(cw_tensor_create(&x, ctx, &xdesc));
+    CHECK(cw_tensor_create(&w, ctx, &wdesc));
+    CHECK(cw_tensor_create(&b, ctx, &bdesc));
+    CHECK(cw_tensor_create(&y, ctx, &ydesc));
     CHECK(cw_tensor_upload(x, hx, nx * sizeof(float)));
     CHECK(cw_tensor_upload(w, hw, nw * sizeof(float)));
     CHECK(cw_tensor_upload(b, hb, (size_t)K * sizeof(float)));
@@ -79,7 +79,7 @@ int main(void) {
     cw_compile_options opt = CW_COMPILE_OPTIONS_INIT; /* auto patches, the context's budget */
     CHECK(cw_graph_compile(g, &plan, &opt));
     char *text = NULL;
-    CHECK(cw_plan_describe(plan, 0, &text));
+    CHECK(cw_plan_describe(plan, &text, 0));
     printf("%s\n", text);
     cw_free(text);
     CHECK(cw_plan_run(plan, &x, 1, &y, 1));

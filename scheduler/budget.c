@@ -185,7 +185,7 @@ static cw_status cw__feasible_budget(cw_graph *g, const cw_compile_options *opt,
     }
 }
 
-cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_t *out_bytes) {
+cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_options *opt) {
     static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
     if (!g || !out_bytes) return CW_ERR_INVALID_ARG;
     if (!opt) opt = &dflt;
@@ -300,7 +300,7 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
     if (st == CW_ERR_BUDGET && opt->memory_budget > 0) return st; /* its message says why */
     if (st == CW_ERR_BUDGET) {
         int64_t need = -1;
-        if (cw_graph_min_budget(g, opt, &need) != CW_OK) need = -1;
+        if (cw_graph_min_budget(g, &need, opt) != CW_OK) need = -1;
         return cw__error(ctx, CW_ERR_BUDGET,
                          "cw_graph_compile: budget %" PRId64 " bytes (%.1f MiB) is too small for this graph; the "
                          "smallest budget that works is %" PRId64 " bytes (%.1f MiB)",

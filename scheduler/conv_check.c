@@ -169,8 +169,8 @@ cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_t
     return CW_OK;
 }
 
-CW_API cw_status cw_conv_output_desc(cw_context *ctx, const cw_tensor_desc *x, const cw_tensor_desc *w,
-                                     const cw_conv_params *p, cw_tensor_desc *y) {
+CW_API cw_status cw_conv_output_desc(cw_context *ctx, cw_tensor_desc *y, const cw_tensor_desc *x,
+                                     const cw_tensor_desc *w, const cw_conv_params *p) {
     if (!y) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_conv_output_desc: y (output) is NULL");
     return cw__conv_validate(ctx, x, w, NULL, NULL, p, y);
 }

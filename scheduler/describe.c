@@ -84,7 +84,7 @@ static void cw__sbf(cw__sb *b, const char *fmt, ...) {
     }
 }
 
-cw_status cw_plan_describe(const cw_plan *p, int json, char **out) {
+cw_status cw_plan_describe(const cw_plan *p, char **out, int json) {
     if (!p || !out) return CW_ERR_INVALID_ARG;
     *out = NULL;
     if (json) {

@@ -288,10 +288,10 @@ cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name) {
     return CW_OK;
 }
 
-cw_status cw_graph_node_desc(const cw_graph *g, cw_node node, cw_tensor_desc *out) {
+cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node) {
     if (!g || !out) return CW_ERR_INVALID_ARG;
     const cw__node *n = cw__graph_node(g, node);
-    if (!n) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_node_desc: %d is not a node", (int)node);
+    if (!n) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_get_node_desc: %d is not a node", (int)node);
     *out = n->desc;
     return CW_OK;
 }

@@ -14,7 +14,7 @@ void cw__plan_free(cw_plan *p) {
     for (int i = 0; i < p->n_tasks; i++)
         cw__free(p->tasks[i].deps), cw__free(p->tasks[i].waits), cw__free(p->tasks[i].alloc_waits);
     for (int i = 0; i < p->n_acts; i++) cw__free(p->acts[i].joins), cw__free(p->acts[i].waits);
-    if (p->act_arena) { /* through the context's activation pool: cw_context_memory_stats sees it */
+    if (p->act_arena) { /* through the context's activation pool: cw_context_get_memory_stats sees it */
         cw__alloc_free(p->ctx->act, p->act_arena, NULL);
         cw__alloc_release_cached(p->ctx->act);
     }

@@ -172,7 +172,7 @@ static void test_budget_errors(void) {
     void *p, *q;
     ASSERT_STATUS(cw__alloc_malloc(a, 5 * MiB, s, &q), CW_ERR_BUDGET);
     ASSERT_TRUE(q == NULL);
-    const char *msg = cw_context_last_error(ctx);
+    const char *msg = cw_context_get_last_error(ctx);
     expect_contains(msg, "5242880 bytes");
     expect_contains(msg, "budget 4194304 bytes");
     expect_contains(msg, "0 bytes in use");
@@ -180,14 +180,14 @@ static void test_budget_errors(void) {
 
     ASSERT_OK(cw__alloc_malloc(a, MiB, s, &p)); /* 2 MiB segment, 1 MiB free in it */
     ASSERT_STATUS(cw__alloc_malloc(a, 3 * MiB, s, &q), CW_ERR_BUDGET);
-    msg = cw_context_last_error(ctx);
+    msg = cw_context_get_last_error(ctx);
     expect_contains(msg, "3145728 bytes");
     expect_contains(msg, "budget 4194304 bytes");
     expect_contains(msg, "1048576 bytes in use");
     expect_contains(msg, "largest free block 1048576 bytes");
 
     cw_memory_stats ms;
-    ASSERT_OK(cw_context_memory_stats(ctx, &ms));
+    ASSERT_OK(cw_context_get_memory_stats(ctx, &ms));
     ASSERT_EQ_I(ms.budget, 4 * MiB);
     ASSERT_EQ_I(ms.budget_failures, 2);
     ASSERT_EQ_I(ms.allocated_bytes_current, MiB);
@@ -201,7 +201,7 @@ static void test_budget_errors(void) {
 
     /* bad arguments */
     ASSERT_STATUS(cw__alloc_malloc(a, -1, s, &q), CW_ERR_INVALID_ARG);
-    expect_contains(cw_context_last_error(ctx), "-1");
+    expect_contains(cw_context_get_last_error(ctx), "-1");
     ASSERT_OK(cw__alloc_malloc(a, 0, s, &q));
     ASSERT_TRUE(q == NULL);
     ASSERT_OK(cw__alloc_free(a, NULL, s));
@@ -210,10 +210,10 @@ static void test_budget_errors(void) {
     ASSERT_STATUS(cw__alloc_malloc(a, INT64_MAX, s, &q), CW_ERR_BUDGET);
 
     /* peaks reset to the current values */
-    ASSERT_OK(cw_context_memory_stats(ctx, &ms));
+    ASSERT_OK(cw_context_get_memory_stats(ctx, &ms));
     ASSERT_EQ_I(ms.allocated_bytes_peak, 3 * MiB);
     cw_context_reset_peak_stats(ctx);
-    ASSERT_OK(cw_context_memory_stats(ctx, &ms));
+    ASSERT_OK(cw_context_get_memory_stats(ctx, &ms));
     ASSERT_EQ_I(ms.allocated_bytes_peak, 0);
     ASSERT_EQ_I(ms.reserved_bytes_peak, ms.reserved_bytes_current);
     cw_context_destroy(ctx);
@@ -231,7 +231,7 @@ static void test_device_failure(cw_context *ctx) {
     f->fail_dev_alloc = 2;
     ASSERT_STATUS(cw__alloc_malloc(a, 3 * MiB, s, &q), CW_ERR_OUT_OF_MEMORY);
     ASSERT_TRUE(q == NULL);
-    expect_contains(cw_context_last_error(ctx), "3145728 bytes");
+    expect_contains(cw_context_get_last_error(ctx), "3145728 bytes");
     cw_memory_stats after = stats_of(a);
     ASSERT_EQ_I(after.num_allocs, 0);
     ASSERT_EQ_I(after.allocated_bytes_current, 0);

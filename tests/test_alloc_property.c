@@ -189,7 +189,7 @@ static void run(cw_context *ctx, uint64_t seed, int64_t budget, int64_t n_ops, u
                 if (n <= g_budget) check_failure_genuine(n, op);
                 char want[64];
                 snprintf(want, sizeof want, "%" PRId64 " bytes", bytes);
-                ASSERT_TRUE(strstr(cw_context_last_error(ctx), want) != NULL);
+                ASSERT_TRUE(strstr(cw_context_get_last_error(ctx), want) != NULL);
             } else {
                 ASSERT_OK_CTX(ctx, st);
                 uintptr_t ip = (uintptr_t)p;

@@ -80,9 +80,9 @@ int main(void) {
     ASSERT_OK(make(CW_BACKEND_AUTO, 0, &cap, &ctx));
     ASSERT_TRUE(ctx != NULL);
     if (devices > 0) {
-        ASSERT_TRUE(strcmp(cw_context_backend_name(ctx), "cuda") == 0);
+        ASSERT_TRUE(strcmp(cw_context_get_backend_name(ctx), "cuda") == 0);
     } else {
-        ASSERT_TRUE(strcmp(cw_context_backend_name(ctx), "cpu") == 0);
+        ASSERT_TRUE(strcmp(cw_context_get_backend_name(ctx), "cpu") == 0);
         /* The fallback is announced at info level, with the reason. */
         const char *why_cuda[] = {"cuda", "cpu", "cudaGetDeviceCount", NULL};
         const char *why_nocuda[] = {"without CUDA", "cpu", NULL};
@@ -98,7 +98,7 @@ int main(void) {
     cw_status st = make(CW_BACKEND_CUDA, 0, &cap, &ctx);
     if (devices > 0) {
         ASSERT_EQ_I(st, CW_OK);
-        ASSERT_TRUE(strcmp(cw_context_backend_name(ctx), "cuda") == 0);
+        ASSERT_TRUE(strcmp(cw_context_get_backend_name(ctx), "cuda") == 0);
         cw_context_destroy(ctx);
     } else {
         ASSERT_EQ_I(st, CW_ERR_NO_DEVICE);
@@ -122,23 +122,23 @@ int main(void) {
         if (i < 0) dump(&cap);
         ASSERT_TRUE(i >= 0);
         ASSERT_OK(make(CW_BACKEND_AUTO, devices, &cap, &ctx));
-        ASSERT_TRUE(strcmp(cw_context_backend_name(ctx), "cpu") == 0);
+        ASSERT_TRUE(strcmp(cw_context_get_backend_name(ctx), "cpu") == 0);
         cw_context_destroy(ctx);
     }
 
     /* cpu is always available and never mentions cuda. */
     ASSERT_OK(make(CW_BACKEND_CPU, 0, &cap, &ctx));
-    ASSERT_TRUE(strcmp(cw_context_backend_name(ctx), "cpu") == 0);
+    ASSERT_TRUE(strcmp(cw_context_get_backend_name(ctx), "cpu") == 0);
     ASSERT_EQ_I(find_line(&cap, CW_LOG_INFO, (const char *const[]){"cuda", NULL}), -1);
 #ifdef CW_HAVE_CUDA
     /* The CUDA interop calls refuse a cpu context, by name. */
     void *stream = (void *)&cap;
     int dev = -1;
     ASSERT_EQ_I(cw_context_set_cuda_stream(ctx, 0, NULL), CW_ERR_UNSUPPORTED);
-    ASSERT_TRUE(strstr(cw_context_last_error(ctx), "backend cpu, not cuda") != NULL);
-    ASSERT_EQ_I(cw_context_get_cuda_stream(ctx, 0, &stream), CW_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(cw_context_get_last_error(ctx), "backend cpu, not cuda") != NULL);
+    ASSERT_EQ_I(cw_context_get_cuda_stream(ctx, &stream, 0), CW_ERR_UNSUPPORTED);
     ASSERT_TRUE(stream == NULL);
-    ASSERT_EQ_I(cw_context_cuda_device(ctx, &dev), CW_ERR_UNSUPPORTED);
+    ASSERT_EQ_I(cw_context_get_cuda_device(ctx, &dev), CW_ERR_UNSUPPORTED);
     ASSERT_EQ_I(cw_context_set_cuda_stream(NULL, 0, NULL), CW_ERR_INVALID_ARG);
 #endif
     cw_context_destroy(ctx);

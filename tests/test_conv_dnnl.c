@@ -26,7 +26,7 @@ static cw_node konst(cw_graph *g, int rank, const int64_t *dims, float scale) {
     ASSERT_TRUE(h);
     for (int64_t i = 0; i < n; i++) h[i] = scale * cw_rng_float(&rng);
     cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &t, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
     ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)n * 4));
     free(h);
     consts[n_consts++] = t;
@@ -62,7 +62,7 @@ static void free_consts(void) {
 
 static int describes_dnnl(const cw_plan *p) {
     char *s = NULL;
-    ASSERT_OK(cw_plan_describe(p, 0, &s));
+    ASSERT_OK(cw_plan_describe(p, &s, 0));
     int yes = strstr(s, "cpu_dnnl") != NULL;
     cw_free(s);
     return yes;
@@ -91,9 +91,9 @@ static void test_budget(int sp, const int64_t *xd) {
     cw_plan *pr;
     ASSERT_OK_CTX(ctx, cw_graph_compile(g, &pr, &r));
     cw_tensor *in, *out, *ref;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &in, &d));
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &out, &d));
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &ref, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&ref, ctx, &d));
     const size_t n = (size_t)cw_tensor_desc_numel(&d), bytes = n * 4;
     float *hx = malloc(bytes), *hr = malloc(bytes), *ho = malloc(bytes);
     ASSERT_TRUE(hx && hr && ho);
@@ -105,7 +105,7 @@ static void test_budget(int sp, const int64_t *xd) {
     cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
     o.streams = 3;
     int64_t minb = 0;
-    ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &o, &minb));
+    ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &minb, &o));
     /* the allocator rounds large blocks to MiB: oneDNN's workspace starts to fit at a few MiB */
     const int64_t mib = 1 << 20;
     const int64_t budgets[9] = {minb, 1 * mib, 2 * mib, 3 * mib, 4 * mib, 5 * mib, 6 * mib, 8 * mib, 64 * mib};
@@ -163,8 +163,8 @@ static void test_streams_threads(void) {
             ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
             CHECK(describes_dnnl(p));
             cw_tensor *in, *out;
-            ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &in, &d));
-            ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &out, &d));
+            ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
+            ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &d));
             const size_t n = (size_t)cw_tensor_desc_numel(&d), bytes = n * 4;
             float *hx = malloc(bytes), *ho = malloc(bytes);
             ASSERT_TRUE(hx && ho);

@@ -15,7 +15,7 @@ static cw_tensor *make(cw_context *ctx, int rank, const int64_t *dims, cw_rng *r
     float *h = malloc((size_t)n * sizeof *h);
     for (int64_t i = 0; i < n; i++) h[i] = cw_rng_float(r);
     cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &t, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
     ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)n * 4));
     *host = h;
     return t;
@@ -51,14 +51,14 @@ int main(void) {
         cw_tensor *x = make(ctx, 2 + sp, xd, &r, &hx), *w = make(ctx, 2 + sp, wd, &r, &hw);
         cw_tensor *b = make(ctx, 1, &cout, &r, &hb);
         cw_tensor_desc yd;
-        ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, cw_tensor_get_desc(x), cw_tensor_get_desc(w), &p, &yd));
+        ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, &yd, cw_tensor_get_desc(x), cw_tensor_get_desc(w), &p));
         /* y: a strided view (every other channel of a wider tensor) half the time */
         int strided = (int)cw_rng_range(&r, 0, 1);
         cw_tensor_desc big = yd;
         big.dims[1] *= 2;
         memset(big.strides, 0, sizeof big.strides);
         cw_tensor *ybig;
-        ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &ybig, strided ? &big : &yd));
+        ASSERT_OK_CTX(ctx, cw_tensor_create(&ybig, ctx, strided ? &big : &yd));
         cw_tensor_desc view = strided ? big : yd;
         if (strided) {
             int64_t bd[CW_MAX_RANK];
@@ -69,7 +69,7 @@ int main(void) {
             view.strides[1] = big.strides[1] * 2;
         }
         cw_tensor *y;
-        ASSERT_OK_CTX(ctx, cw_tensor_wrap(ctx, &y, &view, cw_tensor_data(ybig)));
+        ASSERT_OK_CTX(ctx, cw_tensor_wrap(&y, ctx, &view, cw_tensor_get_data(ybig)));
         int64_t yn = cw_tensor_desc_numel(&yd);
         double *ref = malloc((size_t)yn * sizeof *ref);
         cw_ref_conv(cw_tensor_get_desc(x), hx, cw_tensor_get_desc(w), hw, hb, &p, &yd, ref);
@@ -89,7 +89,7 @@ int main(void) {
                 ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nb, "b", b));
                 ASSERT_OK_CTX(ctx, cw_graph_conv(g, &ny, nx, nw, nb, &p));
                 ASSERT_OK_CTX(ctx, cw_graph_output(g, ny, "y"));
-                ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &o, &o.temp_budget));
+                ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &o.temp_budget, &o));
                 cw_graph_destroy(g);
             } else if (trial == 2) {
                 o.temp_budget = o.temp_budget * 3;
@@ -109,14 +109,14 @@ int main(void) {
         cw_status st = cw_conv_forward(ctx, x, w, b, y, &p, &o);
         if (st != CW_OK) {
             ASSERT_EQ_I(st, CW_ERR_BUDGET);
-            ASSERT_TRUE(strstr(cw_context_last_error(ctx), "smallest budget that works") != NULL);
+            ASSERT_TRUE(strstr(cw_context_get_last_error(ctx), "smallest budget that works") != NULL);
         }
         /* output overlapping the input is refused */
         cw_tensor *alias;
-        ASSERT_OK_CTX(ctx, cw_tensor_wrap(ctx, &alias, &yd, cw_tensor_data(x)));
+        ASSERT_OK_CTX(ctx, cw_tensor_wrap(&alias, ctx, &yd, cw_tensor_get_data(x)));
         if (cw_tensor_desc_numel(&yd) > 0) {
             ASSERT_STATUS(cw_conv_forward(ctx, x, w, b, alias, &p, NULL), CW_ERR_INVALID_ARG);
-            ASSERT_TRUE(strstr(cw_context_last_error(ctx), "overlap") != NULL);
+            ASSERT_TRUE(strstr(cw_context_get_last_error(ctx), "overlap") != NULL);
         }
         cw_tensor_destroy(alias);
         free(out), free(ref), free(hx), free(hw), free(hb);
@@ -131,8 +131,8 @@ int main(void) {
         cw_tensor *y = make(ctx, 4, bad, &r, &hy);
         cw_conv_params p = CW_CONV_PARAMS_INIT;
         ASSERT_STATUS(cw_conv_forward(ctx, x, w, NULL, y, &p, NULL), CW_ERR_INVALID_ARG);
-        fprintf(stderr, "expected error: %s\n", cw_context_last_error(ctx));
-        ASSERT_TRUE(strstr(cw_context_last_error(ctx), "y") != NULL);
+        fprintf(stderr, "expected error: %s\n", cw_context_get_last_error(ctx));
+        ASSERT_TRUE(strstr(cw_context_get_last_error(ctx), "y") != NULL);
         free(hx), free(hw), free(hy);
         cw_tensor_destroy(x), cw_tensor_destroy(w), cw_tensor_destroy(y);
     }

@@ -390,12 +390,12 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
         if (a->workspace > 0) {
             ASSERT_STATUS(be->i->conv_forward(be, s[0], &prob, a, xb, w, b, yb, ws, a->workspace - 1),
                           CW_ERR_INVALID_ARG);
-            CHECK(strstr(cw_context_last_error(ctx), "workspace") != NULL);
+            CHECK(strstr(cw_context_get_last_error(ctx), "workspace") != NULL);
         }
         cw__conv_problem bad = prob;
         bad.x.dtype = bad.w.dtype = bad.y.dtype = CW_F16;
         ASSERT_STATUS(be->i->conv_forward(be, s[0], &bad, a, xb, w, b, yb, ws, a->workspace), CW_ERR_UNSUPPORTED);
-        CHECK(strstr(cw_context_last_error(ctx), "f16") != NULL);
+        CHECK(strstr(cw_context_get_last_error(ctx), "f16") != NULL);
         ASSERT_STATUS(be->i->conv_algos(be, &bad, al, 4, &na), CW_ERR_UNSUPPORTED);
         free(ws), free(xb), free(w), free(b), free(yb), free(ref);
     }
@@ -408,7 +408,7 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
         int64_t xd[4] = {1, 16, 48, 40}, wd[4] = {16, 16, 3, 3};
         ASSERT_OK(cw_tensor_desc_make(&cc.x, CW_F32, 4, xd));
         ASSERT_OK(cw_tensor_desc_make(&cc.w, CW_F32, 4, wd));
-        ASSERT_OK(cw_conv_output_desc(NULL, &cc.x, &cc.w, &p, &cc.y));
+        ASSERT_OK(cw_conv_output_desc(NULL, &cc.y, &cc.x, &cc.w, &p));
         cw__conv_problem prob;
         cw__conv_problem_init(&prob, &cc.x, &cc.w, 0, &cc.y, &p);
         int64_t nx = numel(&cc.x), nw = numel(&cc.w), ny = numel(&cc.y);
@@ -451,7 +451,7 @@ static void test_threaded(cw_rng *r) {
         for (int i = 0; i < rank; i++) xd[i] = shapes[t][i];
         ASSERT_OK(cw_tensor_desc_make(&cc.x, CW_F32, rank, xd));
         ASSERT_OK(cw_tensor_desc_make(&cc.w, CW_F32, rank, wd));
-        ASSERT_OK(cw_conv_output_desc(NULL, &cc.x, &cc.w, &p, &cc.y));
+        ASSERT_OK(cw_conv_output_desc(NULL, &cc.y, &cc.x, &cc.w, &p));
         cc.p = p;
         cc.has_bias = 1;
         cc.b.dtype = CW_F32, cc.b.rank = 1, cc.b.dims[0] = wd[0];
@@ -484,7 +484,7 @@ static void test_1x1(cw_rng *r) {
         for (int i = 2; i < rank; i++) xd[i] = cw_rng_range(r, 1, 9);
         ASSERT_OK(cw_tensor_desc_make(&cc.x, CW_F32, rank, xd));
         ASSERT_OK(cw_tensor_desc_make(&cc.w, CW_F32, rank, wd));
-        ASSERT_OK(cw_conv_output_desc(NULL, &cc.x, &cc.w, &p, &cc.y));
+        ASSERT_OK(cw_conv_output_desc(NULL, &cc.y, &cc.x, &cc.w, &p));
         cc.p = p;
         cc.has_bias = t & 1;
         cc.b.dtype = CW_F32, cc.b.rank = 1, cc.b.dims[0] = wd[0];

@@ -824,7 +824,7 @@ static void test_streams(void) {
         void *huge = NULL;
         ASSERT_EQ_I(be->i->dev_alloc(be, (int64_t)1 << 50, &huge), CW_ERR_OUT_OF_MEMORY);
         ASSERT_TRUE(huge == NULL);
-        ASSERT_TRUE(strstr(cw_context_last_error(sd->ctx), "cudaMalloc") != NULL);
+        ASSERT_TRUE(strstr(cw_context_get_last_error(sd->ctx), "cudaMalloc") != NULL);
         void *ok = dalloc(sd, 1 << 20);
         dfree(sd, ok);
     }
@@ -840,12 +840,12 @@ static void test_interop(cw_rng *r) {
     cudaStream_t mine = NULL;
     ASSERT_TRUE(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking) == cudaSuccess);
     int dev = -1;
-    ASSERT_OK_CTX(g_dev.ctx, cw_context_cuda_device(g_dev.ctx, &dev));
+    ASSERT_OK_CTX(g_dev.ctx, cw_context_get_cuda_device(g_dev.ctx, &dev));
     ASSERT_EQ_I(dev, 0);
     /* stream 0 already exists (the test made it): its work is drained and the handle swapped */
     ASSERT_OK_CTX(g_dev.ctx, cw_context_set_cuda_stream(g_dev.ctx, 0, mine));
     void *got = NULL;
-    ASSERT_OK_CTX(g_dev.ctx, cw_context_get_cuda_stream(g_dev.ctx, 0, &got));
+    ASSERT_OK_CTX(g_dev.ctx, cw_context_get_cuda_stream(g_dev.ctx, &got, 0));
     ASSERT_TRUE(got == (void *)mine);
     ASSERT_EQ_I(cw_context_set_cuda_stream(g_dev.ctx, CW__MAX_STREAMS, mine), CW_ERR_INVALID_ARG);
     /* the library's work now runs on the caller's stream: a fill on stream 0, then the
@@ -879,7 +879,7 @@ static void test_public_conv(cw_rng *r) {
     ASSERT_OK(cw_tensor_desc_make(&xd, CW_F32, 4, xdims));
     ASSERT_OK(cw_tensor_desc_make(&wd, CW_F32, 4, wdims));
     ASSERT_OK(cw_tensor_desc_make(&bd, CW_F32, 1, bdims));
-    ASSERT_OK_CTX(g_cpu.ctx, cw_conv_output_desc(g_cpu.ctx, &xd, &wd, &cp, &yd));
+    ASSERT_OK_CTX(g_cpu.ctx, cw_conv_output_desc(g_cpu.ctx, &yd, &xd, &wd, &cp));
     int64_t xn = cw__desc_numel(&xd), wn = cw__desc_numel(&wd), yn = cw__desc_numel(&yd);
     float *hx = rnd_array(r, xn), *hw = rnd_array(r, wn), *hb = rnd_array(r, 6);
     float *out[2];
@@ -887,10 +887,10 @@ static void test_public_conv(cw_rng *r) {
     for (int s = 0; s < 2; s++) {
         cw_context *c = sides[s]->ctx;
         cw_tensor *x, *w, *b, *y;
-        ASSERT_OK_CTX(c, cw_tensor_create(c, &x, &xd));
-        ASSERT_OK_CTX(c, cw_tensor_create(c, &w, &wd));
-        ASSERT_OK_CTX(c, cw_tensor_create(c, &b, &bd));
-        ASSERT_OK_CTX(c, cw_tensor_create(c, &y, &yd));
+        ASSERT_OK_CTX(c, cw_tensor_create(&x, c, &xd));
+        ASSERT_OK_CTX(c, cw_tensor_create(&w, c, &wd));
+        ASSERT_OK_CTX(c, cw_tensor_create(&b, c, &bd));
+        ASSERT_OK_CTX(c, cw_tensor_create(&y, c, &yd));
         ASSERT_OK_CTX(c, cw_tensor_upload(x, hx, (size_t)xn * 4));
         ASSERT_OK_CTX(c, cw_tensor_upload(w, hw, (size_t)wn * 4));
         ASSERT_OK_CTX(c, cw_tensor_upload(b, hb, 24));
@@ -912,7 +912,7 @@ int main(void) {
     side_open(&g_dev, g_selftest ? CW_BACKEND_CPU : CW_BACKEND_CUDA);
     side_open(&g_cpu, CW_BACKEND_CPU);
     if (g_selftest) fprintf(stderr, "SELFTEST: the device side is a second cpu context (f32 only)\n");
-    fprintf(stderr, "device backend: %s\n", cw_context_backend_name(g_dev.ctx));
+    fprintf(stderr, "device backend: %s\n", cw_context_get_backend_name(g_dev.ctx));
     cw_rng rng = {cw_test_seed(7177)};
     int quick = cw_test_quick();
 

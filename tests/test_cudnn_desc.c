@@ -118,7 +118,7 @@ static void check_patch(cw_context *ctx, const cw__conv_problem *pp) {
     cw__cudnn_graph g;
     cw__cudnn_layout_align(pp, align);
     cw_status st = cw__cudnn_graph_build(ctx, pp, align, NULL, 0, &g);
-    if (st != CW_OK) fprintf(stderr, "graph build failed: %s\n", cw_context_last_error(ctx));
+    if (st != CW_OK) fprintf(stderr, "graph build failed: %s\n", cw_context_get_last_error(ctx));
     ASSERT_EQ_I(st, CW_OK);
     ASSERT_OK_CTX(ctx, cw__cudnn_graph_engine_count(ctx, &g, &engines));
     ASSERT_TRUE(engines > 0);
@@ -139,7 +139,7 @@ static void check_patch(cw_context *ctx, const cw__conv_problem *pp) {
             cw__cudnn_graph_destroy(&g);
         }
         ASSERT_EQ_I(st, CW_ERR_INVALID_ARG);
-        ASSERT_TRUE(strstr(cw_context_last_error(ctx), "cuDNN rejects") != NULL);
+        ASSERT_TRUE(strstr(cw_context_get_last_error(ctx), "cuDNN rejects") != NULL);
         g_rejected++;
     }
 }
@@ -152,7 +152,7 @@ static void check_engines(cw__cudnn_conv *cc, cw_context *ctx, const cw__conv_pr
     int64_t problems0, problems1, hits0, hits1, align[3];
     cw__cudnn_conv_counters(cc, &problems0, NULL, &hits0, NULL);
     cw_status st = cw__cudnn_conv_algos(cc, pp, algos, CW__CUDNN_MAX_CFGS, &n);
-    if (st != CW_OK) fprintf(stderr, "conv_algos: %s\n", cw_context_last_error(ctx));
+    if (st != CW_OK) fprintf(stderr, "conv_algos: %s\n", cw_context_get_last_error(ctx));
     ASSERT_EQ_I(st, CW_OK);
     ASSERT_TRUE(n >= 1);
     for (int i = 0; i < n; i++) {
@@ -181,7 +181,7 @@ static void check_engines(cw__cudnn_conv *cc, cw_context *ctx, const cw__conv_pr
     for (int c = 0; c < 2; c++) {
         cw__cudnn_choice ch;
         st = cw__cudnn_conv_plan(cc, pp, align, c ? algos[0].id : -1, caps[c], 1, 1, &ch);
-        if (st != CW_OK) fprintf(stderr, "conv_plan (cap %lld): %s\n", (long long)caps[c], cw_context_last_error(ctx));
+        if (st != CW_OK) fprintf(stderr, "conv_plan (cap %lld): %s\n", (long long)caps[c], cw_context_get_last_error(ctx));
         ASSERT_EQ_I(st, CW_OK);
         ASSERT_TRUE(ch.plan != NULL);
         ASSERT_LE_I(ch.total_ws, caps[c]);
@@ -474,7 +474,7 @@ int main(void) {
         ASSERT_OK_CTX(ctx, cw__cudnn_conv_create(&cc, ctx, NULL, devprop, 0));
     } else {
         fprintf(stderr, "NOTE: this cuDNN does not take the H100 device-properties profile (%s); heuristics and plans "
-                        "are not checked here\n", cw_context_last_error(ctx));
+                        "are not checked here\n", cw_context_get_last_error(ctx));
         CHECK(CUDNN_VERSION < 90800); /* 9.8+ must accept it: the profile is what CI relies on */
     }
 
@@ -522,7 +522,7 @@ int main(void) {
         int n = -1;
         ASSERT_EQ_I(cw__cudnn_conv_algos(cc, &c.full, a, 4, &n), CW_ERR_INVALID_ARG);
         ASSERT_EQ_I(n, 0);
-        fprintf(stderr, "wrong shape message: %s\n", cw_context_last_error(ctx));
+        fprintf(stderr, "wrong shape message: %s\n", cw_context_get_last_error(ctx));
     }
 
     int64_t problems = 0, plans = 0, hits = 0, evicted = 0;

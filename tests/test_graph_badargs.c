@@ -10,7 +10,7 @@ static cw_context *ctx;
 #define EXPECT(call, status, needle)                                                                \
     do {                                                                                            \
         cw_status s_ = (call);                                                                      \
-        const char *m_ = cw_context_last_error(ctx);                                                \
+        const char *m_ = cw_context_get_last_error(ctx);                                                \
         if (s_ != (status) || !strstr(m_, (needle))) {                                              \
             fprintf(stderr, "%s:%d: %s -> %s \"%s\"; expected %s with \"%s\"\n", __FILE__, __LINE__, \
                     #call, cw_status_name(s_), m_, cw_status_name(status), needle);                  \
@@ -34,7 +34,7 @@ static cw_tensor *tensor(int rank, const int64_t *dims) {
     cw_tensor_desc d;
     ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
     cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &t, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
     return t;
 }
 
@@ -81,7 +81,7 @@ int main(void) {
     cw_plan *plan = (cw_plan *)&plan;
     EXPECT(cw_graph_compile(g, &plan, NULL), CW_ERR_INVALID_ARG, "no outputs");
     int64_t mb = 0;
-    EXPECT(cw_graph_min_budget(g, NULL, &mb), CW_ERR_INVALID_ARG, "no outputs");
+    EXPECT(cw_graph_min_budget(g, &mb, NULL), CW_ERR_INVALID_ARG, "no outputs");
     {   /* a strided bias is refused, not read as if contiguous */
         int64_t bd[1] = {16};
         cw_tensor *bb = tensor(1, bd);
@@ -90,7 +90,7 @@ int main(void) {
         ASSERT_OK(cw_tensor_desc_make(&sd, CW_F32, 1, &eight));
         sd.strides[0] = 2;
         cw_tensor *sb;
-        ASSERT_OK_CTX(ctx, cw_tensor_wrap(ctx, &sb, &sd, cw_tensor_data(bb)));
+        ASSERT_OK_CTX(ctx, cw_tensor_wrap(&sb, ctx, &sd, cw_tensor_get_data(bb)));
         cw_node nsb;
         ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nsb, "strided bias", sb));
         EXPECT(cw_graph_conv(g, &out, x, nw, nsb, &p), CW_ERR_UNSUPPORTED, "contiguous");

@@ -22,7 +22,7 @@ static cw_tensor *upload(cw_context *ctx, int rank, const int64_t *dims, const f
     cw_tensor_desc d;
     ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
     cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &t, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
     if (h) ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)cw_tensor_desc_numel(&d) * 4));
     return t;
 }
@@ -83,7 +83,7 @@ static void test_scale_conv(cw_context *ctx, cw_rng *r) {
     ASSERT_OK(cw_tensor_desc_make(&xd, CW_F32, 4, xdims));
     ASSERT_OK(cw_tensor_desc_make(&wd, CW_F32, 4, wdims));
     yd[0] = xd;
-    ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, &xd, &wd, &cp, &yd[1]));
+    ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, &yd[1], &xd, &wd, &cp));
     double *ref1 = malloc((size_t)cw_tensor_desc_numel(&yd[1]) * sizeof *ref1);
     cw_ref_conv(&xd, xs, &wd, w, b, &cp, &yd[1], ref1);
 
@@ -162,7 +162,7 @@ static void test_badargs(cw_context *ctx) {
     vg = constant(ctx, g, good);
     ASSERT_STATUS(cw_graph_scale(g, &out, x, vb), CW_ERR_INVALID_ARG);
     CHECK(out == CW_NODE_NONE);
-    CHECK(strstr(cw_context_last_error(ctx), "cw_graph_scale: s must be") != NULL);
+    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_scale: s must be") != NULL);
     ASSERT_STATUS(cw_graph_scale(g, &out, x, x), CW_ERR_INVALID_ARG);  /* not a constant */
     ASSERT_STATUS(cw_graph_scale(g, &out, m, vg), CW_ERR_INVALID_ARG);  /* x of rank 2 */
     ASSERT_STATUS(cw_graph_scale(g, &out, x, 99), CW_ERR_INVALID_ARG);  /* not a node */

@@ -102,7 +102,7 @@ static cw_node constant(net *m, cw_rng *rng, int rank, const int64_t *dims, floa
     float *v = malloc((size_t)n * sizeof *v);
     for (int64_t i = 0; i < n; i++) v[i] = offset + scale * cw_rng_float(rng);
     cw_tensor *t;
-    ASSERT_OK_CTX(m->ctx, cw_tensor_create(m->ctx, &t, &d));
+    ASSERT_OK_CTX(m->ctx, cw_tensor_create(&t, m->ctx, &d));
     ASSERT_OK_CTX(m->ctx, cw_tensor_upload(t, v, (size_t)n * sizeof *v));
     free(v);
     m->consts[m->nconst++] = t;
@@ -132,7 +132,7 @@ static void build(net *m, cw_context *ctx, uint64_t seed) {
     cw_node w2 = constant(m, &rng, 4, wd, 0.1f, 0.0f), b2 = constant(m, &rng, 1, &c8, 0.1f, 0.0f);
     ASSERT_OK_CTX(ctx, cw_graph_conv(m->g, &c2, u, w2, b2, &p));
     ASSERT_OK_CTX(ctx, cw_graph_output(m->g, c2, "y"));
-    ASSERT_OK_CTX(ctx, cw_graph_node_desc(m->g, c2, &m->out_d));
+    ASSERT_OK_CTX(ctx, cw_graph_get_node_desc(m->g, &m->out_d, c2));
 }
 
 static void free_net(net *m) {
@@ -166,8 +166,8 @@ static void run(net *m, cw_plan *plan, cw_rng *rng) {
     float *in = malloc((size_t)n * sizeof *in);
     for (int64_t i = 0; i < n; i++) in[i] = cw_rng_float(rng);
     cw_tensor *x, *y;
-    ASSERT_OK_CTX(m->ctx, cw_tensor_create(m->ctx, &x, &m->in_d));
-    ASSERT_OK_CTX(m->ctx, cw_tensor_create(m->ctx, &y, &m->out_d));
+    ASSERT_OK_CTX(m->ctx, cw_tensor_create(&x, m->ctx, &m->in_d));
+    ASSERT_OK_CTX(m->ctx, cw_tensor_create(&y, m->ctx, &m->out_d));
     ASSERT_OK_CTX(m->ctx, cw_tensor_upload(x, in, (size_t)n * sizeof *in));
     ASSERT_OK_CTX(m->ctx, cw_plan_run(plan, &x, 1, &y, 1));
     cw_tensor_destroy(x);

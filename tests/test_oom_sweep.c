@@ -133,8 +133,8 @@ static cw_status pass_context(void) {
         return st;
     }
     st = backend_pass(ctx->be, ctx);
-    if (st == CW_OK) ASSERT_TRUE(strlen(cw_context_last_error(ctx)) == 0);
-    else if (!g_own_failed) CHECK(strlen(cw_context_last_error(ctx)) > 0); /* the failure says what it was */
+    if (st == CW_OK) ASSERT_TRUE(strlen(cw_context_get_last_error(ctx)) == 0);
+    else if (!g_own_failed) CHECK(strlen(cw_context_get_last_error(ctx)) > 0); /* the failure says what it was */
     cw_context_destroy(ctx);
     return st;
 }

@@ -21,7 +21,7 @@ static cw_tensor *upload(cw_context *ctx, int rank, const int64_t *dims, const f
     cw_tensor_desc d;
     ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
     cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &t, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
     ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)cw_tensor_desc_numel(&d) * 4));
     return t;
 }
@@ -82,7 +82,7 @@ int main(void) {
     cw_tensor *tg = upload(ctx, 1, &cdim, gm), *tb = upload(ctx, 1, &cdim, bt), *tw1 = upload(ctx, 5, w1d, w1);
     cw_tensor *tb1 = upload(ctx, 1, &cdim, b1), *tw2 = upload(ctx, 5, w2d, w2), *tb2 = upload(ctx, 1, &kdim, b2);
     cw_tensor *tx = upload(ctx, 5, xdims, x), *ty;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &ty, &yd));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&ty, ctx, &yd));
     cw_graph *g;
     ASSERT_OK(cw_graph_create(&g, ctx));
     cw_node nx, ng, nb, nw1, nb1, nw2, nb2, a;
@@ -110,7 +110,7 @@ int main(void) {
         if (cfgi >= 1 && cfgi <= 6) { /* the smallest budget for this stream count, and 4x it */
             o.policy = CW_PATCHES_AUTO;
             o.streams = 1 + (cfgi - 1) % 3;
-            ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &o, &minb));
+            ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &minb, &o));
             o.temp_budget = cfgi <= 3 ? minb : 4 * minb;
         } else if (cfgi >= 7) {
             o.policy = CW_PATCHES_FIXED;

@@ -58,7 +58,7 @@ int main(void) {
         ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
         ASSERT_OK(cw_tensor_desc_make(&dw, CW_F32, 4, wd));
         cw_tensor *tw, *tx, *ty;
-        ASSERT_OK(cw_tensor_create(ctx, &tw, &dw));
+        ASSERT_OK(cw_tensor_create(&tw, ctx, &dw));
         ASSERT_OK(cw_tensor_upload(tw, hw, (size_t)C * C * 9 * 4));
         cw_node x, w, y;
         ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &d));
@@ -74,8 +74,8 @@ int main(void) {
         o.temp_budget = -1;
         cw_plan *plan;
         ASSERT_OK_CTX(ctx, cw_graph_compile(g, &plan, &o));
-        ASSERT_OK(cw_tensor_create(ctx, &tx, &d));
-        ASSERT_OK(cw_tensor_create(ctx, &ty, &d));
+        ASSERT_OK(cw_tensor_create(&tx, ctx, &d));
+        ASSERT_OK(cw_tensor_create(&ty, ctx, &d));
         /* reference: the input written before the run */
         ASSERT_OK(cw_tensor_upload(tx, hx, (size_t)n * 4));
         ASSERT_OK_CTX(ctx, cw_plan_run(plan, &tx, 1, &ty, 1));
@@ -86,10 +86,10 @@ int main(void) {
         ASSERT_OK(cw_tensor_upload(ty, zero, (size_t)n * 4));
         cw__stream *s0;
         ASSERT_OK(cw__context_stream(ctx, 0, &s0));
-        fill_job fj = {cw_tensor_data(tx), hx, n};
+        fill_job fj = {cw_tensor_get_data(tx), hx, n};
         ASSERT_OK(ctx->be->i->launch_host(ctx->be, s0, late_fill, &fj));
         ASSERT_OK_CTX(ctx, cw_plan_run(plan, &tx, 1, &ty, 1));
-        snap_job sj = {cw_tensor_data(ty), snap, n};
+        snap_job sj = {cw_tensor_get_data(ty), snap, n};
         ASSERT_OK(ctx->be->i->launch_host(ctx->be, s0, snapshot, &sj));
         ASSERT_OK(ctx->be->i->stream_synchronize(ctx->be, s0));
         float *got = malloc((size_t)n * sizeof *got);
@@ -124,7 +124,7 @@ int main(void) {
         ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
         ASSERT_OK(cw_tensor_desc_make(&dw, CW_F32, 4, wd));
         cw_tensor *tw, *tx, *ty;
-        ASSERT_OK(cw_tensor_create(ctx, &tw, &dw));
+        ASSERT_OK(cw_tensor_create(&tw, ctx, &dw));
         ASSERT_OK(cw_tensor_upload(tw, hw, (size_t)C * C * 9 * 4));
         cw_node x, w, h, y;
         ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &d));
@@ -139,8 +139,8 @@ int main(void) {
         cw_tensor_desc dc;
         ASSERT_OK(cw_tensor_desc_make(&dc, CW_F32, 1, cd));
         cw_tensor *tg, *tb;
-        ASSERT_OK(cw_tensor_create(ctx, &tg, &dc));
-        ASSERT_OK(cw_tensor_create(ctx, &tb, &dc));
+        ASSERT_OK(cw_tensor_create(&tg, ctx, &dc));
+        ASSERT_OK(cw_tensor_create(&tb, ctx, &dc));
         ASSERT_OK(cw_tensor_upload(tg, gb, C * 4));
         ASSERT_OK(cw_tensor_upload(tb, gb + C, C * 4));
         cw_node ng, nb;
@@ -152,17 +152,17 @@ int main(void) {
         ASSERT_OK_CTX(ctx, cw_graph_output(g, y, "y"));
         cw_plan *plan;
         ASSERT_OK_CTX(ctx, cw_graph_compile(g, &plan, NULL));
-        ASSERT_OK(cw_tensor_create(ctx, &tx, &d));
-        ASSERT_OK(cw_tensor_create(ctx, &ty, &d));
+        ASSERT_OK(cw_tensor_create(&tx, ctx, &d));
+        ASSERT_OK(cw_tensor_create(&ty, ctx, &d));
         ASSERT_OK(cw_tensor_upload(tx, hx, (size_t)n * 4));
         cw_memory_stats m0, m1;
-        ASSERT_OK(cw_context_memory_stats(ctx, &m0));
+        ASSERT_OK(cw_context_get_memory_stats(ctx, &m0));
         float *y1 = malloc((size_t)n * 4), *y2 = malloc((size_t)n * 4);
         ASSERT_OK_CTX(ctx, cw_plan_run(plan, &tx, 1, &ty, 1));
         ASSERT_OK(cw_tensor_download(ty, y1, (size_t)n * 4));
         ASSERT_OK_CTX(ctx, cw_plan_run(plan, &tx, 1, &ty, 1));
         ASSERT_OK(cw_tensor_download(ty, y2, (size_t)n * 4));
-        ASSERT_OK(cw_context_memory_stats(ctx, &m1));
+        ASSERT_OK(cw_context_get_memory_stats(ctx, &m1));
         cw_plan_stats ps;
         ASSERT_OK(cw_plan_get_stats(plan, &ps));
         printf("two runs: %lld device allocations, %lld frees, %lld host syncs mid-run (temp arena %lld B, "

@@ -216,7 +216,7 @@ static cw_node lconst(lgraph *L, const float *data, int rank, const int64_t *dim
     cw_tensor_desc d;
     cw_tensor_desc_make(&d, CW_F32, rank, dims);
     cw_tensor *t;
-    ASSERT_OK_CTX(L->ctx, cw_tensor_create(L->ctx, &t, &d));
+    ASSERT_OK_CTX(L->ctx, cw_tensor_create(&t, L->ctx, &d));
     ASSERT_OK_CTX(L->ctx, cw_tensor_upload(t, data, (size_t)cw_tensor_desc_numel(&d) * 4));
     L->consts[L->nconst++] = t;
     cw_node n;
@@ -258,7 +258,7 @@ static void lbuild(lgraph *L, cw_context *ctx, rgraph *g, int out) {
     }
     L->out = map[out];
     ASSERT_OK_CTX(ctx, cw_graph_output(L->g, L->out, "y"));
-    ASSERT_OK_CTX(ctx, cw_graph_node_desc(L->g, L->out, &L->out_d));
+    ASSERT_OK_CTX(ctx, cw_graph_get_node_desc(L->g, &L->out_d, L->out));
 }
 
 static void lfree(lgraph *L) {
@@ -272,8 +272,8 @@ static float *lrun(lgraph *L, const float *input, const cw_compile_options *o, c
     cw_plan *plan;
     ASSERT_OK_CTX(L->ctx, cw_graph_compile(L->g, &plan, o));
     cw_tensor *x, *y;
-    ASSERT_OK_CTX(L->ctx, cw_tensor_create(L->ctx, &x, &L->in_d));
-    ASSERT_OK_CTX(L->ctx, cw_tensor_create(L->ctx, &y, &L->out_d));
+    ASSERT_OK_CTX(L->ctx, cw_tensor_create(&x, L->ctx, &L->in_d));
+    ASSERT_OK_CTX(L->ctx, cw_tensor_create(&y, L->ctx, &L->out_d));
     size_t ib = (size_t)cw_tensor_desc_numel(&L->in_d) * 4, ob = (size_t)cw_tensor_desc_numel(&L->out_d) * 4;
     ASSERT_OK_CTX(L->ctx, cw_tensor_upload(x, input, ib));
     ASSERT_OK_CTX(L->ctx, cw_plan_run(plan, &x, 1, &y, 1));
@@ -338,7 +338,7 @@ int main(void) {
         int64_t minb = 0;
         o.policy = CW_PATCHES_AUTO;
         o.streams = 3;
-        ASSERT_OK_CTX(ctx, cw_graph_min_budget(L.g, &o, &minb));
+        ASSERT_OK_CTX(ctx, cw_graph_min_budget(L.g, &minb, &o));
         int64_t budgets[4] = {minb, minb + minb / 2, minb * 4, -1};
         for (int bi = 0; bi < 4; bi++)
             for (int s = 1; s <= 3; s++) {
@@ -368,7 +368,7 @@ int main(void) {
             o.temp_budget = 1024;
             cw_plan *plan = NULL;
             ASSERT_STATUS(cw_graph_compile(L.g, &plan, &o), CW_ERR_BUDGET);
-            const char *msg = strstr(cw_context_last_error(ctx), "smallest budget that works is ");
+            const char *msg = strstr(cw_context_get_last_error(ctx), "smallest budget that works is ");
             ASSERT_TRUE(msg != NULL);
             long long need = atoll(msg + strlen("smallest budget that works is "));
             ASSERT_EQ_I(need, minb);
@@ -445,8 +445,8 @@ int main(void) {
         cw_plan *plan;
         ASSERT_OK_CTX(ctx, cw_graph_compile(L.g, &plan, &o));
         cw_tensor *x, *y;
-        ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &x, &L.in_d));
-        ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &y, &L.out_d));
+        ASSERT_OK_CTX(ctx, cw_tensor_create(&x, ctx, &L.in_d));
+        ASSERT_OK_CTX(ctx, cw_tensor_create(&y, ctx, &L.out_d));
         ASSERT_OK_CTX(ctx, cw_tensor_upload(x, input, (size_t)cw_tensor_desc_numel(&L.in_d) * 4));
         ASSERT_STATUS(cw_plan_write_trace(plan, "/nonexistent-dir/t.json"), CW_ERR_INVALID_ARG); /* not run yet */
         ASSERT_OK_CTX(ctx, cw_plan_run(plan, &x, 1, &y, 1));
@@ -488,12 +488,12 @@ int main(void) {
         ASSERT_TRUE(counters >= 2);
         ASSERT_TRUE(seen_tid[0] && seen_tid[2]);
         char *desc = NULL;
-        ASSERT_OK(cw_plan_describe(plan, 1, &desc));
+        ASSERT_OK(cw_plan_describe(plan, &desc, 1));
         cJSON *dj = cJSON_Parse(desc);
         ASSERT_TRUE(dj && cJSON_IsArray(cJSON_GetObjectItem(dj, "convs")));
         cJSON_Delete(dj);
         cw_free(desc);
-        ASSERT_OK(cw_plan_describe(plan, 0, &desc));
+        ASSERT_OK(cw_plan_describe(plan, &desc, 0));
         ASSERT_TRUE(strstr(desc, "patch 1/2") != NULL);
         cw_free(desc);
         cJSON_Delete(root);

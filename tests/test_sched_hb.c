@@ -21,7 +21,7 @@ static cw_node konst(cw_graph *g, int rank, const int64_t *dims, float scale, fl
     float *h = malloc((size_t)n * sizeof *h);
     for (int64_t i = 0; i < n; i++) h[i] = offset + scale * cw_rng_float(&rng);
     cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &t, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
     ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)n * 4));
     free(h);
     tensors[n_tensors++] = t;
@@ -80,9 +80,9 @@ int main(void) {
         ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
         ASSERT_OK_CTX(ctx, cw_graph_compile(g, &pr, &r));
         cw_tensor *in, *out, *ref;
-        ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &in, &d));
-        ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &out, &d));
-        ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &ref, &d));
+        ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
+        ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &d));
+        ASSERT_OK_CTX(ctx, cw_tensor_create(&ref, ctx, &d));
         size_t bytes = (size_t)cw_tensor_desc_numel(&d) * 4;
         float *hx = malloc(bytes), *hr = malloc(bytes), *ho = malloc(bytes);
         for (size_t i = 0; i < bytes / 4; i++) hx[i] = cw_rng_float(&rng);

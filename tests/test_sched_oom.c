@@ -33,7 +33,7 @@ static cw_status konst(env *e, int rank, const int64_t *dims, float v, cw_node *
     float *h = malloc((size_t)n * sizeof *h);
     for (int64_t i = 0; i < n; i++) h[i] = v * (float)((i * 7919) % 13 - 6) / 6.0f + (rank == 1 ? 1.0f : 0.0f);
     cw_tensor *t = NULL;
-    if ((st = cw_tensor_create(e->ctx, &t, &d)) == CW_OK) {
+    if ((st = cw_tensor_create(&t, e->ctx, &d)) == CW_OK) {
         e->t[e->nt++] = t;
         st = cw_tensor_upload(t, h, (size_t)n * 4);
     }
@@ -89,18 +89,18 @@ static cw_status pass(env *e, float *out, size_t out_bytes, const char *trace) {
     o.temp_budget = 1 << 20;
     TRY(cw_graph_compile(e->g, &e->plan, &o));
     cw_tensor *xt = NULL, *yt = NULL;
-    TRY(cw_tensor_create(e->ctx, &xt, &d));
+    TRY(cw_tensor_create(&xt, e->ctx, &d));
     e->t[e->nt++] = xt;
     cw_tensor_desc yd;
-    TRY(cw_graph_node_desc(e->g, y, &yd));
-    TRY(cw_tensor_create(e->ctx, &yt, &yd));
+    TRY(cw_graph_get_node_desc(e->g, &yd, y));
+    TRY(cw_tensor_create(&yt, e->ctx, &yd));
     e->t[e->nt++] = yt;
     float hx[8 * 12 * 10];
     for (int i = 0; i < 8 * 12 * 10; i++) hx[i] = (float)((i * 31) % 17 - 8) / 8.0f;
     TRY(cw_tensor_upload(xt, hx, sizeof hx));
     TRY(cw_plan_run(e->plan, &xt, 1, &yt, 1));
     char *s = NULL;
-    TRY(cw_plan_describe(e->plan, 1, &s));
+    TRY(cw_plan_describe(e->plan, &s, 1));
     cw_free(s);
     TRY(cw_plan_write_trace(e->plan, trace));
     return cw_tensor_download(yt, out, out_bytes);

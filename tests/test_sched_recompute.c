@@ -79,7 +79,7 @@ static cw_node konst(gctx *c, const float *v, int rank, const int64_t *dims) {
     cw_tensor_desc d;
     ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
     cw_tensor *t;
-    ASSERT_OK_CTX(c->ctx, cw_tensor_create(c->ctx, &t, &d));
+    ASSERT_OK_CTX(c->ctx, cw_tensor_create(&t, c->ctx, &d));
     ASSERT_OK(cw_tensor_upload(t, v, (size_t)cw_tensor_desc_numel(&d) * 4));
     c->t[c->nt++] = t;
     cw_node n;
@@ -140,8 +140,8 @@ static float *run(gctx *c, cw_plan *p, const float *in, int64_t *n_out) {
     cw_tensor_desc d;
     ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
     cw_tensor *tx, *ty;
-    ASSERT_OK(cw_tensor_create(c->ctx, &tx, &d));
-    ASSERT_OK(cw_tensor_create(c->ctx, &ty, &d));
+    ASSERT_OK(cw_tensor_create(&tx, c->ctx, &d));
+    ASSERT_OK(cw_tensor_create(&ty, c->ctx, &d));
     ASSERT_OK(cw_tensor_upload(tx, in, (size_t)cw_tensor_desc_numel(&d) * 4));
     ASSERT_OK_CTX(c->ctx, cw_plan_run(p, &tx, 1, &ty, 1));
     *n_out = cw_tensor_desc_numel(&d);
@@ -268,7 +268,7 @@ int main(void) {
     /* 3. below what recomputing reaches: a budget error naming it */
     o.memory_budget = reached / 2;
     CHECK(cw_graph_compile(c.g, &pr, &o) == CW_ERR_BUDGET);
-    CHECK(strstr(cw_context_last_error(c.ctx), "with every recomputable block recomputed") != NULL);
+    CHECK(strstr(cw_context_get_last_error(c.ctx), "with every recomputable block recomputed") != NULL);
     cw_plan_destroy(ps);
     free(ys);
     unbuild(&c);

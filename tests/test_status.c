@@ -50,8 +50,8 @@ int main(void) {
     ASSERT_STATUS(cw_context_create(&ctx, &c), CW_ERR_INVALID_ARG);
     c.backend = CW_BACKEND_CPU;
     ASSERT_OK(cw_context_create(&ctx, &c));
-    ASSERT_TRUE(strcmp(cw_context_backend_name(ctx), "cpu") == 0);
-    ASSERT_TRUE(strcmp(cw_context_last_error(ctx), "") == 0);
+    ASSERT_TRUE(strcmp(cw_context_get_backend_name(ctx), "cpu") == 0);
+    ASSERT_TRUE(strcmp(cw_context_get_last_error(ctx), "") == 0);
 
     /* Tensor argument errors name the field. */
     cw_tensor_desc d;
@@ -62,14 +62,14 @@ int main(void) {
     ASSERT_EQ_I(d.strides[0], 4);
     d.dims[1] = -1;
     cw_tensor *t = NULL;
-    ASSERT_STATUS(cw_tensor_create(ctx, &t, &d), CW_ERR_INVALID_ARG);
-    ASSERT_TRUE(strstr(cw_context_last_error(ctx), "dims[1]") != NULL);
+    ASSERT_STATUS(cw_tensor_create(&t, ctx, &d), CW_ERR_INVALID_ARG);
+    ASSERT_TRUE(strstr(cw_context_get_last_error(ctx), "dims[1]") != NULL);
     d.dims[1] = 4;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(ctx, &t, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
     float h[12], back[12];
     for (int i = 0; i < 12; i++) h[i] = (float)i * 0.5f;
     ASSERT_STATUS(cw_tensor_upload(t, h, 11 * sizeof(float)), CW_ERR_INVALID_ARG);
-    ASSERT_TRUE(strstr(cw_context_last_error(ctx), "bytes") != NULL);
+    ASSERT_TRUE(strstr(cw_context_get_last_error(ctx), "bytes") != NULL);
     ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, sizeof h));
     ASSERT_OK_CTX(ctx, cw_tensor_download(t, back, sizeof back));
     ASSERT_TRUE(memcmp(h, back, sizeof h) == 0);

@@ -75,7 +75,7 @@ static void check_part(int part, int64_t batch, int64_t h, int64_t w, uint64_t s
         o.policy = k == 2 ? CW_PATCHES_FIXED : CW_PATCHES_AUTO;
         o.patches = 3;
         int64_t minb = 0;
-        ASSERT_OK_CTX(ctx, cw_graph_min_budget(mb->graph, &o, &minb));
+        ASSERT_OK_CTX(ctx, cw_graph_min_budget(mb->graph, &minb, &o));
         o.temp_budget = minb + k * minb / 2;
         float *ys = run(mb, &o, x);
         double d = max_diff(ys, yb, nout1 * batch);

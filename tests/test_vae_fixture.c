@@ -203,7 +203,7 @@ static void check_encoder(void) {
             o.temp_budget = -1;
         } else {
             o.streams = 1 + k;
-            ASSERT_OK_CTX(ctx, cw_graph_min_budget(m->graph, &o, &o.temp_budget));
+            ASSERT_OK_CTX(ctx, cw_graph_min_budget(m->graph, &o.temp_budget, &o));
         }
         cw_plan *plan = NULL;
         ASSERT_EQ_I(vae_compile(m, &o, &plan, err, sizeof(err)), CW_OK);
@@ -370,7 +370,7 @@ int main(void) {
             o.policy = k < 2 ? CW_PATCHES_AUTO : CW_PATCHES_FIXED;
             o.patches = (int)cw_rng_range(&rng, 2, 6);
             int64_t minb = 0;
-            ASSERT_OK_CTX(ctx, cw_graph_min_budget(m->graph, &o, &minb));
+            ASSERT_OK_CTX(ctx, cw_graph_min_budget(m->graph, &minb, &o));
             /* k = 0: the smallest budget that works; else a little above it */
             o.temp_budget = k == 0 ? minb : minb + cw_rng_range(&rng, 0, minb);
             cw_plan *plan = NULL;

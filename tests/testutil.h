@@ -59,7 +59,7 @@ static int cw_test_failures;
         cw_status cw_s_ = (call);                                                                    \
         if (cw_s_ != CW_OK) {                                                                        \
             fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cw_status_name(cw_s_), (ctx) ? cw_context_last_error(ctx) : "");                \
+                    cw_status_name(cw_s_), (ctx) ? cw_context_get_last_error(ctx) : "");                \
             exit(1);                                                                                 \
         }                                                                                            \
     } while (0)

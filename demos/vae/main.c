@@ -536,7 +536,7 @@ static void diagnose_nonfinite(const opts *o, cw_context *ctx, const job *jb, ru
         int64_t bytes = 0;
         for (int i = 0; i < m->n_stages; i++) {
             cw_tensor_desc d;
-            if (cw_graph_node_desc(m->graph, m->stage[i], &d) == CW_OK) bytes += cw_tensor_desc_numel(&d) * 4;
+            if (cw_graph_get_node_desc(m->graph, &d, m->stage[i]) == CW_OK) bytes += cw_tensor_desc_numel(&d) * 4;
         }
         if (bytes > ((int64_t)1 << 30)) snprintf(msg, sizeof(msg), "too large to keep every block's output to say where it began");
         else if (vae_first_nonfinite_stage(m, jb->in, msg, sizeof(msg)) == 1)
@@ -572,7 +572,7 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
         code = exit_for(st);
         goto done;
     }
-    snprintf(res->backend, sizeof(res->backend), "%s", cw_context_backend_name(ctx));
+    snprintf(res->backend, sizeof(res->backend), "%s", cw_context_get_backend_name(ctx));
     int rcw = o->weights ? vae_weights_open_file(&w, o->weights, res->err, sizeof(res->err))
                          : vae_weights_random(&w, o->seed, res->err, sizeof(res->err));
     if (rcw) {
@@ -600,7 +600,7 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
             res->over_budget = 1;
             res->min_budget = -1;
             int64_t mb;
-            if (cw_graph_min_budget(m->graph, &co, &mb) == CW_OK) res->min_budget = mb;
+            if (cw_graph_min_budget(m->graph, &mb, &co) == CW_OK) res->min_budget = mb;
         }
         if (st == CW_ERR_UNSUPPORTED) explain_dtype(o, res);
         code = exit_for(st);
@@ -608,7 +608,7 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
     }
     if (rc->describe) {
         char *text = NULL;
-        if (cw_plan_describe(plan, 0, &text) == CW_OK) printf("plan (%s):\n%s\n", rc->label, text);
+        if (cw_plan_describe(plan, &text, 0) == CW_OK) printf("plan (%s):\n%s\n", rc->label, text);
         cw_free(text);
         fflush(stdout);
     }
@@ -630,7 +630,7 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
     if (rc->trace && jb->trace_tmp) {
         st = cw_plan_write_trace(plan, jb->trace_tmp);
         if (st != CW_OK) {
-            snprintf(res->err, sizeof(res->err), "--trace %s: %s", o->trace, cw_context_last_error(ctx));
+            snprintf(res->err, sizeof(res->err), "--trace %s: %s", o->trace, cw_context_get_last_error(ctx));
             code = EXIT_RUN;
             goto done;
         }

@@ -211,7 +211,7 @@ typedef struct bld {
 
 static void fail_ctx(bld *b, cw_status st, const char *what) {
     b->st = st;
-    st_errf(b->err, b->errlen, "%s: %s: %s", what, cw_status_name(st), b->m ? cw_context_last_error(b->m->ctx) : "");
+    st_errf(b->err, b->errlen, "%s: %s: %s", what, cw_status_name(st), b->m ? cw_context_get_last_error(b->m->ctx) : "");
 }
 
 static int grow(bld *b, size_t n) {
@@ -267,7 +267,7 @@ static cw_node param(bld *b, const char *key, int rank, const int64_t *shape) {
         m->cap_consts = cap;
     }
     cw_tensor *t = NULL;
-    st = cw_tensor_create(m->ctx, &t, &d);
+    st = cw_tensor_create(&t, m->ctx, &d);
     if (st != CW_OK) {
         fail_ctx(b, st, key);
         return CW_NODE_NONE;
@@ -699,7 +699,7 @@ cw_status vae_build(vae_model **out, cw_context *ctx, const vae_config *cfg, vae
     m->output = part == VAE_DECODER ? decoder(&b, m->input) : encoder(&b, m->input);
     if (b.st != CW_OK) goto fail;
     st = cw_graph_output(m->graph, m->output, part == VAE_DECODER ? "sample" : "moments");
-    if (st == CW_OK) st = cw_graph_node_desc(m->graph, m->output, &m->out_desc);
+    if (st == CW_OK) st = cw_graph_get_node_desc(m->graph, &m->out_desc, m->output);
     for (int i = 0; st == CW_OK && i < m->n_stages; i++)
         if (m->stage[i] != m->output) st = cw_graph_output(m->graph, m->stage[i], m->stage_name[i]);
     if (st != CW_OK) {
@@ -728,7 +728,7 @@ void vae_model_destroy(vae_model *m) {
 cw_status vae_compile(vae_model *m, const cw_compile_options *opt, cw_plan **plan, char *err, size_t errlen) {
     *plan = NULL;
     cw_status st = cw_graph_compile(m->graph, plan, opt);
-    if (st != CW_OK) st_errf(err, errlen, "compile: %s", cw_context_last_error(m->ctx));
+    if (st != CW_OK) st_errf(err, errlen, "compile: %s", cw_context_get_last_error(m->ctx));
     return st;
 }
 
@@ -748,10 +748,10 @@ static cw_status run_outputs(vae_model *m, cw_plan *plan, const float *in, int n
     size_t es = cw_dtype_size(m->dtype);
     uint16_t *tmp = NULL;
     const char *what = "input tensor";
-    cw_status st = cw_tensor_create(m->ctx, &x, &m->in_desc);
+    cw_status st = cw_tensor_create(&x, m->ctx, &m->in_desc);
     what = "output tensor";
     for (int i = 0; st == CW_OK && i < ny; i++) {
-        st = cw_tensor_create(m->ctx, &y[i], &yd[i]);
+        st = cw_tensor_create(&y[i], m->ctx, &yd[i]);
         if (cw_tensor_desc_numel(&yd[i]) > nmax) nmax = cw_tensor_desc_numel(&yd[i]);
     }
     if (st != CW_OK) goto done;
@@ -782,7 +782,7 @@ static cw_status run_outputs(vae_model *m, cw_plan *plan, const float *in, int n
         }
     }
 done:
-    if (st != CW_OK) st_errf(err, errlen, "%s: %s: %s", what, cw_status_name(st), cw_context_last_error(m->ctx));
+    if (st != CW_OK) st_errf(err, errlen, "%s: %s: %s", what, cw_status_name(st), cw_context_get_last_error(m->ctx));
     free(tmp);
     cw_tensor_destroy(x);
     for (int i = 0; i < ny; i++) cw_tensor_destroy(y[i]);
@@ -806,7 +806,7 @@ int vae_first_nonfinite_stage(vae_model *m, const float *in, char *msg, size_t m
     yd[0] = m->out_desc;
     for (int i = 0; i < m->n_stages; i++) {
         at[i] = m->stage[i] == m->output ? 0 : ny++;
-        if (at[i] && cw_graph_node_desc(m->graph, m->stage[i], &yd[at[i]]) != CW_OK) goto out;
+        if (at[i] && cw_graph_get_node_desc(m->graph, &yd[at[i]], m->stage[i]) != CW_OK) goto out;
     }
     for (int i = 0; i < ny; i++)
         if (!(ys[i] = malloc((size_t)cw_tensor_desc_numel(&yd[i]) * sizeof(float)))) {

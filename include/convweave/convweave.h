@@ -1,6 +1,6 @@
 /* convweave — convolutions scheduled across streams under a hard temporary-memory cap.
  * This header is the whole public API. Every call returns a cw_status; the context keeps
- * a human-readable message (cw_context_last_error) naming the argument, shape or offset. */
+ * a human-readable message (cw_context_get_last_error) naming the argument, shape or offset. */
 #ifndef CONVWEAVE_H
 #define CONVWEAVE_H
 
@@ -23,6 +23,12 @@ extern "C" {
 #define CW_VERSION_MINOR 1
 #define CW_VERSION_PATCH 0
 #define CW_VERSION_NUMBER (CW_VERSION_MAJOR * 10000 + CW_VERSION_MINOR * 100 + CW_VERSION_PATCH)
+
+/* Conventions. Constructors (cw_<object>_create, cw_tensor_wrap) take the new handle
+ * first: cw_context_create(&ctx, cfg), cw_tensor_create(&t, ctx, desc). Every other call
+ * takes the object it acts on first, then its out-parameters, then its inputs:
+ * cw_graph_conv(g, &y, x, w, b, p), cw_graph_min_budget(g, &bytes, opt). A call that reads
+ * a property of an object is cw_<object>_get_<property> (cw_plan_get_stats). */
 
 /* Returns CW_VERSION_NUMBER of the library actually loaded (may differ from the header). */
 CW_API int cw_version(void);
@@ -118,9 +124,9 @@ CW_API cw_status cw_context_create(cw_context **out, const cw_context_config *cf
 CW_API void cw_context_destroy(cw_context *ctx);
 /* The message of the last failed call on this context ("" if none). Valid until the next
  * call on the context from the same thread. */
-CW_API const char *cw_context_last_error(const cw_context *ctx);
+CW_API const char *cw_context_get_last_error(const cw_context *ctx);
 /* Which backend the context runs ("cpu" or "cuda"). */
-CW_API const char *cw_context_backend_name(const cw_context *ctx);
+CW_API const char *cw_context_get_backend_name(const cw_context *ctx);
 /* Blocks until all work queued on the context's streams has finished. */
 CW_API cw_status cw_context_synchronize(cw_context *ctx);
 
@@ -144,15 +150,16 @@ CW_API cw_status cw_tensor_desc_make(cw_tensor_desc *d, cw_dtype dt, int rank, c
 
 typedef struct cw_tensor cw_tensor;
 /* Allocates a device tensor (activations memory, not the temp budget). Contents undefined. */
-CW_API cw_status cw_tensor_create(cw_context *ctx, cw_tensor **out, const cw_tensor_desc *desc);
+CW_API cw_status cw_tensor_create(cw_tensor **out, cw_context *ctx, const cw_tensor_desc *desc);
 /* Wraps caller device memory (host memory on the cpu backend); the caller keeps ownership
  * and must keep it alive while the tensor is used. */
-CW_API cw_status cw_tensor_wrap(cw_context *ctx, cw_tensor **out, const cw_tensor_desc *desc, void *data);
+CW_API cw_status cw_tensor_wrap(cw_tensor **out, cw_context *ctx, const cw_tensor_desc *desc, void *data);
 /* Frees a tensor (and its memory if the library allocated it). Accepts NULL. */
 CW_API void cw_tensor_destroy(cw_tensor *t);
+/* The tensor's descriptor (dims and strides), owned by t. */
 CW_API const cw_tensor_desc *cw_tensor_get_desc(const cw_tensor *t);
 /* Device pointer of the first element. */
-CW_API void *cw_tensor_data(const cw_tensor *t);
+CW_API void *cw_tensor_get_data(const cw_tensor *t);
 /* Copies `bytes` of host memory into a contiguous tensor, synchronously. bytes must equal
  * the tensor's size. */
 CW_API cw_status cw_tensor_upload(cw_tensor *t, const void *host, size_t bytes);
@@ -180,11 +187,11 @@ typedef struct cw_memory_stats {
     int64_t activations_bytes_peak;
 } cw_memory_stats;
 
-CW_API cw_status cw_context_memory_stats(cw_context *ctx, cw_memory_stats *out);
+CW_API cw_status cw_context_get_memory_stats(cw_context *ctx, cw_memory_stats *out);
 /* Resets the *_peak fields to the current values. */
 CW_API void cw_context_reset_peak_stats(cw_context *ctx);
 /* Host synchronisations made by the backend since context creation (cpu: exact count). */
-CW_API int64_t cw_context_host_syncs(const cw_context *ctx);
+CW_API int64_t cw_context_get_host_syncs(const cw_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
  * Convolution parameters. Spatial dims: 2 (x: [N, C, H, W]) or 3 (x: [N, C, D, H, W]);
@@ -245,7 +252,7 @@ CW_API cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_nod
  * cw_plan_run takes them in that order. name (may be NULL) names it in error messages. */
 CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 /* Descriptor of a node's result (dims are known at build time). */
-CW_API cw_status cw_graph_node_desc(const cw_graph *g, cw_node node, cw_tensor_desc *out);
+CW_API cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */
@@ -284,7 +291,7 @@ typedef struct cw_compile_options {
 CW_API cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
 /* The smallest temp budget under which cw_graph_compile(g, opt) succeeds (opt's budget
  * ignored). */
-CW_API cw_status cw_graph_min_budget(cw_graph *g, const cw_compile_options *opt, int64_t *out_bytes);
+CW_API cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_options *opt);
 CW_API void cw_plan_destroy(cw_plan *p);
 /* Runs the plan: inputs in cw_graph_input order, outputs in cw_graph_output order, each
  * shaped as declared (outputs may be strided views). Enqueues everything on the context's
@@ -331,7 +338,7 @@ CW_API cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user)
 /* Describes the plan: per conv its patches (output rows, input rows, pre/post padding),
  * algorithm and workspace per patch, predicted peak temp, halo overhead. Returns a
  * NUL-terminated string the caller frees with cw_free. json != 0: JSON, else text. */
-CW_API cw_status cw_plan_describe(const cw_plan *p, int json, char **out);
+CW_API cw_status cw_plan_describe(const cw_plan *p, char **out, int json);
 /* Writes a Chrome trace (Perfetto-compatible) JSON of the last run: one track per stream
  * and a counter track of temp bytes in use. Needs CW_FLAG_TIMING on the context. */
 CW_API cw_status cw_plan_write_trace(const cw_plan *p, const char *path);
@@ -346,8 +353,8 @@ CW_API void cw_free(void *ptr);
 CW_API cw_status cw_conv_forward(cw_context *ctx, const cw_tensor *x, const cw_tensor *w, const cw_tensor *b,
                                  cw_tensor *y, const cw_conv_params *p, const cw_compile_options *opt);
 /* Output descriptor (contiguous) of a convolution, validating every parameter. */
-CW_API cw_status cw_conv_output_desc(cw_context *ctx, const cw_tensor_desc *x, const cw_tensor_desc *w,
-                                     const cw_conv_params *p, cw_tensor_desc *y);
+CW_API cw_status cw_conv_output_desc(cw_context *ctx, cw_tensor_desc *y, const cw_tensor_desc *x,
+                                     const cw_tensor_desc *w, const cw_conv_params *p);
 
 #ifdef __cplusplus
 }

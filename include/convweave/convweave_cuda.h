@@ -26,7 +26,7 @@ enum {
     CW_FLAG_CUDA_AUTOTUNE = 1u << 17
 };
 
-/* Device memory: cw_tensor_wrap(ctx, &t, desc, ptr) wraps a pointer the caller allocated
+/* Device memory: cw_tensor_wrap(&t, ctx, desc, ptr) wraps a pointer the caller allocated
  * (cudaMalloc, cudaMallocAsync, a pool, or managed memory) on the context's device; the
  * library neither frees nor copies it, and the caller keeps it alive while any plan or
  * call uses t. Any element-aligned pointer works; a 16-byte aligned one lets cuDNN choose
@@ -46,10 +46,10 @@ CW_API cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *cu
 
 /* The cudaStream_t (as void *) behind the context's stream `index`, created on first use.
  * Stays owned by the context (or by the caller who set it). */
-CW_API cw_status cw_context_get_cuda_stream(cw_context *ctx, int index, void **cuda_stream);
+CW_API cw_status cw_context_get_cuda_stream(cw_context *ctx, void **cuda_stream, int index);
 
 /* The CUDA device index the context runs on. */
-CW_API cw_status cw_context_cuda_device(const cw_context *ctx, int *device);
+CW_API cw_status cw_context_get_cuda_device(const cw_context *ctx, int *device);
 
 #ifdef __cplusplus
 }

@@ -12,14 +12,14 @@ cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *s) {
                : CW_ERR_INVALID_ARG;
 }
 
-cw_status cw_context_get_cuda_stream(cw_context *ctx, int index, void **s) {
+cw_status cw_context_get_cuda_stream(cw_context *ctx, void **s, int index) {
     (void)index;
     if (s) *s = NULL;
     return ctx ? cw__error(ctx, CW_ERR_UNSUPPORTED, "cw_context_get_cuda_stream: convweave was built without CUDA")
                : CW_ERR_INVALID_ARG;
 }
 
-cw_status cw_context_cuda_device(const cw_context *ctx, int *d) {
+cw_status cw_context_get_cuda_device(const cw_context *ctx, int *d) {
     (void)d;
     return ctx ? CW_ERR_UNSUPPORTED : CW_ERR_INVALID_ARG;
 }

@@ -98,9 +98,9 @@ void cw_context_destroy(cw_context *ctx) {
     cw__free(ctx);
 }
 
-const char *cw_context_last_error(const cw_context *ctx) { return ctx ? ctx->err : ""; }
+const char *cw_context_get_last_error(const cw_context *ctx) { return ctx ? ctx->err : ""; }
 
-const char *cw_context_backend_name(const cw_context *ctx) {
+const char *cw_context_get_backend_name(const cw_context *ctx) {
     return ctx && ctx->be ? ctx->be->i->name : "none";
 }
 
@@ -136,7 +136,7 @@ cw_status cw_context_synchronize(cw_context *ctx) {
     return CW_OK;
 }
 
-cw_status cw_context_memory_stats(cw_context *ctx, cw_memory_stats *out) {
+cw_status cw_context_get_memory_stats(cw_context *ctx, cw_memory_stats *out) {
     if (!ctx || !out) return CW_ERR_INVALID_ARG;
     cw_memory_stats act;
     memset(out, 0, sizeof *out);
@@ -153,6 +153,6 @@ void cw_context_reset_peak_stats(cw_context *ctx) {
     cw__alloc_reset_peaks(ctx->act);
 }
 
-int64_t cw_context_host_syncs(const cw_context *ctx) {
+int64_t cw_context_get_host_syncs(const cw_context *ctx) {
     return ctx && ctx->be ? ctx->be->i->host_syncs(ctx->be) : 0;
 }

@@ -36,7 +36,7 @@ static cw_status cw__tensor_new(cw_context *ctx, cw_tensor **out, const cw_tenso
     return CW_OK;
 }
 
-cw_status cw_tensor_create(cw_context *ctx, cw_tensor **out, const cw_tensor_desc *desc) {
+cw_status cw_tensor_create(cw_tensor **out, cw_context *ctx, const cw_tensor_desc *desc) {
     cw_status st = cw__tensor_new(ctx, out, desc, "cw_tensor_create");
     if (st != CW_OK) return st;
     cw_tensor *t = *out;
@@ -53,7 +53,7 @@ cw_status cw_tensor_create(cw_context *ctx, cw_tensor **out, const cw_tensor_des
     return CW_OK;
 }
 
-cw_status cw_tensor_wrap(cw_context *ctx, cw_tensor **out, const cw_tensor_desc *desc, void *data) {
+cw_status cw_tensor_wrap(cw_tensor **out, cw_context *ctx, const cw_tensor_desc *desc, void *data) {
     if (!data) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_tensor_wrap: data is NULL");
     cw_status st = cw__tensor_new(ctx, out, desc, "cw_tensor_wrap");
     if (st != CW_OK) return st;
@@ -68,7 +68,7 @@ void cw_tensor_destroy(cw_tensor *t) {
 }
 
 const cw_tensor_desc *cw_tensor_get_desc(const cw_tensor *t) { return t ? &t->desc : NULL; }
-void *cw_tensor_data(const cw_tensor *t) { return t ? t->data : NULL; }
+void *cw_tensor_get_data(const cw_tensor *t) { return t ? t->data : NULL; }
 
 static cw_status cw__copy_check(const cw_tensor *t, size_t bytes, const char *what) {
     if (!t) return CW_ERR_INVALID_ARG;

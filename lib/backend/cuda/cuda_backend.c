@@ -762,7 +762,7 @@ cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *cuda_stre
     return CW_OK;
 }
 
-cw_status cw_context_get_cuda_stream(cw_context *ctx, int index, void **cuda_stream) {
+cw_status cw_context_get_cuda_stream(cw_context *ctx, void **cuda_stream, int index) {
     if (cuda_stream) *cuda_stream = NULL;
     cw_status st = cw__cuda_ctx_check(ctx, index, "cw_context_get_cuda_stream");
     if (st != CW_OK) return st;
@@ -773,7 +773,7 @@ cw_status cw_context_get_cuda_stream(cw_context *ctx, int index, void **cuda_str
     return CW_OK;
 }
 
-cw_status cw_context_cuda_device(const cw_context *ctx, int *device) {
+cw_status cw_context_get_cuda_device(const cw_context *ctx, int *device) {
     if (!ctx || !device) return CW_ERR_INVALID_ARG;
     if (!ctx->be || ctx->be->i != &cw__cuda_iface) return CW_ERR_UNSUPPORTED;
     *device = cw__cb(ctx->be)->device;

@@ -720,7 +720,7 @@ static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, con
         if (cw__cudnn_graph_build(ctx, p, align, c->handle, 1, &e->gf) == CW_OK)
             cw__heuristics_both(c, &e->gf, dt, rawf, &n_rawf, &sba, &sbf);
         else
-            cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: no bias-fused graph: %s", cw_context_last_error(ctx));
+            cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: no bias-fused graph: %s", cw_context_get_last_error(ctx));
     }
     /* Order: every engine at its best knobs (packed first: where packing is needed the
      * direct list holds only a generic engine; then bias-fused and unfused alternately,

@@ -92,8 +92,8 @@ def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
     shape[0] = max(1, shape[0])  # an empty batch: the shape of one, then none
     xd = type(xv)(None, 0, xv.dtype, shape, [0] * len(shape), "").desc()
     wd, yd = wv.desc(), C.cw_tensor_desc()
-    ctx.call(lib.cw_conv_output_desc, ctx.handle, ctypes.byref(xd), ctypes.byref(wd), ctypes.byref(params),
-             ctypes.byref(yd))
+    ctx.call(lib.cw_conv_output_desc, ctx.handle, ctypes.byref(yd), ctypes.byref(xd), ctypes.byref(wd),
+             ctypes.byref(params))
     yshape = [yd.dims[i] for i in range(yd.rank)]
     yshape[0] = xv.shape[0]
     y = _new_like(xv.obj, tuple(yshape))

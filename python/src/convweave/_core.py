@@ -11,7 +11,7 @@ from ._lib import lib
 
 class Error(RuntimeError):
     """A failed convweave call. status: the status name ("CW_ERR_BUDGET"); message: the
-    library's message (cw_context_last_error) naming the argument, shape or file at fault."""
+    library's message (cw_context_get_last_error) naming the argument, shape or file at fault."""
 
     def __init__(self, status, message, min_budget=None):
         self.status = status
@@ -147,7 +147,7 @@ class Context:
             raise Error(status_name(st), f"cw_context_create(backend={backend!r}, device={device}, "
                         f"streams={streams}) failed (the library logged why)")
         self.handle = h
-        self.backend = lib.cw_context_backend_name(h).decode()
+        self.backend = lib.cw_context_get_backend_name(h).decode()
 
     # The context owns the handles made on it (tensors, graphs, plans) and frees those still
     # alive before itself: Python may finalise a context before the objects that use it
@@ -175,7 +175,7 @@ class Context:
     __del__ = close
 
     def last_error(self):
-        return lib.cw_context_last_error(self.handle).decode(errors="replace")
+        return lib.cw_context_get_last_error(self.handle).decode(errors="replace")
 
     def check(self, st, what=""):
         """Raises Error with the library's message for a failed status."""
@@ -192,7 +192,7 @@ class Context:
 
     def memory_stats(self):
         s = C.cw_memory_stats()
-        self.call(lib.cw_context_memory_stats, self.handle, ctypes.byref(s))
+        self.call(lib.cw_context_get_memory_stats, self.handle, ctypes.byref(s))
         return {n: getattr(s, n) for n, _ in s._fields_}
 
     def reset_peak_stats(self):
@@ -218,7 +218,7 @@ class Tensor:
         self.ctx, self.view, self.handle = ctx, view, None
         d = view.desc()
         h = ctypes.c_void_p()
-        ctx.call(lib.cw_tensor_wrap, ctx.handle, ctypes.byref(h), ctypes.byref(d), ctypes.c_void_p(view.ptr))
+        ctx.call(lib.cw_tensor_wrap, ctypes.byref(h), ctx.handle, ctypes.byref(d), ctypes.c_void_p(view.ptr))
         ctx.own("tensor", h, lib.cw_tensor_destroy)
         self.handle = h
 
@@ -312,13 +312,13 @@ class Graph:
 
     def shape(self, node):
         d = C.cw_tensor_desc()
-        self.ctx.call(lib.cw_graph_node_desc, self.handle, node, ctypes.byref(d))
+        self.ctx.call(lib.cw_graph_get_node_desc, self.handle, ctypes.byref(d), node)
         return tuple(d.dims[i] for i in range(d.rank))
 
     def min_budget(self, **opts):
         o = compile_options(**opts)
         b = C.c_int64()
-        self.ctx.call(lib.cw_graph_min_budget, self.handle, ctypes.byref(o), ctypes.byref(b))
+        self.ctx.call(lib.cw_graph_min_budget, self.handle, ctypes.byref(b), ctypes.byref(o))
         return b.value
 
     def compile(self, **opts):
@@ -368,7 +368,7 @@ class Plan:
         """The plan as text (per conv: patches, rows, halos, algorithm, workspace; the
         predicted peak temp), or as a dict with json_format=True."""
         out = ctypes.c_void_p()
-        self.ctx.call(lib.cw_plan_describe, self.handle, int(bool(json_format)), ctypes.byref(out))
+        self.ctx.call(lib.cw_plan_describe, self.handle, ctypes.byref(out), int(bool(json_format)))
         try:
             text = ctypes.string_at(out.value).decode()
         finally:
