@@ -3,8 +3,8 @@
 # tests run twice, on this machine's OpenBLAS kernels and on the AVX2 (Haswell) ones, then
 # ASan+UBSan and TSan builds of the cpu backend, then the safetensors, config.json and npy
 # fuzz targets (clang, libFuzzer) over their regression corpora plus fixed-seed runs of new
-# inputs.
-# Usage: scripts/test.sh [release|asan|tsan|fuzz]...
+# inputs, then the Python package's tests in a venv outside the clone.
+# Usage: scripts/test.sh [release|asan|tsan|fuzz|python]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
