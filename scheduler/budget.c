@@ -13,11 +13,10 @@
  * make room) does not fit either: CW_ERR_BUDGET. */
 static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allocated, int64_t *segments) {
     cw__backend *dry = NULL;
-    cw__allocator *temp = NULL, *act = NULL;
+    cw__allocator *temp = NULL;
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
     if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
-    if (st == CW_OK) st = cw__alloc_create(&act, p->ctx, dry, 0, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
-    if (st == CW_OK) st = cw__plan_execute(p, dry, temp, act, 1, peak, peak_allocated);
+    if (st == CW_OK) st = cw__plan_execute(p, dry, temp, 1, peak, peak_allocated);
     if (st == CW_OK && dry->i->host_syncs(dry) > p->n_streams)
         st = cw__error(p->ctx, CW_ERR_BUDGET, "compile: the plan would need a host synchronisation mid-run");
     if (segments) { /* device segments the run takes: the arena, and any beyond it */
@@ -26,7 +25,6 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allo
         *segments = ms.num_device_allocs;
     }
     cw__alloc_destroy(temp);
-    cw__alloc_destroy(act);
     if (dry) dry->i->destroy(dry);
     return st;
 }

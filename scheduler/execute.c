@@ -151,7 +151,7 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
 typedef struct cw__exec {
     cw_plan *p;
     cw__backend *be;
-    cw__allocator *temp, *act;
+    cw__allocator *temp; /* temporaries only: activations sit at fixed arena offsets */
     int dry;
     int nvtx, nvtx_worker, timing;
     cw__timer *timer;     /* device timestamps instead of host callbacks (p->timer) */
@@ -229,10 +229,6 @@ cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp) {
 
 static cw_status cw__exec_prime(cw__exec *x) { return cw__plan_prime(x->p, x->temp); }
 
-static cw__allocator *cw__exec_pool(const cw__exec *x, int buf) {
-    return x->p->bufs[buf].kind == CW__B_TEMP ? x->temp : x->act;
-}
-
 /* An activation's place in the plan's arena, after the frees of those whose bytes it reuses
  * (dry: a distinct fake address per offset). */
 static cw_status cw__exec_place(cw__exec *x, const cw__action *ac) {
@@ -252,7 +248,7 @@ static cw_status cw__exec_alloc(cw__exec *x, const cw__action *ac) {
     if (b->kind == CW__B_ACT) {
         st = cw__exec_place(x, ac);
     } else {
-        st = cw__alloc_malloc(cw__exec_pool(x, ac->id), b->bytes, x->streams[ac->stream], &p->ptrs[ac->id]);
+        st = cw__alloc_malloc(x->temp, b->bytes, x->streams[ac->stream], &p->ptrs[ac->id]);
         if (st == CW_OK) x->live[ac->id] = 1;
     }
     if (st != CW_OK) return st;
@@ -279,7 +275,7 @@ static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
         st = x->be->i->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]);
     if (st != CW_OK) return st;
     if (p->bufs[ac->id].kind != CW__B_ACT) {
-        st = cw__alloc_free(cw__exec_pool(x, ac->id), p->ptrs[ac->id], x->streams[ac->stream]);
+        st = cw__alloc_free(x->temp, p->ptrs[ac->id], x->streams[ac->stream]);
         x->live[ac->id] = 0;
         return st;
     }
@@ -323,7 +319,7 @@ static cw_status cw__exec_drain(cw__exec *x, cw_status st) {
             if (st == CW_OK) st = s2;
         }
     for (int b = 0; x->live && b < x->p->n_bufs; b++)
-        if (x->live[b]) cw__alloc_free(cw__exec_pool(x, b), x->p->ptrs[b], NULL);
+        if (x->live[b]) cw__alloc_free(x->temp, x->p->ptrs[b], NULL);
     return st;
 }
 
@@ -354,11 +350,11 @@ static cw_status cw__exec_join(cw__exec *x) {
     return st;
 }
 
-cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw__allocator *act, int dry,
+cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int dry,
                            int64_t *peak_temp, int64_t *peak_allocated) {
     cw__exec x;
     memset(&x, 0, sizeof x);
-    x.p = p, x.be = be, x.temp = temp, x.act = act, x.dry = dry;
+    x.p = p, x.be = be, x.temp = temp, x.dry = dry;
     cw_status st = dry ? cw__exec_open_dry(&x) : cw__exec_open_run(&x);
     if (st == CW_OK) st = cw__exec_prime(&x);
     if (st == CW_OK) st = cw__exec_fork(&x);
@@ -484,7 +480,6 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
         }
     }
     cw__alloc_reset_peaks(p->temp);
-    cw__alloc_reset_peaks(ctx->act);
     int64_t syncs0 = ctx->be->i->host_syncs(ctx->be);
     int64_t t0 = cw__now_ns();
     p->run_t0 = t0;
@@ -492,7 +487,7 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     atomic_store(&p->progress_done, 0);
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_push("cw_plan_run", 0, 0);
     int64_t peak = 0;
-    st = cw__plan_execute(p, ctx->be, p->temp, ctx->act, 0, &peak, NULL);
+    st = cw__plan_execute(p, ctx->be, p->temp, 0, &peak, NULL);
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_pop();
     int64_t t1 = cw__now_ns();
     p->stats.host_syncs = ctx->be->i->host_syncs(ctx->be) - syncs0 - p->n_streams;
@@ -503,7 +498,6 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     cw__alloc_forget_frees(p->temp);
     p->stats.wall_ms = (double)(t1 - t0) * 1e-6;
     p->stats.temp_peak = peak;
-    p->stats.activations_peak = p->act_bytes; /* the plan's arena, held from compile to destroy */
     cw__stage_times(p);
     p->ran = st == CW_OK;
     return st;

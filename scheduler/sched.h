@@ -213,7 +213,7 @@ int cw__task_bufs(const cw__task *t, int *out);
 /* sync.c: places allocations and frees on streams and the events between streams. */
 cw_status cw__plan_sync(cw_plan *p);
 /* execute.c: replays the action list on a backend; dry = allocation simulation only. */
-cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, cw__allocator *act, int dry,
+cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int dry,
                            int64_t *peak_temp, int64_t *peak_allocated);
 /* plan.c */
 void cw__plan_free(cw_plan *p);
