@@ -21,24 +21,28 @@ static int cw__life_cmp(const void *x, const void *y) {
     return a->a0 - b->a0;
 }
 
-static int cw__off_cmp(const void *x, const void *y) {
-    const cw__life *a = x, *b = y;
-    return a->size < b->size ? -1 : a->size > b->size; /* size holds the offset here */
+/* A placed block's byte range [lo, hi). */
+typedef struct cw__span {
+    int64_t lo, hi;
+} cw__span;
+
+static int cw__span_cmp(const void *x, const void *y) {
+    const cw__span *a = x, *b = y;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
 }
 
-/* Lowest offset of a `size`-byte block clear of the placed lives overlapping [a0, a1). */
-static int64_t cw__lowest_gap(const cw_plan *p, const cw__life *placed, int n, const cw__life *l, cw__life *scratch) {
+/* Lowest offset of a block of l->size bytes clear of the placed lives overlapping l's. */
+static int64_t cw__lowest_gap(const cw_plan *p, const cw__life *placed, int n, const cw__life *l, cw__span *scratch) {
     int m = 0;
     for (int k = 0; k < n; k++)
-        if (placed[k].a0 < l->a1 && l->a0 < placed[k].a1)
-            scratch[m++] = (cw__life){placed[k].buf, p->bufs[placed[k].buf].offset, 0, 0};
-    qsort(scratch, (size_t)m, sizeof *scratch, cw__off_cmp);
+        if (placed[k].a0 < l->a1 && l->a0 < placed[k].a1) {
+            int64_t lo = p->bufs[placed[k].buf].offset;
+            scratch[m++] = (cw__span){lo, lo + placed[k].size};
+        }
+    qsort(scratch, (size_t)m, sizeof *scratch, cw__span_cmp);
     int64_t off = 0;
-    for (int k = 0; k < m; k++) {
-        int64_t o = scratch[k].size, e = o + cw__alloc_round(p->bufs[scratch[k].buf].bytes);
-        if (off + l->size <= o) break;
-        if (e > off) off = e;
-    }
+    for (int k = 0; k < m && off + l->size > scratch[k].lo; k++)
+        if (scratch[k].hi > off) off = scratch[k].hi;
     return off;
 }
 
@@ -96,7 +100,7 @@ static cw_status cw__reuse_waits(cw_plan *p, const cw__life *lv, int n) {
 cw_status cw__plan_place_activations(cw_plan *p) {
     cw__life *lv = cw__malloc((size_t)p->n_bufs * sizeof *lv + 1);
     cw__life *placed = cw__malloc((size_t)p->n_bufs * sizeof *placed + 1);
-    cw__life *scratch = cw__malloc((size_t)p->n_bufs * sizeof *scratch + 1);
+    cw__span *scratch = cw__malloc((size_t)p->n_bufs * sizeof *scratch + 1);
     int *slot = cw__malloc((size_t)p->n_bufs * sizeof *slot + 1);
     cw_status st = CW_OK;
     if (!lv || !placed || !scratch || !slot) {
