@@ -39,9 +39,34 @@ static void snapshot(void *arg) {
     memcpy(j->dst, j->src, (size_t)j->n * sizeof(float));
 }
 
+/* A context with cfg, a graph with input x [1, C, HW, HW] and constant w [C, C, 3, 3]
+ * (tensor *tw, filled from hw). */
+static void setup(const cw_context_config *cfg, const float *hw, cw_context **ctx, cw_graph **g, cw_tensor **tw,
+                  cw_node *x, cw_node *w) {
+    const int64_t xd[4] = {1, C, HW, HW}, wd[4] = {C, C, 3, 3};
+    ASSERT_OK(cw_context_create(ctx, cfg));
+    ASSERT_OK(cw_graph_create(g, *ctx));
+    cw_tensor_desc d, dw;
+    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
+    ASSERT_OK(cw_tensor_desc_make(&dw, CW_F32, 4, wd));
+    ASSERT_OK(cw_tensor_create(tw, *ctx, &dw));
+    ASSERT_OK(cw_tensor_upload(*tw, hw, (size_t)C * C * 9 * 4));
+    ASSERT_OK_CTX(*ctx, cw_graph_input(*g, x, "x", &d));
+    ASSERT_OK_CTX(*ctx, cw_graph_constant(*g, w, "w", *tw));
+}
+
+/* y = conv3x3(x, w), padding 1, no bias. */
+static cw_node conv3(cw_context *ctx, cw_graph *g, cw_node x, cw_node w) {
+    cw_conv_params p = CW_CONV_PARAMS_INIT;
+    p.pad_pre[0] = p.pad_pre[1] = p.pad_post[0] = p.pad_post[1] = 1;
+    cw_node y;
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y, x, w, -1, &p));
+    return y;
+}
+
 int main(void) {
     cw_rng rng = {cw_test_seed(5)};
-    const int64_t xd[4] = {1, C, HW, HW}, wd[4] = {C, C, 3, 3}, n = C * HW * HW;
+    const int64_t xd[4] = {1, C, HW, HW}, n = C * HW * HW;
     float *hx = malloc(n * sizeof *hx), *hw = malloc(C * C * 9 * sizeof *hw), *ref = malloc(n * sizeof *ref);
     for (int64_t i = 0; i < n; i++) hx[i] = cw_rng_float(&rng);
     for (int64_t i = 0; i < C * C * 9; i++) hw[i] = cw_rng_float(&rng);
@@ -51,22 +76,13 @@ int main(void) {
         cfg.backend = CW_BACKEND_CPU;
         cfg.threads = 1;
         cw_context *ctx;
-        ASSERT_OK(cw_context_create(&ctx, &cfg));
         cw_graph *g;
-        ASSERT_OK(cw_graph_create(&g, ctx));
-        cw_tensor_desc d, dw;
-        ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
-        ASSERT_OK(cw_tensor_desc_make(&dw, CW_F32, 4, wd));
         cw_tensor *tw, *tx, *ty;
-        ASSERT_OK(cw_tensor_create(&tw, ctx, &dw));
-        ASSERT_OK(cw_tensor_upload(tw, hw, (size_t)C * C * 9 * 4));
-        cw_node x, w, y;
-        ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &d));
-        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &w, "w", tw));
-        cw_conv_params p = CW_CONV_PARAMS_INIT;
-        p.pad_pre[0] = p.pad_pre[1] = p.pad_post[0] = p.pad_post[1] = 1;
-        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y, x, w, -1, &p));
-        ASSERT_OK_CTX(ctx, cw_graph_output(g, y, "y"));
+        cw_node x, w;
+        setup(&cfg, hw, &ctx, &g, &tw, &x, &w);
+        ASSERT_OK_CTX(ctx, cw_graph_output(g, conv3(ctx, g, x, w), "y"));
+        cw_tensor_desc d;
+        ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
         cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
         o.streams = streams;
         o.policy = CW_PATCHES_FIXED;
@@ -117,21 +133,13 @@ int main(void) {
         cfg.temp_budget = 256 << 10;
         cfg.streams = 3;
         cw_context *ctx;
-        ASSERT_OK(cw_context_create(&ctx, &cfg));
         cw_graph *g;
-        ASSERT_OK(cw_graph_create(&g, ctx));
-        cw_tensor_desc d, dw;
-        ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
-        ASSERT_OK(cw_tensor_desc_make(&dw, CW_F32, 4, wd));
         cw_tensor *tw, *tx, *ty;
-        ASSERT_OK(cw_tensor_create(&tw, ctx, &dw));
-        ASSERT_OK(cw_tensor_upload(tw, hw, (size_t)C * C * 9 * 4));
-        cw_node x, w, h, y;
-        ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &d));
-        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &w, "w", tw));
-        cw_conv_params p = CW_CONV_PARAMS_INIT;
-        p.pad_pre[0] = p.pad_pre[1] = p.pad_post[0] = p.pad_post[1] = 1;
-        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, x, w, -1, &p));
+        cw_node x, w;
+        setup(&cfg, hw, &ctx, &g, &tw, &x, &w);
+        cw_node h = conv3(ctx, g, x, w);
+        cw_tensor_desc d;
+        ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
         /* GroupNorm + SiLU fused into the second conv's prep: patch buffers (temporaries) */
         const int64_t cd[1] = {C};
         float gb[2 * C];
@@ -148,7 +156,7 @@ int main(void) {
         ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nb, "beta", tb));
         ASSERT_OK_CTX(ctx, cw_graph_group_norm(g, &h, h, ng, nb, 2, 1e-6f));
         ASSERT_OK_CTX(ctx, cw_graph_silu(g, &h, h));
-        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y, h, w, -1, &p)); /* h: an activation */
+        cw_node y = conv3(ctx, g, h, w); /* h: an activation */
         ASSERT_OK_CTX(ctx, cw_graph_output(g, y, "y"));
         cw_plan *plan;
         ASSERT_OK_CTX(ctx, cw_graph_compile(g, &plan, NULL));
