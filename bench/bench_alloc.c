@@ -101,8 +101,8 @@ static result bench_allocator(cw__backend *be, cw__stream *as, cw__stream *fs, i
         n += BATCH;
         /* let the streams drain now and then, as a real run's work would */
         if ((it / BATCH) % 64 == 63) {
-            CHECK_OK(be->i->stream_synchronize(be, as));
-            CHECK_OK(be->i->stream_synchronize(be, fs));
+            CHECK_OK(be->rt->stream_synchronize(be, as));
+            CHECK_OK(be->rt->stream_synchronize(be, fs));
         }
     }
     result r;
@@ -115,8 +115,8 @@ static result bench_allocator(cw__backend *be, cw__stream *as, cw__stream *fs, i
     r.pairs_per_s = (double)n / ((double)(t_m + t_f) * 1e-9);
     r.malloc_ns = (double)t_m / (double)n;
     r.free_ns = (double)t_f / (double)n;
-    CHECK_OK(be->i->stream_synchronize(be, as));
-    CHECK_OK(be->i->stream_synchronize(be, fs));
+    CHECK_OK(be->rt->stream_synchronize(be, as));
+    CHECK_OK(be->rt->stream_synchronize(be, fs));
     cw__alloc_destroy(a);
     return r;
 }
@@ -155,7 +155,7 @@ static void bench_conv_pattern(cw__backend *be, cw__stream **s, int64_t budget, 
     cw__allocator *a;
     CHECK_OK(cw__alloc_create(&a, NULL, be, budget, 0));
     cw__event *ev[2];
-    for (int i = 0; i < 2; i++) CHECK_OK(be->i->event_create(be, &ev[i]));
+    for (int i = 0; i < 2; i++) CHECK_OK(be->rt->event_create(be, &ev[i]));
     int64_t t_alloc = 0; /* ns inside allocator calls */
     enum { MAX_PAIRS = 1 << 16 };
     static int64_t pair_ns[MAX_PAIRS]; /* per patch: its two alloc+free pairs */
@@ -173,8 +173,8 @@ static void bench_conv_pattern(cw__backend *be, cw__stream **s, int64_t budget, 
                 CHECK_OK(cw__alloc_malloc(a, pb, light, &buf));
                 int64_t c1 = cw__now_ns();
                 /* light work builds buf; the heavy stream waits for it */
-                CHECK_OK(be->i->event_record(be, ev[p & 1], light));
-                CHECK_OK(be->i->stream_wait_event(be, heavy, ev[p & 1]));
+                CHECK_OK(be->rt->event_record(be, ev[p & 1], light));
+                CHECK_OK(be->rt->stream_wait_event(be, heavy, ev[p & 1]));
                 int64_t c2 = cw__now_ns();
                 CHECK_OK(cw__alloc_malloc(a, ws, heavy, &w));
                 CHECK_OK(cw__alloc_free(a, w, heavy));
@@ -185,7 +185,7 @@ static void bench_conv_pattern(cw__backend *be, cw__stream **s, int64_t budget, 
             }
         }
     }
-    for (int i = 0; i < 3; i++) CHECK_OK(be->i->stream_synchronize(be, s[i]));
+    for (int i = 0; i < 3; i++) CHECK_OK(be->rt->stream_synchronize(be, s[i]));
     qsort(pair_ns, (size_t)n_pairs, sizeof pair_ns[0], cmp_i64);
     cw_memory_stats st;
     memset(&st, 0, sizeof st);
@@ -198,7 +198,7 @@ static void bench_conv_pattern(cw__backend *be, cw__stream **s, int64_t budget, 
            st.cross_stream_waits, st.host_syncs, st.num_device_allocs, (double)st.reserved_bytes_peak / (double)MiB,
            (double)st.allocated_bytes_peak / (double)MiB, (double)t_alloc / (double)st.num_allocs,
            (double)pair_ns[n_pairs / 2] / 2, (double)pair_ns[n_pairs * 99 / 100] / 2);
-    for (int i = 0; i < 2; i++) be->i->event_destroy(be, ev[i]);
+    for (int i = 0; i < 2; i++) be->rt->event_destroy(be, ev[i]);
     cw__alloc_destroy(a);
 }
 
@@ -211,8 +211,8 @@ int main(int argc, char **argv) {
     CHECK_OK(cw__backend_cpu_create(NULL, &cfg, &cpu));
     CHECK_OK(cw__backend_dry_create(cpu, &dry));
     cw__stream *s[3], *d[2];
-    for (int i = 0; i < 3; i++) CHECK_OK(cpu->i->stream_create(cpu, &s[i]));
-    for (int i = 0; i < 2; i++) CHECK_OK(dry->i->stream_create(dry, &d[i]));
+    for (int i = 0; i < 3; i++) CHECK_OK(cpu->rt->stream_create(cpu, &s[i]));
+    for (int i = 0; i < 2; i++) CHECK_OK(dry->rt->stream_create(dry, &d[i]));
 
     printf("bench_alloc: %" PRId64 " alloc+free pairs per row, sizes 256 B .. 4 MiB, batches of %d\n", iters, BATCH);
     printf("%-34s %10.0f pairs/s\n", "malloc/free (glibc)", bench_malloc(iters));
@@ -229,8 +229,8 @@ int main(int argc, char **argv) {
     bench_conv_pattern(cpu, s, 96 * MiB, 20);
     bench_conv_pattern(cpu, s, 48 * MiB, 20);
 
-    for (int i = 0; i < 3; i++) cpu->i->stream_destroy(cpu, s[i]);
-    dry->i->destroy(dry);
-    cpu->i->destroy(cpu);
+    for (int i = 0; i < 3; i++) cpu->rt->stream_destroy(cpu, s[i]);
+    dry->rt->destroy(dry);
+    cpu->rt->destroy(cpu);
     return 0;
 }

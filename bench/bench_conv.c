@@ -84,7 +84,9 @@ static void make_problem(const bcase *bc, cw__conv_problem *pr) {
     cw__conv_problem_init(pr, &x, &w, 1, &y, &p);
 }
 
-static cw__backend_i algos_i; /* only conv_algos: the planner needs nothing else */
+/* only conv_algos: the planner needs nothing else */
+static const cw__runtime_i algos_rt = {.name = "cpu"};
+static cw__ops_i algos_ops;
 
 /* Child: one measurement. budget < 0: unpatched (fastest algorithm with workspace <=
  * max_ws). Prints one machine-readable line. */
@@ -92,7 +94,7 @@ static int run_one(const bcase *bc, int64_t budget, int64_t max_ws, int threads,
     openblas_set_num_threads(threads);
     cw__conv_problem pr;
     make_problem(bc, &pr);
-    cw__backend be = {&algos_i, NULL, threads};
+    cw__backend be = {&algos_rt, &algos_ops, NULL, threads};
     int P = 1;
     cw__conv_algo algo;
     int64_t min_cap = 0;
@@ -225,8 +227,7 @@ static int in_list(int64_t x, const int64_t *v, int n) {
 }
 
 int main(int argc, char **argv) {
-    algos_i.name = "cpu";
-    algos_i.conv_algos = cw__cpu_conv_algos;
+    algos_ops.conv_algos = cw__cpu_conv_algos;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (argc >= 7 && strcmp(argv[1], "--run") == 0) {
         bcase bc;

@@ -99,8 +99,8 @@ static void fill_const(cw_context *ctx, cw_tensor *t, float v) {
         pattern = (((bits >> 16) & 0x8000) | (e << 10) | m) * 0x10001u;
     }
     CHECK_OK(ctx, cw__context_stream(ctx, 0, &s));
-    CHECK_OK(ctx, ctx->be->i->fill32_async(ctx->be, s, cw_tensor_get_data(t), pattern, bytes / 4));
-    CHECK_OK(ctx, ctx->be->i->stream_synchronize(ctx->be, s));
+    CHECK_OK(ctx, ctx->be->rt->fill32_async(ctx->be, s, cw_tensor_get_data(t), pattern, bytes / 4));
+    CHECK_OK(ctx, ctx->be->rt->stream_synchronize(ctx->be, s));
 }
 
 /* Whether graphs take dt activations and weights: builds a one-conv graph of that dtype.

@@ -17,7 +17,7 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allo
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
     if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
     if (st == CW_OK) st = cw__plan_execute(p, dry, temp, 1, peak, peak_allocated);
-    if (st == CW_OK && dry->i->host_syncs(dry) > p->n_streams)
+    if (st == CW_OK && dry->rt->host_syncs(dry) > p->n_streams)
         st = cw__error(p->ctx, CW_ERR_BUDGET, "compile: the plan would need a host synchronisation mid-run");
     if (segments) { /* device segments the run takes: the arena, and any beyond it */
         cw_memory_stats ms;
@@ -25,7 +25,7 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allo
         *segments = ms.num_device_allocs;
     }
     cw__alloc_destroy(temp);
-    if (dry) dry->i->destroy(dry);
+    if (dry) dry->rt->destroy(dry);
     return st;
 }
 
@@ -232,10 +232,10 @@ static cw_status cw__plan_prepare_run(cw_plan *p, int64_t budget) {
     int64_t ctx_budget = ctx->cfg.temp_budget > 0 ? ctx->cfg.temp_budget : -1;
     if (budget == ctx_budget) p->temp = ctx->temp;
     else if ((st = cw__alloc_create(&p->temp, ctx, ctx->be, budget, aflags)) == CW_OK) p->own_temp = 1;
-    for (int e = 0; e < p->n_events && st == CW_OK; e++) st = ctx->be->i->event_create(ctx->be, &p->events[e]);
+    for (int e = 0; e < p->n_events && st == CW_OK; e++) st = ctx->be->rt->event_create(ctx->be, &p->events[e]);
     /* traces from device timestamps where the backend has them */
-    if (st == CW_OK && (ctx->cfg.flags & CW_FLAG_TIMING) && ctx->be->i->timer_create)
-        st = ctx->be->i->timer_create(ctx->be, 2 * p->n_tasks + 1, &p->timer);
+    if (st == CW_OK && (ctx->cfg.flags & CW_FLAG_TIMING) && ctx->be->rt->timer_create)
+        st = ctx->be->rt->timer_create(ctx->be, 2 * p->n_tasks + 1, &p->timer);
     /* streams and the temporaries' arena now, not in the first run */
     for (int s = 0; s < p->n_streams && st == CW_OK; s++) {
         cw__stream *unused;
@@ -252,12 +252,11 @@ static cw_status cw__plan_prepare_run(cw_plan *p, int64_t budget) {
  * gives it, the backend's substitute (within that workspace) takes its place. */
 static cw_status cw__plan_prepare_convs(cw_plan *p) {
     cw__backend *be = p->ctx->be;
-    if (!be->i->conv_prepare) return CW_OK;
     for (int k = 0; k < p->n_tasks; k++) {
         cw__task *t = &p->tasks[k];
         if (t->kind != CW__T_CONV) continue;
         cw__conv_algo used;
-        cw_status st = be->i->conv_prepare(be, &t->u.conv.prob, &t->u.conv.algo, t->u.conv.algo.workspace, &used);
+        cw_status st = cw__op_conv_prepare(be, &t->u.conv.prob, &t->u.conv.algo, t->u.conv.algo.workspace, &used);
         if (st != CW_OK) return st;
         if (used.id != t->u.conv.algo.id && used.workspace <= t->u.conv.algo.workspace) {
             int64_t ws = t->u.conv.algo.workspace; /* the buffer the plan sized stays */

@@ -57,9 +57,9 @@ static void cw__host_progress(void *arg) {
 
 cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user) {
     if (!p) return CW_ERR_INVALID_ARG;
-    if (fn && !p->ctx->be->i->launch_host)
+    if (fn && !p->ctx->be->rt->launch_host)
         return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "cw_plan_set_progress: the %s backend has no host callbacks",
-                         p->ctx->be->i->name);
+                         p->ctx->be->rt->name);
     p->progress_fn = fn;
     p->progress_user = user;
     return CW_OK;
@@ -68,7 +68,6 @@ cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user) {
 /* ---- enqueueing one task's operations ---------------------------------------------------- */
 /* One attention query chunk: S = scale * Q^T K, row softmax, O = V S^T (two GEMMs). */
 static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
-    const cw__backend_i *i = be->i;
     const int64_t T = t->u.attn.T, C = t->u.attn.C, t0 = t->u.attn.t0, tc = t->u.attn.t1 - t->u.attn.t0;
     cw__view q = cw__resolve(p, &t->u.attn.q), k = cw__resolve(p, &t->u.attn.k);
     cw__view v = cw__resolve(p, &t->u.attn.v), o = cw__resolve(p, &t->u.attn.o);
@@ -81,14 +80,13 @@ static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *
     float *op = (float *)o.data + off, *sp = p->ptrs[t->u.attn.s_buf];
     cw__gemm_params g1 = {1, 0, tc, T, C, t->u.attn.scale, 0.0f, qp + t0, T, kp, T, sp, T, t->threads};
     cw__gemm_params g2 = {0, 1, C, tc, T, 1.0f, 0.0f, vp, T, sp, T, op + t0, T, t->threads};
-    cw_status st = i->gemm(be, s, &g1);
-    if (st == CW_OK) st = i->softmax_rows(be, s, sp, tc, T, T);
-    if (st == CW_OK) st = i->gemm(be, s, &g2);
+    cw_status st = cw__op_gemm(be, s, &g1);
+    if (st == CW_OK) st = cw__op_softmax_rows(be, s, sp, tc, T, T);
+    if (st == CW_OK) st = cw__op_gemm(be, s, &g2);
     return st;
 }
 
 static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
-    const cw__backend_i *i = be->i;
     switch (t->kind) {
     case CW__T_CONV: {
         cw__conv_problem pr = t->u.conv.prob;
@@ -98,7 +96,7 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
         void *ws = t->u.conv.ws_buf >= 0 ? p->ptrs[t->u.conv.ws_buf] : NULL;
         cw__conv_algo algo = t->u.conv.algo;
         algo.threads = t->threads;
-        return i->conv_forward(be, s, &pr, &algo, x.data, w.data, b, y.data, ws, algo.workspace);
+        return cw__op_conv_forward(be, s, &pr, &algo, x.data, w.data, b, y.data, ws, algo.workspace);
     }
     case CW__T_PREP: {
         cw__prep_params pp;
@@ -114,22 +112,22 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
         pp.up = t->u.prep.up;
         pp.dst_row0 = t->u.prep.dst_row0;
         pp.src_row0 = t->u.prep.src_row0;
-        return i->prep(be, s, &pp);
+        return cw__op_prep(be, s, &pp);
     }
     case CW__T_ADD: {
         cw__view d = cw__resolve(p, &t->u.add.dst), a = cw__resolve(p, &t->u.add.a), b = cw__resolve(p, &t->u.add.b);
-        return i->add(be, s, &d, &a, &b);
+        return cw__op_add(be, s, &d, &a, &b);
     }
     case CW__T_STATS: {
         cw__view x = cw__resolve(p, &t->u.stats.x);
         int64_t per = x.d.dims[0] * t->u.stats.groups * 3;
         double *parts = (double *)p->ptrs[t->u.stats.part_buf] + t->u.stats.part_index * per;
-        return i->gn_stats(be, s, &x, t->u.stats.groups, parts);
+        return cw__op_gn_stats(be, s, &x, t->u.stats.groups, parts);
     }
     case CW__T_FINALIZE: {
         float *ss = p->ptrs[t->u.fin.ss_buf];
         cw__view gm = cw__resolve(p, &t->u.fin.gamma), bt = cw__resolve(p, &t->u.fin.beta);
-        return i->gn_finalize(be, s, p->ptrs[t->u.fin.part_buf], t->u.fin.n_parts, t->u.fin.n, t->u.fin.c,
+        return cw__op_gn_finalize(be, s, p->ptrs[t->u.fin.part_buf], t->u.fin.n_parts, t->u.fin.n, t->u.fin.c,
                               t->u.fin.groups, gm.data, bt.data, t->u.fin.eps, ss, ss + t->u.fin.n * t->u.fin.c);
     }
     case CW__T_ATTN: return cw__enqueue_attention(p, be, s, t);
@@ -167,7 +165,7 @@ typedef struct cw__exec {
  * Nsight Systems expects, correlated with the kernels it launches). */
 static cw_status cw__exec_open_run(cw__exec *x) {
     cw_plan *p = x->p;
-    const cw__backend_i *i = x->be->i;
+    const cw__runtime_i *i = x->be->rt;
     cw_status st = CW_OK;
     x->nvtx = (p->ctx->cfg.flags & CW_FLAG_NVTX) != 0;
     x->nvtx_worker = x->nvtx && i->launch_host && (i->caps & CW__CAP_HOST_STREAMS);
@@ -189,20 +187,20 @@ static cw_status cw__exec_open_dry(cw__exec *x) {
     cw_plan *p = x->p;
     cw__backend *be = x->be;
     cw_status st = CW_OK;
-    for (int s = 0; s < p->n_streams && st == CW_OK; s++) st = be->i->stream_create(be, &x->streams[s]);
+    for (int s = 0; s < p->n_streams && st == CW_OK; s++) st = be->rt->stream_create(be, &x->streams[s]);
     x->ev = cw__calloc((size_t)p->n_events + 1, sizeof *x->ev);
     if (!x->ev) return CW_ERR_OUT_OF_MEMORY;
-    for (int e = 0; e < p->n_events && st == CW_OK; e++) st = be->i->event_create(be, &x->ev[e]);
+    for (int e = 0; e < p->n_events && st == CW_OK; e++) st = be->rt->event_create(be, &x->ev[e]);
     return st;
 }
 
 static void cw__exec_close_dry(cw__exec *x) {
     cw__backend *be = x->be;
     for (int e = 0; x->ev && e < x->p->n_events; e++)
-        if (x->ev[e]) be->i->event_destroy(be, x->ev[e]);
+        if (x->ev[e]) be->rt->event_destroy(be, x->ev[e]);
     cw__free(x->ev);
     for (int s = 0; s < x->p->n_streams; s++)
-        if (x->streams[s]) be->i->stream_destroy(be, x->streams[s]);
+        if (x->streams[s]) be->rt->stream_destroy(be, x->streams[s]);
 }
 
 /* Primes a capped pool with one segment, the arena: every temporary is then carved from it
@@ -235,7 +233,7 @@ static cw_status cw__exec_place(cw__exec *x, const cw__action *ac) {
     cw_plan *p = x->p;
     cw_status st = CW_OK;
     for (int w = 0; w < ac->n_waits && st == CW_OK; w++)
-        st = x->be->i->stream_wait_event(x->be, x->streams[ac->stream], x->ev[ac->waits[w]]);
+        st = x->be->rt->stream_wait_event(x->be, x->streams[ac->stream], x->ev[ac->waits[w]]);
     char *base = x->dry ? (char *)(uintptr_t)0x10000 : (char *)p->act_arena;
     p->ptrs[ac->id] = base + p->bufs[ac->id].offset;
     return st;
@@ -252,7 +250,7 @@ static cw_status cw__exec_alloc(cw__exec *x, const cw__action *ac) {
         if (st == CW_OK) x->live[ac->id] = 1;
     }
     if (st != CW_OK) return st;
-    if (ac->event >= 0 && (st = x->be->i->event_record(x->be, x->ev[ac->event], x->streams[ac->stream])) != CW_OK)
+    if (ac->event >= 0 && (st = x->be->rt->event_record(x->be, x->ev[ac->event], x->streams[ac->stream])) != CW_OK)
         return st;
     cw_tensor_desc *d = &p->rdesc[ac->id];
     *d = b->d;
@@ -272,7 +270,7 @@ static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
     cw_plan *p = x->p;
     cw_status st = CW_OK;
     for (int j = 0; j < ac->n_joins && st == CW_OK; j++)
-        st = x->be->i->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]);
+        st = x->be->rt->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]);
     if (st != CW_OK) return st;
     if (p->bufs[ac->id].kind != CW__B_ACT) {
         st = cw__alloc_free(x->temp, p->ptrs[ac->id], x->streams[ac->stream]);
@@ -281,9 +279,9 @@ static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
     }
     /* an activation's bytes stay in the arena; poison them so a late reader sees NaN */
     if (!x->dry && (p->ctx->cfg.flags & CW_FLAG_POISON))
-        st = x->be->i->fill32_async(x->be, x->streams[ac->stream], p->ptrs[ac->id], CW_POISON_NAN_BITS,
+        st = x->be->rt->fill32_async(x->be, x->streams[ac->stream], p->ptrs[ac->id], CW_POISON_NAN_BITS,
                                     p->bufs[ac->id].bytes / 4);
-    if (st == CW_OK && ac->event >= 0) st = x->be->i->event_record(x->be, x->ev[ac->event], x->streams[ac->stream]);
+    if (st == CW_OK && ac->event >= 0) st = x->be->rt->event_record(x->be, x->ev[ac->event], x->streams[ac->stream]);
     return st;
 }
 
@@ -294,19 +292,19 @@ static cw_status cw__exec_task(cw__exec *x, int ti) {
     cw__stream *s = x->streams[t->stream];
     cw_status st = CW_OK;
     for (int w = 0; w < t->n_waits && st == CW_OK; w++)
-        st = be->i->stream_wait_event(be, s, x->ev[p->tasks[t->waits[w]].event]);
-    for (int w = 0; w < t->n_alloc_waits && st == CW_OK; w++) st = be->i->stream_wait_event(be, s, x->ev[t->alloc_waits[w]]);
+        st = be->rt->stream_wait_event(be, s, x->ev[p->tasks[t->waits[w]].event]);
+    for (int w = 0; w < t->n_alloc_waits && st == CW_OK; w++) st = be->rt->stream_wait_event(be, s, x->ev[t->alloc_waits[w]]);
     if (st != CW_OK) return st;
-    if (x->timing) st = be->i->launch_host(be, s, cw__host_begin, &x->ha[ti]);
-    if (st == CW_OK && x->timer) st = be->i->timer_mark(be, x->timer, 1 + 2 * ti, s);
+    if (x->timing) st = be->rt->launch_host(be, s, cw__host_begin, &x->ha[ti]);
+    if (st == CW_OK && x->timer) st = be->rt->timer_mark(be, x->timer, 1 + 2 * ti, s);
     int nvtx_host = x->nvtx && !x->nvtx_worker;
     if (nvtx_host) cw__nvtx_push(t->name, t->stage + 1, t->stream);
     if (st == CW_OK && !x->dry) st = cw__enqueue(p, be, s, t);
     if (nvtx_host) cw__nvtx_pop();
-    if (st == CW_OK && x->timing) st = be->i->launch_host(be, s, cw__host_end, &x->ha[ti]);
-    if (st == CW_OK && x->timer) st = be->i->timer_mark(be, x->timer, 2 + 2 * ti, s);
-    if (st == CW_OK && !x->dry && p->progress_fn) st = be->i->launch_host(be, s, cw__host_progress, p);
-    if (st == CW_OK && t->event >= 0) st = be->i->event_record(be, x->ev[t->event], s);
+    if (st == CW_OK && x->timing) st = be->rt->launch_host(be, s, cw__host_end, &x->ha[ti]);
+    if (st == CW_OK && x->timer) st = be->rt->timer_mark(be, x->timer, 2 + 2 * ti, s);
+    if (st == CW_OK && !x->dry && p->progress_fn) st = be->rt->launch_host(be, s, cw__host_progress, p);
+    if (st == CW_OK && t->event >= 0) st = be->rt->event_record(be, x->ev[t->event], s);
     return st;
 }
 
@@ -315,7 +313,7 @@ static cw_status cw__exec_task(cw__exec *x, int ti) {
 static cw_status cw__exec_drain(cw__exec *x, cw_status st) {
     for (int s = 0; s < x->p->n_streams; s++)
         if (x->streams[s]) {
-            cw_status s2 = x->be->i->stream_synchronize(x->be, x->streams[s]);
+            cw_status s2 = x->be->rt->stream_synchronize(x->be, x->streams[s]);
             if (st == CW_OK) st = s2;
         }
     for (int b = 0; x->live && b < x->p->n_bufs; b++)
@@ -328,7 +326,7 @@ static cw_status cw__exec_drain(cw__exec *x, cw_status st) {
  * still writing an input. */
 static cw_status cw__exec_fork(cw__exec *x) {
     cw_plan *p = x->p;
-    const cw__backend_i *i = x->be->i;
+    const cw__runtime_i *i = x->be->rt;
     if (p->n_streams < 2) return CW_OK;
     cw__event *e = x->ev[p->fork_event];
     cw_status st = i->event_record(x->be, e, x->streams[0]);
@@ -340,7 +338,7 @@ static cw_status cw__exec_fork(cw__exec *x) {
  * all of the run, on every stream. */
 static cw_status cw__exec_join(cw__exec *x) {
     cw_plan *p = x->p;
-    const cw__backend_i *i = x->be->i;
+    const cw__runtime_i *i = x->be->rt;
     cw_status st = CW_OK;
     for (int s = 1; s < p->n_streams && st == CW_OK; s++) {
         cw__event *e = x->ev[p->fork_event + s];
@@ -358,7 +356,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int
     cw_status st = dry ? cw__exec_open_dry(&x) : cw__exec_open_run(&x);
     if (st == CW_OK) st = cw__exec_prime(&x);
     if (st == CW_OK) st = cw__exec_fork(&x);
-    if (st == CW_OK && x.timer) st = be->i->timer_mark(be, x.timer, 0, x.streams[0]);
+    if (st == CW_OK && x.timer) st = be->rt->timer_mark(be, x.timer, 0, x.streams[0]);
     x.live = cw__calloc((size_t)p->n_bufs + 1, 1);
     if (!x.live && st == CW_OK) st = CW_ERR_OUT_OF_MEMORY;
     for (int a = 0; a < p->n_acts && st == CW_OK; a++) {
@@ -456,7 +454,7 @@ static void cw__stage_times(cw_plan *p) {
 static cw_status cw__read_timer(cw_plan *p) {
     int64_t *ns = cw__malloc((size_t)(2 * p->n_tasks + 1) * sizeof *ns);
     if (!ns) return cw__error(p->ctx, CW_ERR_OUT_OF_MEMORY, "cw_plan_run: out of host memory for task times");
-    cw_status st = p->ctx->be->i->timer_read(p->ctx->be, p->timer, ns);
+    cw_status st = p->ctx->be->rt->timer_read(p->ctx->be, p->timer, ns);
     for (int k = 0; k < p->n_tasks && st == CW_OK; k++)
         if (ns[1 + 2 * k] >= 0 && ns[2 + 2 * k] >= 0) {
             p->t0[k] = p->run_t0 + ns[1 + 2 * k];
@@ -480,7 +478,7 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
         }
     }
     cw__alloc_reset_peaks(p->temp);
-    int64_t syncs0 = ctx->be->i->host_syncs(ctx->be);
+    int64_t syncs0 = ctx->be->rt->host_syncs(ctx->be);
     int64_t t0 = cw__now_ns();
     p->run_t0 = t0;
     for (int k = 0; k < p->n_tasks; k++) p->t0[k] = p->t1[k] = 0;
@@ -490,7 +488,7 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     st = cw__plan_execute(p, ctx->be, p->temp, 0, &peak, NULL);
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_pop();
     int64_t t1 = cw__now_ns();
-    p->stats.host_syncs = ctx->be->i->host_syncs(ctx->be) - syncs0 - p->n_streams;
+    p->stats.host_syncs = ctx->be->rt->host_syncs(ctx->be) - syncs0 - p->n_streams;
     if (st == CW_OK && p->timer) st = cw__read_timer(p);
     /* The temporaries' arena stays for the next run (no device allocation or free inside
      * a run); the final wait completed every free, so the pool is again the one free arena

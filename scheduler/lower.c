@@ -225,7 +225,7 @@ static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_probl
     cw__backend *be = L->g->ctx->be;
     cw__conv_algo list[16];
     int n = 0;
-    CW__TRY(be->i->conv_algos(be, pr, list, 16, &n));
+    CW__TRY(cw__op_conv_algos(be, pr, list, 16, &n));
     if (n == 0) return cw__error(L->g->ctx, CW_ERR_UNSUPPORTED, "compile: no algorithm for a recomputed band");
     int64_t cap = L->budget < 0 ? INT64_MAX
                                 : cw__rec_split(L, b, rec, L->budget - CW__SMALL_RESERVE(L->budget), 1) /

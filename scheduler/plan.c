@@ -6,11 +6,11 @@ void cw__plan_free(cw_plan *p) {
     if (!p) return;
     if (p->events) {
         for (int i = 0; i < p->n_events; i++)
-            if (p->events[i]) p->ctx->be->i->event_destroy(p->ctx->be, p->events[i]);
+            if (p->events[i]) p->ctx->be->rt->event_destroy(p->ctx->be, p->events[i]);
     }
     if (p->own_temp) cw__alloc_destroy(p->temp);
     else if (p->temp) cw__alloc_release_cached(p->temp); /* its arena in the context's pool */
-    if (p->timer) p->ctx->be->i->timer_destroy(p->ctx->be, p->timer);
+    if (p->timer) p->ctx->be->rt->timer_destroy(p->ctx->be, p->timer);
     for (int i = 0; i < p->n_tasks; i++)
         cw__free(p->tasks[i].deps), cw__free(p->tasks[i].waits), cw__free(p->tasks[i].alloc_waits);
     for (int i = 0; i < p->n_acts; i++) cw__free(p->acts[i].joins), cw__free(p->acts[i].waits);

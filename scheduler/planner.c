@@ -74,7 +74,7 @@ static int64_t band_lo(int64_t h, int p, int i) { return (int64_t)((__int128)i *
 static cw_status algo_ws(cw__backend *be, const cw__conv_problem *pr, int algo_id, int64_t *ws, cw__conv_algo *out) {
     cw__conv_algo algos[PATCH_MAX_ALGOS];
     int n = 0;
-    cw_status st = be->i->conv_algos(be, pr, algos, PATCH_MAX_ALGOS, &n);
+    cw_status st = cw__op_conv_algos(be, pr, algos, PATCH_MAX_ALGOS, &n);
     if (st != CW_OK) return st;
     for (int i = 0; i < n; i++)
         if (algos[i].id == algo_id) {
@@ -209,7 +209,7 @@ cw_status cw__planner_plan(cw__backend *be, const cw__conv_problem *full, const 
     const int64_t h_out = full->y.dims[cw__patch_hdim(full)];
     cw__conv_algo algos[PATCH_MAX_ALGOS];
     int na = 0;
-    cw_status st = be->i->conv_algos(be, full, algos, PATCH_MAX_ALGOS, &na);
+    cw_status st = cw__op_conv_algos(be, full, algos, PATCH_MAX_ALGOS, &na);
     if (st != CW_OK) return st;
     if (na == 0) return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "planner: the backend has no algorithm for a conv");
     int p_min = sh->p_min > h_out ? (int)h_out : sh->p_min;

@@ -64,7 +64,7 @@ cw_status cw_plan_write_trace(const cw_plan *p, const char *path) {
     int64_t base = p->run_t0;
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"convweave %s\"}}",
-            p->ctx->be->i->name);
+            p->ctx->be->rt->name);
     for (int s = 0; s < p->n_streams; s++)
         fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"name\":\"stream %d (%s)\"}}",
                 s, s, p->n_streams > 1 && s == p->n_streams - 1 ? "light" : "heavy");

@@ -115,8 +115,8 @@ static void test_fragmentation(cw_context *ctx) {
     cw__backend *be;
     ASSERT_OK(cw__backend_cpu_create(NULL, &cfg, &be));
     cw__stream *A, *B;
-    ASSERT_OK(be->i->stream_create(be, &A));
-    ASSERT_OK(be->i->stream_create(be, &B));
+    ASSERT_OK(be->rt->stream_create(be, &A));
+    ASSERT_OK(be->rt->stream_create(be, &B));
     cw__allocator *a;
     ASSERT_OK(cw__alloc_create(&a, ctx, be, 6 * MiB, 0));
     /* six 1 MiB requests fill three 2 MiB small-pool segments: the whole budget */
@@ -128,7 +128,7 @@ static void test_fragmentation(cw_context *ctx) {
     /* keep one segment half used: releasing cannot make room for 5 MiB, so that fails
      * without any host synchronisation */
     for (int i = 0; i < 5; i++) ASSERT_OK(cw__alloc_free(a, p[i], i % 2 ? B : A));
-    int64_t syncs0 = be->i->host_syncs(be);
+    int64_t syncs0 = be->rt->host_syncs(be);
     ASSERT_STATUS(cw__alloc_malloc(a, 5 * MiB, A, &big), CW_ERR_BUDGET);
     s = stats_of(a);
     ASSERT_EQ_I(s.host_syncs, 0);
@@ -139,7 +139,7 @@ static void test_fragmentation(cw_context *ctx) {
     ASSERT_OK(cw__alloc_malloc(a, 4 * MiB, B, &big));
     s = stats_of(a);
     ASSERT_TRUE(s.host_syncs > 0);
-    ASSERT_EQ_I(be->i->host_syncs(be) - syncs0, s.host_syncs); /* each one a real backend sync */
+    ASSERT_EQ_I(be->rt->host_syncs(be) - syncs0, s.host_syncs); /* each one a real backend sync */
     ASSERT_EQ_I(s.num_device_frees, 2);
     ASSERT_EQ_I(s.reserved_bytes_current, 6 * MiB);
     ASSERT_LE_I(s.reserved_bytes_peak, 6 * MiB);
@@ -151,9 +151,9 @@ static void test_fragmentation(cw_context *ctx) {
     ASSERT_OK(cw__alloc_release_cached(a));
     ASSERT_EQ_I(stats_of(a).reserved_bytes_current, 0);
     cw__alloc_destroy(a);
-    be->i->stream_destroy(be, A);
-    be->i->stream_destroy(be, B);
-    be->i->destroy(be);
+    be->rt->stream_destroy(be, A);
+    be->rt->stream_destroy(be, B);
+    be->rt->destroy(be);
 }
 
 /* Requests over the budget fail cleanly, with a message naming the request, the budget,
@@ -328,15 +328,15 @@ static void test_host_failure_sweep(cw_context *ctx) {
     cw__backend *be;
     ASSERT_OK(cw__backend_cpu_create(ctx, &cfg, &be)); /* ctx: its injected failures log quietly */
     cw__stream *A, *B;
-    ASSERT_OK(be->i->stream_create(be, &A));
-    ASSERT_OK(be->i->stream_create(be, &B));
+    ASSERT_OK(be->rt->stream_create(be, &A));
+    ASSERT_OK(be->rt->stream_create(be, &B));
     int64_t c0 = cw__test_alloc_count();
     ASSERT_EQ_I(sweep_run(ctx, be, A, B), 0);
     int64_t calls = cw__test_alloc_count() - c0;
     int failures = 0;
     for (int64_t k = 1; k <= calls; k++) {
-        ASSERT_OK(be->i->stream_synchronize(be, A)); /* settle: no worker frees mid-count */
-        ASSERT_OK(be->i->stream_synchronize(be, B));
+        ASSERT_OK(be->rt->stream_synchronize(be, A)); /* settle: no worker frees mid-count */
+        ASSERT_OK(be->rt->stream_synchronize(be, B));
         cw__test_fail_after(k);
         failures += sweep_run(ctx, be, A, B);
         cw__test_fail_after(0);
@@ -344,9 +344,9 @@ static void test_host_failure_sweep(cw_context *ctx) {
     fprintf(stderr, "host failure sweep: %" PRId64 " allocation points, %d surfaced as CW_ERR_OUT_OF_MEMORY\n",
             calls, failures);
     ASSERT_TRUE(failures > 0);
-    be->i->stream_destroy(be, A);
-    be->i->stream_destroy(be, B);
-    be->i->destroy(be);
+    be->rt->stream_destroy(be, A);
+    be->rt->stream_destroy(be, B);
+    be->rt->destroy(be);
 }
 
 /* Poison: once free in stream order, the block reads as NaN words. */
@@ -355,22 +355,22 @@ static void test_poison(void) {
     cw__backend *be;
     ASSERT_OK(cw__backend_cpu_create(NULL, &cfg, &be));
     cw__stream *A;
-    ASSERT_OK(be->i->stream_create(be, &A));
+    ASSERT_OK(be->rt->stream_create(be, &A));
     cw__allocator *a;
     ASSERT_OK(cw__alloc_create(&a, NULL, be, 0, CW__ALLOC_POISON));
     void *p;
     ASSERT_OK(cw__alloc_malloc(a, 10000, A, &p));
-    ASSERT_OK(be->i->fill32_async(be, A, p, 0x3f800000u, 10000 / 4)); /* 1.0f */
+    ASSERT_OK(be->rt->fill32_async(be, A, p, 0x3f800000u, 10000 / 4)); /* 1.0f */
     ASSERT_OK(cw__alloc_free(a, p, A));
-    ASSERT_OK(be->i->stream_synchronize(be, A));
+    ASSERT_OK(be->rt->stream_synchronize(be, A));
     const uint32_t *w = p; /* still cached, so still ours to read */
     for (int64_t i = 0; i < cw__alloc_round(10000) / 4; i++) ASSERT_EQ_I(w[i], 0x7fc00000u);
     float f;
     memcpy(&f, w, sizeof f);
     ASSERT_TRUE(isnan(f));
     cw__alloc_destroy(a);
-    be->i->stream_destroy(be, A);
-    be->i->destroy(be);
+    be->rt->stream_destroy(be, A);
+    be->rt->destroy(be);
 }
 
 /* NULL stream = host order: a NULL free records nothing; a NULL malloc synchronises. */
@@ -437,7 +437,7 @@ static void test_threads(cw_context *ctx, uint64_t seed) {
     pthread_t th[NT];
     thr_arg args[NT];
     for (int i = 0; i < NT; i++) {
-        ASSERT_OK(dry->i->stream_create(dry, &args[i].s));
+        ASSERT_OK(dry->rt->stream_create(dry, &args[i].s));
         args[i].a = a;
         args[i].seed = seed + (uint64_t)i;
         args[i].iters = cw_test_quick() ? 5000 : 20000;
@@ -449,8 +449,8 @@ static void test_threads(cw_context *ctx, uint64_t seed) {
     ASSERT_EQ_I(s.num_allocs, s.num_frees);
     ASSERT_LE_I(s.reserved_bytes_peak, 32 * MiB);
     cw__alloc_destroy(a);
-    dry->i->destroy(dry);
-    cpu->i->destroy(cpu);
+    dry->rt->destroy(dry);
+    cpu->rt->destroy(cpu);
 }
 
 int main(void) {

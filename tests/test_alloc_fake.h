@@ -149,9 +149,6 @@ static inline void fk_dev_free(cw__backend *be, void *p) {
 }
 
 static inline cw_status fk_copy(cw__backend *be, void *d, const void *s, int64_t n) { return CW_OK; }
-static inline cw_status fk_copy_async(cw__backend *be, cw__stream *s, void *d, const void *src, int64_t n) {
-    return CW_OK;
-}
 static inline cw_status fk_fill32_async(cw__backend *be, cw__stream *s, void *p, uint32_t pattern, int64_t count) {
     fk_of(be)->n_fills++;
     fk_use(s);
@@ -208,14 +205,13 @@ static inline cw_status fk_stream_synchronize(cw__backend *be, cw__stream *s) {
 }
 static inline int64_t fk_host_syncs(cw__backend *be) { return fk_of(be)->n_syncs; }
 
-static const cw__backend_i fk_iface = {
+static const cw__runtime_i fk_rt = {
     .name = "fake",
     .destroy = fk_destroy,
     .dev_alloc = fk_dev_alloc,
     .dev_free = fk_dev_free,
     .upload = fk_copy,
     .download = fk_copy,
-    .copy_async = fk_copy_async,
     .fill32_async = fk_fill32_async,
     .stream_create = fk_stream_create,
     .stream_destroy = fk_stream_destroy,
@@ -233,7 +229,7 @@ static const cw__backend_i fk_iface = {
 static inline fake_backend *fk_create(cw_context *ctx, int64_t budget) {
     fake_backend *f = calloc(1, sizeof *f);
     ASSERT_TRUE(f != NULL);
-    f->base.i = &fk_iface;
+    f->base.rt = &fk_rt;
     f->base.ctx = ctx;
     f->budget = budget;
     f->next_addr = (uintptr_t)1 << 40;

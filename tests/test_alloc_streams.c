@@ -62,16 +62,16 @@ static void rig_open(rig *r, uint64_t seed) {
     cfg.chaos_seed = seed;
     cfg.threads = 1;
     ASSERT_OK(cw__backend_cpu_create(NULL, &cfg, &r->be));
-    for (int i = 0; i < 3; i++) ASSERT_OK(r->be->i->stream_create(r->be, &r->s[i]));
+    for (int i = 0; i < 3; i++) ASSERT_OK(r->be->rt->stream_create(r->be, &r->s[i]));
 }
 
 static void rig_close(rig *r) {
-    for (int i = 0; i < 3; i++) r->be->i->stream_destroy(r->be, r->s[i]);
-    r->be->i->destroy(r->be);
+    for (int i = 0; i < 3; i++) r->be->rt->stream_destroy(r->be, r->s[i]);
+    r->be->rt->destroy(r->be);
 }
 
 static void sync_all(rig *r) {
-    for (int i = 0; i < 3; i++) ASSERT_OK(r->be->i->stream_synchronize(r->be, r->s[i]));
+    for (int i = 0; i < 3; i++) ASSERT_OK(r->be->rt->stream_synchronize(r->be, r->s[i]));
 }
 
 /* Scenario 1: one block, written late on A, reused by B. Returns the corrupted words. */

@@ -171,7 +171,8 @@ static cw_status gemm_only_algos(cw__backend *be, const cw__conv_problem *p, cw_
     return CW_OK;
 }
 
-static cw__backend_i cpu_i, gemm_i;
+static cw__runtime_i cpu_rt = {.name = "cpu-algos"}, gemm_rt = {.name = "gemm-only"};
+static cw__ops_i cpu_ops, gemm_ops;
 
 /* Runs the plan (P bands, algorithm id) with cw__cpu_conv_run on views; returns rel err. */
 static double run_plan(const cw__conv_problem *pr, int P, int algo, const float *x, const float *w, const float *b,
@@ -236,7 +237,7 @@ static void sweep(cw_context *ctx, cw_rng *r, const char *name, int sp, const in
     for (int64_t i = 0; i < pr.y.dims[1]; i++) b[i] = cw_rng_float(r);
     cw_ref_conv(&pr.x, x, &pr.w, w, b, p, &pr.y, ref);
 
-    cw__backend be_cpu = {&cpu_i, ctx, 1}, be_gemm = {&gemm_i, ctx, 1};
+    cw__backend be_cpu = {&cpu_rt, &cpu_ops, ctx, 1}, be_gemm = {&gemm_rt, &gemm_ops, ctx, 1};
     cw__conv_algo fastest[2];
     int nf;
     ASSERT_OK(cw__cpu_conv_algos(NULL, &pr, fastest, 2, &nf));
@@ -316,10 +317,8 @@ int main(void) {
     cw_rng r = {cw_test_seed(0x9A7C4E5ull)};
     test_halo_math();
 
-    cpu_i.name = "cpu-algos";
-    cpu_i.conv_algos = cw__cpu_conv_algos;
-    gemm_i.name = "gemm-only";
-    gemm_i.conv_algos = gemm_only_algos;
+    cpu_ops.conv_algos = cw__cpu_conv_algos;
+    gemm_ops.conv_algos = gemm_only_algos;
     cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
     cfg.backend = CW_BACKEND_CPU;
     cw_context *ctx;

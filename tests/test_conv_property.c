@@ -373,12 +373,12 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
         cw__conv_problem_init(&prob, &cc.x, &cc.w, cc.has_bias, &cc.y, &cc.p);
         cw__conv_algo al[4];
         int na;
-        ASSERT_OK(be->i->conv_algos(be, &prob, al, 4, &na));
+        ASSERT_OK(cw__op_conv_algos(be, &prob, al, 4, &na));
         ASSERT_TRUE(na >= 1);
         const cw__conv_algo *a = &al[t % na];
         void *ws = a->workspace ? malloc((size_t)a->workspace) : NULL;
-        ASSERT_OK(be->i->conv_forward(be, s[t & 1], &prob, a, xb + cc.x_off, w, b, yb + cc.y_off, ws, a->workspace));
-        ASSERT_OK(be->i->stream_synchronize(be, s[t & 1]));
+        ASSERT_OK(cw__op_conv_forward(be, s[t & 1], &prob, a, xb + cc.x_off, w, b, yb + cc.y_off, ws, a->workspace));
+        ASSERT_OK(be->rt->stream_synchronize(be, s[t & 1]));
         double e = cw_ref_rel_err(&cc.y, yb + cc.y_off, ref);
         if (e > worst) worst = e;
         if (!(e <= TOL) || !check_canary(&cc, yb)) {
@@ -388,15 +388,15 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
         }
         /* workspace too small and an unsupported dtype are clean statuses, nothing queued */
         if (a->workspace > 0) {
-            ASSERT_STATUS(be->i->conv_forward(be, s[0], &prob, a, xb, w, b, yb, ws, a->workspace - 1),
+            ASSERT_STATUS(cw__op_conv_forward(be, s[0], &prob, a, xb, w, b, yb, ws, a->workspace - 1),
                           CW_ERR_INVALID_ARG);
             CHECK(strstr(cw_context_get_last_error(ctx), "workspace") != NULL);
         }
         cw__conv_problem bad = prob;
         bad.x.dtype = bad.w.dtype = bad.y.dtype = CW_F16;
-        ASSERT_STATUS(be->i->conv_forward(be, s[0], &bad, a, xb, w, b, yb, ws, a->workspace), CW_ERR_UNSUPPORTED);
+        ASSERT_STATUS(cw__op_conv_forward(be, s[0], &bad, a, xb, w, b, yb, ws, a->workspace), CW_ERR_UNSUPPORTED);
         CHECK(strstr(cw_context_get_last_error(ctx), "f16") != NULL);
-        ASSERT_STATUS(be->i->conv_algos(be, &bad, al, 4, &na), CW_ERR_UNSUPPORTED);
+        ASSERT_STATUS(cw__op_conv_algos(be, &bad, al, 4, &na), CW_ERR_UNSUPPORTED);
         free(ws), free(xb), free(w), free(b), free(yb), free(ref);
     }
     /* two streams running convs at once (BLAS thread split): big enough to overlap */
@@ -425,9 +425,9 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
         void *wss[2] = {malloc((size_t)a.workspace), malloc((size_t)a.workspace)};
         for (int rep = 0; rep < 4; rep++)
             for (int k = 0; k < 2; k++)
-                ASSERT_OK(be->i->conv_forward(be, s[k], &prob, &a, x, w, NULL, ys[k], wss[k], a.workspace));
-        ASSERT_OK(be->i->stream_synchronize(be, s[0]));
-        ASSERT_OK(be->i->stream_synchronize(be, s[1]));
+                ASSERT_OK(cw__op_conv_forward(be, s[k], &prob, &a, x, w, NULL, ys[k], wss[k], a.workspace));
+        ASSERT_OK(be->rt->stream_synchronize(be, s[0]));
+        ASSERT_OK(be->rt->stream_synchronize(be, s[1]));
         for (int k = 0; k < 2; k++) CHECK(cw_ref_rel_err(&cc.y, ys[k], ref) <= TOL);
         free(x), free(w), free(ys[0]), free(ys[1]), free(ref), free(wss[0]), free(wss[1]);
     }

@@ -65,20 +65,20 @@ static void side_open(side *sd, cw_backend_kind kind) {
 
 static void *dalloc(side *sd, int64_t bytes) {
     void *p = NULL;
-    ASSERT_OK_CTX(sd->ctx, sd->be->i->dev_alloc(sd->be, bytes > 0 ? bytes : 4, &p));
+    ASSERT_OK_CTX(sd->ctx, sd->be->rt->dev_alloc(sd->be, bytes > 0 ? bytes : 4, &p));
     return p;
 }
 static void dput(side *sd, void *d, const void *h, int64_t bytes) {
-    ASSERT_OK_CTX(sd->ctx, sd->be->i->upload(sd->be, d, h, bytes));
+    ASSERT_OK_CTX(sd->ctx, sd->be->rt->upload(sd->be, d, h, bytes));
 }
 static void dget(side *sd, void *h, const void *d, int64_t bytes) {
-    ASSERT_OK_CTX(sd->ctx, sd->be->i->download(sd->be, h, d, bytes));
+    ASSERT_OK_CTX(sd->ctx, sd->be->rt->download(sd->be, h, d, bytes));
 }
 static void dsync(side *sd) {
-    ASSERT_OK_CTX(sd->ctx, sd->be->i->stream_synchronize(sd->be, sd->s));
-    ASSERT_OK_CTX(sd->ctx, sd->be->i->stream_synchronize(sd->be, sd->s2));
+    ASSERT_OK_CTX(sd->ctx, sd->be->rt->stream_synchronize(sd->be, sd->s));
+    ASSERT_OK_CTX(sd->ctx, sd->be->rt->stream_synchronize(sd->be, sd->s2));
 }
-static void dfree(side *sd, void *p) { sd->be->i->dev_free(sd->be, p); }
+static void dfree(side *sd, void *p) { sd->be->rt->dev_free(sd->be, p); }
 
 /* ---- dtypes: exact conversions of the test values, f32 <-> f16 / bf16 bits ---------------- */
 
@@ -273,7 +273,7 @@ static void conv_patched(side *sd, const cw__conv_problem *p, int P, int pick, c
         int n = 0, a = 0;
         ASSERT_OK(cw__patch_make(p, bounds[i], bounds[i + 1], &pt));
         /* empty-input patches too: cuda lists a fill for them, cpu its own algorithms */
-        ASSERT_OK_CTX(sd->ctx, sd->be->i->conv_algos(sd->be, &pt.prob, algos, 64, &n));
+        ASSERT_OK_CTX(sd->ctx, cw__op_conv_algos(sd->be, &pt.prob, algos, 64, &n));
         ASSERT_TRUE(n >= 1);
         for (int j = 1; pick && j < n; j++)
             if (algos[j].workspace < algos[a].workspace) a = j;
@@ -281,7 +281,7 @@ static void conv_patched(side *sd, const cw__conv_problem *p, int P, int pick, c
         void *ws = wsb > 0 ? dalloc(sd, wsb) : NULL;
         const char *xp = (const char *)x + pt.x_offset * (int64_t)es;
         char *yp = (char *)y + pt.y_offset * (int64_t)es;
-        ASSERT_OK_CTX(sd->ctx, sd->be->i->conv_forward(sd->be, sd->s, &pt.prob, &algos[a], xp, w, b, yp, ws, wsb));
+        ASSERT_OK_CTX(sd->ctx, cw__op_conv_forward(sd->be, sd->s, &pt.prob, &algos[a], xp, w, b, yp, ws, wsb));
         dsync(sd); /* the workspace is freed right after */
         if (ws) dfree(sd, ws);
     }
@@ -317,7 +317,7 @@ static void test_conv(cw_rng *r, int cases) {
         dput(&g_dev, gw, tw, wn * (int64_t)es);
         dput(&g_dev, gb, tb, kn * (int64_t)es);
         int P = (int)cw_rng_range(r, 1, 4), pick = (int)cw_rng_range(r, 0, 1);
-        ASSERT_OK_CTX(g_dev.ctx, g_dev.be->i->fill32_async(g_dev.be, g_dev.s, gy, 0x7fc00000u, ys * (int64_t)es / 4));
+        ASSERT_OK_CTX(g_dev.ctx, g_dev.be->rt->fill32_async(g_dev.be, g_dev.s, gy, 0x7fc00000u, ys * (int64_t)es / 4));
         dsync(&g_dev);
         conv_patched(&g_dev, &p, P, pick, gx, gw, gb, gy);
         void *ty = malloc((size_t)ys * es);
@@ -387,8 +387,8 @@ static void test_conv_packed_big(cw_rng *r) {
     int64_t n = cw__desc_numel(&x), bytes = n * 2;
     cw__backend *be = g_dev.be;
     void *gx = NULL, *gy1 = NULL, *gy2 = NULL;
-    if (be->i->dev_alloc(be, bytes, &gx) != CW_OK || be->i->dev_alloc(be, bytes, &gy1) != CW_OK ||
-        be->i->dev_alloc(be, bytes, &gy2) != CW_OK) {
+    if (be->rt->dev_alloc(be, bytes, &gx) != CW_OK || be->rt->dev_alloc(be, bytes, &gy1) != CW_OK ||
+        be->rt->dev_alloc(be, bytes, &gy2) != CW_OK) {
         fprintf(stderr, "NOTE: packed-conv check skipped: cannot allocate 3 x %.1f GB on the device\n", bytes / 1e9);
         if (gx) dfree(&g_dev, gx);
         if (gy1) dfree(&g_dev, gy1);
@@ -398,7 +398,7 @@ static void test_conv_packed_big(cw_rng *r) {
     void *tblk = to_dtype(hblk, blk, CW_F16), *tw = to_dtype(hw, C * C * 9, CW_F16);
     dput(&g_dev, gx, tblk, blk * 2);
     for (int64_t off = blk; off < n; off += blk) /* tile the block on the device */
-        ASSERT_OK_CTX(g_dev.ctx, be->i->copy_async(be, g_dev.s, (char *)gx + off * 2, gx, (n - off < blk ? n - off : blk) * 2));
+        ASSERT_OK_CTX(g_dev.ctx, be->rt->copy_async(be, g_dev.s, (char *)gx + off * 2, gx, (n - off < blk ? n - off : blk) * 2));
     void *gw = dalloc(&g_dev, C * C * 9 * 2);
     dput(&g_dev, gw, tw, C * C * 9 * 2);
     dsync(&g_dev);
@@ -407,7 +407,7 @@ static void test_conv_packed_big(cw_rng *r) {
     ASSERT_OK(cw__patch_make(&full, 1000, 1032, &pt)); /* 32 output rows */
     cw__conv_algo algos[64];
     int na = 0, ip = -1, id = -1;
-    ASSERT_OK_CTX(g_dev.ctx, be->i->conv_algos(be, &pt.prob, algos, 64, &na));
+    ASSERT_OK_CTX(g_dev.ctx, cw__op_conv_algos(be, &pt.prob, algos, 64, &na));
     for (int i = 0; i < na; i++) {
         if (ip < 0 && strstr(algos[i].name, "packed")) ip = i;
         if (id < 0 && !strstr(algos[i].name, "packed")) id = i;
@@ -420,7 +420,7 @@ static void test_conv_packed_big(cw_rng *r) {
     for (int k = 0; k < 2; k++) {
         int64_t wsb = algos[pick[k]].workspace;
         void *ws = wsb > 0 ? dalloc(&g_dev, wsb) : NULL;
-        ASSERT_OK_CTX(g_dev.ctx, be->i->conv_forward(be, g_dev.s, &pt.prob, &algos[pick[k]], (char *)gx + pt.x_offset * 2,
+        ASSERT_OK_CTX(g_dev.ctx, cw__op_conv_forward(be, g_dev.s, &pt.prob, &algos[pick[k]], (char *)gx + pt.x_offset * 2,
                                                      gw, NULL, (char *)ys[k] + pt.y_offset * 2, ws, wsb));
         dsync(&g_dev);
         if (ws) dfree(&g_dev, ws);
@@ -511,7 +511,7 @@ static void test_prep(cw_rng *r, int cases) {
             pp.up = (int)up;
             pp.dst_row0 = d0;
             pp.src_row0 = s0;
-            ASSERT_OK_CTX(sides[s]->ctx, sides[s]->be->i->prep(sides[s]->be, sides[s]->s, &pp));
+            ASSERT_OK_CTX(sides[s]->ctx, cw__op_prep(sides[s]->be, sides[s]->s, &pp));
             dsync(sides[s]);
             void *hd = malloc((size_t)dn * es);
             dget(sides[s], hd, ddst, dn * (int64_t)es);
@@ -569,10 +569,10 @@ static void test_gn(cw_rng *r, int cases) {
                 v.d.dims[rank - 2] = bounds[pi + 1] - bounds[pi];
                 v.data = (char *)dx + bounds[pi] * full.strides[rank - 2] * (int64_t)es;
                 cw__stream *st = pi % 2 ? sides[s]->s2 : sides[s]->s;
-                ASSERT_OK_CTX(sides[s]->ctx, sides[s]->be->i->gn_stats(sides[s]->be, st, &v, G, dparts + pi * N * G * 3));
+                ASSERT_OK_CTX(sides[s]->ctx, cw__op_gn_stats(sides[s]->be, st, &v, G, dparts + pi * N * G * 3));
             }
             dsync(sides[s]);
-            ASSERT_OK_CTX(sides[s]->ctx, sides[s]->be->i->gn_finalize(sides[s]->be, sides[s]->s, dparts, nparts, N, C, G,
+            ASSERT_OK_CTX(sides[s]->ctx, cw__op_gn_finalize(sides[s]->be, sides[s]->s, dparts, nparts, N, C, G,
                                                                      affine ? dg : NULL, affine ? db : NULL, 1e-5f,
                                                                      dsc, dsc + N * C));
             dsync(sides[s]);
@@ -616,7 +616,7 @@ static void test_gn_finalize_parts(cw_rng *r) {
         double *dp = dalloc(sides[s], (int64_t)sizeof parts);
         float *out = dalloc(sides[s], 2 * N * C * 4);
         dput(sides[s], dp, parts, (int64_t)sizeof parts);
-        ASSERT_OK_CTX(sides[s]->ctx, sides[s]->be->i->gn_finalize(sides[s]->be, sides[s]->s, dp, P, N, C, G, NULL, NULL,
+        ASSERT_OK_CTX(sides[s]->ctx, cw__op_gn_finalize(sides[s]->be, sides[s]->s, dp, P, N, C, G, NULL, NULL,
                                                                  1e-6f, out, out + N * C));
         dsync(sides[s]);
         res[s] = malloc((size_t)(2 * N * C) * 4);
@@ -660,7 +660,7 @@ static void test_add(cw_rng *r, int cases) {
             va.d.dtype = vb.d.dtype = vd.d.dtype = sdt;
             if (alias == 1) vd = va;
             if (alias == 2) vd = vb;
-            ASSERT_OK_CTX(sides[si]->ctx, sides[si]->be->i->add(sides[si]->be, sides[si]->s, &vd, &va, &vb));
+            ASSERT_OK_CTX(sides[si]->ctx, cw__op_add(sides[si]->be, sides[si]->s, &vd, &va, &vb));
             dsync(sides[si]);
             void *hd = malloc((size_t)span_elems(&vd.d) * es);
             dget(sides[si], hd, vd.data, span_elems(&vd.d) * (int64_t)es);
@@ -704,7 +704,7 @@ static void test_gemm(cw_rng *r, int cases) {
             q.a = ga;
             q.b = gb;
             q.c = gc;
-            ASSERT_OK_CTX(sides[s]->ctx, sides[s]->be->i->gemm(sides[s]->be, sides[s]->s, &q));
+            ASSERT_OK_CTX(sides[s]->ctx, cw__op_gemm(sides[s]->be, sides[s]->s, &q));
             dsync(sides[s]);
             res[s] = malloc((size_t)cn * 4);
             dget(sides[s], res[s], gc, cn * 4);
@@ -726,7 +726,7 @@ static void test_softmax(cw_rng *r, int cases) {
         for (int s = 0; s < 2; s++) {
             float *g = dalloc(sides[s], n * 4);
             dput(sides[s], g, h, n * 4);
-            ASSERT_OK_CTX(sides[s]->ctx, sides[s]->be->i->softmax_rows(sides[s]->be, sides[s]->s, g, rows, cols, ld));
+            ASSERT_OK_CTX(sides[s]->ctx, cw__op_softmax_rows(sides[s]->be, sides[s]->s, g, rows, cols, ld));
             dsync(sides[s]);
             res[s] = malloc((size_t)n * 4);
             dget(sides[s], res[s], g, n * 4);
@@ -752,29 +752,29 @@ static void test_streams(void) {
     int64_t words = 1 << 20;
     uint32_t *a = dalloc(sd, words * 4), *b = dalloc(sd, words * 4);
     cw__event *ev = NULL;
-    ASSERT_OK_CTX(sd->ctx, be->i->event_create(be, &ev));
+    ASSERT_OK_CTX(sd->ctx, be->rt->event_create(be, &ev));
     int done = 0;
     /* a never-recorded event is complete, and waiting on it is a no-op */
-    ASSERT_OK_CTX(sd->ctx, be->i->event_query(be, ev, &done));
+    ASSERT_OK_CTX(sd->ctx, be->rt->event_query(be, ev, &done));
     ASSERT_EQ_I(done, 1);
-    ASSERT_OK_CTX(sd->ctx, be->i->stream_wait_event(be, sd->s2, ev));
+    ASSERT_OK_CTX(sd->ctx, be->rt->stream_wait_event(be, sd->s2, ev));
     /* fill on s, copy on s2 after the event: the copy sees the fill */
-    ASSERT_OK_CTX(sd->ctx, be->i->fill32_async(be, sd->s, a, 0xdeadbeefu, words));
-    ASSERT_OK_CTX(sd->ctx, be->i->event_record(be, ev, sd->s));
-    ASSERT_OK_CTX(sd->ctx, be->i->stream_wait_event(be, sd->s2, ev));
-    ASSERT_OK_CTX(sd->ctx, be->i->copy_async(be, sd->s2, b, a, words * 4));
+    ASSERT_OK_CTX(sd->ctx, be->rt->fill32_async(be, sd->s, a, 0xdeadbeefu, words));
+    ASSERT_OK_CTX(sd->ctx, be->rt->event_record(be, ev, sd->s));
+    ASSERT_OK_CTX(sd->ctx, be->rt->stream_wait_event(be, sd->s2, ev));
+    ASSERT_OK_CTX(sd->ctx, be->rt->copy_async(be, sd->s2, b, a, words * 4));
     g_mark.n = 0;
-    if (be->i->launch_host) {
-        ASSERT_OK_CTX(sd->ctx, be->i->launch_host(be, sd->s2, mark_fn, (void *)(intptr_t)1));
-        ASSERT_OK_CTX(sd->ctx, be->i->launch_host(be, sd->s2, mark_fn, (void *)(intptr_t)2));
+    if (be->rt->launch_host) {
+        ASSERT_OK_CTX(sd->ctx, be->rt->launch_host(be, sd->s2, mark_fn, (void *)(intptr_t)1));
+        ASSERT_OK_CTX(sd->ctx, be->rt->launch_host(be, sd->s2, mark_fn, (void *)(intptr_t)2));
     }
-    int64_t syncs0 = be->i->host_syncs(be);
-    ASSERT_OK_CTX(sd->ctx, be->i->event_synchronize(be, ev));
-    ASSERT_OK_CTX(sd->ctx, be->i->stream_synchronize(be, sd->s2));
-    ASSERT_EQ_I(be->i->host_syncs(be) - syncs0, 2);
-    ASSERT_OK_CTX(sd->ctx, be->i->event_query(be, ev, &done));
+    int64_t syncs0 = be->rt->host_syncs(be);
+    ASSERT_OK_CTX(sd->ctx, be->rt->event_synchronize(be, ev));
+    ASSERT_OK_CTX(sd->ctx, be->rt->stream_synchronize(be, sd->s2));
+    ASSERT_EQ_I(be->rt->host_syncs(be) - syncs0, 2);
+    ASSERT_OK_CTX(sd->ctx, be->rt->event_query(be, ev, &done));
     ASSERT_EQ_I(done, 1);
-    if (be->i->launch_host) {
+    if (be->rt->launch_host) {
         ASSERT_EQ_I(g_mark.n, 2);
         ASSERT_EQ_I(g_mark.order[0], 1);
         ASSERT_EQ_I(g_mark.order[1], 2);
@@ -786,43 +786,43 @@ static void test_streams(void) {
             fprintf(stderr, "copy after event: word %lld = %#x\n", (long long)i, h[i]);
             exit(1);
         }
-    be->i->event_destroy(be, ev);
+    be->rt->event_destroy(be, ev);
     free(h);
     /* cudaMalloc and cudaFree count as host synchronisations (they may stall the device) */
     if (!g_selftest) {
-        int64_t s0 = be->i->host_syncs(be);
+        int64_t s0 = be->rt->host_syncs(be);
         void *t = dalloc(sd, 4096);
         dfree(sd, t);
-        ASSERT_EQ_I(be->i->host_syncs(be) - s0, 2);
+        ASSERT_EQ_I(be->rt->host_syncs(be) - s0, 2);
     }
     /* device timestamps from event pairs: marks in stream order, relative to mark 0 */
-    if (be->i->timer_create) {
+    if (be->rt->timer_create) {
         cw__timer *tm = NULL;
         int64_t ns[4];
         cw__event *ev2 = NULL;
-        ASSERT_OK_CTX(sd->ctx, be->i->event_create(be, &ev2));
-        ASSERT_OK_CTX(sd->ctx, be->i->timer_create(be, 4, &tm));
-        ASSERT_OK_CTX(sd->ctx, be->i->timer_mark(be, tm, 0, sd->s));
-        ASSERT_OK_CTX(sd->ctx, be->i->fill32_async(be, sd->s, a, 0u, words));
-        ASSERT_OK_CTX(sd->ctx, be->i->timer_mark(be, tm, 1, sd->s));
-        ASSERT_OK_CTX(sd->ctx, be->i->event_record(be, ev2, sd->s));
-        ASSERT_OK_CTX(sd->ctx, be->i->stream_wait_event(be, sd->s2, ev2));
-        ASSERT_OK_CTX(sd->ctx, be->i->copy_async(be, sd->s2, b, a, words * 4));
-        ASSERT_OK_CTX(sd->ctx, be->i->timer_mark(be, tm, 2, sd->s2));
+        ASSERT_OK_CTX(sd->ctx, be->rt->event_create(be, &ev2));
+        ASSERT_OK_CTX(sd->ctx, be->rt->timer_create(be, 4, &tm));
+        ASSERT_OK_CTX(sd->ctx, be->rt->timer_mark(be, tm, 0, sd->s));
+        ASSERT_OK_CTX(sd->ctx, be->rt->fill32_async(be, sd->s, a, 0u, words));
+        ASSERT_OK_CTX(sd->ctx, be->rt->timer_mark(be, tm, 1, sd->s));
+        ASSERT_OK_CTX(sd->ctx, be->rt->event_record(be, ev2, sd->s));
+        ASSERT_OK_CTX(sd->ctx, be->rt->stream_wait_event(be, sd->s2, ev2));
+        ASSERT_OK_CTX(sd->ctx, be->rt->copy_async(be, sd->s2, b, a, words * 4));
+        ASSERT_OK_CTX(sd->ctx, be->rt->timer_mark(be, tm, 2, sd->s2));
         dsync(sd);
-        ASSERT_OK_CTX(sd->ctx, be->i->timer_read(be, tm, ns));
+        ASSERT_OK_CTX(sd->ctx, be->rt->timer_read(be, tm, ns));
         ASSERT_EQ_I(ns[0], 0);
         ASSERT_TRUE(ns[1] >= 0 && ns[2] >= ns[1]);
         ASSERT_EQ_I(ns[3], -1); /* never recorded */
-        ASSERT_EQ_I(be->i->timer_read(be, tm, ns), CW_ERR_INVALID_ARG); /* recordings forgotten */
-        be->i->timer_destroy(be, tm);
-        be->i->event_destroy(be, ev2);
+        ASSERT_EQ_I(be->rt->timer_read(be, tm, ns), CW_ERR_INVALID_ARG); /* recordings forgotten */
+        be->rt->timer_destroy(be, tm);
+        be->rt->event_destroy(be, ev2);
     }
     dfree(sd, a), dfree(sd, b);
     /* out of device memory is a clean status, and the next allocation works */
     if (!g_selftest) {
         void *huge = NULL;
-        ASSERT_EQ_I(be->i->dev_alloc(be, (int64_t)1 << 50, &huge), CW_ERR_OUT_OF_MEMORY);
+        ASSERT_EQ_I(be->rt->dev_alloc(be, (int64_t)1 << 50, &huge), CW_ERR_OUT_OF_MEMORY);
         ASSERT_TRUE(huge == NULL);
         ASSERT_TRUE(strstr(cw_context_get_last_error(sd->ctx), "cudaMalloc") != NULL);
         void *ok = dalloc(sd, 1 << 20);
@@ -852,7 +852,7 @@ static void test_interop(cw_rng *r) {
      * caller synchronises its own stream and reads the result */
     int64_t words = 4096;
     uint32_t *d = dalloc(&g_dev, words * 4), *h = malloc((size_t)words * 4);
-    ASSERT_OK_CTX(g_dev.ctx, g_dev.be->i->fill32_async(g_dev.be, g_dev.s, d, 0x12345678u, words));
+    ASSERT_OK_CTX(g_dev.ctx, g_dev.be->rt->fill32_async(g_dev.be, g_dev.s, d, 0x12345678u, words));
     ASSERT_TRUE(cudaStreamSynchronize(mine) == cudaSuccess);
     ASSERT_TRUE(cudaMemcpy(h, d, (size_t)words * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
     for (int64_t i = 0; i < words; i++) ASSERT_TRUE(h[i] == 0x12345678u);

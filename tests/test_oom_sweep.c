@@ -34,15 +34,15 @@ static cw_status backend_pass(cw__backend *be, cw_context *ctx) {
     cw__event *e[NE] = {0};
     void *mem = NULL;
     cw_status st = CW_OK;
-    for (int i = 0; i < NS; i++) STEP(be->i->stream_create(be, &s[i]));
-    for (int i = 0; i < NE; i++) STEP(be->i->event_create(be, &e[i]));
-    STEP(be->i->dev_alloc(be, 4096, &mem));
-    STEP(be->i->fill32_async(be, s[0], mem, 0x7fc00000u, 512));
-    STEP(be->i->event_record(be, e[0], s[0]));
-    STEP(be->i->stream_wait_event(be, s[1], e[0]));
-    STEP(be->i->copy_async(be, s[1], (char *)mem + 2048, mem, 2048));
-    STEP(be->i->event_record(be, e[1], s[1]));
-    STEP(be->i->stream_wait_event(be, s[2], e[1]));
+    for (int i = 0; i < NS; i++) STEP(be->rt->stream_create(be, &s[i]));
+    for (int i = 0; i < NE; i++) STEP(be->rt->event_create(be, &e[i]));
+    STEP(be->rt->dev_alloc(be, 4096, &mem));
+    STEP(be->rt->fill32_async(be, s[0], mem, 0x7fc00000u, 512));
+    STEP(be->rt->event_record(be, e[0], s[0]));
+    STEP(be->rt->stream_wait_event(be, s[1], e[0]));
+    STEP(be->rt->copy_async(be, s[1], (char *)mem + 2048, mem, 2048));
+    STEP(be->rt->event_record(be, e[1], s[1]));
+    STEP(be->rt->stream_wait_event(be, s[2], e[1]));
     {
         int *arg = cw__malloc(sizeof *arg);
         if (!arg) { /* the test's own allocation: no library message to check */
@@ -53,20 +53,20 @@ static cw_status backend_pass(cw__backend *be, cw_context *ctx) {
         atomic_fetch_add(&g_args, 1);
         STEP(cw__cpu_enqueue(be, s[2], item_count, arg, fin_count)); /* fin frees arg either way */
     }
-    STEP(be->i->launch_host(be, s[2], item_count, NULL));
-    STEP(be->i->event_record(be, e[2], s[2]));
-    STEP(be->i->event_synchronize(be, e[2]));
+    STEP(be->rt->launch_host(be, s[2], item_count, NULL));
+    STEP(be->rt->event_record(be, e[2], s[2]));
+    STEP(be->rt->event_synchronize(be, e[2]));
     if (ctx) {
         cw__stream *cs;
         STEP(cw__context_stream(ctx, 0, &cs));
-        STEP(be->i->copy_async(be, cs, mem, (char *)mem + 2048, 64));
-        STEP(be->i->stream_synchronize(be, cs)); /* cs outlives this pass; mem does not */
+        STEP(be->rt->copy_async(be, cs, mem, (char *)mem + 2048, 64));
+        STEP(be->rt->stream_synchronize(be, cs)); /* cs outlives this pass; mem does not */
     }
 done:
     /* queued work still runs (stream_destroy drains), so freeing mem comes last */
-    for (int i = 0; i < NE; i++) be->i->event_destroy(be, e[i]);
-    for (int i = 0; i < NS; i++) be->i->stream_destroy(be, s[i]);
-    be->i->dev_free(be, mem);
+    for (int i = 0; i < NE; i++) be->rt->event_destroy(be, e[i]);
+    for (int i = 0; i < NS; i++) be->rt->stream_destroy(be, s[i]);
+    be->rt->dev_free(be, mem);
     return st;
 }
 
@@ -112,11 +112,11 @@ static cw_status pass_backend(void) {
     st = cw__backend_dry_create(be, &dry);
     if (st == CW_OK) {
         st = backend_pass(be, NULL);
-        dry->i->destroy(dry);
+        dry->rt->destroy(dry);
     } else {
         CHECK(dry == NULL);
     }
-    be->i->destroy(be);
+    be->rt->destroy(be);
     return st;
 }
 

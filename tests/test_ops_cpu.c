@@ -151,8 +151,8 @@ static void prep_case(cw__backend *be, cw__stream *st, int iter) {
     p.dst_row0 = r0;
     p.src_row0 = s0;
     if (be) {
-        ASSERT_OK(be->i->prep(be, st, &p));
-        ASSERT_OK(be->i->stream_synchronize(be, st));
+        ASSERT_OK(cw__op_prep(be, st, &p));
+        ASSERT_OK(be->rt->stream_synchronize(be, st));
     } else {
         cw__cpu_prep_run(&p);
     }
@@ -276,7 +276,7 @@ static void gn_partials(cw__backend *be, cw__stream *st, const sbuf *x, int64_t 
         band.d.dims[rank - 2] = bounds[p + 1] - bounds[p];
         band.data = (float *)x->v.data + bounds[p] * x->v.d.strides[rank - 2];
         if (be)
-            ASSERT_OK(be->i->gn_stats(be, st, &band, groups, parts + p * NG3));
+            ASSERT_OK(cw__op_gn_stats(be, st, &band, groups, parts + p * NG3));
         else
             cw__cpu_gn_stats_run(&band, groups, parts + p * NG3);
     }
@@ -414,8 +414,8 @@ static void add_case(cw__backend *be, cw__stream *st, int iter) {
     memcpy(b0, b.mem, (size_t)b.len * sizeof(float));
     const cw__view *dv = alias == 1 ? &a.v : alias == 2 ? &b.v : &d.v;
     if (be) {
-        ASSERT_OK(be->i->add(be, st, dv, &a.v, &b.v));
-        ASSERT_OK(be->i->stream_synchronize(be, st));
+        ASSERT_OK(cw__op_add(be, st, dv, &a.v, &b.v));
+        ASSERT_OK(be->rt->stream_synchronize(be, st));
     } else {
         cw__cpu_add_run(dv, &a.v, &b.v);
     }
@@ -469,8 +469,8 @@ static void gemm_case(cw__backend *be, cw__stream *st, int iter, int ta, int tb,
     p.trans_a = ta, p.trans_b = tb, p.m = M, p.n = N, p.k = K, p.alpha = alpha, p.beta = beta;
     p.a = A, p.lda = lda, p.b = B, p.ldb = ldb, p.c = Cm, p.ldc = ldc;
     if (be) {
-        ASSERT_OK(be->i->gemm(be, st, &p));
-        ASSERT_OK(be->i->stream_synchronize(be, st));
+        ASSERT_OK(cw__op_gemm(be, st, &p));
+        ASSERT_OK(be->rt->stream_synchronize(be, st));
     } else {
         cw__cpu_sgemm(&p, threads);
     }
@@ -588,12 +588,12 @@ static void test_gemm_concurrent(cw__backend *be) {
         memset(jobs[t].p.c, 0, sizeof(float) * (size_t)(jobs[t].p.m * jobs[t].p.ldc));
     }
     cw__stream *s2[2];
-    ASSERT_OK(be->i->stream_create(be, &s2[0]));
-    ASSERT_OK(be->i->stream_create(be, &s2[1]));
+    ASSERT_OK(be->rt->stream_create(be, &s2[0]));
+    ASSERT_OK(be->rt->stream_create(be, &s2[1]));
     for (int r = 0; r < 3; r++)
-        for (int t = 0; t < J; t++) ASSERT_OK(be->i->gemm(be, s2[t & 1], &jobs[t].p));
-    ASSERT_OK(be->i->stream_synchronize(be, s2[0]));
-    ASSERT_OK(be->i->stream_synchronize(be, s2[1]));
+        for (int t = 0; t < J; t++) ASSERT_OK(cw__op_gemm(be, s2[t & 1], &jobs[t].p));
+    ASSERT_OK(be->rt->stream_synchronize(be, s2[0]));
+    ASSERT_OK(be->rt->stream_synchronize(be, s2[1]));
     for (int t = 0; t < J; t++) {
         int64_t bad = gemm_job_check(&jobs[t]);
         if (bad) {
@@ -602,8 +602,8 @@ static void test_gemm_concurrent(cw__backend *be) {
         }
         free((void *)jobs[t].p.a), free((void *)jobs[t].p.b), free(jobs[t].p.c), free(jobs[t].ref), free(jobs[t].solo);
     }
-    be->i->stream_destroy(be, s2[0]);
-    be->i->stream_destroy(be, s2[1]);
+    be->rt->stream_destroy(be, s2[0]);
+    be->rt->stream_destroy(be, s2[1]);
 }
 
 /* ---- softmax -------------------------------------------------------------------------- */
@@ -619,8 +619,8 @@ static void softmax_case(cw__backend *be, cw__stream *st, int iter) {
     }
     memcpy(x0, x, (size_t)(rows * ld) * sizeof(float));
     if (be) {
-        ASSERT_OK(be->i->softmax_rows(be, st, x, rows, cols, ld));
-        ASSERT_OK(be->i->stream_synchronize(be, st));
+        ASSERT_OK(cw__op_softmax_rows(be, st, x, rows, cols, ld));
+        ASSERT_OK(be->rt->stream_synchronize(be, st));
     } else {
         cw__cpu_softmax_rows_run(x, rows, cols, ld);
     }
@@ -660,12 +660,12 @@ static void backend_gn_chain(cw__backend *be, cw__stream *st) {
     float gamma[8], beta[8], *sc = malloc(sizeof(float) * N * C), *sh = malloc(sizeof(float) * N * C);
     for (int c = 0; c < 8; c++) gamma[c] = 1.0f + 0.1f * c, beta[c] = 0.05f * c - 0.2f;
     gn_partials(be, st, &x, G, bounds, 3, parts);
-    ASSERT_OK(be->i->gn_finalize(be, st, parts, 3, N, C, G, gamma, beta, 1e-5f, sc, sh));
+    ASSERT_OK(cw__op_gn_finalize(be, st, parts, 3, N, C, G, gamma, beta, 1e-5f, sc, sh));
     cw__prep_params p;
     memset(&p, 0, sizeof p);
     p.src = x.v, p.dst = y.v, p.scale = sc, p.shift = sh, p.silu = 1, p.up = 1;
-    ASSERT_OK(be->i->prep(be, st, &p));
-    ASSERT_OK(be->i->stream_synchronize(be, st));
+    ASSERT_OK(cw__op_prep(be, st, &p));
+    ASSERT_OK(be->rt->stream_synchronize(be, st));
     gn_ref ref[8];
     gn_reference(&x, G, ref);
     int64_t bad = 0;
@@ -700,39 +700,40 @@ static void backend_bad_args(cw__backend *be, cw__stream *st) {
     p.src = x.v, p.dst = y.v, p.up = 2;
     /* dst rows [4, 12) at up 2 need src rows [2, 6), the band starts at row 3: missing row 2 */
     p.dst_row0 = 4, p.src_row0 = 3;
-    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(cw__op_prep(be, st, &p), CW_ERR_INVALID_ARG);
     p.src_row0 = 2; /* a band of 4 rows starting at row 2 holds exactly rows [2, 6): ok */
     p.src.d.dims[2] = 4;
-    ASSERT_OK(be->i->prep(be, st, &p));
+    ASSERT_OK(cw__op_prep(be, st, &p));
     p.src.d.dims[2] = 3; /* one row short */
-    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(cw__op_prep(be, st, &p), CW_ERR_INVALID_ARG);
     p.src.d.dims[2] = 4;
     p.dst.d.dims[3] = 11; /* W beyond src W * up */
-    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(cw__op_prep(be, st, &p), CW_ERR_INVALID_ARG);
     p.dst.d.dims[3] = 10;
     p.src.d.dtype = CW_F16;
-    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_UNSUPPORTED);
+    ASSERT_STATUS(cw__op_prep(be, st, &p), CW_ERR_UNSUPPORTED);
     p.src.d.dtype = CW_F32;
     p.up = 0;
-    ASSERT_STATUS(be->i->prep(be, st, &p), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(cw__op_prep(be, st, &p), CW_ERR_INVALID_ARG);
     double out[12];
-    ASSERT_STATUS(be->i->gn_stats(be, st, &x.v, 3, out), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(cw__op_gn_stats(be, st, &x.v, 3, out), CW_ERR_INVALID_ARG);
     cw__view xf16 = x.v;
     xf16.d.dtype = CW_BF16;
-    ASSERT_STATUS(be->i->gn_stats(be, st, &xf16, 2, out), CW_ERR_UNSUPPORTED);
-    ASSERT_STATUS(be->i->add(be, st, &y.v, &x.v, &x.v), CW_ERR_INVALID_ARG);
-    ASSERT_STATUS(be->i->add(be, st, &x.v, &xf16, &x.v), CW_ERR_UNSUPPORTED);
+    ASSERT_STATUS(cw__op_gn_stats(be, st, &xf16, 2, out), CW_ERR_UNSUPPORTED);
+    ASSERT_STATUS(cw__op_add(be, st, &y.v, &x.v, &x.v), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(cw__op_add(be, st, &x.v, &xf16, &x.v), CW_ERR_INVALID_ARG); /* mixed dtypes */
+    ASSERT_STATUS(cw__op_add(be, st, &xf16, &xf16, &xf16), CW_ERR_UNSUPPORTED); /* cpu: f32 only */
     float a[6] = {0}, c[6] = {0};
     cw__gemm_params g;
     memset(&g, 0, sizeof g);
     g.m = 2, g.n = 3, g.k = 2, g.alpha = 1, g.a = a, g.lda = 1, g.b = a, g.ldb = 3, g.c = c, g.ldc = 3;
-    ASSERT_STATUS(be->i->gemm(be, st, &g), CW_ERR_INVALID_ARG); /* lda 1 < k 2 */
+    ASSERT_STATUS(cw__op_gemm(be, st, &g), CW_ERR_INVALID_ARG); /* lda 1 < k 2 */
     g.lda = 2;
     g.trans_a = 1; /* A stored k x m: lda must be >= m = 2: ok */
-    ASSERT_OK(be->i->gemm(be, st, &g));
-    ASSERT_STATUS(be->i->softmax_rows(be, st, c, 2, 3, 2), CW_ERR_INVALID_ARG);
-    ASSERT_STATUS(be->i->gn_finalize(be, st, out, 1, 1, 4, 3, NULL, NULL, 1e-5f, c, c), CW_ERR_INVALID_ARG);
-    ASSERT_OK(be->i->stream_synchronize(be, st));
+    ASSERT_OK(cw__op_gemm(be, st, &g));
+    ASSERT_STATUS(cw__op_softmax_rows(be, st, c, 2, 3, 2), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(cw__op_gn_finalize(be, st, out, 1, 1, 4, 3, NULL, NULL, 1e-5f, c, c), CW_ERR_INVALID_ARG);
+    ASSERT_OK(be->rt->stream_synchronize(be, st));
     sbuf_free(&x), sbuf_free(&y);
 }
 
@@ -775,7 +776,7 @@ int main(void) {
     cw__backend *be = NULL;
     cw__stream *st = NULL;
     ASSERT_OK(cw__backend_cpu_create(NULL, &cfg, &be));
-    ASSERT_OK(be->i->stream_create(be, &st));
+    ASSERT_OK(be->rt->stream_create(be, &st));
     for (int i = 0; i < 20; i++) prep_case(be, st, i);
     for (int i = 0; i < 20; i++) add_case(be, st, i);
     for (int t = 0; t < 4; t++) gemm_case(be, st, t, t & 1, t >> 1, 120, 0);
@@ -783,8 +784,8 @@ int main(void) {
     backend_gn_chain(be, st);
     test_gemm_concurrent(be);
     backend_bad_args(be, st);
-    be->i->stream_destroy(be, st);
-    be->i->destroy(be);
+    be->rt->stream_destroy(be, st);
+    be->rt->destroy(be);
 
     fprintf(stderr, "ops_cpu: prep %d, gn %d, add %d, gemm %d, softmax %d random cases + backend hooks\n", n_prep,
             n_gn + 1, n_add, n_gemm * 4 + ((n_gemm + 4) / 5) * 4, n_soft);

@@ -103,11 +103,11 @@ int main(void) {
         cw__stream *s0;
         ASSERT_OK(cw__context_stream(ctx, 0, &s0));
         fill_job fj = {cw_tensor_get_data(tx), hx, n};
-        ASSERT_OK(ctx->be->i->launch_host(ctx->be, s0, late_fill, &fj));
+        ASSERT_OK(ctx->be->rt->launch_host(ctx->be, s0, late_fill, &fj));
         ASSERT_OK_CTX(ctx, cw_plan_run(plan, &tx, 1, &ty, 1));
         snap_job sj = {cw_tensor_get_data(ty), snap, n};
-        ASSERT_OK(ctx->be->i->launch_host(ctx->be, s0, snapshot, &sj));
-        ASSERT_OK(ctx->be->i->stream_synchronize(ctx->be, s0));
+        ASSERT_OK(ctx->be->rt->launch_host(ctx->be, s0, snapshot, &sj));
+        ASSERT_OK(ctx->be->rt->stream_synchronize(ctx->be, s0));
         float *got = malloc((size_t)n * sizeof *got);
         ASSERT_OK(cw_tensor_download(ty, got, (size_t)n * 4));
         if (memcmp(got, ref, (size_t)n * 4) != 0 || memcmp(snap, ref, (size_t)n * 4) != 0) {

@@ -96,7 +96,7 @@ static void test_fifo(void) {
     cw__stream *s[S];
     static int log[S][N];
     int n[S] = {0};
-    for (int k = 0; k < S; k++) ASSERT_OK(be->i->stream_create(be, &s[k]));
+    for (int k = 0; k < S; k++) ASSERT_OK(be->rt->stream_create(be, &s[k]));
     for (int i = 0; i < N; i++) {
         for (int k = 0; k < S; k++) {
             log_arg *a = cw__malloc(sizeof *a);
@@ -108,12 +108,12 @@ static void test_fifo(void) {
         }
     }
     for (int k = 0; k < S; k++) {
-        ASSERT_OK(be->i->stream_synchronize(be, s[k]));
+        ASSERT_OK(be->rt->stream_synchronize(be, s[k]));
         ASSERT_EQ_I(n[k], N);
         for (int i = 0; i < N; i++) ASSERT_EQ_I(log[k][i], i);
-        be->i->stream_destroy(be, s[k]);
+        be->rt->stream_destroy(be, s[k]);
     }
-    be->i->destroy(be);
+    be->rt->destroy(be);
 }
 
 /* ---- cross-stream order through an event ------------------------------------------- */
@@ -134,21 +134,21 @@ static void test_cross_stream_event(void) {
         cw__backend *be = make_cpu(CW_FLAG_CHAOS, 100 + (uint64_t)rep, 1);
         cw__stream *a, *b;
         cw__event *e;
-        ASSERT_OK(be->i->stream_create(be, &a));
-        ASSERT_OK(be->i->stream_create(be, &b));
-        ASSERT_OK(be->i->event_create(be, &e));
+        ASSERT_OK(be->rt->stream_create(be, &a));
+        ASSERT_OK(be->rt->stream_create(be, &b));
+        ASSERT_OK(be->rt->event_create(be, &e));
         xfer x = {0, 0};
         ASSERT_OK(cw__cpu_enqueue(be, a, item_produce, &x, NULL));
-        ASSERT_OK(be->i->event_record(be, e, a));
-        ASSERT_OK(be->i->stream_wait_event(be, b, e));
+        ASSERT_OK(be->rt->event_record(be, e, a));
+        ASSERT_OK(be->rt->stream_wait_event(be, b, e));
         ASSERT_OK(cw__cpu_enqueue(be, b, item_consume, &x, NULL));
-        ASSERT_OK(be->i->stream_synchronize(be, b));
+        ASSERT_OK(be->rt->stream_synchronize(be, b));
         ASSERT_EQ_I(x.consumed, 42);
         /* destroying an event whose recording may still be queued is legal (CUDA too) */
-        be->i->event_destroy(be, e);
-        be->i->stream_destroy(be, a);
-        be->i->stream_destroy(be, b);
-        be->i->destroy(be);
+        be->rt->event_destroy(be, e);
+        be->rt->stream_destroy(be, a);
+        be->rt->stream_destroy(be, b);
+        be->rt->destroy(be);
     }
 }
 
@@ -177,9 +177,9 @@ static void test_generation_capture(void) {
         cw__backend *be = make_cpu(rep ? CW_FLAG_CHAOS : 0, 7 + (uint64_t)rep, 1);
         cw__stream *a, *b;
         cw__event *e;
-        ASSERT_OK(be->i->stream_create(be, &a));
-        ASSERT_OK(be->i->stream_create(be, &b));
-        ASSERT_OK(be->i->event_create(be, &e));
+        ASSERT_OK(be->rt->stream_create(be, &a));
+        ASSERT_OK(be->rt->stream_create(be, &b));
+        ASSERT_OK(be->rt->event_create(be, &e));
         gen_state g;
         memset(&g, 0, sizeof g);
         gate_init(&g.b_ran);
@@ -187,25 +187,25 @@ static void test_generation_capture(void) {
         gate_init(&b_start);
         ASSERT_OK(cw__cpu_enqueue(be, b, item_gate_wait, &b_start, NULL)); /* B reaches its wait late */
         ASSERT_OK(cw__cpu_enqueue(be, a, item_work1, &g, NULL));
-        ASSERT_OK(be->i->event_record(be, e, a));
-        ASSERT_OK(be->i->stream_wait_event(be, b, e));
+        ASSERT_OK(be->rt->event_record(be, e, a));
+        ASSERT_OK(be->rt->stream_wait_event(be, b, e));
         ASSERT_OK(cw__cpu_enqueue(be, b, item_b, &g, NULL));
         ASSERT_OK(cw__cpu_enqueue(be, a, item_work2, &g, NULL));
-        ASSERT_OK(be->i->event_record(be, e, a));
+        ASSERT_OK(be->rt->event_record(be, e, a));
         int done = -1;
-        ASSERT_OK(be->i->event_query(be, e, &done));
+        ASSERT_OK(be->rt->event_query(be, e, &done));
         ASSERT_EQ_I(done, 0); /* gen 2 cannot complete before B's item, which is gated */
         gate_open(&b_start);
-        ASSERT_OK(be->i->stream_synchronize(be, b));
-        ASSERT_OK(be->i->stream_synchronize(be, a));
+        ASSERT_OK(be->rt->stream_synchronize(be, b));
+        ASSERT_OK(be->rt->stream_synchronize(be, a));
         ASSERT_EQ_I(g.b_saw_work1, 1);
         ASSERT_EQ_I(g.b_ran.timed_out, 0);
-        ASSERT_OK(be->i->event_query(be, e, &done));
+        ASSERT_OK(be->rt->event_query(be, e, &done));
         ASSERT_EQ_I(done, 1);
-        be->i->event_destroy(be, e);
-        be->i->stream_destroy(be, a);
-        be->i->stream_destroy(be, b);
-        be->i->destroy(be);
+        be->rt->event_destroy(be, e);
+        be->rt->stream_destroy(be, a);
+        be->rt->stream_destroy(be, b);
+        be->rt->destroy(be);
         ASSERT_EQ_I(b_start.timed_out, 0);
         gate_fini(&b_start);
         gate_fini(&g.b_ran);
@@ -224,34 +224,34 @@ static void test_never_recorded_and_query(void) {
     cw__backend *be = make_cpu(0, 0, 1);
     cw__stream *a, *b;
     cw__event *e, *fresh;
-    ASSERT_OK(be->i->stream_create(be, &a));
-    ASSERT_OK(be->i->stream_create(be, &b));
-    ASSERT_OK(be->i->event_create(be, &e));
-    ASSERT_OK(be->i->event_create(be, &fresh));
-    int64_t syncs0 = be->i->host_syncs(be);
+    ASSERT_OK(be->rt->stream_create(be, &a));
+    ASSERT_OK(be->rt->stream_create(be, &b));
+    ASSERT_OK(be->rt->event_create(be, &e));
+    ASSERT_OK(be->rt->event_create(be, &fresh));
+    int64_t syncs0 = be->rt->host_syncs(be);
 
     /* a never-recorded event: query says done, waiting on it is a no-op */
     int done = -1;
-    ASSERT_OK(be->i->event_query(be, fresh, &done));
+    ASSERT_OK(be->rt->event_query(be, fresh, &done));
     ASSERT_EQ_I(done, 1);
-    ASSERT_OK(be->i->event_synchronize(be, fresh)); /* returns at once, still counted */
+    ASSERT_OK(be->rt->event_synchronize(be, fresh)); /* returns at once, still counted */
 
     /* B waits on `e` before its first recording; the recording (behind a closed gate on A)
      * comes after the wait call, so B must not wait for it. */
     gate ga;
     gate_init(&ga);
     _Atomic int flag = 0;
-    ASSERT_OK(be->i->stream_wait_event(be, b, e));
+    ASSERT_OK(be->rt->stream_wait_event(be, b, e));
     ASSERT_OK(cw__cpu_enqueue(be, b, item_flag, (void *)&flag, NULL));
     ASSERT_OK(cw__cpu_enqueue(be, a, item_gate_wait, &ga, NULL));
-    ASSERT_OK(be->i->event_record(be, e, a));
+    ASSERT_OK(be->rt->event_record(be, e, a));
     ASSERT_TRUE(poll_flag(&flag, 5000));
     ASSERT_TRUE(!gate_is_open(&ga));
-    ASSERT_OK(be->i->event_query(be, e, &done));
+    ASSERT_OK(be->rt->event_query(be, e, &done));
     ASSERT_EQ_I(done, 0); /* recorded behind the closed gate */
     gate_open(&ga);
-    ASSERT_OK(be->i->event_synchronize(be, e));
-    ASSERT_OK(be->i->event_query(be, e, &done));
+    ASSERT_OK(be->rt->event_synchronize(be, e));
+    ASSERT_OK(be->rt->event_query(be, e, &done));
     ASSERT_EQ_I(done, 1);
     ASSERT_EQ_I(ga.timed_out, 0);
 
@@ -259,40 +259,40 @@ static void test_never_recorded_and_query(void) {
     gate gb;
     gate_init(&gb);
     ASSERT_OK(cw__cpu_enqueue(be, b, item_gate_wait, &gb, NULL));
-    ASSERT_OK(be->i->event_record(be, e, b));
-    ASSERT_OK(be->i->event_query(be, e, &done));
+    ASSERT_OK(be->rt->event_record(be, e, b));
+    ASSERT_OK(be->rt->event_query(be, e, &done));
     ASSERT_EQ_I(done, 0);
     /* a wait captured now (gen 2) holds A back until the gate opens */
     _Atomic int flag2 = 0;
-    ASSERT_OK(be->i->stream_wait_event(be, a, e));
+    ASSERT_OK(be->rt->stream_wait_event(be, a, e));
     ASSERT_OK(cw__cpu_enqueue(be, a, item_flag, (void *)&flag2, NULL));
     sleep_us(20000);
     ASSERT_EQ_I(atomic_load(&flag2), 0);
     gate_open(&gb);
-    ASSERT_OK(be->i->stream_synchronize(be, a));
+    ASSERT_OK(be->rt->stream_synchronize(be, a));
     ASSERT_EQ_I(atomic_load(&flag2), 1);
-    ASSERT_OK(be->i->event_query(be, e, &done));
+    ASSERT_OK(be->rt->event_query(be, e, &done));
     ASSERT_EQ_I(done, 1);
 
     /* host syncs: exactly one per synchronize call; queries, records and waits add none */
-    ASSERT_EQ_I(be->i->host_syncs(be) - syncs0, 3);
-    int64_t s1 = be->i->host_syncs(be);
-    for (int i = 0; i < 5; i++) ASSERT_OK(be->i->stream_synchronize(be, i % 2 ? a : b));
-    for (int i = 0; i < 4; i++) ASSERT_OK(be->i->event_synchronize(be, e));
+    ASSERT_EQ_I(be->rt->host_syncs(be) - syncs0, 3);
+    int64_t s1 = be->rt->host_syncs(be);
+    for (int i = 0; i < 5; i++) ASSERT_OK(be->rt->stream_synchronize(be, i % 2 ? a : b));
+    for (int i = 0; i < 4; i++) ASSERT_OK(be->rt->event_synchronize(be, e));
     for (int i = 0; i < 7; i++) {
-        ASSERT_OK(be->i->event_record(be, e, a));
-        ASSERT_OK(be->i->stream_wait_event(be, b, e));
-        ASSERT_OK(be->i->event_query(be, e, &done));
+        ASSERT_OK(be->rt->event_record(be, e, a));
+        ASSERT_OK(be->rt->stream_wait_event(be, b, e));
+        ASSERT_OK(be->rt->event_query(be, e, &done));
     }
-    ASSERT_EQ_I(be->i->host_syncs(be) - s1, 9);
-    ASSERT_OK(be->i->stream_synchronize(be, b));
-    ASSERT_EQ_I(be->i->host_syncs(be) - s1, 10);
+    ASSERT_EQ_I(be->rt->host_syncs(be) - s1, 9);
+    ASSERT_OK(be->rt->stream_synchronize(be, b));
+    ASSERT_EQ_I(be->rt->host_syncs(be) - s1, 10);
 
-    be->i->event_destroy(be, fresh);
-    be->i->event_destroy(be, e);
-    be->i->stream_destroy(be, a);
-    be->i->stream_destroy(be, b);
-    be->i->destroy(be);
+    be->rt->event_destroy(be, fresh);
+    be->rt->event_destroy(be, e);
+    be->rt->stream_destroy(be, a);
+    be->rt->stream_destroy(be, b);
+    be->rt->destroy(be);
     gate_fini(&ga);
     gate_fini(&gb);
 }
@@ -301,45 +301,45 @@ static void test_never_recorded_and_query(void) {
 static void test_memory(void) {
     cw__backend *be = make_cpu(CW_FLAG_CHAOS, 3, 1);
     cw__stream *s;
-    ASSERT_OK(be->i->stream_create(be, &s));
+    ASSERT_OK(be->rt->stream_create(be, &s));
     void *p[8];
     for (int i = 0; i < 8; i++) {
-        ASSERT_OK(be->i->dev_alloc(be, 1000 + 37 * i, &p[i]));
+        ASSERT_OK(be->rt->dev_alloc(be, 1000 + 37 * i, &p[i]));
         ASSERT_TRUE(p[i] != NULL);
         ASSERT_EQ_I((uintptr_t)p[i] % 64, 0);
         memset(p[i], i, (size_t)(1000 + 37 * i)); /* writable over its whole size */
     }
     void *z = (void *)1;
-    ASSERT_OK(be->i->dev_alloc(be, 0, &z));
+    ASSERT_OK(be->rt->dev_alloc(be, 0, &z));
     ASSERT_TRUE(z == NULL);
-    ASSERT_STATUS(be->i->dev_alloc(be, -1, &z), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(be->rt->dev_alloc(be, -1, &z), CW_ERR_INVALID_ARG);
 
     float host[250], back[250];
     for (int i = 0; i < 250; i++) host[i] = (float)i * 0.5f;
-    ASSERT_OK(be->i->upload(be, p[0], host, sizeof host));
-    ASSERT_OK(be->i->copy_async(be, s, p[1], p[0], sizeof host));
-    ASSERT_OK(be->i->fill32_async(be, s, p[1], 0x7fc00000u, 10)); /* NaN over the first 10 */
-    ASSERT_OK(be->i->stream_synchronize(be, s));
-    ASSERT_OK(be->i->download(be, back, p[1], sizeof back));
+    ASSERT_OK(be->rt->upload(be, p[0], host, sizeof host));
+    ASSERT_OK(be->rt->copy_async(be, s, p[1], p[0], sizeof host));
+    ASSERT_OK(be->rt->fill32_async(be, s, p[1], 0x7fc00000u, 10)); /* NaN over the first 10 */
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    ASSERT_OK(be->rt->download(be, back, p[1], sizeof back));
     for (int i = 0; i < 250; i++) {
         if (i < 10) ASSERT_TRUE(isnan(back[i]));
         else ASSERT_TRUE(back[i] == host[i]);
     }
-    ASSERT_STATUS(be->i->fill32_async(be, s, (char *)p[1] + 2, 0, 4), CW_ERR_INVALID_ARG);
-    ASSERT_STATUS(be->i->copy_async(be, s, NULL, p[0], 4), CW_ERR_INVALID_ARG);
-    ASSERT_STATUS(be->i->upload(be, p[0], host, -4), CW_ERR_INVALID_ARG);
-    for (int i = 0; i < 8; i++) be->i->dev_free(be, p[i]);
-    be->i->dev_free(be, NULL);
-    be->i->stream_destroy(be, s);
-    be->i->destroy(be);
+    ASSERT_STATUS(be->rt->fill32_async(be, s, (char *)p[1] + 2, 0, 4), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(be->rt->copy_async(be, s, NULL, p[0], 4), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(be->rt->upload(be, p[0], host, -4), CW_ERR_INVALID_ARG);
+    for (int i = 0; i < 8; i++) be->rt->dev_free(be, p[i]);
+    be->rt->dev_free(be, NULL);
+    be->rt->stream_destroy(be, s);
+    be->rt->destroy(be);
 
     /* threads: the config, or the online cores when <= 0 */
     be = make_cpu(0, 0, 3);
     ASSERT_EQ_I(cw__cpu_blas_threads(be), 3);
-    be->i->destroy(be);
+    be->rt->destroy(be);
     be = make_cpu(0, 0, 0);
     ASSERT_EQ_I(cw__cpu_blas_threads(be), sysconf(_SC_NPROCESSORS_ONLN));
-    be->i->destroy(be);
+    be->rt->destroy(be);
 }
 
 /* ---- stream_destroy drains queued work ---------------------------------------------- */
@@ -357,9 +357,9 @@ static void test_destroy_drains(void) {
     cw__backend *be = make_cpu(CW_FLAG_CHAOS, 5, 1);
     cw__stream *s, *t;
     cw__event *e;
-    ASSERT_OK(be->i->stream_create(be, &s));
-    ASSERT_OK(be->i->stream_create(be, &t));
-    ASSERT_OK(be->i->event_create(be, &e));
+    ASSERT_OK(be->rt->stream_create(be, &s));
+    ASSERT_OK(be->rt->stream_create(be, &t));
+    ASSERT_OK(be->rt->event_create(be, &e));
     _Atomic int ran = 0, fins = 0;
     ASSERT_OK(cw__cpu_enqueue(be, s, item_sleep_20ms, NULL, NULL)); /* the rest is still queued */
     for (int i = 0; i < 100; i++) {
@@ -368,20 +368,20 @@ static void test_destroy_drains(void) {
         a->ran = &ran;
         a->fins = &fins;
         ASSERT_OK(cw__cpu_enqueue(be, s, item_drain, a, fin_drain));
-        if (i == 50) ASSERT_OK(be->i->event_record(be, e, s));
+        if (i == 50) ASSERT_OK(be->rt->event_record(be, e, s));
     }
     /* t waits on e; both the event and s go away with the items still queued */
-    ASSERT_OK(be->i->stream_wait_event(be, t, e));
-    be->i->event_destroy(be, e);
-    be->i->stream_destroy(be, s);
+    ASSERT_OK(be->rt->stream_wait_event(be, t, e));
+    be->rt->event_destroy(be, e);
+    be->rt->stream_destroy(be, s);
     ASSERT_EQ_I(atomic_load(&ran), 100);
     ASSERT_EQ_I(atomic_load(&fins), 100);
-    be->i->stream_destroy(be, t);
-    be->i->destroy(be);
+    be->rt->stream_destroy(be, t);
+    be->rt->destroy(be);
 
     /* enqueue failure: fin still runs, status is clean */
     be = make_cpu(0, 0, 1);
-    ASSERT_OK(be->i->stream_create(be, &s));
+    ASSERT_OK(be->rt->stream_create(be, &s));
     drain_arg *a = cw__malloc(sizeof *a);
     ASSERT_TRUE(a);
     a->ran = &ran;
@@ -391,8 +391,8 @@ static void test_destroy_drains(void) {
     cw__test_fail_after(0);
     ASSERT_EQ_I(atomic_load(&fins), 101);
     ASSERT_EQ_I(atomic_load(&ran), 100);
-    be->i->stream_destroy(be, s);
-    be->i->destroy(be);
+    be->rt->stream_destroy(be, s);
+    be->rt->destroy(be);
 }
 
 /* ---- chaos: random DAGs over 4 streams, checked against a serial evaluation ---------- */
@@ -422,8 +422,8 @@ static int run_dag(uint64_t seed) {
     cw__backend *be = make_cpu(CW_FLAG_CHAOS, seed, 1);
     cw__stream *s[DAG_STREAMS];
     cw__event *ev[DAG_EVENTS];
-    for (int k = 0; k < DAG_STREAMS; k++) ASSERT_OK(be->i->stream_create(be, &s[k]));
-    for (int k = 0; k < DAG_EVENTS; k++) ASSERT_OK(be->i->event_create(be, &ev[k]));
+    for (int k = 0; k < DAG_STREAMS; k++) ASSERT_OK(be->rt->stream_create(be, &s[k]));
+    for (int k = 0; k < DAG_EVENTS; k++) ASSERT_OK(be->rt->event_create(be, &ev[k]));
     /* Where each event's latest recording sits: stream and items enqueued before it. */
     int ev_stream[DAG_EVENTS];
     int ev_pos[DAG_EVENTS];
@@ -451,30 +451,30 @@ static int run_dag(uint64_t seed) {
                     pick = q;
             if (pick < 0) {
                 pick = (int)cw_rng_range(&r, 0, DAG_EVENTS - 1); /* may steal one still waited on */
-                ASSERT_OK(be->i->event_record(be, ev[pick], s[u->stream]));
+                ASSERT_OK(be->rt->event_record(be, ev[pick], s[u->stream]));
                 ev_stream[pick] = u->stream;
                 ev_pos[pick] = qlen[u->stream];
             }
-            ASSERT_OK(be->i->stream_wait_event(be, s[t->stream], ev[pick]));
+            ASSERT_OK(be->rt->stream_wait_event(be, s[t->stream], ev[pick]));
         }
         /* noise: a never-recorded event wait, and records nobody waits for */
         if (cw_rng_range(&r, 0, 7) == 0) {
             cw__event *fresh;
-            ASSERT_OK(be->i->event_create(be, &fresh));
-            ASSERT_OK(be->i->stream_wait_event(be, s[t->stream], fresh));
-            be->i->event_destroy(be, fresh);
+            ASSERT_OK(be->rt->event_create(be, &fresh));
+            ASSERT_OK(be->rt->stream_wait_event(be, s[t->stream], fresh));
+            be->rt->event_destroy(be, fresh);
         }
         ASSERT_OK(cw__cpu_enqueue(be, s[t->stream], item_dag, t, NULL));
         task_pos[i] = ++qlen[t->stream];
         if (cw_rng_range(&r, 0, 3) == 0) {
             int q = (int)cw_rng_range(&r, 0, DAG_EVENTS - 1);
-            ASSERT_OK(be->i->event_record(be, ev[q], s[t->stream]));
+            ASSERT_OK(be->rt->event_record(be, ev[q], s[t->stream]));
             ev_stream[q] = t->stream;
             ev_pos[q] = qlen[t->stream];
         }
     }
-    for (int k = 0; k < DAG_STREAMS; k++) ASSERT_OK(be->i->stream_synchronize(be, s[k]));
-    ASSERT_EQ_I(be->i->host_syncs(be), DAG_STREAMS);
+    for (int k = 0; k < DAG_STREAMS; k++) ASSERT_OK(be->rt->stream_synchronize(be, s[k]));
+    ASSERT_EQ_I(be->rt->host_syncs(be), DAG_STREAMS);
 
     for (int i = 0; i < DAG_TASKS; i++) ref[i] = dag_f(i, ref, tasks[i].in, tasks[i].nin);
     int bad = -1;
@@ -484,9 +484,9 @@ static int run_dag(uint64_t seed) {
         fprintf(stderr, "chaos DAG seed %" PRIu64 ": task %d (stream %d) = %" PRIx64 ", serial = %" PRIx64
                         "; reproduce with CONVWEAVE_CHAOS_SEED=%" PRIu64 "\n",
                 seed, bad, tasks[bad].stream, slots[bad], ref[bad], seed);
-    for (int k = 0; k < DAG_EVENTS; k++) be->i->event_destroy(be, ev[k]);
-    for (int k = 0; k < DAG_STREAMS; k++) be->i->stream_destroy(be, s[k]);
-    be->i->destroy(be);
+    for (int k = 0; k < DAG_EVENTS; k++) be->rt->event_destroy(be, ev[k]);
+    for (int k = 0; k < DAG_STREAMS; k++) be->rt->stream_destroy(be, s[k]);
+    be->rt->destroy(be);
     return bad >= 0;
 }
 
@@ -518,8 +518,9 @@ static cw_status fake_conv_algos(cw__backend *be, const cw__conv_problem *p, cw_
 }
 
 static void test_dry(void) {
-    static const cw__backend_i fake_i = {.name = "fake", .conv_algos = fake_conv_algos};
-    cw__backend fake = {&fake_i, NULL, 0};
+    static const cw__runtime_i fake_rt = {.name = "fake"};
+    static const cw__ops_i fake_ops = {.conv_algos = fake_conv_algos};
+    cw__backend fake = {&fake_rt, &fake_ops, NULL, 0};
     cw__backend *d = NULL;
     ASSERT_OK(cw__backend_dry_create(&fake, &d));
     ASSERT_TRUE(d && d != &fake);
@@ -528,44 +529,55 @@ static void test_dry(void) {
     for (int i = 0; i < 16; i++) {
         void *p = NULL;
         int64_t bytes = 1 + 300 * i;
-        ASSERT_OK(d->i->dev_alloc(d, bytes, &p));
+        ASSERT_OK(d->rt->dev_alloc(d, bytes, &p));
         ASSERT_TRUE(p != NULL);
         ASSERT_EQ_I((uintptr_t)p % 256, 0);
         lo[i] = (uintptr_t)p;
         hi[i] = lo[i] + (uintptr_t)bytes;
         for (int j = 0; j < i; j++) ASSERT_TRUE(hi[i] <= lo[j] || hi[j] <= lo[i]);
-        d->i->dev_free(d, p);
+        d->rt->dev_free(d, p);
     }
     cw__stream *s1, *s2;
     cw__event *e;
-    ASSERT_OK(d->i->stream_create(d, &s1));
-    ASSERT_OK(d->i->stream_create(d, &s2));
-    ASSERT_OK(d->i->event_create(d, &e));
+    ASSERT_OK(d->rt->stream_create(d, &s1));
+    ASSERT_OK(d->rt->stream_create(d, &s2));
+    ASSERT_OK(d->rt->event_create(d, &e));
     ASSERT_TRUE(s1 && s2 && e && s1 != s2);
-    ASSERT_OK(d->i->event_record(d, e, s1));
-    ASSERT_OK(d->i->stream_wait_event(d, s2, e));
+    ASSERT_OK(d->rt->event_record(d, e, s1));
+    ASSERT_OK(d->rt->stream_wait_event(d, s2, e));
     int done = 0;
-    ASSERT_OK(d->i->event_query(d, e, &done));
+    ASSERT_OK(d->rt->event_query(d, e, &done));
     ASSERT_EQ_I(done, 1);
-    ASSERT_EQ_I(d->i->host_syncs(d), 0);
-    ASSERT_OK(d->i->event_synchronize(d, e));
-    ASSERT_OK(d->i->stream_synchronize(d, s2));
-    ASSERT_EQ_I(d->i->host_syncs(d), 2);
-    ASSERT_OK(d->i->copy_async(d, s1, NULL, NULL, 1 << 20)); /* touches nothing */
+    ASSERT_EQ_I(d->rt->host_syncs(d), 0);
+    ASSERT_OK(d->rt->event_synchronize(d, e));
+    ASSERT_OK(d->rt->stream_synchronize(d, s2));
+    ASSERT_EQ_I(d->rt->host_syncs(d), 2);
+    ASSERT_OK(d->rt->fill32_async(d, s1, NULL, 0, 1 << 20)); /* touches nothing */
+    ASSERT_TRUE(d->ops == NULL && d->rt->copy_async == NULL);
+    /* a valid problem: the ops layer answers the backend with ops and refuses the dry one */
     cw__conv_problem p;
     memset(&p, 0, sizeof p);
-    p.groups = 3;
+    p.spatial = 2, p.groups = 3;
+    cw_tensor_desc_make(&p.x, CW_F32, 4, (const int64_t[]){1, 3, 8, 8});
+    cw_tensor_desc_make(&p.w, CW_F32, 4, (const int64_t[]){6, 1, 3, 3});
+    cw_tensor_desc_make(&p.y, CW_F32, 4, (const int64_t[]){1, 6, 6, 6});
+    for (int i = 0; i < 2; i++) p.stride[i] = p.dilation[i] = 1;
     cw__conv_algo algos[4];
     int n = 0;
-    ASSERT_OK(d->i->conv_algos(d, &p, algos, 4, &n));
+    ASSERT_STATUS(cw__op_conv_algos(d, &p, algos, 4, &n), CW_ERR_UNSUPPORTED);
+    ASSERT_EQ_I(fake_algos_calls, 0);
+    ASSERT_OK(cw__op_conv_algos(&fake, &p, algos, 4, &n));
     ASSERT_EQ_I(fake_algos_calls, 1);
     ASSERT_EQ_I(n, 1);
     ASSERT_EQ_I(algos[0].id, 7);
     ASSERT_EQ_I(algos[0].workspace, 300);
-    d->i->event_destroy(d, e);
-    d->i->stream_destroy(d, s1);
-    d->i->stream_destroy(d, s2);
-    d->i->destroy(d);
+    p.groups = 2; /* does not divide C = 3: refused before any backend sees it */
+    ASSERT_STATUS(cw__op_conv_algos(&fake, &p, algos, 4, &n), CW_ERR_INVALID_ARG);
+    ASSERT_EQ_I(fake_algos_calls, 1);
+    d->rt->event_destroy(d, e);
+    d->rt->stream_destroy(d, s1);
+    d->rt->stream_destroy(d, s2);
+    d->rt->destroy(d);
     ASSERT_STATUS(cw__backend_dry_create(NULL, &d), CW_ERR_INVALID_ARG);
 }
 

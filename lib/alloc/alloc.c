@@ -235,12 +235,12 @@ static evref *evref_record(cw__allocator *a, cw__stream *s) {
     } else {
         e = cw__calloc(1, sizeof *e);
         if (!e) return NULL;
-        if (a->be->i->event_create(a->be, &e->ev) != CW_OK) {
+        if (a->be->rt->event_create(a->be, &e->ev) != CW_OK) {
             cw__free(e);
             return NULL;
         }
     }
-    if (a->be->i->event_record(a->be, e->ev, s) != CW_OK) {
+    if (a->be->rt->event_record(a->be, e->ev, s) != CW_OK) {
         e->next = a->ev_pool;
         a->ev_pool = e;
         return NULL;
@@ -297,7 +297,7 @@ static int block_ready(cw__allocator *a, block *b, cw__stream *s) {
         if (det) return 0; /* completion is timing: deterministic mode never looks at it */
         if (e->done) continue;
         int done = 0;
-        if (a->be->i->event_query(a->be, e->ev, &done) != CW_OK || !done) return 0;
+        if (a->be->rt->event_query(a->be, e->ev, &done) != CW_OK || !done) return 0;
         e->done = 1;
     }
     return 1;
@@ -315,20 +315,20 @@ static cw_status block_order(cw__allocator *a, block *b, cw__stream *s) {
         evref *e = b->pend[i];
         if ((e->done && !det) || (s && (e->s == s || evref_waited(e, s)))) continue;
         int done = 0;
-        if (!det && a->be->i->event_query(a->be, e->ev, &done) == CW_OK && done) {
+        if (!det && a->be->rt->event_query(a->be, e->ev, &done) == CW_OK && done) {
             e->done = 1;
             continue;
         }
         cw_status st;
         if (!s) {
             a->st.host_syncs++;
-            if ((st = a->be->i->event_synchronize(a->be, e->ev)) != CW_OK)
+            if ((st = a->be->rt->event_synchronize(a->be, e->ev)) != CW_OK)
                 return cw__error(a->ctx, st, "allocator: event_synchronize failed (%s)", cw_status_name(st));
             e->done = 1;
             continue;
         }
         if (a->skip_waits) continue; /* test-only: the bug the cross-stream test must catch */
-        if ((st = a->be->i->stream_wait_event(a->be, s, e->ev)) != CW_OK)
+        if ((st = a->be->rt->stream_wait_event(a->be, s, e->ev)) != CW_OK)
             return cw__error(a->ctx, st, "allocator: stream_wait_event failed (%s)", cw_status_name(st));
         a->st.cross_stream_waits++;
         if (e->n_waited < MAX_WAITED) e->waited[e->n_waited++] = s;
@@ -357,7 +357,7 @@ static cw_status segment_new(cw__allocator *a, int pi, int64_t n, block **b, int
         segment *g = cw__calloc(1, sizeof *g);
         if (!g) return cw__error(a->ctx, CW_ERR_OUT_OF_MEMORY, "allocator: out of host memory for a segment");
         void *p = NULL;
-        cw_status st = a->be->i->dev_alloc(a->be, sz, &p);
+        cw_status st = a->be->rt->dev_alloc(a->be, sz, &p);
         if (st == CW_OK && !p) st = CW_ERR_OUT_OF_MEMORY;
         if (st != CW_OK) {
             cw__free(g);
@@ -405,7 +405,7 @@ static void segment_free(cw__allocator *a, segment *g) {
         pend_clear(a, b);
         block_give(a, b);
     }
-    a->be->i->dev_free(a->be, g->ptr);
+    a->be->rt->dev_free(a->be, g->ptr);
     if (g->prev) g->prev->next = g->next;
     else a->segs = g->next;
     if (g->next) g->next->prev = g->prev;
@@ -425,7 +425,7 @@ static cw_status release_cached_locked(cw__allocator *a) {
                 evref *e = b->pend[i];
                 if (e->done) continue;
                 a->st.host_syncs++;
-                cw_status st = a->be->i->event_synchronize(a->be, e->ev);
+                cw_status st = a->be->rt->event_synchronize(a->be, e->ev);
                 if (st != CW_OK)
                     return cw__error(a->ctx, st, "allocator: event_synchronize failed while releasing (%s)",
                                      cw_status_name(st));
@@ -468,7 +468,7 @@ void cw__alloc_destroy(cw__allocator *a) {
         for (block *b = g->first; b; b = b->next)
             for (int i = 0; i < b->n_pend; i++)
                 if (!b->pend[i]->done) {
-                    a->be->i->event_synchronize(a->be, b->pend[i]->ev);
+                    a->be->rt->event_synchronize(a->be, b->pend[i]->ev);
                     b->pend[i]->done = 1;
                 }
         g->n_live = 0;
@@ -477,7 +477,7 @@ void cw__alloc_destroy(cw__allocator *a) {
     while (a->ev_pool) {
         evref *e = a->ev_pool;
         a->ev_pool = e->next;
-        a->be->i->event_destroy(a->be, e->ev);
+        a->be->rt->event_destroy(a->be, e->ev);
         cw__free(e);
     }
     while (a->block_cache) {
@@ -628,7 +628,7 @@ static cw_status free_locked(cw__allocator *a, void *ptr, cw__stream *s) {
     if (s) {
         if (a->flags & CW__ALLOC_POISON) {
             /* the fill runs on s after the block's last use, before the free event */
-            poison_st = a->be->i->fill32_async(a->be, s, ptr, POISON_WORD, b->size / 4);
+            poison_st = a->be->rt->fill32_async(a->be, s, ptr, POISON_WORD, b->size / 4);
             if (poison_st != CW_OK)
                 cw__error(a->ctx, poison_st, "cw__alloc_free: poison fill of %p failed (%s)", ptr,
                           cw_status_name(poison_st));
@@ -637,7 +637,7 @@ static cw_status free_locked(cw__allocator *a, void *ptr, cw__stream *s) {
         if (!e) {
             /* no event: wait for the stream on the host instead, so the block is safe */
             a->st.host_syncs++;
-            if ((st = a->be->i->stream_synchronize(a->be, s)) != CW_OK)
+            if ((st = a->be->rt->stream_synchronize(a->be, s)) != CW_OK)
                 return cw__error(a->ctx, st, "cw__alloc_free: no event for %p and stream_synchronize failed (%s)",
                                  ptr, cw_status_name(st));
         }

@@ -1,6 +1,8 @@
-/* The backend interface: a table of function pointers a backend fills (ggml_backend_i).
- * Each hook is marked required, or optional with the default the wrapper supplies.
- * All work hooks are asynchronous on the given stream unless they say otherwise. */
+/* The backend interface, in two tables of function pointers (ggml_backend_i): a runtime
+ * (memory, streams, events) every backend fills, and operations only executing backends
+ * fill, called through the checking cw__op_* functions (ops.c). Each hook is marked
+ * required, or optional with the default its caller supplies. All work hooks are
+ * asynchronous on the given stream unless they say otherwise. */
 #ifndef CW_BACKEND_H
 #define CW_BACKEND_H
 
@@ -69,13 +71,15 @@ typedef struct cw__gemm_params {
 typedef void (*cw__host_fn)(void *arg);
 typedef struct cw__timer cw__timer; /* a backend's device timestamps (optional timer hooks) */
 
-/* Capabilities a backend declares (cw__backend_i.caps), so callers never test its name. */
+/* Capabilities a backend declares (cw__runtime_i.caps), so callers never test its name. */
 enum {
     CW__CAP_HOST_STREAMS = 1u << 0 /* streams are host threads: per-task NVTX ranges are pushed
                                       on the worker around the work, not around the enqueue */
 };
 
-typedef struct cw__backend_i {
+/* The runtime every backend implements — cpu, cuda, the dry backend the budget search
+ * replays plans on, the tests' fakes: memory, streams, events, host callbacks, timers. */
+typedef struct cw__runtime_i {
     const char *name;
     unsigned caps; /* CW__CAP_* */
     /* required: frees the backend after all its work finished. */
@@ -89,7 +93,8 @@ typedef struct cw__backend_i {
     /* required: synchronous copies between host and device (whole-run boundaries only). */
     cw_status (*upload)(cw__backend *be, void *dst_dev, const void *src_host, int64_t bytes);
     cw_status (*download)(cw__backend *be, void *dst_host, const void *src_dev, int64_t bytes);
-    /* required: asynchronous device-to-device copy on s. */
+    /* (optional) default: none (the scheduler never copies; tests order device work with
+     * it): asynchronous device-to-device copy on s. */
     cw_status (*copy_async)(cw__backend *be, cw__stream *s, void *dst, const void *src, int64_t bytes);
     /* required: fills `count` 32-bit words at p with pattern, on s (poison mode, zeroing). */
     cw_status (*fill32_async)(cw__backend *be, cw__stream *s, void *p, uint32_t pattern, int64_t count);
@@ -115,7 +120,24 @@ typedef struct cw__backend_i {
     /* (optional) default: none. Runs fn(arg) on the host in stream order (trace timing). */
     cw_status (*launch_host)(cw__backend *be, cw__stream *s, cw__host_fn fn, void *arg);
 
-    /* -- operations (asynchronous on s; views are copied at the call) -- */
+    /* -- device timestamps (a scheduler uses them when present) -- */
+    /* (optional) default: none; traces then come from launch_host callbacks. Device
+     * timestamps: timer_create makes n marks; timer_mark records mark k on s (asynchronous,
+     * never synchronises); timer_read, once every stream holding marks has been
+     * synchronised, writes ns[k] = time of mark k - time of mark 0 in ns (-1 for a mark not
+     * recorded since the last read) and forgets the recordings. */
+    cw_status (*timer_create)(cw__backend *be, int n, cw__timer **out);
+    void (*timer_destroy)(cw__backend *be, cw__timer *t);
+    cw_status (*timer_mark)(cw__backend *be, cw__timer *t, int k, cw__stream *s);
+    cw_status (*timer_read)(cw__backend *be, cw__timer *t, int64_t *ns);
+} cw__runtime_i;
+
+/* The operations only executing backends implement (cpu, cuda). Callers go through the
+ * cw__op_* functions below, which check the arguments once (naming the bad one) and
+ * then call the hook: a hook trusts its arguments and checks only what its backend
+ * lacks (a dtype, a BLAS int range), answering CW_ERR_UNSUPPORTED. All asynchronous on
+ * s; the params are copied at the call. */
+typedef struct cw__ops_i {
     /* required: algorithms for p, fastest first, at most max; *n how many. */
     cw_status (*conv_algos)(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
     /* required: y = conv(x, w) (+ b). ws holds at least algo->workspace bytes. */
@@ -134,16 +156,14 @@ typedef struct cw__backend_i {
                              float *scale, float *shift);
     /* required: dst = a + b (views of equal dims; dst may alias a or b exactly). */
     cw_status (*add)(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b);
-    /* required on executing backends (the dry backend enqueues no op and leaves it NULL):
-     * the per-channel op p (see cw__channel_params). Called through cw__op_channel, which
-     * has checked p; the backend may refuse a dtype it lacks with CW_ERR_UNSUPPORTED. */
+    /* required: the per-channel op p (see cw__channel_params). */
     cw_status (*channel_op)(cw__backend *be, cw__stream *s, const cw__channel_params *p);
     /* required */
     cw_status (*gemm)(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
     /* required: row-wise softmax in place: rows x cols, row stride ld (floats). */
     cw_status (*softmax_rows)(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld);
 
-    /* -- compile-time preparation and device timing (a scheduler uses them when present) -- */
+    /* -- compile-time preparation (a scheduler uses them when present) -- */
     /* (optional) default: none; conv_forward prepares on first use, inside a run. Host only:
      * makes conv_forward(p, algo, ws of ws_cap bytes) need no further preparation (cuda:
      * finalises the cuDNN execution plan, which may compile and load kernels, a device-wide
@@ -157,26 +177,35 @@ typedef struct cw__backend_i {
      * the device, synchronously, with scratch memory of its own: compile time only. */
     cw_status (*conv_autotune)(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *cands, int n,
                                int *best);
-    /* (optional) default: none; traces then come from launch_host callbacks. Device
-     * timestamps: timer_create makes n marks; timer_mark records mark k on s (asynchronous,
-     * never synchronises); timer_read, once every stream holding marks has been
-     * synchronised, writes ns[k] = time of mark k - time of mark 0 in ns (-1 for a mark not
-     * recorded since the last read) and forgets the recordings. */
-    cw_status (*timer_create)(cw__backend *be, int n, cw__timer **out);
-    void (*timer_destroy)(cw__backend *be, cw__timer *t);
-    cw_status (*timer_mark)(cw__backend *be, cw__timer *t, int k, cw__stream *s);
-    cw_status (*timer_read)(cw__backend *be, cw__timer *t, int64_t *ns);
-} cw__backend_i;
+} cw__ops_i;
 
 struct cw__backend {
-    const cw__backend_i *i;
+    const cw__runtime_i *rt;
+    const cw__ops_i *ops; /* NULL: the backend runs no operations (dry, test fakes) */
     cw_context *ctx;   /* for error messages; may be NULL in tests */
     int threads;       /* host threads its ops may use in total (cpu); 0 on device backends */
 };
 
-/* ops.c: the checks in front of the op hooks. Each checks its arguments once (naming the
- * bad one in the context's message) and calls the backend's hook, which trusts them. */
+/* ops.c: the operations as callers use them. Each checks its arguments once (naming the
+ * bad one in the context's message; CW_ERR_INVALID_ARG), returns CW_OK without calling the
+ * backend for empty work, answers CW_ERR_UNSUPPORTED for a backend without ops, and calls
+ * the hook. The optional hooks get their documented defaults here. */
+cw_status cw__op_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
+cw_status cw__op_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
+                              const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes);
+cw_status cw__op_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
+                              cw__conv_algo *used);
+cw_status cw__op_conv_autotune(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *cands, int n,
+                               int *best);
+cw_status cw__op_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p);
+cw_status cw__op_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out);
+cw_status cw__op_gn_finalize(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,
+                             int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
+                             float *scale, float *shift);
+cw_status cw__op_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b);
 cw_status cw__op_channel(cw__backend *be, cw__stream *s, const cw__channel_params *p);
+cw_status cw__op_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
+cw_status cw__op_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld);
 
 /* Backend constructors. cfg is the context's config (threads, flags, chaos seed). */
 cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out);
@@ -185,9 +214,9 @@ cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, 
 cw_status cw__backend_cuda_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out);
 int cw__backend_cuda_compiled(void);
 
-/* A backend that touches no memory: dev_alloc hands out distinct fake addresses, work
- * hooks do nothing, events complete at once. The scheduler dry-runs plans on it to
- * simulate their allocation sequence exactly. conv_algos forwards to `real`. */
+/* A backend that touches no memory and runs no ops: dev_alloc hands out distinct fake
+ * addresses, events complete at once. The scheduler dry-runs plans on it to simulate their
+ * allocation sequence exactly. `real` lends it its context. */
 cw_status cw__backend_dry_create(cw__backend *real, cw__backend **out);
 
 #endif

@@ -1,6 +1,6 @@
-/* The dry backend: no memory, no work, no threads. It hands out distinct fake addresses so
- * the scheduler can replay a plan's exact allocation sequence and measure its peak; only
- * conv_algos is real (forwarded), because algorithm choice decides workspace sizes. */
+/* The dry backend: a runtime with no memory, no work and no threads, and no operations. It
+ * hands out distinct fake addresses so the scheduler can replay a plan's exact allocation
+ * sequence and measure its peak (the plan chose its algorithms on the real backend). */
 #include <stdatomic.h>
 
 #include "backend/backend.h"
@@ -11,7 +11,6 @@
 
 typedef struct dry_backend {
     cw__backend base;      /* must be first */
-    cw__backend *real;     /* borrowed: answers conv_algos */
     _Atomic uint64_t next_addr;
     _Atomic uint64_t next_handle;
     _Atomic int64_t host_syncs;
@@ -35,9 +34,6 @@ static cw_status dry_dev_alloc(cw__backend *be, int64_t bytes, void **out) {
 static void dry_dev_free(cw__backend *be, void *p) {}
 
 static cw_status dry_copy(cw__backend *be, void *dst, const void *src, int64_t bytes) { return CW_OK; }
-static cw_status dry_copy_async(cw__backend *be, cw__stream *s, void *dst, const void *src, int64_t bytes) {
-    return CW_OK;
-}
 static cw_status dry_fill32_async(cw__backend *be, cw__stream *s, void *p, uint32_t pattern, int64_t count) {
     return CW_OK;
 }
@@ -76,41 +72,13 @@ static cw_status dry_stream_synchronize(cw__backend *be, cw__stream *s) {
 static int64_t dry_host_syncs(cw__backend *be) { return atomic_load(&dry_of(be)->host_syncs); }
 static cw_status dry_launch_host(cw__backend *be, cw__stream *s, cw__host_fn fn, void *arg) { return CW_OK; }
 
-static cw_status dry_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
-    cw__backend *real = dry_of(be)->real;
-    return real->i->conv_algos(real, p, out, max, n);
-}
-static cw_status dry_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p,
-                                  const cw__conv_algo *algo, const void *x, const void *w, const void *b, void *y,
-                                  void *ws, int64_t ws_bytes) {
-    return CW_OK;
-}
-static cw_status dry_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) { return CW_OK; }
-static cw_status dry_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out) {
-    return CW_OK;
-}
-static cw_status dry_gn_finalize(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,
-                                 int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
-                                 float *scale, float *shift) {
-    return CW_OK;
-}
-static cw_status dry_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b) {
-    return CW_OK;
-}
-static cw_status dry_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p) { return CW_OK; }
-static cw_status dry_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols,
-                                  int64_t ld) {
-    return CW_OK;
-}
-
-static const cw__backend_i dry_iface = {
+static const cw__runtime_i dry_rt = {
     .name = "dry",
     .destroy = dry_destroy,
     .dev_alloc = dry_dev_alloc,
     .dev_free = dry_dev_free,
     .upload = dry_copy,
     .download = dry_copy,
-    .copy_async = dry_copy_async,
     .fill32_async = dry_fill32_async,
     .stream_create = dry_stream_create,
     .stream_destroy = dry_stream_destroy,
@@ -123,14 +91,6 @@ static const cw__backend_i dry_iface = {
     .stream_synchronize = dry_stream_synchronize,
     .host_syncs = dry_host_syncs,
     .launch_host = dry_launch_host,
-    .conv_algos = dry_conv_algos,
-    .conv_forward = dry_conv_forward,
-    .prep = dry_prep,
-    .gn_stats = dry_gn_stats,
-    .gn_finalize = dry_gn_finalize,
-    .add = dry_add,
-    .gemm = dry_gemm,
-    .softmax_rows = dry_softmax_rows,
 };
 
 cw_status cw__backend_dry_create(cw__backend *real, cw__backend **out) {
@@ -140,9 +100,8 @@ cw_status cw__backend_dry_create(cw__backend *real, cw__backend **out) {
     if (!real) return cw__error(ctx, CW_ERR_INVALID_ARG, "dry backend: real backend is NULL");
     dry_backend *d = cw__calloc(1, sizeof *d);
     if (!d) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "dry backend: out of host memory");
-    d->base.i = &dry_iface;
+    d->base.rt = &dry_rt;
     d->base.ctx = ctx;
-    d->real = real;
     atomic_init(&d->next_addr, DRY_BASE);
     atomic_init(&d->next_handle, DRY_HANDLE_BASE);
     atomic_init(&d->host_syncs, 0);

@@ -85,14 +85,14 @@ void cw_context_destroy(cw_context *ctx) {
     if (!ctx) return;
     if (ctx->be) {
         for (int i = 0; i < CW__MAX_STREAMS; i++)
-            if (ctx->streams[i]) ctx->be->i->stream_synchronize(ctx->be, ctx->streams[i]);
+            if (ctx->streams[i]) ctx->be->rt->stream_synchronize(ctx->be, ctx->streams[i]);
     }
     cw__alloc_destroy(ctx->act);
     cw__alloc_destroy(ctx->temp);
     if (ctx->be) {
         for (int i = 0; i < CW__MAX_STREAMS; i++)
-            if (ctx->streams[i]) ctx->be->i->stream_destroy(ctx->be, ctx->streams[i]);
-        ctx->be->i->destroy(ctx->be);
+            if (ctx->streams[i]) ctx->be->rt->stream_destroy(ctx->be, ctx->streams[i]);
+        ctx->be->rt->destroy(ctx->be);
     }
     pthread_mutex_destroy(&ctx->mu);
     cw__free(ctx);
@@ -101,7 +101,7 @@ void cw_context_destroy(cw_context *ctx) {
 const char *cw_context_get_last_error(const cw_context *ctx) { return ctx ? ctx->err : ""; }
 
 const char *cw_context_get_backend_name(const cw_context *ctx) {
-    return ctx && ctx->be ? ctx->be->i->name : "none";
+    return ctx && ctx->be ? ctx->be->rt->name : "none";
 }
 
 cw_status cw__context_stream(cw_context *ctx, int i, cw__stream **out) {
@@ -115,13 +115,13 @@ cw_status cw__context_stream(cw_context *ctx, int i, cw__stream **out) {
     }
     /* create outside the lock: the backend reports failures through cw__error, which
      * takes ctx->mu itself */
-    cw_status st = ctx->be->i->stream_create(ctx->be, &s);
+    cw_status st = ctx->be->rt->stream_create(ctx->be, &s);
     if (st != CW_OK) return st;
     pthread_mutex_lock(&ctx->mu);
     cw__stream *won = ctx->streams[i];
     if (!won) ctx->streams[i] = s;
     pthread_mutex_unlock(&ctx->mu);
-    if (won) ctx->be->i->stream_destroy(ctx->be, s); /* another thread was first */
+    if (won) ctx->be->rt->stream_destroy(ctx->be, s); /* another thread was first */
     *out = won ? won : s;
     return CW_OK;
 }
@@ -130,7 +130,7 @@ cw_status cw_context_synchronize(cw_context *ctx) {
     if (!ctx) return CW_ERR_INVALID_ARG;
     for (int i = 0; i < CW__MAX_STREAMS; i++) {
         if (!ctx->streams[i]) continue;
-        cw_status st = ctx->be->i->stream_synchronize(ctx->be, ctx->streams[i]);
+        cw_status st = ctx->be->rt->stream_synchronize(ctx->be, ctx->streams[i]);
         if (st != CW_OK) return st;
     }
     return CW_OK;
@@ -154,5 +154,5 @@ void cw_context_reset_peak_stats(cw_context *ctx) {
 }
 
 int64_t cw_context_get_host_syncs(const cw_context *ctx) {
-    return ctx && ctx->be ? ctx->be->i->host_syncs(ctx->be) : 0;
+    return ctx && ctx->be ? ctx->be->rt->host_syncs(ctx->be) : 0;
 }

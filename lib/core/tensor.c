@@ -41,7 +41,7 @@ cw_status cw_tensor_create(cw_tensor **out, cw_context *ctx, const cw_tensor_des
     if (st != CW_OK) return st;
     cw_tensor *t = *out;
     int64_t bytes = cw__desc_span_bytes(&t->desc);
-    st = ctx->be->i->dev_alloc(ctx->be, bytes, &t->data);
+    st = ctx->be->rt->dev_alloc(ctx->be, bytes, &t->data);
     if (st != CW_OK) {
         cw__free(t);
         *out = NULL;
@@ -63,7 +63,7 @@ cw_status cw_tensor_wrap(cw_tensor **out, cw_context *ctx, const cw_tensor_desc 
 
 void cw_tensor_destroy(cw_tensor *t) {
     if (!t) return;
-    if (t->owned && t->data) t->ctx->be->i->dev_free(t->ctx->be, t->data);
+    if (t->owned && t->data) t->ctx->be->rt->dev_free(t->ctx->be, t->data);
     cw__free(t);
 }
 
@@ -84,12 +84,12 @@ cw_status cw_tensor_upload(cw_tensor *t, const void *host, size_t bytes) {
     cw_status st = cw__copy_check(t, bytes, "cw_tensor_upload");
     if (st != CW_OK) return st;
     if (!host) return cw__error(t->ctx, CW_ERR_INVALID_ARG, "cw_tensor_upload: host is NULL");
-    return t->ctx->be->i->upload(t->ctx->be, t->data, host, (int64_t)bytes);
+    return t->ctx->be->rt->upload(t->ctx->be, t->data, host, (int64_t)bytes);
 }
 
 cw_status cw_tensor_download(const cw_tensor *t, void *host, size_t bytes) {
     cw_status st = cw__copy_check(t, bytes, "cw_tensor_download");
     if (st != CW_OK) return st;
     if (!host) return cw__error(t->ctx, CW_ERR_INVALID_ARG, "cw_tensor_download: host is NULL");
-    return t->ctx->be->i->download(t->ctx->be, host, t->data, (int64_t)bytes);
+    return t->ctx->be->rt->download(t->ctx->be, host, t->data, (int64_t)bytes);
 }

@@ -72,17 +72,9 @@ int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info);
 cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const float *x, const float *w,
                            const float *b, float *y, void *ws, int threads, char *msg, size_t msg_len);
 
-/* ops_cpu.c: the elementwise / reduction / attention hooks and their synchronous math. */
-cw_status cw__cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p);
-cw_status cw__cpu_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out);
-cw_status cw__cpu_gn_finalize(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,
-                              int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
-                              float *scale, float *shift);
-cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b);
-cw_status cw__cpu_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p);
-cw_status cw__cpu_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
-cw_status cw__cpu_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld);
-
+/* ops_cpu.c: the backend's ops table (the hooks of the elementwise, reduction and
+ * attention ops live there; the conv hooks above), and the synchronous math of its ops. */
+extern const cw__ops_i cw__cpu_ops;
 void cw__cpu_prep_run(const cw__prep_params *p);
 void cw__cpu_gn_stats_run(const cw__view *x, int64_t groups, double *out);
 void cw__cpu_gn_finalize_run(const double *parts, int64_t n_parts, int64_t n, int64_t c, int64_t groups,

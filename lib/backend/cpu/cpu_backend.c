@@ -426,7 +426,7 @@ static void cpu_destroy(cw__backend *be) {
     cw__free(cb);
 }
 
-static const cw__backend_i cpu_iface = {
+static const cw__runtime_i cpu_rt = {
     .name = "cpu",
     .caps = CW__CAP_HOST_STREAMS,
     .destroy = cpu_destroy,
@@ -447,16 +447,6 @@ static const cw__backend_i cpu_iface = {
     .stream_synchronize = cpu_stream_synchronize,
     .host_syncs = cpu_host_syncs,
     .launch_host = cpu_launch_host,
-    .conv_algos = cw__cpu_conv_algos,
-    .conv_forward = cw__cpu_conv_forward,
-    .conv_prepare = cw__cpu_conv_prepare,
-    .prep = cw__cpu_prep,
-    .gn_stats = cw__cpu_gn_stats,
-    .gn_finalize = cw__cpu_gn_finalize,
-    .add = cw__cpu_add,
-    .channel_op = cw__cpu_channel_op,
-    .gemm = cw__cpu_gemm,
-    .softmax_rows = cw__cpu_softmax_rows,
 };
 
 cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out) {
@@ -467,7 +457,8 @@ cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, 
     if (!cb) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu backend: out of host memory");
     if (pthread_mutex_init(&cb->mu, NULL) != 0) goto fail_mu;
     if (pthread_cond_init(&cb->ev_cv, NULL) != 0) goto fail_cv;
-    cb->base.i = &cpu_iface;
+    cb->base.rt = &cpu_rt;
+    cb->base.ops = &cw__cpu_ops;
     cb->base.ctx = ctx;
     atomic_init(&cb->host_syncs, 0);
 

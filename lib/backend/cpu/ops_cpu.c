@@ -46,24 +46,11 @@ static void view_pad5(const cw__view *v, int64_t dim[5], int64_t st[5]) {
     }
 }
 
-/* Common checks of a view an op reads or writes: f32, rank in [rmin, rmax], dims >= 0,
- * non-NULL data unless empty. */
-static cw_status check_view(cw__backend *be, const char *op, const char *arg, const cw__view *v, int rmin, int rmax) {
-    char b[96];
-    if (!v) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s is NULL", op, arg);
-    if (v->d.rank < rmin || v->d.rank > rmax)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s has rank %d, expected %d..%d", op, arg, v->d.rank, rmin,
-                         rmax);
-    for (int i = 0; i < v->d.rank; i++)
-        if (v->d.dims[i] < 0)
-            return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s has a negative dim %s", op, arg,
-                             cw__dims_str(&v->d, b, sizeof b));
-    if (v->d.dtype != CW_F32)
-        return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "%s: %s has dtype %d; the cpu backend supports f32 only", op,
-                         arg, (int)v->d.dtype);
-    if (!v->data && cw__desc_numel(&v->d) > 0)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s %s has NULL data", op, arg, cw__dims_str(&v->d, b, sizeof b));
-    return CW_OK;
+/* The cpu kernels read and write f32 only (the op's other checks ran in ops.c). */
+static cw_status need_f32(cw__backend *be, const char *op, const char *arg, const cw__view *v) {
+    if (v->d.dtype == CW_F32) return CW_OK;
+    return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "%s: %s has dtype %s; the cpu backend supports f32 only", op, arg,
+                     cw__dtype_name(v->d.dtype));
 }
 
 /* Copies p into a fresh closure and enqueues fn on s (the worker frees it). */
@@ -163,43 +150,12 @@ void cw__cpu_prep_run(const cw__prep_params *p) {
 
 static void prep_fn(void *arg) { cw__cpu_prep_run((const cw__prep_params *)arg); }
 
-cw_status cw__cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) {
+/* p was checked by cw__op_prep. */
+static cw_status cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) {
     const char *op = "prep";
-    char b1[96], b2[96];
     cw_status st;
-    if (!p) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: params are NULL");
-    if ((st = check_view(be, op, "src", &p->src, 4, 5)) != CW_OK) return st;
-    if ((st = check_view(be, op, "dst", &p->dst, 4, 5)) != CW_OK) return st;
-    if (p->src.d.rank != p->dst.d.rank)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: src %s and dst %s differ in rank",
-                         cw__dims_str(&p->src.d, b1, sizeof b1), cw__dims_str(&p->dst.d, b2, sizeof b2));
-    if (p->up < 1) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: up = %d, must be >= 1", p->up);
-    if ((p->scale == NULL) != (p->shift == NULL))
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: scale and shift must both be set or both NULL");
-    if (p->dst_row0 < 0 || p->src_row0 < 0)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: dst_row0 = %lld, src_row0 = %lld; must be >= 0",
-                         (long long)p->dst_row0, (long long)p->src_row0);
-    ncdhw s5, d5;
-    view_ncdhw(&p->src, &s5);
-    view_ncdhw(&p->dst, &d5);
-    if (s5.dim[0] != d5.dim[0] || s5.dim[1] != d5.dim[1] || s5.dim[2] != d5.dim[2])
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: src %s and dst %s differ in N, C or D",
-                         cw__dims_str(&p->src.d, b1, sizeof b1), cw__dims_str(&p->dst.d, b2, sizeof b2));
-    if (cw__desc_numel(&p->dst.d) > 0) {
-        int64_t up = p->up, hd = d5.dim[3], wd = d5.dim[4];
-        int64_t r_first = cw_up_src_index(0, p->dst_row0, p->src_row0, up);
-        int64_t r_last = cw_up_src_index(hd - 1, p->dst_row0, p->src_row0, up);
-        if (r_first < 0 || r_last >= s5.dim[3])
-            return cw__error(be->ctx, CW_ERR_INVALID_ARG,
-                             "prep: dst rows [%lld, %lld) at up = %lld need src rows [%lld, %lld) of the band "
-                             "starting at row %lld, but src %s has %lld rows",
-                             (long long)p->dst_row0, (long long)(p->dst_row0 + hd), (long long)up,
-                             (long long)r_first, (long long)(r_last + 1), (long long)p->src_row0,
-                             cw__dims_str(&p->src.d, b1, sizeof b1), (long long)s5.dim[3]);
-        if ((wd - 1) / up >= s5.dim[4])
-            return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: dst W = %lld at up = %lld exceeds src W = %lld",
-                             (long long)wd, (long long)up, (long long)s5.dim[4]);
-    }
+    if ((st = need_f32(be, op, "src", &p->src)) != CW_OK || (st = need_f32(be, op, "dst", &p->dst)) != CW_OK)
+        return st;
     cw__prep_params c = *p;
     cw__desc_fill_strides(&c.src.d);
     cw__desc_fill_strides(&c.dst.d);
@@ -294,14 +250,10 @@ static void gn_stats_fn(void *arg) {
     cw__cpu_gn_stats_run(&c->x, c->groups, c->out);
 }
 
-cw_status cw__cpu_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out) {
-    char b[96];
-    cw_status st = check_view(be, "gn_stats", "x", x, 4, 5);
+/* Checked by cw__op_gn_stats. */
+static cw_status cpu_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out) {
+    cw_status st = need_f32(be, "gn_stats", "x", x);
     if (st != CW_OK) return st;
-    if (groups < 1 || x->d.dims[1] % groups != 0)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_stats: groups = %lld does not divide C of x %s",
-                         (long long)groups, cw__dims_str(&x->d, b, sizeof b));
-    if (!out) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_stats: out is NULL");
     gn_stats_closure c;
     c.x = *x;
     cw__desc_fill_strides(&c.x.d);
@@ -346,19 +298,10 @@ static void gn_finalize_fn(void *arg) {
                             k->shift);
 }
 
-/* gamma/beta may be NULL (affine-free: 1 and 0). */
-cw_status cw__cpu_gn_finalize(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,
+/* Checked by cw__op_gn_finalize; gamma/beta may be NULL (affine-free: 1 and 0). */
+static cw_status cpu_gn_finalize(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,
                               int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
                               float *scale, float *shift) {
-    if (n_parts < 1 || n < 0 || c < 1 || groups < 1 || c % groups != 0)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
-                         "gn_finalize: n_parts = %lld, N = %lld, C = %lld, groups = %lld: need n_parts >= 1, "
-                         "N >= 0 and groups dividing C",
-                         (long long)n_parts, (long long)n, (long long)c, (long long)groups);
-    if (!(eps >= 0.0f) || isinf(eps))
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_finalize: eps = %g must be finite and >= 0", (double)eps);
-    if (n > 0 && (!parts || !scale || !shift))
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_finalize: parts, scale and shift must not be NULL");
     gn_finalize_closure k;
     k.parts = parts;
     k.n_parts = n_parts;
@@ -418,20 +361,10 @@ static void add_fn(void *arg) {
     cw__cpu_add_run(&k->dst, &k->a, &k->b);
 }
 
-cw_status cw__cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b) {
-    char b1[96], b2[96];
-    cw_status st;
-    if ((st = check_view(be, "add", "dst", dst, 1, 5)) != CW_OK) return st;
-    if ((st = check_view(be, "add", "a", a, 1, 5)) != CW_OK) return st;
-    if ((st = check_view(be, "add", "b", b, 1, 5)) != CW_OK) return st;
-    const cw__view *in[2] = {a, b};
-    for (int k = 0; k < 2; k++) {
-        int same = in[k]->d.rank == dst->d.rank;
-        for (int i = 0; same && i < dst->d.rank; i++) same = in[k]->d.dims[i] == dst->d.dims[i];
-        if (!same)
-            return cw__error(be->ctx, CW_ERR_INVALID_ARG, "add: %s %s and dst %s differ in shape", k ? "b" : "a",
-                             cw__dims_str(&in[k]->d, b1, sizeof b1), cw__dims_str(&dst->d, b2, sizeof b2));
-    }
+/* Checked by cw__op_add. */
+static cw_status cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b) {
+    cw_status st = need_f32(be, "add", "dst", dst);
+    if (st != CW_OK) return st;
     add_closure k;
     k.dst = *dst;
     k.a = *a;
@@ -484,10 +417,9 @@ void cw__cpu_channel_run(const cw__channel_params *p) {
 static void channel_fn(void *arg) { cw__cpu_channel_run((const cw__channel_params *)arg); }
 
 /* p was checked by cw__op_channel. */
-cw_status cw__cpu_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
-    if (p->dst.d.dtype != CW_F32)
-        return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "channel op: dtype %d; the cpu backend supports f32 only",
-                         (int)p->dst.d.dtype);
+static cw_status cpu_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
+    cw_status st = need_f32(be, "channel op", "dst", &p->dst);
+    if (st != CW_OK) return st;
     return enqueue_copy(be, s, "channel op", channel_fn, p, sizeof *p);
 }
 
@@ -503,30 +435,15 @@ static void gemm_fn(void *arg) {
     cw__cpu_sgemm(&k->p, k->p.threads > 0 ? k->p.threads : cw__cpu_blas_threads(k->be));
 }
 
-cw_status cw__cpu_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p) {
-    if (!p) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gemm: params are NULL");
-    if (p->m < 0 || p->n < 0 || p->k < 0)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gemm: m = %lld, n = %lld, k = %lld must be >= 0",
-                         (long long)p->m, (long long)p->n, (long long)p->k);
-    /* row-major: op(A) is m x k, so A is stored m x k (lda >= k) or k x m (lda >= m) */
-    int64_t acols = p->trans_a ? p->m : p->k, bcols = p->trans_b ? p->k : p->n;
-    int64_t need[3] = {acols > 1 ? acols : 1, bcols > 1 ? bcols : 1, p->n > 1 ? p->n : 1};
-    int64_t have[3] = {p->lda, p->ldb, p->ldc};
-    static const char *const names[3] = {"lda", "ldb", "ldc"};
-    for (int i = 0; i < 3; i++)
-        if (have[i] < need[i])
-            return cw__error(be->ctx, CW_ERR_INVALID_ARG,
-                             "gemm: %s = %lld < %lld (m = %lld, n = %lld, k = %lld, trans_a = %d, trans_b = %d)",
-                             names[i], (long long)have[i], (long long)need[i], (long long)p->m, (long long)p->n,
-                             (long long)p->k, p->trans_a, p->trans_b);
+/* Checked by cw__op_gemm, but for OpenBLAS's int sizes. */
+static cw_status cpu_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p) {
     int64_t big = p->m > p->n ? p->m : p->n;
     big = big > p->k ? big : p->k;
-    for (int i = 0; i < 3; i++) big = big > have[i] ? big : have[i];
+    int64_t ld[3] = {p->lda, p->ldb, p->ldc};
+    for (int i = 0; i < 3; i++) big = big > ld[i] ? big : ld[i];
     if (big > INT_MAX)
         return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "gemm: a size or leading dimension (%lld) exceeds BLAS int",
                          (long long)big);
-    if (p->m > 0 && p->n > 0 && (!p->c || (p->k > 0 && (!p->a || !p->b))))
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gemm: a, b or c is NULL");
     gemm_closure k;
     k.p = *p;
     k.be = be;
@@ -554,12 +471,8 @@ static void softmax_fn(void *arg) {
     cw__cpu_softmax_rows_run(k->x, k->rows, k->cols, k->ld);
 }
 
-cw_status cw__cpu_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld) {
-    if (rows < 0 || cols < 1 || ld < cols)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
-                         "softmax_rows: rows = %lld, cols = %lld, ld = %lld: need rows >= 0, cols >= 1, ld >= cols",
-                         (long long)rows, (long long)cols, (long long)ld);
-    if (rows > 0 && !x) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "softmax_rows: x is NULL");
+/* Checked by cw__op_softmax_rows. */
+static cw_status cpu_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld) {
     softmax_closure k;
     k.x = x;
     k.rows = rows;
@@ -567,3 +480,18 @@ cw_status cw__cpu_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t
     k.ld = ld;
     return enqueue_copy(be, s, "softmax_rows", softmax_fn, &k, sizeof k);
 }
+
+/* ---- the cpu backend's ops table -------------------------------------------------------- */
+
+const cw__ops_i cw__cpu_ops = {
+    .conv_algos = cw__cpu_conv_algos,
+    .conv_forward = cw__cpu_conv_forward,
+    .conv_prepare = cw__cpu_conv_prepare,
+    .prep = cpu_prep,
+    .gn_stats = cpu_gn_stats,
+    .gn_finalize = cpu_gn_finalize,
+    .add = cpu_add,
+    .channel_op = cpu_channel_op,
+    .gemm = cpu_gemm,
+    .softmax_rows = cpu_softmax_rows,
+};

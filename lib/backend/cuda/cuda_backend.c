@@ -1,7 +1,6 @@
-/* The cuda backend: the backend function table on the CUDA runtime (non-blocking streams,
- * events, cudaMalloc'd memory for the budgeted allocator, async copies), cuBLAS for GEMM,
- * kernels.cu for elementwise work, cudnn_conv.c for convolution; plus the interop calls of
- * include/convweave/convweave_cuda.h. The library links libcudart dynamically and calls
+/* The cuda backend's runtime on the CUDA runtime API (non-blocking streams, events,
+ * cudaMalloc'd memory for the budgeted allocator, async copies), its creation, and the
+ * interop calls of include/convweave/convweave_cuda.h; its ops are in cuda_ops.c. The library links libcudart dynamically and calls
  * nothing at load time, so it loads without a driver; creation then reports no device.
  * host_syncs counts every call that may stall the device or the host: cudaMalloc, cudaFree,
  * stream/event synchronisation, synchronous copies, and cuDNN plans finalised inside a run. */
@@ -15,46 +14,6 @@
 #include "backend/cuda/cuda_internal.h"
 #include "convweave/convweave_cuda.h"
 #include "kernels/kernels.h"
-
-typedef struct cw__cuda {
-    cw__backend base;
-    int device;
-    unsigned event_flags;  /* cudaEventDisableTiming unless CW_FLAG_TIMING */
-    cudnnHandle_t dnn;
-    cublasHandle_t blas;
-    pthread_mutex_t blas_mu; /* the cuBLAS handle's stream is shared state */
-    int blas_mu_init;
-    cudaStream_t copy;     /* synchronous uploads/downloads run here, then wait */
-    cw__cudnn_conv *conv;
-    int autotune;          /* CW_FLAG_CUDA_AUTOTUNE */
-    _Atomic int64_t host_syncs;
-} cw__cuda;
-
-static void cw__sync_count(cw__cuda *cb, int64_t n) { atomic_fetch_add(&cb->host_syncs, n); }
-
-static const cw__backend_i cw__cuda_iface;
-
-static cw__cuda *cw__cb(cw__backend *be) { return (cw__cuda *)be; }
-
-/* Hooks may be called from threads whose current device is another one (multi-GPU
- * callers): switch for the call and restore the caller's device afterwards. */
-static cw_status cw__enter(cw__cuda *cb, int *prev) {
-    CW__CUDA_CHECK(cb->base.ctx, cudaGetDevice(prev));
-    if (*prev != cb->device) CW__CUDA_CHECK(cb->base.ctx, cudaSetDevice(cb->device));
-    return CW_OK;
-}
-
-static void cw__leave(cw__cuda *cb, int prev) {
-    if (prev != cb->device) (void)cudaSetDevice(prev);
-}
-
-#define CW__ENTER(cb)                                      \
-    int cw_prev_dev_;                                      \
-    do {                                                   \
-        cw_status cw_es_ = cw__enter((cb), &cw_prev_dev_); \
-        if (cw_es_ != CW_OK) return cw_es_;                \
-    } while (0)
-#define CW__LEAVE(cb, st) (cw__leave((cb), cw_prev_dev_), (st))
 
 /* ---- memory ---------------------------------------------------------------------------- */
 
@@ -264,249 +223,6 @@ static cw_status cuda_launch_host(cw__backend *be, cw__stream *s, cw__host_fn fn
     return CW_OK;
 }
 
-/* ---- operations ---------------------------------------------------------------------------- */
-
-static cw_status cuda_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
-    cw__cuda *cb = cw__cb(be);
-    CW__ENTER(cb);
-
-    return CW__LEAVE(cb, cw__cudnn_conv_algos(cb->conv, p, out, max, n));
-}
-
-static cw_status cuda_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p,
-                                     const cw__conv_algo *algo, const void *x, const void *w, const void *b, void *y,
-                                     void *ws, int64_t ws_bytes) {
-    cw__cuda *cb = cw__cb(be);
-    cw_status st = CW_OK;
-    if (!p || !w || !y || (p->has_bias && !b))
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_forward: %s is NULL",
-                         !p ? "problem" : !w ? "w" : !y ? "y" : "bias");
-    /* A patch whose input rows all lie in the padding (scheduler/planner.h) has no input
-     * view and cuDNN takes no empty tensor: its output is the bias alone. */
-    int empty = cw__cudnn_empty_input(p);
-    if (!empty && !x) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_forward: x is NULL");
-    cw__view yv = {p->y, y};
-    const void *bias = p->has_bias ? b : NULL; /* a constant like w: w's dtype */
-    int bias_done = 0;
-    CW__ENTER(cb);
-    if (empty) {
-        CW__CUDA_GOTO(be->ctx, st, done, cw__cu_fill_bias(s->cs, &yv, bias, p->w.dtype));
-        bias_done = 1;
-    } else {
-        /* a bias-fused plan or the packed copy back adds the bias; otherwise one pass here */
-        st = cw__cudnn_conv_run(cb->conv, s->cs, p, algo ? algo->id : -1, x, w, bias, y, ws, ws_bytes, &bias_done);
-        if (st != CW_OK) goto done;
-    }
-    if (bias && !bias_done) CW__CUDA_GOTO(be->ctx, st, done, cw__cu_bias_add(s->cs, &yv, bias, p->w.dtype));
-done:
-    return CW__LEAVE(cb, st);
-}
-
-static cw_status cuda_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo,
-                                   int64_t ws_cap, cw__conv_algo *used) {
-    cw__cuda *cb = cw__cb(be);
-    cw__cudnn_choice ch;
-    if (!p || !algo || !used) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_prepare: NULL argument");
-    *used = *algo;
-    CW__ENTER(cb);
-    cw_status st = cw__cudnn_conv_prepare(cb->conv, p, algo->id, ws_cap, &ch);
-    if (st == CW_OK && ch.id != algo->id) {
-        /* the substitute conv_forward will run: its name and workspace from the list */
-        cw__conv_algo lst[CW__CUDNN_MAX_CFGS];
-        int n = 0;
-        used->id = ch.id;
-        used->workspace = ch.total_ws;
-        snprintf(used->name, sizeof used->name, "cudnn algorithm %d", ch.id);
-        if (cw__cudnn_conv_algos(cb->conv, p, lst, CW__CUDNN_MAX_CFGS, &n) == CW_OK)
-            for (int i = 0; i < n; i++)
-                if (lst[i].id == ch.id) *used = lst[i];
-        used->workspace = ch.total_ws;
-    } else if (st == CW_OK && !cw__cudnn_empty_input(p)) {
-        used->workspace = ch.total_ws; /* the plan's own figure */
-    }
-    return CW__LEAVE(cb, st);
-}
-
-static cw_status cuda_conv_autotune(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *cands, int n,
-                                    int *best) {
-    cw__cuda *cb = cw__cb(be);
-    int ids[CW__CUDNN_MAX_CFGS];
-    float ms[CW__CUDNN_MAX_CFGS];
-    int64_t syncs = 0;
-    if (!p || !cands || !best || n < 1)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda conv_autotune: %d candidates", n);
-    if (n > CW__CUDNN_MAX_CFGS) n = CW__CUDNN_MAX_CFGS;
-    *best = 0;
-    if (!cb->autotune || n == 1) return CW_OK; /* not asked for (CW_FLAG_CUDA_AUTOTUNE): keep the order */
-    for (int i = 0; i < n; i++) ids[i] = cands[i].id;
-    CW__ENTER(cb);
-    cw_status st = cw__cudnn_conv_autotune(cb->conv, cb->copy, p, ids, n, 3, ms, best, &syncs);
-    cw__sync_count(cb, syncs);
-    if (st == CW_OK)
-        for (int i = 0; i < n; i++)
-            cw__log(be->ctx, CW_LOG_DEBUG, "cuda autotune: %s: %.3f ms%s", cands[i].name, (double)ms[i],
-                    i == *best ? " (fastest)" : "");
-    return CW__LEAVE(cb, st);
-}
-
-static int cw__dtype_ok(cw_dtype dt) { return dt == CW_F32 || dt == CW_F16 || dt == CW_BF16; }
-
-static cw_status cw__view_check(cw_context *ctx, const cw__view *v, const char *what, const char *name) {
-    if (!v || !v->data) return cw__error(ctx, CW_ERR_INVALID_ARG, "cuda %s: %s is NULL", what, name);
-    if (v->d.rank < 1 || v->d.rank > CW_MAX_RANK || !cw__dtype_ok(v->d.dtype))
-        return cw__error(ctx, CW_ERR_INVALID_ARG, "cuda %s: %s has rank %d, dtype %d", what, name, v->d.rank,
-                         (int)v->d.dtype);
-    for (int i = 0; i < v->d.rank; i++)
-        if (v->d.dims[i] < 1)
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "cuda %s: %s dims[%d] = %" PRId64 " < 1", what, name, i,
-                             v->d.dims[i]);
-    return CW_OK;
-}
-
-static cw_status cuda_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) {
-    cw__cuda *cb = cw__cb(be);
-    cw_context *ctx = be->ctx;
-    cw_status st;
-    char b1[96], b2[96];
-    if (!p) return cw__error(ctx, CW_ERR_INVALID_ARG, "cuda prep: params are NULL");
-    if (p->dst_row0 < 0 || p->src_row0 < 0) /* the row map divides: truncation needs rows >= 0 */
-        return cw__error(ctx, CW_ERR_INVALID_ARG, "cuda prep: dst_row0 %" PRId64 " / src_row0 %" PRId64 " < 0",
-                         p->dst_row0, p->src_row0);
-    if ((st = cw__view_check(ctx, &p->src, "prep", "src")) != CW_OK) return st;
-    if ((st = cw__view_check(ctx, &p->dst, "prep", "dst")) != CW_OK) return st;
-    const cw_tensor_desc *sd = &p->src.d, *dd = &p->dst.d;
-    int r = dd->rank;
-    if (r < 4 || sd->rank != r || p->up < 1 || !p->scale != !p->shift)
-        return cw__error(ctx, CW_ERR_INVALID_ARG, "cuda prep: src %s, dst %s, up %d, scale %s, shift %s",
-                         cw__dims_str(sd, b1, sizeof b1), cw__dims_str(dd, b2, sizeof b2), p->up,
-                         p->scale ? "set" : "NULL", p->shift ? "set" : "NULL");
-    /* dst W may be any width whose last column still has a source column (w / up < src W). */
-    int bad = sd->dims[0] != dd->dims[0] || sd->dims[1] != dd->dims[1] || (dd->dims[r - 1] - 1) / p->up >= sd->dims[r - 1];
-    if (r == 5) bad |= sd->dims[2] != dd->dims[2];
-    int64_t first = cw_up_src_index(0, p->dst_row0, p->src_row0, p->up);
-    int64_t last = cw_up_src_index(dd->dims[r - 2] - 1, p->dst_row0, p->src_row0, p->up);
-    if (bad || first < 0 || last >= sd->dims[r - 2])
-        return cw__error(ctx, CW_ERR_INVALID_ARG,
-                         "cuda prep: dst %s rows from %" PRId64 " need src rows %" PRId64 "..%" PRId64
-                         " of src %s starting at row %" PRId64 " (up %d)",
-                         cw__dims_str(dd, b2, sizeof b2), p->dst_row0, first + p->src_row0, last + p->src_row0,
-                         cw__dims_str(sd, b1, sizeof b1), p->src_row0, p->up);
-    CW__ENTER(cb);
-    CW__CUDA_GOTO(ctx, st, done, cw__cu_prep(s->cs, p));
-done:
-    return CW__LEAVE(cb, st);
-}
-
-static cw_status cuda_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out) {
-    cw__cuda *cb = cw__cb(be);
-    cw_status st;
-    if ((st = cw__view_check(be->ctx, x, "gn_stats", "x")) != CW_OK) return st;
-    if (x->d.rank < 3 || groups < 1 || x->d.dims[1] % groups != 0 || !out)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
-                         "cuda gn_stats: x rank %d with %" PRId64 " channels, groups %" PRId64 ", out %p", x->d.rank,
-                         x->d.dims[1], groups, (void *)out);
-    CW__ENTER(cb);
-    CW__CUDA_GOTO(be->ctx, st, done,
-                  cw__cu_gn_stats(s->cs, x, groups, out, s->gn_scratch, s->gn_scratch ? CW__CU_GN_SCRATCH_PARTS : 0));
-done:
-    return CW__LEAVE(cb, st);
-}
-
-static cw_status cuda_gn_finalize(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,
-                                    int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
-                                    float *scale, float *shift) {
-    cw__cuda *cb = cw__cb(be);
-    cw_status st = CW_OK;
-    if (n == 0) return CW_OK;
-    if (!parts || n_parts < 1 || n < 0 || groups < 1 || c < 1 || c % groups != 0 || !scale || !shift || !(eps >= 0.0f) || !isfinite(eps))
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
-                         "cuda gn_finalize: n_parts %" PRId64 ", n %" PRId64 ", c %" PRId64 ", groups %" PRId64
-                         ", eps %g (need c divisible by groups, eps >= 0, non-NULL parts/scale/shift)",
-                         n_parts, n, c, groups, (double)eps);
-    CW__ENTER(cb);
-    CW__CUDA_GOTO(be->ctx, st, done,
-                  cw__cu_gn_finalize(s->cs, parts, n_parts, n, c, groups, gamma, beta, eps, scale, shift));
-done:
-    return CW__LEAVE(cb, st);
-}
-
-static cw_status cuda_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b) {
-    cw__cuda *cb = cw__cb(be);
-    cw_status st;
-    if ((st = cw__view_check(be->ctx, dst, "add", "dst")) != CW_OK) return st;
-    if ((st = cw__view_check(be->ctx, a, "add", "a")) != CW_OK) return st;
-    if ((st = cw__view_check(be->ctx, b, "add", "b")) != CW_OK) return st;
-    int same = a->d.rank == dst->d.rank && b->d.rank == dst->d.rank;
-    for (int i = 0; same && i < dst->d.rank; i++) same = a->d.dims[i] == dst->d.dims[i] && b->d.dims[i] == dst->d.dims[i];
-    if (!same) {
-        char b1[96], b2[96], b3[96];
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "cuda add: dims differ: dst %s, a %s, b %s",
-                         cw__dims_str(&dst->d, b1, sizeof b1), cw__dims_str(&a->d, b2, sizeof b2),
-                         cw__dims_str(&b->d, b3, sizeof b3));
-    }
-    CW__ENTER(cb);
-    CW__CUDA_GOTO(be->ctx, st, done, cw__cu_add(s->cs, dst, a, b));
-done:
-    return CW__LEAVE(cb, st);
-}
-
-/* p was checked by cw__op_channel. */
-static cw_status cuda_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
-    cw__cuda *cb = cw__cb(be);
-    cw_status st = CW_OK;
-    CW__ENTER(cb);
-    CW__CUDA_GOTO(be->ctx, st, done, cw__cu_channel(s->cs, p));
-done:
-    return CW__LEAVE(cb, st);
-}
-
-/* Row-major C = alpha op(A) op(B) + beta C is column-major C^T = op(B)^T op(A)^T: the same
- * buffers with A and B swapped and m and n swapped. */
-static cw_status cuda_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p) {
-    cw__cuda *cb = cw__cb(be);
-    cw_status st = CW_OK;
-    if (!p || p->m < 0 || p->n < 0 || p->k < 0 || (p->m && p->n && (!p->c || (p->k && (!p->a || !p->b)))) ||
-        p->ldc < (p->n > 1 ? p->n : 1) || p->lda < ((p->trans_a ? p->m : p->k) > 1 ? (p->trans_a ? p->m : p->k) : 1) ||
-        p->ldb < ((p->trans_b ? p->k : p->n) > 1 ? (p->trans_b ? p->k : p->n) : 1))
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
-                         "cuda gemm: m %" PRId64 " n %" PRId64 " k %" PRId64 " lda %" PRId64 " ldb %" PRId64
-                         " ldc %" PRId64 " trans_a %d trans_b %d (row-major leading dims too small or NULL pointer)",
-                         p ? p->m : 0, p ? p->n : 0, p ? p->k : 0, p ? p->lda : 0, p ? p->ldb : 0, p ? p->ldc : 0,
-                         p ? p->trans_a : 0, p ? p->trans_b : 0);
-    if (p->m == 0 || p->n == 0) return CW_OK;
-    CW__ENTER(cb);
-    pthread_mutex_lock(&cb->blas_mu);
-    CW__CUBLAS_GOTO(be->ctx, st, unlock, cublasSetStream(cb->blas, s->cs));
-    /* No cuBLAS workspace: its default pool is outside the temp budget, and a fixed (empty)
-     * workspace keeps the kernel choice, hence the bits, independent of the stream. Should
-     * this cuBLAS refuse it, its default pool still gives correct results: log, go on. */
-    cublasStatus_t ws_st = cublasSetWorkspace(cb->blas, NULL, 0);
-    if (ws_st != CUBLAS_STATUS_SUCCESS)
-        cw__log(be->ctx, CW_LOG_DEBUG, "cuda gemm: cublasSetWorkspace(NULL, 0): %s; using cuBLAS's default pool",
-                cublasGetStatusString(ws_st));
-    CW__CUBLAS_GOTO(be->ctx, st, unlock,
-                    cublasSgemm_v2_64(cb->blas, p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                      p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, p->n, p->m, p->k, &p->alpha, p->b,
-                                      p->ldb, p->a, p->lda, &p->beta, p->c, p->ldc));
-unlock:
-    pthread_mutex_unlock(&cb->blas_mu);
-    return CW__LEAVE(cb, st);
-}
-
-static cw_status cuda_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols,
-                                     int64_t ld) {
-    cw__cuda *cb = cw__cb(be);
-    cw_status st = CW_OK;
-    if (!x || rows < 0 || cols < 1 || ld < cols)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
-                         "cuda softmax_rows: rows %" PRId64 ", cols %" PRId64 ", ld %" PRId64 " (need ld >= cols)",
-                         rows, cols, ld);
-    CW__ENTER(cb);
-    CW__CUDA_GOTO(be->ctx, st, done, cw__cu_softmax_rows(s->cs, x, rows, cols, ld));
-done:
-    return CW__LEAVE(cb, st);
-}
-
 /* ---- device timestamps for traces ------------------------------------------------------- */
 
 static void cuda_timer_destroy(cw__backend *be, cw__timer *t) {
@@ -589,7 +305,7 @@ static void cuda_destroy(cw__backend *be) {
     cw__free(cb);
 }
 
-static const cw__backend_i cw__cuda_iface = {
+static const cw__runtime_i cw__cuda_rt = {
     .name = "cuda",
     .destroy = cuda_destroy,
     .dev_alloc = cuda_dev_alloc,
@@ -609,17 +325,6 @@ static const cw__backend_i cw__cuda_iface = {
     .stream_synchronize = cuda_stream_synchronize,
     .host_syncs = cuda_host_syncs,
     .launch_host = cuda_launch_host,
-    .conv_algos = cuda_conv_algos,
-    .conv_forward = cuda_conv_forward,
-    .prep = cuda_prep,
-    .gn_stats = cuda_gn_stats,
-    .gn_finalize = cuda_gn_finalize,
-    .add = cuda_add,
-    .channel_op = cuda_channel_op,
-    .gemm = cuda_gemm,
-    .softmax_rows = cuda_softmax_rows,
-    .conv_prepare = cuda_conv_prepare,
-    .conv_autotune = cuda_conv_autotune,
     .timer_create = cuda_timer_create,
     .timer_destroy = cuda_timer_destroy,
     .timer_mark = cuda_timer_mark,
@@ -668,7 +373,8 @@ cw_status cw__backend_cuda_create(cw_context *ctx, const cw_context_config *cfg,
         st = cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "backend cuda: out of host memory");
         goto fail;
     }
-    cb->base.i = &cw__cuda_iface;
+    cb->base.rt = &cw__cuda_rt;
+    cb->base.ops = &cw__cuda_ops;
     cb->base.ctx = ctx;
     cb->device = dev;
     cb->event_flags = (cfg && (cfg->flags & CW_FLAG_TIMING)) ? cudaEventDefault : cudaEventDisableTiming;
@@ -704,9 +410,9 @@ fail:
 
 static cw_status cw__cuda_ctx_check(cw_context *ctx, int index, const char *what) {
     if (!ctx) return CW_ERR_INVALID_ARG;
-    if (!ctx->be || ctx->be->i != &cw__cuda_iface)
+    if (!ctx->be || ctx->be->rt != &cw__cuda_rt)
         return cw__error(ctx, CW_ERR_UNSUPPORTED, "%s: the context runs backend %s, not cuda", what,
-                         ctx->be ? ctx->be->i->name : "none");
+                         ctx->be ? ctx->be->rt->name : "none");
     if (index < 0 || index >= CW__MAX_STREAMS)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "%s: stream index %d outside 0..%d", what, index,
                          CW__MAX_STREAMS - 1);
@@ -775,7 +481,7 @@ cw_status cw_context_get_cuda_stream(cw_context *ctx, void **cuda_stream, int in
 
 cw_status cw_context_get_cuda_device(const cw_context *ctx, int *device) {
     if (!ctx || !device) return CW_ERR_INVALID_ARG;
-    if (!ctx->be || ctx->be->i != &cw__cuda_iface) return CW_ERR_UNSUPPORTED;
+    if (!ctx->be || ctx->be->rt != &cw__cuda_rt) return CW_ERR_UNSUPPORTED;
     *device = cw__cb(ctx->be)->device;
     return CW_OK;
 }

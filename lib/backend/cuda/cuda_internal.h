@@ -10,6 +10,13 @@
 
 #include "backend/backend.h"
 
+#ifndef __CUDACC__
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "backend/cuda/cuda_check.h"
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -209,6 +216,48 @@ void cw__cudnn_conv_counters(cw__cudnn_conv *c, int64_t *problems, int64_t *plan
  * substitutions made there: finalising may compile and load kernels (a device-wide
  * synchronisation), so the backend counts late plans as host synchronisations. */
 void cw__cudnn_conv_late(cw__cudnn_conv *c, int64_t *late_plans, int64_t *substitutions);
+
+/* ---- the backend object, shared by cuda_backend.c (runtime) and cuda_ops.c (ops) ------- */
+typedef struct cw__cuda {
+    cw__backend base;
+    int device;
+    unsigned event_flags;  /* cudaEventDisableTiming unless CW_FLAG_TIMING */
+    cudnnHandle_t dnn;
+    cublasHandle_t blas;
+    pthread_mutex_t blas_mu; /* the cuBLAS handle's stream is shared state */
+    int blas_mu_init;
+    cudaStream_t copy;     /* synchronous uploads/downloads run here, then wait */
+    cw__cudnn_conv *conv;
+    int autotune;          /* CW_FLAG_CUDA_AUTOTUNE */
+    _Atomic int64_t host_syncs;
+} cw__cuda;
+
+static inline void cw__sync_count(cw__cuda *cb, int64_t n) { atomic_fetch_add(&cb->host_syncs, n); }
+
+static inline cw__cuda *cw__cb(cw__backend *be) { return (cw__cuda *)be; }
+
+/* Hooks may be called from threads whose current device is another one (multi-GPU
+ * callers): switch for the call and restore the caller's device afterwards. */
+static inline cw_status cw__enter(cw__cuda *cb, int *prev) {
+    CW__CUDA_CHECK(cb->base.ctx, cudaGetDevice(prev));
+    if (*prev != cb->device) CW__CUDA_CHECK(cb->base.ctx, cudaSetDevice(cb->device));
+    return CW_OK;
+}
+
+static inline void cw__leave(cw__cuda *cb, int prev) {
+    if (prev != cb->device) (void)cudaSetDevice(prev);
+}
+
+#define CW__ENTER(cb)                                      \
+    int cw_prev_dev_;                                      \
+    do {                                                   \
+        cw_status cw_es_ = cw__enter((cb), &cw_prev_dev_); \
+        if (cw_es_ != CW_OK) return cw_es_;                \
+    } while (0)
+#define CW__LEAVE(cb, st) (cw__leave((cb), cw_prev_dev_), (st))
+
+/* cuda_ops.c: the ops table. */
+extern const cw__ops_i cw__cuda_ops;
 #endif
 
 #endif
