@@ -1,14 +1,16 @@
-"""diffusers' AutoencoderKL decoder run by convweave, in two lines:
+"""diffusers' AutoencoderKL run by convweave, in two lines:
 
     import convweave.diffusers
     convweave.diffusers.enable(vae, budget="256MiB", streams=2)
 
-enable() replaces vae.decoder.forward with a plan compiled from the module's own
-parameters (read in place, never copied), one plan per input shape and dtype. diffusers
-still runs post_quant_conv, slicing and tiling itself, exactly as before. disable(vae)
-restores the module's own forward. The graph mirrors demos/vae/vae.c's decoder:
-conv_in, mid block (ResNet, attention, ResNet), up blocks (ResNets, nearest 2x + conv),
-GroupNorm + SiLU + conv_out."""
+enable() replaces vae.decoder.forward and vae.encoder.forward with plans compiled from the
+modules' own parameters (read in place, never copied), one plan per input shape and dtype.
+diffusers still runs quant_conv, post_quant_conv, slicing and tiling itself, exactly as
+before. disable(vae) restores the modules' own forwards. The graphs mirror
+demos/vae/vae.c's: the decoder is conv_in, mid block (ResNet, attention, ResNet), up blocks
+(ResNets, nearest 2x + conv), GroupNorm + SiLU + conv_out; the encoder is conv_in, down
+blocks (ResNets, then diffusers' pad (0, 1, 0, 1) + 3x3 stride-2 conv as one conv padded
+only after), the mid block, GroupNorm + SiLU + conv_out (2 x latent channels: mean, logvar)."""
 import threading
 
 import torch
@@ -17,7 +19,9 @@ from torch import nn
 from ._core import Context, Error, Graph, format_bytes, parse_bytes
 from . import _lib as C
 
-__all__ = ["enable", "disable", "is_enabled", "last_plan", "ConvweaveDecoder"]
+__all__ = ["enable", "disable", "is_enabled", "last_plan", "ConvweaveDecoder", "ConvweaveEncoder"]
+
+PARTS = ("decoder", "encoder")  # the order enable() checks and wraps them in
 
 
 def _unsupported(where, what):
@@ -33,11 +37,20 @@ class _Builder:
     def name(self, mod):
         return self.names.get(mod, type(mod).__name__)
 
+    def at(self, mod, fn, *args):
+        """fn(*args), a graph call; a library error names the module it was building."""
+        try:
+            return fn(*args)
+        except Error as e:
+            raise Error(e.status, f"convweave.diffusers: {self.name(mod)}: {e.message}") from None
+
     def const(self, mod, tensor, shape=None):
         name = f"{self.name(mod)}.{'weight' if tensor is mod.weight else 'bias'}"
         return self.g.constant(name, tensor.detach() if shape is None else tensor.detach().view(shape))
 
-    def conv(self, x, mod):
+    def conv(self, x, mod, extra_post=0):
+        """mod: an nn.Conv2d; extra_post: zero rows / columns added after the input (an
+        F.pad(x, (0, e, 0, e)) before the conv, folded into its padding)."""
         where = self.name(mod)
         if not isinstance(mod, nn.Conv2d):
             raise _unsupported(where, f"{type(mod).__name__} is not an nn.Conv2d")
@@ -52,11 +65,12 @@ class _Builder:
                 pre, post = tuple(t // 2 for t in tot), tuple(t - t // 2 for t in tot)
         else:
             pre = post = tuple(mod.padding)
+        post = tuple(p + extra_post for p in post)
         from ._core import conv_params
         p = conv_params(2, mod.stride, mod.dilation, pre, post, mod.groups)
         w = self.const(mod, mod.weight)
         b = self.const(mod, mod.bias) if mod.bias is not None else None
-        return self.g.conv(x, w, b, p)
+        return self.at(mod, self.g.conv, x, w, b, p)
 
     def linear_as_conv(self, x, mod):
         """nn.Linear over channels == a 1x1 conv; its weight is viewed [out, in, 1, 1]."""
@@ -66,7 +80,7 @@ class _Builder:
         from ._core import conv_params
         w = self.const(mod, mod.weight, (mod.out_features, mod.in_features, 1, 1))
         b = self.const(mod, mod.bias) if mod.bias is not None else None
-        return self.g.conv(x, w, b, conv_params(2, (1, 1), (1, 1), (0, 0), (0, 0), 1))
+        return self.at(mod, self.g.conv, x, w, b, conv_params(2, (1, 1), (1, 1), (0, 0), (0, 0), 1))
 
     def group_norm(self, x, mod):
         where = self.name(mod)
@@ -74,8 +88,8 @@ class _Builder:
             raise _unsupported(where, f"{type(mod).__name__} (only nn.GroupNorm; SpatialNorm is not supported)")
         if not mod.affine:
             raise _unsupported(where, "GroupNorm without affine weights")
-        return self.g.group_norm(x, self.const(mod, mod.weight), self.const(mod, mod.bias), mod.num_groups,
-                                 mod.eps)
+        return self.at(mod, self.g.group_norm, x, self.const(mod, mod.weight), self.const(mod, mod.bias),
+                       mod.num_groups, mod.eps)
 
     def act(self, x, mod):
         if not isinstance(mod, nn.SiLU):
@@ -120,14 +134,27 @@ class _Builder:
             raise _unsupported(where, "only Upsample2D with nearest 2x interpolation and a conv")
         return self.conv(self.g.upsample2x(x), mod.conv if mod.name == "conv" else mod.Conv2d_0)
 
-    def decoder(self, x, dec):
-        x = self.conv(x, dec.conv_in)
-        mid = dec.mid_block
+    def downsampler(self, x, mod):
+        where = self.name(mod)
+        if type(mod).__name__ != "Downsample2D" or not mod.use_conv or mod.norm is not None or \
+                not isinstance(mod.padding, int):
+            raise _unsupported(where, "only Downsample2D with a conv (no average pooling, no norm)")
+        # padding 0 (AutoencoderKL's encoder): diffusers pads (0, 1, 0, 1) first
+        return self.conv(x, mod.conv, extra_post=1 if mod.padding == 0 else 0)
+
+    def mid_block(self, x, mid):
+        if type(mid).__name__ != "UNetMidBlock2D":
+            raise _unsupported(self.name(mid), f"{type(mid).__name__} (only UNetMidBlock2D)")
         x = self.resnet(x, mid.resnets[0])
         for attn, res in zip(mid.attentions, mid.resnets[1:]):
-            if attn is not None:
+            if attn is not None:  # mid_block_add_attention=False leaves None here
                 x = self.attention(x, attn)
             x = self.resnet(x, res)
+        return x
+
+    def decoder(self, x, dec):
+        x = self.conv(x, dec.conv_in)
+        x = self.mid_block(x, dec.mid_block)
         for blk in dec.up_blocks:
             if type(blk).__name__ != "UpDecoderBlock2D":
                 raise _unsupported(self.name(blk), f"{type(blk).__name__} (only UpDecoderBlock2D)")
@@ -138,14 +165,52 @@ class _Builder:
         x = self.act(self.group_norm(x, dec.conv_norm_out), dec.conv_act)
         return self.conv(x, dec.conv_out)
 
+    def encoder(self, x, enc):
+        x = self.conv(x, enc.conv_in)
+        for blk in enc.down_blocks:
+            if type(blk).__name__ != "DownEncoderBlock2D":
+                raise _unsupported(self.name(blk), f"{type(blk).__name__} (only DownEncoderBlock2D)")
+            for res in blk.resnets:
+                x = self.resnet(x, res)
+            for down in blk.downsamplers or ():
+                x = self.downsampler(x, down)
+        x = self.mid_block(x, enc.mid_block)
+        x = self.act(self.group_norm(x, enc.conv_norm_out), enc.conv_act)
+        return self.conv(x, enc.conv_out)  # double_z: 2 x latent channels (mean, logvar)
 
-class ConvweaveDecoder:
-    """What enable() attaches to a decoder: the options, the context, and the compiled plans
-    (one per input shape, dtype and parameter set)."""
 
-    def __init__(self, decoder, budget, streams, timing, patches, threads, fuse, memory=None):
-        self.decoder = decoder
+class _Shared:
+    """The one cw context the wrapped parts of a VAE share: one budget over their
+    temporaries (a plan re-primes the pool with its own arena when it runs after the other
+    part's), one set of streams and threads. Made on first use, again if the device changes."""
+
+    def __init__(self, budget, streams, timing, threads):
         self.budget = parse_bytes(budget)
+        self.streams = streams
+        self.timing = timing
+        self.threads = threads
+        self.ctx = None
+        self.lock = threading.Lock()
+
+    def context(self, device):
+        want = ("cuda" if device.type == "cuda" else "cpu", device.index or 0)
+        with self.lock:
+            if self.ctx is None or (self.ctx.backend, self.ctx.device) != want:
+                self.ctx = Context(backend=want[0], device=want[1], budget=self.budget if self.budget > 0 else None,
+                                   streams=self.streams, threads=self.threads,
+                                   flags=C.CW_FLAG_TIMING if self.timing else 0)
+            return self.ctx
+
+
+class _ConvweavePart:
+    """What enable() attaches to a decoder or an encoder: the options, the (shared) context,
+    and the compiled plans (one per input shape, dtype and parameter set)."""
+    part = input_name = output_name = what = None  # set by the subclasses
+
+    def __init__(self, module, budget, streams, timing, patches, threads, fuse, memory=None, shared=None):
+        self.module = module
+        self.shared = shared if shared is not None else _Shared(budget, streams, timing, threads)
+        self.budget = self.shared.budget
         self.streams = streams
         self.timing = timing
         self.patches = patches
@@ -156,60 +221,72 @@ class ConvweaveDecoder:
         self.plans = {}  # (shape, dtype, device, parameter pointers) -> (plan, out shape)
         self.last_plan = None
         self.lock = threading.Lock()
-        self._params = list(decoder.parameters())
+        self._params = list(module.parameters())
         self._check_params()
 
     def _check_params(self):
-        for n, p in self.decoder.named_parameters():
+        for n, p in self.module.named_parameters():
             if p.dtype != torch.float32:
-                raise _unsupported(f"decoder.{n}", f"parameters are {p.dtype}; only torch.float32 is supported for "
-                                   "now (half precision comes later): keep the VAE in float32")
+                raise _unsupported(f"{self.part}.{n}", f"parameters are {p.dtype}; only torch.float32 is supported "
+                                   "for now (half precision comes later): keep the VAE in float32")
             if p.device.type not in ("cpu", "cuda"):
-                raise _unsupported(f"decoder.{n}", f"device {p.device}")
+                raise _unsupported(f"{self.part}.{n}", f"device {p.device}")
 
     def _context(self, device):
-        want = ("cuda" if device.type == "cuda" else "cpu", device.index or 0)
-        if self.ctx is None or (self.ctx.backend, self.ctx.device) != want:
+        ctx = self.shared.context(device)
+        if ctx is not self.ctx:  # a new context (device changed): plans of the old one go
             self.plans.clear()
-            self.ctx = Context(backend=want[0], device=want[1], budget=self.budget if self.budget > 0 else None,
-                               streams=self.streams, threads=self.threads,
-                               flags=C.CW_FLAG_TIMING if self.timing else 0)
-        return self.ctx
+            self.last_plan = None
+            self.ctx = ctx
+        return ctx
+
+    def _names(self):
+        return {m: f"{self.part}.{n}" if n else self.part for n, m in self.module.named_modules()}
+
+    def _build(self, g, shape):
+        """The part's graph on an input of `shape`; returns its output node."""
+        x = g.input(self.input_name, shape)
+        return getattr(_Builder(g, self._names()), self.part)(x, self.module)
+
+    def probe(self):
+        """Builds (does not compile) the graph on the smallest input, so that an unsupported
+        module raises at enable() time."""
+        g = Graph(self._context(next(self.module.parameters()).device))
+        try:
+            self._build(g, self.probe_shape())
+        finally:
+            g.close()
 
     def plan_for(self, sample):
         """The plan for this input (compiled on first use)."""
         self._check_params()
-        ptrs = tuple(p.data_ptr() for p in self.decoder.parameters())
+        ptrs = tuple(p.data_ptr() for p in self.module.parameters())
         key = (tuple(sample.shape), sample.dtype, sample.device, ptrs)
         with self.lock:
+            ctx = self._context(sample.device)
             hit = self.plans.get(key)
             if hit is None:
-                ctx = self._context(sample.device)
                 if any(k[3] != ptrs for k in self.plans):  # parameters replaced: old plans hold the old ones
                     self.plans.clear()
-                names = {m: f"decoder.{n}" if n else "decoder" for n, m in self.decoder.named_modules()}
                 g = Graph(ctx)
-                x = g.input("latent", tuple(sample.shape))
-                y = _Builder(g, names).decoder(x, self.decoder)
-                g.output(y, "sample")
+                y = self._build(g, tuple(sample.shape))
+                g.output(y, self.output_name)
                 hit = (g.compile(budget=0, streams=0, patches=self.patches, fuse=self.fuse, memory=self.memory), g.shape(y))
                 self.plans[key] = hit
             self.last_plan = hit[0]
             return hit
 
-    def forward(self, sample, latent_embeds=None):
-        if latent_embeds is not None:
-            raise _unsupported("decoder", "latent_embeds (SpatialNorm decoders, as in MoVQ) are not supported")
+    def _run(self, sample):
         if not isinstance(sample, torch.Tensor) or sample.dim() != 4:
-            raise ValueError(f"convweave.diffusers: the decoder takes a [N, C, h, w] tensor, got "
+            raise ValueError(f"convweave.diffusers: the {self.part} takes a [N, C, h, w] tensor, got "
                              f"{getattr(sample, 'shape', type(sample).__name__)}")
         if sample.dtype != torch.float32:
-            raise _unsupported("decoder", f"input dtype {sample.dtype}; only torch.float32 for now "
+            raise _unsupported(self.part, f"input dtype {sample.dtype}; only torch.float32 for now "
                                "(half precision comes later)")
         p0 = self._params[0] if self._params else None
         if p0 is not None and p0.device != sample.device:
-            raise Error("CW_ERR_INVALID_ARG", f"convweave.diffusers: the latent is on {sample.device}, "
-                        f"the decoder's parameters on {p0.device}")
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.diffusers: the {self.what} is on {sample.device}, "
+                        f"the {self.part}'s parameters on {p0.device}")
         plan, out_shape = self.plan_for(sample)
         if sample.device.type == "cuda":
             self.ctx.use_cuda_stream(torch.cuda.current_stream(sample.device).cuda_stream)
@@ -219,57 +296,134 @@ class ConvweaveDecoder:
 
     def __repr__(self):
         b = format_bytes(self.budget) if self.budget > 0 else "unlimited"
-        return f"<convweave decoder: budget {b}, {self.streams} streams, {len(self.plans)} plan(s)>"
+        return f"<convweave {self.part}: budget {b}, {self.streams} streams, {len(self.plans)} plan(s)>"
 
 
-def _decoder_of(vae):
-    dec = getattr(vae, "decoder", vae)
-    for attr in ("conv_in", "mid_block", "up_blocks", "conv_norm_out", "conv_act", "conv_out"):
-        if not hasattr(dec, attr):
-            raise _unsupported(type(vae).__name__, f"no decoder with '{attr}' (expected diffusers' AutoencoderKL "
-                               "or its Decoder)")
-    return dec
+class ConvweaveDecoder(_ConvweavePart):
+    """enable()'s state on vae.decoder: forward(latent) -> image."""
+    part, input_name, output_name, what = "decoder", "latent", "sample", "latent"
+
+    @property
+    def decoder(self):
+        return self.module
+
+    def probe_shape(self):
+        return (1, self.module.conv_in.in_channels, 1, 1)
+
+    def forward(self, sample, latent_embeds=None):
+        if latent_embeds is not None:
+            raise _unsupported("decoder", "latent_embeds (SpatialNorm decoders, as in MoVQ) are not supported")
+        return self._run(sample)
 
 
-def enable(vae, budget="256MiB", streams=2, *, timing=True, patches=None, threads=0, fuse=True, memory=None):
-    """Makes vae.decode(z) (vae: a diffusers AutoencoderKL, or its .decoder) run convweave:
-    at most `budget` of temporary memory (bytes, '256MiB', or None for no cap) on `streams`
-    streams (1: in order; N: N-1 heavy + 1 light). Plans compile on the first decode of
-    each shape; the decoder's parameters are read in place. Raises convweave.Error naming
-    the first module or setting it does not support; then nothing is changed. memory: a cap
-    on activations + temporaries (like budget); where storing every activation needs more,
-    blocks recompute their inner activation band by band (exact; stats() counts the cost).
-    Returns the ConvweaveDecoder attached to the decoder (its .last_plan has describe(),
-    stats(), write_trace())."""
-    dec = _decoder_of(vae)
-    if is_enabled(vae):
-        disable(vae)
-    state = ConvweaveDecoder(dec, budget, streams, timing, patches, threads, fuse, memory)
-    # Build the graph once on a 1x1 latent now, so an unsupported module fails here.
-    names = {m: f"decoder.{n}" if n else "decoder" for n, m in dec.named_modules()}
-    probe = Graph(state._context(next(dec.parameters()).device))
-    _Builder(probe, names).decoder(probe.input("latent", (1, dec.conv_in.in_channels, 1, 1)), dec)
-    probe.close()
-    dec._convweave = state
-    dec.forward = state.forward
-    return state
+class ConvweaveEncoder(_ConvweavePart):
+    """enable()'s state on vae.encoder: forward(image) -> moments (mean and logvar, before
+    quant_conv, which diffusers applies)."""
+    part, input_name, output_name, what = "encoder", "image", "moments", "image"
+
+    @property
+    def encoder(self):
+        return self.module
+
+    def probe_shape(self):
+        # the smallest side every stride-2 conv leaves >= 1 row: 2^(number of downsamplers)
+        n = sum(len(getattr(b, "downsamplers", None) or ()) for b in self.module.down_blocks)
+        return (1, self.module.conv_in.in_channels, 1 << n, 1 << n)
+
+    def forward(self, sample):
+        return self._run(sample)
+
+
+_CLASSES = {"decoder": ConvweaveDecoder, "encoder": ConvweaveEncoder}
+_LAYOUT = {"decoder": ("conv_in", "mid_block", "up_blocks", "conv_norm_out", "conv_act", "conv_out"),
+           "encoder": ("conv_in", "down_blocks", "mid_block", "conv_norm_out", "conv_act", "conv_out")}
+
+
+def _parts_of(vae):
+    """{'decoder': module, 'encoder': module} of an AutoencoderKL (the parts it has), or of a
+    bare Encoder (has down_blocks) or Decoder (anything else) as its one part. Unchecked."""
+    if hasattr(vae, "decoder") or hasattr(vae, "encoder"):
+        return {p: getattr(vae, p) for p in PARTS if isinstance(getattr(vae, p, None), nn.Module)}
+    return {"encoder" if hasattr(vae, "down_blocks") else "decoder": vae}
+
+
+def _check_layout(vae, part, mod):
+    for attr in _LAYOUT[part]:
+        if not hasattr(mod, attr):
+            raise _unsupported(type(vae).__name__, f"no {part} with '{attr}' (expected diffusers' AutoencoderKL "
+                               f"or its {part.capitalize()})")
+
+
+def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timing=True, patches=None, threads=0,
+           fuse=True, memory=None):
+    """Makes vae.decode(z) and vae.encode(x) (vae: a diffusers AutoencoderKL, or its .decoder
+    or .encoder alone) run convweave: at most `budget` of temporary memory (bytes, '256MiB',
+    or None for no cap; one budget for both parts, which share a context) on `streams`
+    streams (1: in order; N: N-1 heavy + 1 light). encoder=False / decoder=False leave that
+    part to PyTorch (for a bare Encoder or Decoder only its own flag counts). Plans compile
+    on the first call of each input shape; the parameters are read in place. Raises
+    convweave.Error naming the first module or setting it does not support; then nothing is
+    changed. Enabling again replaces the options and the set of wrapped parts. memory: a cap
+    on activations + temporaries of each plan (like budget); where storing every activation
+    needs more, blocks recompute their inner activation band by band (exact; stats() counts
+    the cost). Returns the ConvweaveDecoder attached to the decoder (the ConvweaveEncoder
+    where only the encoder is wrapped): .last_plan has describe(), stats(), write_trace()."""
+    found = _parts_of(vae)
+    want = {"decoder": decoder, "encoder": encoder}
+    if len(found) == 1 and not hasattr(vae, "decoder") and not hasattr(vae, "encoder"):
+        part = next(iter(found))  # a bare Decoder or Encoder
+        if not want[part]:
+            raise ValueError(f"convweave.diffusers: {part}=False on a bare {part}: nothing to wrap")
+        want = {p: p == part for p in PARTS}
+    if not any(want.values()):
+        raise ValueError("convweave.diffusers: encoder=False and decoder=False: nothing to wrap")
+    shared = _Shared(budget, streams, timing, threads)
+    states = {}
+    for part in PARTS:  # every check before any change
+        if not want[part]:
+            continue
+        if part not in found:
+            raise _unsupported(type(vae).__name__, f"no {part} to wrap ({part}=True; pass {part}=False)")
+        _check_layout(vae, part, found[part])
+        states[part] = _CLASSES[part](found[part], budget, streams, timing, patches, threads, fuse, memory, shared)
+        states[part].probe()
+    disable(vae)
+    for part, state in states.items():
+        found[part]._convweave = state
+        found[part].forward = state.forward
+    return states.get("decoder") or states["encoder"]
 
 
 def disable(vae):
-    """Restores the decoder's own forward and frees its plans. A no-op if not enabled."""
-    dec = _decoder_of(vae)
-    state = dec.__dict__.pop("_convweave", None)
-    dec.__dict__.pop("forward", None)
-    if state is not None:
-        state.plans.clear()
-        state.last_plan = None
+    """Restores the decoder's and the encoder's own forwards and frees their plans. A no-op
+    for a part that is not enabled."""
+    for mod in _parts_of(vae).values():
+        state = mod.__dict__.pop("_convweave", None)
+        mod.__dict__.pop("forward", None)
+        if state is not None:
+            state.plans.clear()
+            state.last_plan = None
 
 
-def is_enabled(vae):
-    return "_convweave" in _decoder_of(vae).__dict__
+def _state(vae, part):
+    found = _parts_of(vae)
+    if part is None:
+        part = "decoder" if "decoder" in found else "encoder"
+    elif part not in PARTS:
+        raise ValueError(f"convweave.diffusers: part {part!r}: expected 'decoder' or 'encoder'")
+    mod = found.get(part)
+    return mod.__dict__.get("_convweave") if mod is not None else None
 
 
-def last_plan(vae):
-    """The plan of the last decode (describe(), stats(), write_trace()); None before one."""
-    state = _decoder_of(vae).__dict__.get("_convweave")
+def is_enabled(vae, part=None):
+    """Whether enable() wrapped the vae's `part` ('decoder' or 'encoder'); part None: either."""
+    if part is None:
+        return any("_convweave" in m.__dict__ for m in _parts_of(vae).values())
+    return _state(vae, part) is not None
+
+
+def last_plan(vae, part=None):
+    """The plan of the last decode (part 'decoder', the default where there is a decoder) or
+    encode (part 'encoder'): describe(), stats(), write_trace(); None before one."""
+    state = _state(vae, part)
     return state.last_plan if state else None
