@@ -177,3 +177,73 @@ def test_decode_under_too_small_a_budget_names_the_minimum(make_vae):
     cd.enable(vae, budget=e.value.min_budget)
     with torch.no_grad():
         vae.decode(torch.randn(1, 4, 8, 8))
+
+
+def test_diffusers_encoder_unsupported_configs(make_vae):
+    from diffusers import AutoencoderKL
+    vae = make_vae("tiny", 0)
+    x = torch.rand(1, 3, 16, 16) * 2 - 1
+    half = make_vae("tiny", 0).half()
+    with raises("CW_ERR_UNSUPPORTED", r"encoder\.conv_in\.weight: parameters are torch.float16.*half precision"):
+        cd.enable(half, decoder=False)
+    assert not cd.is_enabled(half)
+    cd.enable(vae)
+    with raises("CW_ERR_UNSUPPORTED", "encoder: input dtype torch.float64"):
+        vae.encoder(x.double())
+    with pytest.raises(ValueError, match=r"the encoder takes a \[N, C, h, w\]"):
+        vae.encoder(x[0])
+    with raises("CW_ERR_INVALID_ARG", "the image is on meta, the encoder's parameters on cpu"):
+        vae.encoder(x.to("meta"))
+    # an image too small for three stride-2 convs: the library's message, with the module
+    with raises("CW_ERR_INVALID_ARG", r"encoder\.down_blocks\.2\.downsamplers\.0\.conv: conv: effective kernel 3"):
+        vae.encode(x[..., :4, :4])
+    cd.disable(vae)
+    gelu = AutoencoderKL(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=4, act_fn="gelu")
+    with raises("CW_ERR_UNSUPPORTED", r"encoder\.down_blocks\.0\.resnets\.0\.nonlinearity: activation GELU"):
+        cd.enable(gelu, decoder=False)
+    down = vae.encoder.down_blocks[0].downsamplers[0]
+    down.use_conv = False  # Downsample2D(use_conv=False) average-pools
+    with raises("CW_ERR_UNSUPPORTED", r"encoder\.down_blocks\.0\.downsamplers\.0: only Downsample2D with a conv"):
+        cd.enable(vae)
+    assert not cd.is_enabled(vae)  # the decoder, which would map, is not wrapped either
+    down.use_conv = True
+    cd.enable(vae, budget="8MiB")
+    st = vae.decoder._convweave
+    vae.encoder.mid_block.attentions[0].heads = 2
+    with raises("CW_ERR_UNSUPPORTED", r"encoder\.mid_block\.attentions\.0: attention with 2 heads"):
+        cd.enable(vae, budget="4MiB")
+    assert vae.decoder._convweave is st and cd.is_enabled(vae, "encoder")  # a failed enable changes nothing
+    vae.encoder.mid_block.attentions[0].heads = 1
+    blocks = vae.encoder.down_blocks
+    vae.encoder.down_blocks = torch.nn.ModuleList([torch.nn.Identity()])
+    with raises("CW_ERR_UNSUPPORTED", r"encoder\.down_blocks\.0: Identity \(only DownEncoderBlock2D\)"):
+        cd.enable(vae)
+    vae.encoder.down_blocks = blocks
+    with raises("CW_ERR_UNSUPPORTED", r"no encoder to wrap \(encoder=True; pass encoder=False\)"):
+        cd.enable(_with_decoder_only(vae))
+    with pytest.raises(ValueError, match="nothing to wrap"):
+        cd.enable(vae, encoder=False, decoder=False)
+    with pytest.raises(ValueError, match="nothing to wrap"):
+        cd.enable(vae.encoder, encoder=False)
+    with pytest.raises(ValueError, match="part 'unet'"):
+        cd.last_plan(vae, "unet")
+    cd.disable(vae)
+
+
+def _with_decoder_only(vae):
+    m = torch.nn.Module()
+    m.decoder = vae.decoder
+    return m
+
+
+def test_encode_under_too_small_a_budget_names_the_minimum(make_vae):
+    vae = make_vae("tiny", 0)
+    cd.enable(vae, budget=4096, decoder=False)
+    with raises("CW_ERR_BUDGET", "budget") as e:
+        vae.encode(torch.randn(1, 3, 64, 64))
+    assert e.value.min_budget > 4096
+    cd.enable(vae, budget=e.value.min_budget, decoder=False)
+    with torch.no_grad():
+        vae.encode(torch.randn(1, 3, 64, 64))
+    assert cd.last_plan(vae, "encoder").stats()["temp_peak"] <= e.value.min_budget
