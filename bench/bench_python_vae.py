@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Working memory and time of vae.decode(z) in diffusers, unwrapped and with
-convweave.diffusers.enable(vae, budget=...), each in its own fresh process.
+"""Working memory and time of vae.decode(z) (or, with --part encoder, of vae.encode(x)) in
+diffusers, unwrapped and with convweave.diffusers.enable(vae, budget=...), each in its own
+fresh process.
 
-Working memory = peak RSS during the decode minus RSS just before it (the peak is reset
-through /proc/self/clear_refs before each decode, so model construction never counts).
+Working memory = peak RSS during the call minus RSS just before it (the peak is reset
+through /proc/self/clear_refs before each call, so model construction never counts).
 Random-weight AutoencoderKL from a config (tools/make_fixtures.py; no hub). Prints one line per configuration,
 the ratios, and the largest difference between the two outputs relative to max|ref|.
 
   python bench/bench_python_vae.py --config sd --latent 64 --budget 128MiB --repeat 2
   python bench/bench_python_vae.py --config sd --latent 16 --json      # what the test runs
+  python bench/bench_python_vae.py --part encoder --config sd --latent 64 --budget 128MiB  # encode 512x512
 """
 import argparse
 import json
@@ -37,7 +39,14 @@ def child(args):
     import torch
     torch.set_num_threads(args.threads)
     vae = build_vae(args.config)
-    z = torch.randn(args.batch, 4, args.latent, args.latent, generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    if args.part == "decoder":
+        inp = torch.randn(args.batch, 4, args.latent, args.latent, generator=gen)
+        call = lambda: vae.decode(inp).sample  # noqa: E731
+    else:  # an image in [-1, 1]; the result compared is the posterior's moments (after quant_conv)
+        side = 8 * args.latent
+        inp = torch.rand(args.batch, 3, side, side, generator=gen) * 2 - 1
+        call = lambda: vae.encode(inp).latent_dist.parameters  # noqa: E731
     if args.mode == "convweave":
         import convweave.diffusers
         convweave.diffusers.enable(vae, budget=args.budget, streams=args.streams, threads=args.threads)
@@ -48,20 +57,20 @@ def child(args):
                 f.write("5")  # VmHWM := VmRSS
             before = _kib("VmRSS")
             t0 = time.perf_counter()
-            out = vae.decode(z).sample
+            out = call()
             dt = time.perf_counter() - t0
             runs.append({"working_bytes": (_kib("VmHWM") - before) * 1024, "seconds": dt})
     torch.save(out, args.out)
     res = {"mode": args.mode, "runs": runs}
     if args.mode == "convweave":
-        res["stats"] = {k: v for k, v in convweave.diffusers.last_plan(vae).stats().items()
+        res["stats"] = {k: v for k, v in convweave.diffusers.last_plan(vae, args.part).stats().items()
                         if k in ("temp_peak", "activations_peak", "weights_bytes", "wall_ms", "n_patches")}
     print(json.dumps(res))
 
 
 def run_mode(args, mode, out):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--out", out]
-    for k in ("config", "latent", "batch", "budget", "streams", "threads", "repeat"):
+    for k in ("part", "config", "latent", "batch", "budget", "streams", "threads", "repeat"):
         cmd += [f"--{k}", str(getattr(args, k))]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
@@ -71,13 +80,15 @@ def run_mode(args, mode, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=("decoder", "encoder"), default="decoder",
+                    help="decoder: vae.decode(z); encoder: vae.encode(x) of the 8x-sized image")
     ap.add_argument("--config", choices=sorted(mf.CONFIGS), default="sd")
     ap.add_argument("--latent", type=int, default=64, help="latent height = width (image is 8x)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--budget", default="128MiB")
     ap.add_argument("--streams", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--repeat", type=int, default=1, help="decodes per process; time: best, memory: max")
+    ap.add_argument("--repeat", type=int, default=1, help="calls per process; time: best, memory: max")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--child", choices=("diffusers", "convweave"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -93,15 +104,20 @@ def main():
     for r in res.values():
         r["working_bytes"] = max(x["working_bytes"] for x in r["runs"])
         r["seconds"] = min(x["seconds"] for x in r["runs"])
-    summary = {"config": args.config, "latent": args.latent, "batch": args.batch, "budget": args.budget,
+    summary = {"part": args.part, "config": args.config, "latent": args.latent, "batch": args.batch, "budget": args.budget,
                "streams": args.streams, "threads": args.threads, "repeat": args.repeat,
                "image": args.latent * 8, "max_rel_diff": rel, **res}
     if args.json:
         print(json.dumps(summary))
         return
     mib = 1 << 20
-    print(f"{args.config} VAE decode, latent {args.batch}x4x{args.latent}x{args.latent} -> "
-          f"{args.latent * 8}x{args.latent * 8}, {args.threads} threads, repeat {args.repeat}")
+    shapes = (f"{args.batch}x4x{args.latent}x{args.latent}", f"{args.latent * 8}x{args.latent * 8}")
+    if args.part == "decoder":
+        print(f"{args.config} VAE decode, latent {shapes[0]} -> {shapes[1]}, {args.threads} threads, "
+              f"repeat {args.repeat}")
+    else:
+        print(f"{args.config} VAE encode, image {args.batch}x3x{shapes[1]} -> moments of {shapes[0]}, "
+              f"{args.threads} threads, repeat {args.repeat}")
     print(f"{'configuration':40s} {'time s':>8s} {'working MiB':>12s}")
     d, c = res["diffusers"], res["convweave"]
     print(f"{'diffusers (torch ' + torch.__version__ + ')':40s} {d['seconds']:8.2f} {d['working_bytes'] / mib:12.1f}")

@@ -1,5 +1,5 @@
-"""A decode under convweave needs less working memory than diffusers' own (peak RSS
-during the decode minus RSS before it), each measured in a fresh process by
+"""A decode and an encode under convweave need less working memory than diffusers' own
+(peak RSS during the call minus RSS before it), each measured in a fresh process by
 bench/bench_python_vae.py: the tiny VAE (SD's layout at narrow widths) at a 64x64 latent
 (512x512 image), where activations, not weights, dominate; the SD-sized figures are in
 bench/RESULTS.md."""
@@ -16,13 +16,15 @@ pytest.importorskip("diffusers")
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc/self/clear_refs")
-def test_working_memory_below_diffusers():
-    r = subprocess.run([sys.executable, BENCH, "--config", "tiny", "--latent", "64", "--budget", "4MiB",
-                        "--streams", "2", "--threads", "1", "--json"], capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("part", ["decoder", "encoder"])
+def test_working_memory_below_diffusers(part):
+    r = subprocess.run([sys.executable, BENCH, "--part", part, "--config", "tiny", "--latent", "64",
+                        "--budget", "4MiB", "--streams", "2", "--threads", "1", "--json"],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     d, c = res["diffusers"]["working_bytes"], res["convweave"]["working_bytes"]
-    print(f"working memory: diffusers {d / 2**20:.1f} MiB, convweave {c / 2**20:.1f} MiB")
+    print(f"{part} working memory: diffusers {d / 2**20:.1f} MiB, convweave {c / 2**20:.1f} MiB")
     assert 0 < c < d
     assert res["convweave"]["stats"]["temp_peak"] <= 4 << 20
     assert res["max_rel_diff"] <= 1e-5
