@@ -104,8 +104,8 @@ def main():
     for r in res.values():
         r["working_bytes"] = max(x["working_bytes"] for x in r["runs"])
         r["seconds"] = min(x["seconds"] for x in r["runs"])
-    summary = {"part": args.part, "config": args.config, "latent": args.latent, "batch": args.batch, "budget": args.budget,
-               "streams": args.streams, "threads": args.threads, "repeat": args.repeat,
+    summary = {"part": args.part, "config": args.config, "latent": args.latent, "batch": args.batch,
+               "budget": args.budget, "streams": args.streams, "threads": args.threads, "repeat": args.repeat,
                "image": args.latent * 8, "max_rel_diff": rel, **res}
     if args.json:
         print(json.dumps(summary))
