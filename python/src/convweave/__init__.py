@@ -1,8 +1,8 @@
-"""convweave for PyTorch and diffusers users: convolutions and VAE decoders under a hard
-cap on temporary memory, with the same results.
+"""convweave for PyTorch and diffusers users: convolutions and VAE decoders and encoders
+under a hard cap on temporary memory, with the same results.
 
     import convweave.diffusers
-    convweave.diffusers.enable(vae, budget="256MiB")   # vae.decode(z) now runs convweave
+    convweave.diffusers.enable(vae, budget="256MiB")   # vae.decode(z), vae.encode(x) now run convweave
 
 convweave.torch.conv2d / conv3d mirror torch.nn.functional with a budget= argument;
 convweave.conv2d / conv3d take NumPy arrays too. Errors raise convweave.Error."""
