@@ -59,3 +59,18 @@ def test_vae_decode_cuda(make_vae):
         out = vae.decode(z).sample
     assert out.is_cuda and rel_err(out, ref) <= 1e-5
     cd.disable(vae)
+
+
+def test_vae_encode_cuda(make_vae):
+    cuda_context_or_skip()
+    import convweave.diffusers as cd
+    vae = make_vae("tiny", 0).cuda()
+    x = torch.rand(1, 3, 64, 64, device="cuda") * 2 - 1
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        ref = vae.encode(x).latent_dist.mean
+        cd.enable(vae, budget="16MiB", decoder=False)
+        out = vae.encode(x).latent_dist.mean
+    assert out.is_cuda and rel_err(out, ref) <= 1e-5
+    cd.disable(vae)
