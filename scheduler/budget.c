@@ -1,7 +1,8 @@
 /* The budget search: cw_graph_compile lowers the graph, dry-runs the plan's allocation
  * sequence against the budget (execute.c on the dry backend) and lowers again with a
  * smaller sizing budget until it fits; cw_graph_min_budget bisects the budget for the
- * smallest that compiles. */
+ * smallest that compiles; cw_graph_memory_ladder lists the plans a memory budget chooses
+ * between (each recompute step's activations + temporaries). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -104,27 +105,38 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
  * temp_predicted). */
 static int64_t cw__plan_memory(const cw_plan *p) { return p->act_bytes + p->temp_predicted; }
 
-/* Under opt->memory_budget: stores every activation if that fits; else recomputes the inner
- * activation of ResNet-style blocks from the largest size down (each step adds the blocks of
- * the next size) until the plan fits. CW_ERR_BUDGET names the least memory reached. */
-static cw_status cw__compile_in_memory(cw_graph *g, const cw_compile_options *o, int64_t budget, cw_plan **out) {
-    int64_t sizes[64], best = -1;
-    int ns = 0;
-    for (int i = 0; i < g->n && ns < 64; i++) { /* candidate sizes: every conv result's, descending */
+/* The recompute steps the planner climbs under a memory budget, cheapest in FLOPs first:
+ * rec_min[0] = 0 stores every activation; rec_min[k] recomputes the inner activation of the
+ * ResNet-style blocks holding >= rec_min[k] bytes (each step adds the blocks of the next
+ * smaller conv result). Returns the number of steps (at most CW__REC_STEPS). */
+#define CW__REC_STEPS 65
+static int cw__rec_steps(const cw_graph *g, int64_t rec_min[CW__REC_STEPS]) {
+    int ns = 1;
+    rec_min[0] = 0;
+    for (int i = 0; i < g->n && ns < CW__REC_STEPS; i++) { /* every conv result's size, once */
         if (g->nodes[i].kind != CW__N_CONV) continue;
-        int64_t b = cw__desc_numel(&g->nodes[i].desc) * 4, k = 0;
-        while (k < ns && sizes[k] != b) k++;
-        if (k == ns) sizes[ns++] = b;
+        int64_t b = cw__desc_numel(&g->nodes[i].desc) * 4;
+        int k = 1;
+        while (k < ns && rec_min[k] != b) k++;
+        if (k == ns) rec_min[ns++] = b;
     }
-    for (int a = 0; a < ns; a++)
+    for (int a = 1; a < ns; a++) /* descending */
         for (int b = a + 1; b < ns; b++)
-            if (sizes[b] > sizes[a]) {
-                int64_t t = sizes[a];
-                sizes[a] = sizes[b], sizes[b] = t;
+            if (rec_min[b] > rec_min[a]) {
+                int64_t t = rec_min[a];
+                rec_min[a] = rec_min[b], rec_min[b] = t;
             }
-    for (int step = -1; step < ns; step++) {
+    return ns;
+}
+
+/* Under opt->memory_budget: the first recompute step (cw__rec_steps) whose plan fits.
+ * CW_ERR_BUDGET names the least memory a step reached. */
+static cw_status cw__compile_in_memory(cw_graph *g, const cw_compile_options *o, int64_t budget, cw_plan **out) {
+    int64_t rec_min[CW__REC_STEPS], best = -1;
+    int ns = cw__rec_steps(g, rec_min);
+    for (int k = 0; k < ns; k++) {
         cw_plan *p = NULL;
-        cw_status st = cw__compile_at(g, o, budget, 1, step < 0 ? 0 : sizes[step], &p);
+        cw_status st = cw__compile_at(g, o, budget, 1, rec_min[k], &p);
         if (st == CW_ERR_BUDGET) continue; /* its temporaries do not fit the temp budget */
         if (st != CW_OK) return st;
         int64_t m = cw__plan_memory(p);
@@ -140,7 +152,7 @@ static cw_status cw__compile_in_memory(cw_graph *g, const cw_compile_options *o,
     return cw__error(g->ctx, CW_ERR_BUDGET,
                      "cw_graph_compile: memory budget %" PRId64 " bytes (%.1f MiB) is too small; with every "
                      "recomputable block recomputed the plan holds %" PRId64 " bytes (%.1f MiB) of activations and "
-                     "temporaries",
+                     "temporaries, the smallest memory budget that works (cw_graph_memory_ladder)",
                      o->memory_budget, (double)o->memory_budget / 1048576.0, best, (double)best / 1048576.0);
 }
 
@@ -213,6 +225,66 @@ cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_
         }
     }
     *out_bytes = (hi + 4095) / 4096 * 4096;
+    g->ctx->err[0] = '\0';
+    return CW_OK;
+}
+
+cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
+                                 const cw_compile_options *opt) {
+    static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
+    if (!g) return CW_ERR_INVALID_ARG;
+    if (!out_n) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_memory_ladder: out_n is NULL");
+    *out_n = 0;
+    if (max_points < 0 || (max_points > 0 && !points))
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG,
+                         "cw_graph_memory_ladder: max_points = %d with points %s: points must hold max_points >= 0 "
+                         "entries",
+                         max_points, points ? "set" : "NULL");
+    if (!opt) opt = &dflt;
+    cw_status st = cw__opt_check(g->ctx, opt);
+    if (st != CW_OK) return st;
+    if (g->n_outputs == 0)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_memory_ladder: the graph has no outputs");
+    cw_compile_options o = *opt;
+    o.memory_budget = 0; /* the temporary budget alone, as cw_graph_compile resolves it */
+    int64_t budget = cw__opt_budget(g->ctx, &o);
+    if (o.policy != CW_PATCHES_NONE && budget <= 0)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG,
+                         "cw_graph_memory_ladder: opt->temp_budget = %" PRId64 " and the context's temp_budget = %" PRId64
+                         ": set one > 0 (under a memory budget alone temporaries get an eighth of it, so no total is "
+                         "fixed)",
+                         opt->temp_budget, g->ctx->cfg.temp_budget);
+    /* every step's plan, as cw__compile_in_memory builds it; a step is on the ladder when it
+     * holds less than every step before it (cw_graph_compile takes the first that fits) */
+    int64_t rec_min[CW__REC_STEPS];
+    cw_memory_point kept[CW__REC_STEPS];
+    int ns = cw__rec_steps(g, rec_min), n = 0;
+    for (int k = 0; k < ns; k++) {
+        cw_plan *p = NULL;
+        st = cw__compile_at(g, &o, budget, 1, rec_min[k], &p);
+        if (st == CW_ERR_BUDGET) continue;
+        if (st != CW_OK) return st;
+        int64_t m = cw__plan_memory(p);
+        if (n == 0 || m < kept[n - 1].total_bytes) {
+            cw_memory_point *q = &kept[n++];
+            q->total_bytes = m;
+            q->activations_bytes = p->act_bytes;
+            q->temp_bytes = p->temp_predicted;
+            q->n_recomputed = p->n_recomputed;
+            q->recompute_gflop = p->recompute_flop * 1e-9;
+        }
+        cw__plan_free(p);
+    }
+    if (n == 0) {
+        int64_t need = -1;
+        if (cw_graph_min_budget(g, &need, &o) != CW_OK) need = -1;
+        return cw__error(g->ctx, CW_ERR_BUDGET,
+                         "cw_graph_memory_ladder: no plan fits temp budget %" PRId64 " bytes (%.1f MiB); the smallest "
+                         "temp budget that works is %" PRId64 " bytes (%.1f MiB)",
+                         budget, (double)budget / 1048576.0, need, (double)need / 1048576.0);
+    }
+    for (int i = 0; i < n && i < max_points; i++) points[i] = kept[n - 1 - i]; /* least memory first */
+    *out_n = n;
     g->ctx->err[0] = '\0';
     return CW_OK;
 }

@@ -11,7 +11,10 @@
  *   exact; only summation order differs) and with a double-precision interpreter;
  * - every run of one recompute plan gives the same bits under chaos + poison;
  * - the happens-before replay finds no unordered use of shared memory;
- * - a budget below what recomputing reaches is CW_ERR_BUDGET, naming what it reaches. */
+ * - a budget below what recomputing reaches is CW_ERR_BUDGET, naming what it reaches;
+ * - the memory ladder (cw_graph_memory_ladder) is exact: each point's total compiles to that
+ *   point's plan, one byte below the next point's too, one byte below the first fails with
+ *   CW_ERR_BUDGET, and each plan's run stays within its total; bad arguments are named. */
 #include "convweave/convweave.h"
 #include "hb_check.h"
 #include "testutil.h"
@@ -217,6 +220,81 @@ static double max_rel(const float *a, const double *r, int64_t n) {
 
 static int64_t plan_memory(const cw_plan_stats *s) { return s->activations_peak + s->temp_predicted; }
 
+/* Every point of the ladder: compiling at its total gives its plan (and one byte below the
+ * next point's total too), the run stays within the total and agrees with the double
+ * interpreter; one byte below the first point fails with CW_ERR_BUDGET. */
+static void check_ladder(const double *ref, const float *in) {
+    gctx c;
+    build(&c, 0, 0);
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.temp_budget = 96 << 10;
+    o.memory_budget = 12345; /* ignored by the ladder */
+    int n = -1;
+    ASSERT_OK_CTX(c.ctx, cw_graph_memory_ladder(c.g, NULL, &n, 0, &o));
+    ASSERT_TRUE(n >= 2 && n <= 16);
+    cw_memory_point pts[17];
+    memset(pts, 0xab, sizeof pts);
+    int n1 = -1;
+    ASSERT_OK_CTX(c.ctx, cw_graph_memory_ladder(c.g, pts, &n1, 1, &o)); /* writes one point only */
+    CHECK(n1 == n && pts[1].total_bytes == (int64_t)0xabababababababab);
+    ASSERT_OK_CTX(c.ctx, cw_graph_memory_ladder(c.g, pts, &n1, 16, &o));
+    CHECK(n1 == n);
+    /* the plan compiled without a memory budget is the last point */
+    o.memory_budget = 0;
+    cw_plan *p = NULL;
+    ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &p, &o));
+    cw_plan_stats s;
+    ASSERT_OK(cw_plan_get_stats(p, &s));
+    CHECK(plan_memory(&s) == pts[n - 1].total_bytes && pts[n - 1].n_recomputed == 0 && s.n_recomputed == 0);
+    cw_plan_destroy(p);
+    CHECK(pts[0].n_recomputed >= 1 && pts[0].recompute_gflop > 0);
+    for (int i = 0; i < n; i++) {
+        const cw_memory_point *q = &pts[i];
+        printf("ladder %d: total %" PRId64 " bytes = activations %" PRId64 " + temp %" PRId64 ", %d recomputed (+%.4f "
+               "GFLOP)\n",
+               i, q->total_bytes, q->activations_bytes, q->temp_bytes, q->n_recomputed, q->recompute_gflop);
+        CHECK(q->total_bytes == q->activations_bytes + q->temp_bytes);
+        if (i > 0) CHECK(q->total_bytes > pts[i - 1].total_bytes && q->recompute_gflop < pts[i - 1].recompute_gflop);
+        int64_t at[2] = {q->total_bytes, i + 1 < n ? pts[i + 1].total_bytes - 1 : q->total_bytes + (1 << 20)};
+        for (int k = 0; k < 2; k++) {
+            o.memory_budget = at[k];
+            ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &p, &o));
+            ASSERT_OK(cw_plan_get_stats(p, &s));
+            CHECK(s.activations_peak == q->activations_bytes && s.temp_predicted == q->temp_bytes);
+            CHECK(s.n_recomputed == q->n_recomputed && s.recompute_gflop == q->recompute_gflop);
+            int64_t ny;
+            float *y = run(&c, p, in, &ny);
+            ASSERT_OK(cw_plan_get_stats(p, &s));
+            ASSERT_LE_I(s.temp_peak + s.activations_peak, q->total_bytes);
+            ASSERT_LE_I(s.total_peak - s.weights_bytes, q->total_bytes);
+            CHECK(max_rel(y, ref, ny) <= 1e-5);
+            free(y);
+            cw_plan_destroy(p);
+        }
+    }
+    o.memory_budget = pts[0].total_bytes - 1;
+    p = NULL;
+    ASSERT_STATUS(cw_graph_compile(c.g, &p, &o), CW_ERR_BUDGET);
+    CHECK(p == NULL);
+    char want[64];
+    snprintf(want, sizeof want, "holds %" PRId64 " bytes", pts[0].total_bytes);
+    CHECK(strstr(cw_context_get_last_error(c.ctx), want) != NULL);
+
+    /* bad arguments: a clean status and a message naming the argument */
+    ASSERT_STATUS(cw_graph_memory_ladder(c.g, pts, NULL, 16, &o), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(c.ctx), "out_n") != NULL);
+    ASSERT_STATUS(cw_graph_memory_ladder(c.g, NULL, &n1, 4, &o), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(c.ctx), "max_points") != NULL);
+    ASSERT_STATUS(cw_graph_memory_ladder(c.g, pts, &n1, -1, &o), CW_ERR_INVALID_ARG);
+    o.temp_budget = 0; /* nor does the context have one: no fixed ladder */
+    ASSERT_STATUS(cw_graph_memory_ladder(c.g, pts, &n1, 16, &o), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(c.ctx), "temp_budget") != NULL && n1 == 0);
+    o.temp_budget = 1024; /* no plan's temporaries fit */
+    ASSERT_STATUS(cw_graph_memory_ladder(c.g, pts, &n1, 16, &o), CW_ERR_BUDGET);
+    CHECK(strstr(cw_context_get_last_error(c.ctx), "smallest temp budget") != NULL);
+    unbuild(&c);
+}
+
 int main(void) {
     rng.s = cw_test_seed(21);
     make_weights();
@@ -273,7 +351,10 @@ int main(void) {
     free(ys);
     unbuild(&c);
 
-    /* 4. one recompute plan (2 streams), rebuilt under 4 chaos seeds with poison: the same bits */
+    /* 4. the memory ladder at the same temp budget: exact, and each run within its total */
+    check_ladder(ref, in);
+
+    /* 5. one recompute plan (2 streams), rebuilt under 4 chaos seeds with poison: the same bits */
     float *base = NULL;
     int mism = 0;
     for (int cs = 0; cs < 4; cs++) {

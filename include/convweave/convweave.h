@@ -290,8 +290,35 @@ typedef struct cw_compile_options {
  * with cw_plan_destroy; it borrows g's constants, not g. */
 CW_API cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
 /* The smallest temp budget under which cw_graph_compile(g, opt) succeeds (opt's budget
- * ignored). */
+ * ignored). For the smallest total (activations + temporaries, cw_compile_options
+ * .memory_budget) see cw_graph_memory_ladder. */
 CW_API cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_options *opt);
+
+/* One plan cw_graph_compile can choose under a memory budget (cw_graph_memory_ladder). */
+typedef struct cw_memory_point {
+    int64_t total_bytes;       /* activations_bytes + temp_bytes (weights apart): the smallest
+                                  cw_compile_options.memory_budget that compiles this plan */
+    int64_t activations_bytes; /* its activation arena (cw_plan_stats.activations_peak) */
+    int64_t temp_bytes;        /* its temporaries' predicted peak (cw_plan_stats.temp_predicted) */
+    int n_recomputed;          /* blocks that recompute their inner activation (n_recomputed) */
+    double recompute_gflop;    /* conv GFLOP per run those blocks pay again (recompute_gflop) */
+} cw_memory_point;
+
+/* The memory ladder: the plans cw_graph_compile(g, opt) chooses between as
+ * opt->memory_budget varies (opt's memory_budget ignored), least memory first. points[0]
+ * .total_bytes is the smallest memory budget that compiles: one byte less gives
+ * CW_ERR_BUDGET. Each next point holds more and recomputes less; the last recomputes
+ * nothing. A memory budget from points[i].total_bytes up to points[i + 1].total_bytes - 1
+ * (the last: any) compiles to point i's plan, and its runs keep temp_peak + activations_peak
+ * within points[i].total_bytes. Writes the first min(n, max_points) points and sets *out_n
+ * to n (1..65); points may be NULL when max_points is 0. The points depend on the temporary
+ * budget, so opt->temp_budget or the context's must be > 0 (unless opt->policy is
+ * CW_PATCHES_NONE): else CW_ERR_INVALID_ARG naming both (a memory budget alone gives
+ * temporaries an eighth of itself). CW_ERR_BUDGET when no plan fits the temporary budget
+ * (the message names the smallest that does). Compiles a plan per recompute step: as slow
+ * as a few cw_graph_compile calls. Runs nothing on the device. */
+CW_API cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
+                                        const cw_compile_options *opt);
 CW_API void cw_plan_destroy(cw_plan *p);
 /* Runs the plan: inputs in cw_graph_input order, outputs in cw_graph_output order, each
  * shaped as declared (outputs may be strided views). Enqueues everything on the context's
