@@ -3,7 +3,8 @@
 # the CLI, model folders and batches work, bad input (flags, units, sizes, files, keys,
 # configs, non-finite values) is a one-line error with exit status 2 that names what is
 # wrong, outputs never replace an input, a non-file or each other, and a failure or a
-# signal leaves every existing file as it was and no child behind.
+# signal leaves every existing file as it was and no child behind. --plan's memory ladder
+# names exactly the smallest --memory that runs.
 # usage: cli_cw_vae.sh CW_VAE_BINARY SOURCE_DIR
 set -u
 bin=$1 src=$2
@@ -293,6 +294,19 @@ expect 2 "odd.png.*multiples of 8" -- --preset tiny --random-weights --encode "$
 expect 2 "latent-out.*npy"         -- "${enc[@]}" --latent-out "$tmp/x.png"
 expect 2 "is the input --encode"   -- "${enc[@]}" --latent-out "$tmp/../$(basename "$tmp")/x.npy" --trace "$fx/tiny_image0.png"
 nostaged
+
+# 9. --plan's memory ladder: its least total is the smallest --memory that runs, to the byte
+"$bin" "${tiny[@]}" --budget 256KiB --plan >"$tmp/plan.txt" 2>"$tmp/err"
+least=$(awk '/^memory ladder/ {f = 1} f && /^  [0-9]+ / {print $1; exit}' "$tmp/plan.txt")
+n=$((n + 1))
+if [ -z "$least" ]; then
+    echo "FAIL: --plan printed no memory ladder: $(cat "$tmp/err")" >&2; fail=$((fail + 1))
+else
+    "$bin" "${tiny[@]}" --budget 256KiB --memory "$least" --raw "$tmp/least.npy" 2>"$tmp/err" ||
+        { echo "FAIL: --memory $least (the ladder's least): $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+    npyclose "$tmp/least.npy" "$fx/tiny_out.npy" 1e-4
+    expect 2 "try --memory $least\$" -- "${tiny[@]}" --budget 256KiB --memory $((least - 1))
+fi
 
 echo "$((n - fail)) passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -75,6 +75,8 @@ typedef struct run_result {
     int status;             /* cw_status of the failure */
     int over_budget;        /* compile refused the budget */
     int64_t min_budget;     /* then: the smallest that works (-1 unknown) */
+    int64_t min_memory;     /* with --memory: the smallest --memory that works at this budget
+                               (-1 unknown, or the budget itself is too small) */
     char err[VAE_ERR_LEN];
     char backend[16];
     double ms;              /* best decode time over --repeat runs, ms */
@@ -156,7 +158,8 @@ static void usage(FILE *f) {
             "  --repeat N            run N times per configuration, report the fastest (default 1)\n"
             "  --trace FILE          Chrome/Perfetto trace of the scheduled run\n"
             "  --nvtx                emit NVTX ranges (cuda, for Nsight Systems)\n"
-            "  --plan                print the compiled plan (patches, algorithms, workspaces)\n"
+            "  --plan                print the compiled plan (patches, algorithms, workspaces) and the\n"
+            "                        memory ladder: the smallest --memory for each amount of recompute\n"
             "  -q, --quiet           no progress or summary lines (tables and errors still print)\n"
             "  -h, --help            this text\n"
             "\n"
@@ -548,6 +551,37 @@ static void diagnose_nonfinite(const opts *o, cw_context *ctx, const job *jb, ru
     snprintf(res->err + len, sizeof(res->err) - len, "; %s", msg);
 }
 
+/* --plan: the plans a --memory chooses between at this --budget (cw_graph_memory_ladder),
+ * least memory first, the compiled one marked. */
+static void print_ladder(vae_model *m, const cw_plan *plan, const cw_compile_options *co) {
+    cw_memory_point pts[65];
+    int n = 0;
+    if (cw_graph_memory_ladder(m->graph, pts, &n, 65, co) != CW_OK) {
+        printf("memory ladder: %s\n\n", cw_context_get_last_error(m->ctx));
+        return;
+    }
+    cw_plan_stats ps;
+    cw_plan_get_stats(plan, &ps);
+    char w[32];
+    fmt_bytes(w, sizeof(w), ps.weights_bytes);
+    printf("memory ladder: the smallest --memory (activations + temporaries; weights %s apart) for each\n"
+           "amount of recompute, at this --budget; a --memory from one row's total up to the next's runs that row\n",
+           w);
+    printf("  %-12s %11s %12s %12s %11s %12s\n", "--memory", "total", "activations", "temporaries", "recomputed",
+           "extra GFLOP");
+    for (int i = 0; i < n; i++) {
+        char t[32], a[32], b[32];
+        fmt_bytes(t, sizeof(t), pts[i].total_bytes);
+        fmt_bytes(a, sizeof(a), pts[i].activations_bytes);
+        fmt_bytes(b, sizeof(b), pts[i].temp_bytes);
+        int self = pts[i].activations_bytes == ps.activations_peak && pts[i].temp_bytes == ps.temp_predicted &&
+                   pts[i].n_recomputed == ps.n_recomputed;
+        printf("  %-12" PRId64 " %11s %12s %12s %11d %12.4g%s\n", pts[i].total_bytes, t, a, b, pts[i].n_recomputed,
+               pts[i].recompute_gflop, self ? "  <- this plan" : "");
+    }
+    printf("\n");
+}
+
 /* The child: everything big is created here, so ru_maxrss covers this configuration only. */
 static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result *res, float *out) {
     cw_context *ctx = NULL;
@@ -598,9 +632,15 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
     if (st != CW_OK) {
         if (st == CW_ERR_BUDGET) {
             res->over_budget = 1;
-            res->min_budget = -1;
+            res->min_budget = res->min_memory = -1;
+            cw_memory_point least;
+            int n = 0;
             int64_t mb;
-            if (cw_graph_min_budget(m->graph, &mb, &co) == CW_OK) res->min_budget = mb;
+            /* over --memory: the ladder's least; over --budget (the ladder's CW_ERR_BUDGET too):
+             * the smallest budget */
+            cw_status lst = co.memory_budget > 0 ? cw_graph_memory_ladder(m->graph, &least, &n, 1, &co) : CW_ERR_BUDGET;
+            if (lst == CW_OK) res->min_memory = least.total_bytes;
+            else if (lst == CW_ERR_BUDGET && cw_graph_min_budget(m->graph, &mb, &co) == CW_OK) res->min_budget = mb;
         }
         if (st == CW_ERR_UNSUPPORTED) explain_dtype(o, res);
         code = exit_for(st);
@@ -610,6 +650,7 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
         char *text = NULL;
         if (cw_plan_describe(plan, &text, 0) == CW_OK) printf("plan (%s):\n%s\n", rc->label, text);
         cw_free(text);
+        print_ladder(m, plan, &co);
         fflush(stdout);
     }
     res->ms = INFINITY;
@@ -809,7 +850,10 @@ static void table_header(void) {
 static void table_row(const run_cfg *rc, const run_result *r, int has_diff) {
     char a[32], b[32], c[32], d[32];
     if (r->exit_code != 0) {
-        if (r->over_budget) {
+        if (r->over_budget && r->min_memory > 0) {
+            fmt_bytes(a, sizeof(a), r->min_memory);
+            printf("%-30s %10s   over memory (needs --memory %s)\n", rc->label, "-", a);
+        } else if (r->over_budget) {
             fmt_bytes(a, sizeof(a), r->min_budget);
             printf("%-30s %10s   over budget (needs %s)\n", rc->label, "-", a);
         } else {
@@ -1079,7 +1123,12 @@ static int finish_outputs(const opts *o, const float *out, const int64_t dims[4]
 
 static int report_failure(const shared_run *sr) {
     fprintf(stderr, "%s: %s\n", prog, sr->res->err[0] ? sr->res->err : "run failed");
-    if (sr->res->over_budget && sr->res->min_budget > 0) {
+    if (sr->res->over_budget && sr->res->min_memory > 0) {
+        char b[32];
+        fmt_bytes(b, sizeof(b), sr->res->min_memory);
+        fprintf(stderr, "%s: the smallest --memory that works at this --budget is %s (%" PRId64 " bytes): try --memory %" PRId64
+                "\n", prog, b, sr->res->min_memory, sr->res->min_memory);
+    } else if (sr->res->over_budget && sr->res->min_budget > 0) {
         char b[32];
         fmt_bytes(b, sizeof(b), sr->res->min_budget);
         fprintf(stderr, "%s: the smallest budget that works is %s (%" PRId64 " bytes): try --budget %" PRId64 "\n",
