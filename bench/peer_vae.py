@@ -5,7 +5,8 @@ PyTorch (CPU, f32, same threads, same random weights and latent), in one run.
 Each configuration runs in a fresh process. Its working memory is the peak resident bytes
 during the decode minus the resident bytes just before it, with the model already loaded.
 The peak is reset through /proc/self/clear_refs. cw-vae measures itself the same way and
-prints the figure. Time is the decode alone.
+prints the figure; diffusers runs in tools/diffusers_vae.py, the module cw-vae --compare
+runs too. Time is the decode alone.
 
   python bench/peer_vae.py --size 512 --budgets 64MiB,256MiB [--tiling] [--threads 2]
 
@@ -18,53 +19,24 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+from make_fixtures import CONFIGS  # noqa: E402  (no torch at import)
 
 
-def kib(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(key + " not in /proc/self/status")
-
-
-def child_diffusers(args):
-    """One diffusers decode in this process; prints a JSON line."""
-    import numpy as np
-    import torch
-    import make_fixtures as mf
-
-    torch.set_num_threads(args.threads)
-    vae = mf.build_vae(mf.CONFIGS[args.config], args.seed)
-    if args.tiling:
-        # the checkpoints' own tile size (SD 1.x: sample_size 512; SDXL: 1024), not the
-        # random model's small sample_size
-        vae.enable_tiling()
-        vae.tile_sample_min_size = args.tile
-        vae.tile_latent_min_size = args.tile // 8
-    z = torch.from_numpy(np.load(args.latent))
-    with torch.no_grad():
-        rss0 = kib("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        t = time.perf_counter()
-        out = vae.decode(z).sample
-        t = time.perf_counter() - t
-        hwm = kib("VmHWM")
-    np.save(args.out, out.numpy())
-    print(json.dumps({"ms": t * 1e3, "work": (hwm - rss0) * 1024, "rss0": rss0 * 1024}))
-
-
-def run_diffusers(a, tmp, latent, tiling):
+def run_diffusers(a, tmp, weights, latent, tiling):
+    """One diffusers decode in a fresh process (tools/diffusers_vae.py, as cw-vae --compare)."""
     out = os.path.join(tmp, "diffusers_tiled.npy" if tiling else "diffusers.npy")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--config", a.config, "--seed", str(a.seed),
-           "--threads", str(a.threads), "--latent", latent, "--out", out, "--tile", str(a.tile)] + \
+    cfg = os.path.join(tmp, "config.json")
+    with open(cfg, "w") as f:
+        json.dump(CONFIGS[a.config], f)
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "diffusers_vae.py"), "--config", cfg, "--weights", weights,
+           "--input", latent, "--out", out, "--threads", str(a.threads), "--tile", str(a.tile)] + \
         (["--tiling"] if tiling else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()}")
     r = json.loads(p.stdout.strip().splitlines()[-1])
     r["out"] = out
     return r
@@ -106,16 +78,10 @@ def main():
                     help="tiling's tile side in pixels (default: 512 for sd, 1024 for sdxl, as their checkpoints)")
     ap.add_argument("--cw", default=os.path.join(ROOT, "build", "cw-vae"))
     ap.add_argument("--cw-args", default="", help="extra cw-vae arguments, one string")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--latent", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.cw_args = a.cw_args.split()
     if a.tile is None:
         a.tile = 1024 if a.config == "sdxl" else 512
-    if a.child:
-        return child_diffusers(a)
-
     import numpy as np
     import torch
     import make_fixtures as mf
@@ -129,9 +95,9 @@ def main():
     latent = os.path.join(tmp, "latent.npy")
     np.save(latent, z.numpy())
 
-    rows = [("diffusers decode", run_diffusers(a, tmp, latent, False))]
+    rows = [("diffusers decode", run_diffusers(a, tmp, weights, latent, False))]
     if a.tiling:
-        rows.append(("diffusers enable_tiling()", run_diffusers(a, tmp, latent, True)))
+        rows.append(("diffusers enable_tiling()", run_diffusers(a, tmp, weights, latent, True)))
     for b in a.budgets.split(","):
         name = "convweave --budget " + b.replace("+", " --memory ")
         rows.append((name, run_cw(a, tmp, weights, latent, b)))

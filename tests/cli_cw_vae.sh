@@ -4,7 +4,8 @@
 # configs, non-finite values) is a one-line error with exit status 2 that names what is
 # wrong, outputs never replace an input, a non-file or each other, and a failure or a
 # signal leaves every existing file as it was and no child behind. --plan's memory ladder
-# names exactly the smallest --memory that runs.
+# names exactly the smallest --memory that runs; --compare runs diffusers on the same
+# weights and latent (skipped with a note when no Python has torch + diffusers).
 # usage: cli_cw_vae.sh CW_VAE_BINARY SOURCE_DIR
 set -u
 bin=$1 src=$2
@@ -306,6 +307,34 @@ else
         { echo "FAIL: --memory $least (the ladder's least): $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
     npyclose "$tmp/least.npy" "$fx/tiny_out.npy" 1e-4
     expect 2 "try --memory $least\$" -- "${tiny[@]}" --budget 256KiB --memory $((least - 1))
+fi
+
+# 10. --compare against diffusers: a one-line note when no Python can run it, and with the
+# venv's Python (where the venv exists) diffusers' decode of the fixture in the same table,
+# within 1e-4 of its largest value from convweave's
+CONVWEAVE_PYTHON=/bin/false "$bin" "${tiny[@]}" --budget 256KiB --compare >"$tmp/cmp0.txt" 2>"$tmp/err"
+st=$?
+n=$((n + 1))
+if [ $st != 0 ] || ! grep -q "^diffusers: skipped: CONVWEAVE_PYTHON=/bin/false exited with status 1 before importing torch" "$tmp/cmp0.txt" ||
+    ! grep -q "^unscheduled (convweave) " "$tmp/cmp0.txt" || grep -q "^diffusers [0-9]" "$tmp/cmp0.txt"; then
+    echo "FAIL: --compare without diffusers: status $st:" >&2; cat "$tmp/cmp0.txt" "$tmp/err" | sed 's/^/    /' >&2
+    fail=$((fail + 1))
+fi
+venv_py=${CONVWEAVE_VENV:-$HOME/.cache/convweave/venv}/bin/python
+if [ -x "$venv_py" ]; then
+    CONVWEAVE_PYTHON=$venv_py "$bin" "${tiny[@]}" --budget 256KiB --compare --raw "$tmp/cmp.npy" >"$tmp/cmp.txt" 2>"$tmp/err"
+    st=$?
+    rel=$(sed -n 's/^scheduled \/ diffusers: .*max|diff| [^ ]* (\([^ ]*\) of max|diffusers|)$/\1/p' "$tmp/cmp.txt")
+    n=$((n + 1))
+    if [ $st != 0 ] || ! grep -q "^diffusers [0-9]" "$tmp/cmp.txt" || [ -z "$rel" ] ||
+        ! python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= 1e-4 else 1)" "$rel"; then
+        echo "FAIL: --compare with $venv_py: status $st, relative difference '$rel':" >&2
+        cat "$tmp/cmp.txt" "$tmp/err" | sed 's/^/    /' >&2
+        fail=$((fail + 1))
+    fi
+    npyclose "$tmp/cmp.npy" "$fx/tiny_out.npy" 1e-4
+else
+    echo "note: no venv at $venv_py: --compare against diffusers not tested"
 fi
 
 echo "$((n - fail)) passed, $fail failed"

@@ -29,6 +29,7 @@
 #include "convweave/convweave.h"
 #include "image.h"
 #include "npy.h"
+#include "peer.h"
 #include "safetensors.h"
 #include "vae.h"
 
@@ -152,7 +153,11 @@ static void usage(FILE *f) {
             "  --no-memory-check     skip the up-front check of the job's size against the machine's memory\n"
             "measurement\n"
             "  --compare             also run the unscheduled single-stream reference (patches none,\n"
-            "                        no budget) and print one table with max|diff| against it\n"
+            "                        no budget) and diffusers' AutoencoderKL on the same weights and\n"
+            "                        input, and print one table with max|diff| against the reference.\n"
+            "                        diffusers runs in CONVWEAVE_PYTHON, else the venv's python\n"
+            "                        ($CONVWEAVE_VENV or ~/.cache/convweave/venv), else python3; without\n"
+            "                        torch + diffusers there it is skipped with a note\n"
             "  --tune                run streams 1-4 x patches auto,2,4,8 within the budget, print the\n"
             "                        table and the recommended setting\n"
             "  --repeat N            run N times per configuration, report the fastest (default 1)\n"
@@ -872,6 +877,29 @@ static void table_row(const run_cfg *rc, const run_result *r, int has_diff) {
     printf("%-30s %10.1f %11s %11s %11s %11s %11s %10s\n", rc->label, r->ms, a, b, c, d, e, diff);
 }
 
+/* diffusers' row: no library stats; max|diff| against the same unscheduled run. */
+static void peer_row(const peer_result *p, const float *ref, int64_t n) {
+    char label[64], d[32], e[32] = "-";
+    snprintf(label, sizeof(label), "%.40s", p->versions);
+    char *comma = strchr(label, ',');
+    if (comma) *comma = '\0'; /* "diffusers X" */
+    fmt_bytes(d, sizeof(d), p->peak_rss);
+    if (p->work_mem >= 0) fmt_bytes(e, sizeof(e), p->work_mem);
+    printf("%-30s %10.1f %11s %11s %11s %11s %11s %10.3g\n", label, p->ms, "-", "-", "-", d, e, max_abs_diff(p->out, ref, n));
+}
+
+/* The scheduled run against diffusers: time and memory ratios, and how far apart the outputs are. */
+static void peer_summary(const peer_result *p, const run_result *b, const float *out, int64_t n) {
+    double md = max_abs_diff(out, p->out, n), mx = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs((double)p->out[i]) > mx) mx = fabs((double)p->out[i]);
+    printf("scheduled / diffusers: time %.2fx", b->ms / p->ms);
+    if (b->work_mem >= 0 && p->work_mem > 0) printf(", work mem %.2fx", (double)b->work_mem / (double)p->work_mem);
+    printf("; max|diff| %.3g (%.3g of max|diffusers|)\n", md, mx > 0 ? md / mx : md);
+    printf("diffusers: AutoencoderKL.%s, %s, cpu, %d threads (%s)\n", p->encode ? "encode" : "decode", p->versions,
+           p->threads, p->python);
+}
+
 static void label_for(run_cfg *rc, const opts *o) {
     char bud[32];
     fmt_bytes(bud, sizeof(bud), rc->budget);
@@ -1441,7 +1469,7 @@ int main(int argc, char **argv) {
         run_cfg ref;
         ref_cfg(&ref, &o);
         shared_run rs;
-        int total = o.tune ? 17 : 2;
+        int total = o.tune ? 17 : 3; /* --compare: the reference, the scheduled run, diffusers */
         char prog_label[96];
         snprintf(prog_label, sizeof(prog_label), "[1/%d] %s", total, ref.label);
         int code = run_in_child(&o, &ref, &jb, prog_label, &rs);
@@ -1509,16 +1537,31 @@ int main(int argc, char **argv) {
             if (results[i].exit_code == 0 && results[i].ms <= 1.03 * fastest &&
                 (best < 0 || results[i].peak_rss < results[best].peak_rss))
                 best = i;
+        /* --compare: diffusers on the same config, weights and input, in a Python child */
+        peer_result peer;
+        memset(&peer, 0, sizeof(peer));
+        if (o.compare && !strcmp(rs.res->backend, "cuda")) {
+            peer.skipped = 1;
+            snprintf(peer.note, sizeof(peer.note), "convweave ran on the cuda backend and the diffusers row runs on the cpu");
+        } else if (o.compare) {
+            snprintf(prog_label, sizeof(prog_label), "[3/3] diffusers");
+            peer_job pj = {cfg, o.part, o.weights, o.seed, o.allow_nonfinite, jb.in, {d[0], d[1], d[2], d[3]},
+                           out_numel, o.threads, o.repeat, o.dtype, spinner_on(&o), prog_label};
+            if (peer_diffusers_run(&pj, &peer, &g_child, &g_stop) < 0) stop_now();
+        }
         printf("\n%s backend; time = %s only (best of %d); peak temp/act/total from the library's stats;\n"
-               "peak RSS = ru_maxrss of a separate forked process per configuration; work mem = its peak resident\n"
+               "peak RSS = ru_maxrss of a separate process per configuration; work mem = its peak resident\n"
                "bytes during the run minus those just before it (model loaded); max|diff| vs convweave's own\n"
-               "unscheduled run (no patches, no budget). Against diffusers: python bench/peer_vae.py\n",
-               rs.res->backend, o.part == VAE_DECODER ? "decode" : "encode", o.repeat);
+               "unscheduled run (no patches, no budget)%s\n",
+               rs.res->backend, o.part == VAE_DECODER ? "decode" : "encode", o.repeat,
+               peer.ran ? "; diffusers = AutoencoderKL on PyTorch, same weights and input" : "");
         table_header();
         table_row(&ref, rs.res, 0);
         for (int i = 0; i < n; i++) table_row(&cfgs[i], &results[i], 1);
+        if (peer.ran) peer_row(&peer, rs.out, out_numel);
         if (best < 0) {
             fprintf(stderr, "%s: no configuration fits the budget\n", prog);
+            peer_result_free(&peer);
             shared_free(&rs);
             ret = EXIT_USAGE;
             goto out;
@@ -1534,7 +1577,10 @@ int main(int argc, char **argv) {
             printf("\nscheduled / unscheduled: time %.2fx, peak RSS %.2fx, peak total %.2fx\n", b->ms / rs.res->ms,
                    (double)b->peak_rss / (double)rs.res->peak_rss,
                    rs.res->stats.total_peak > 0 ? (double)b->stats.total_peak / (double)rs.res->stats.total_peak : 0.0);
+            if (peer.ran) peer_summary(&peer, b, final.out, out_numel);
+            else printf("diffusers: %s%s\n", peer.skipped ? "skipped: " : "", peer.note);
         }
+        peer_result_free(&peer);
         if (o.tune && g_n_outs && !o.quiet) printf("output from: %s\n", cfgs[out_cfg].label);
         shared_free(&rs);
     }

@@ -194,6 +194,15 @@ int vae_weights_get(vae_weights *w, const char *key, int rank, const int64_t *sh
 
 /* ---- the graph builder -------------------------------------------------------------------- */
 
+/* Export mode's tensors: every weight as cw-vae reads it, under diffusers' current names. */
+typedef struct vae_export {
+    int n, cap;
+    char **names;
+    float **data;
+    int64_t (*shapes)[4];
+    int *ranks;
+} vae_export;
+
 typedef struct bld {
     vae_model *m;          /* NULL: check keys and shapes (w != NULL) or count bytes only */
     cw_graph *g;
@@ -207,6 +216,7 @@ typedef struct bld {
     size_t buf_cap;
     int64_t count;         /* count mode: f32 bytes of the weights walked */
     int stages;            /* record block outputs in m->stage */
+    vae_export *exp;       /* m NULL and exp set: export mode, every weight read into exp */
 } bld;
 
 static void fail_ctx(bld *b, cw_status st, const char *what) {
@@ -226,8 +236,56 @@ static int grow(bld *b, size_t n) {
     return 0;
 }
 
+static int export_grow(vae_export *x) {
+    if (x->n < x->cap) return 0;
+    int cap = x->cap ? 2 * x->cap : 64;
+    char **nm = realloc(x->names, (size_t)cap * sizeof(*nm));
+    if (nm) x->names = nm;
+    float **d = realloc(x->data, (size_t)cap * sizeof(*d));
+    if (d) x->data = d;
+    int64_t(*sh)[4] = realloc(x->shapes, (size_t)cap * sizeof(*sh));
+    if (sh) x->shapes = sh;
+    int *r = realloc(x->ranks, (size_t)cap * sizeof(*r));
+    if (r) x->ranks = r;
+    if (!nm || !d || !sh || !r) return -1;
+    x->cap = cap;
+    return 0;
+}
+
+/* Export mode: reads weight `key` into b->exp; attention projections become diffusers'
+ * Linear [C, C] (the graph's 1x1 convs read [C, C, 1, 1]). */
+static void export_param(bld *b, const char *key, int rank, const int64_t *shape) {
+    vae_export *x = b->exp;
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) n *= shape[i];
+    char *name = strdup(key);
+    float *data = malloc((size_t)n * sizeof(float));
+    if (!name || !data || export_grow(x)) {
+        b->st = CW_ERR_OUT_OF_MEMORY;
+        st_errf(b->err, b->errlen, "out of memory exporting '%s'", key);
+    } else if (vae_weights_get(b->w, key, rank, shape, data, b->err, b->errlen)) {
+        b->st = CW_ERR_FORMAT;
+    }
+    if (b->st != CW_OK) {
+        free(name);
+        free(data);
+        return;
+    }
+    int linear = 0;
+    for (size_t i = 0; i < sizeof(attn_names) / sizeof(attn_names[0]); i++) linear |= strstr(key, attn_names[i][0]) != NULL;
+    x->names[x->n] = name;
+    x->data[x->n] = data;
+    x->ranks[x->n] = linear && rank == 4 && shape[2] == 1 && shape[3] == 1 ? 2 : rank;
+    memcpy(x->shapes[x->n], shape, (size_t)rank * sizeof(int64_t));
+    x->n++;
+}
+
 static cw_node param(bld *b, const char *key, int rank, const int64_t *shape) {
     if (b->st != CW_OK) return CW_NODE_NONE;
+    if (!b->m && b->exp) {
+        export_param(b, key, rank, shape);
+        return 0;
+    }
     if (!b->m) { /* check or count mode */
         int64_t n = 1;
         for (int i = 0; i < rank; i++) n *= shape[i];
@@ -520,6 +578,30 @@ int64_t vae_weights_bytes(const vae_config *cfg, int parts) {
     if (parts & VAE_ENCODER) encoder(&b, 0);
     if (parts & VAE_DECODER) decoder(&b, 0);
     return b.count;
+}
+
+int vae_weights_export(vae_weights *w, const vae_config *cfg, int parts, const char *path, char *err, size_t errlen) {
+    if (vae_weights_check(w, cfg, parts, err, errlen)) return -1;
+    vae_export x = {0};
+    bld b = {0};
+    b.w = w;
+    b.cfg = cfg;
+    b.err = err;
+    b.errlen = errlen;
+    b.exp = &x;
+    if (parts & VAE_ENCODER) encoder(&b, 0);
+    if (b.st == CW_OK && (parts & VAE_DECODER)) decoder(&b, 0);
+    int rc = -1;
+    const int64_t **shapes = malloc((size_t)(x.n + 1) * sizeof(*shapes));
+    if (!shapes) st_errf(err, errlen, "out of memory");
+    if (b.st == CW_OK && shapes) {
+        for (int i = 0; i < x.n; i++) shapes[i] = x.shapes[i];
+        rc = st_write(path, x.n, (const char *const *)x.names, shapes, x.ranks, (const float *const *)x.data, err, errlen);
+    }
+    free(shapes);
+    for (int i = 0; i < x.n; i++) free(x.names[i]), free(x.data[i]);
+    free(x.names), free(x.data), free(x.shapes), free(x.ranks);
+    return rc;
 }
 
 /* ---- what the weights say the architecture is ------------------------------------------------ */

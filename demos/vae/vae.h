@@ -99,6 +99,12 @@ int vae_weights_check(vae_weights *w, const vae_config *cfg, int parts, char *er
  * (channels, layers, latent channels, quant convs, attention); groups stay as they are.
  * Returns 0 or -1 when the file does not look like an AutoencoderKL. */
 int vae_weights_infer(vae_weights *w, vae_config *cfg, char *err, size_t errlen);
+/* Writes the weights of `parts` of cfg as cw-vae reads them (f32; legacy attention names as
+ * diffusers' current ones, attention projections as Linear [C, C]) to a .safetensors file
+ * diffusers' AutoencoderKL.load_state_dict takes: the peer of cw-vae --compare gets the
+ * same weights, random ones included. Checks the keys first (vae_weights_check). Returns 0,
+ * or -1 with a message naming the key or the file. */
+int vae_weights_export(vae_weights *w, const vae_config *cfg, int parts, const char *path, char *err, size_t errlen);
 /* Bytes of the weights of `parts` of cfg as f32. */
 int64_t vae_weights_bytes(const vae_config *cfg, int parts);
 
