@@ -144,6 +144,13 @@ typedef struct cw_tensor_desc {
 
 /* Size of one element of dt in bytes (0 for an unknown dtype). */
 CW_API size_t cw_dtype_size(cw_dtype dt);
+/* Converts n elements of host memory, src (of src_dtype) into dst (of dst_dtype), in host
+ * byte order: f32 -> f16/bf16 rounds to nearest, ties to even (past the largest finite
+ * value: inf; NaN stays a quiet NaN); f16/bf16 -> f32 is exact; f16 <-> bf16 goes through
+ * an exact f32, so it rounds once; equal dtypes copy. dst and src must not overlap unless
+ * the dtypes are equal. Returns CW_ERR_INVALID_ARG for an unknown dtype, n < 0, or a NULL
+ * pointer with n > 0 (no context: there is no message). */
+CW_API cw_status cw_dtype_convert(void *dst, cw_dtype dst_dtype, const void *src, cw_dtype src_dtype, int64_t n);
 /* Fills d as a contiguous tensor of the given dims. Returns CW_ERR_INVALID_ARG for rank
  * outside 1..5 or a dim < 1. */
 CW_API cw_status cw_tensor_desc_make(cw_tensor_desc *d, cw_dtype dt, int rank, const int64_t *dims);
