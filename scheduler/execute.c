@@ -277,10 +277,12 @@ static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
         x->live[ac->id] = 0;
         return st;
     }
-    /* an activation's bytes stay in the arena; poison them so a late reader sees NaN */
+    /* an activation's bytes stay in the arena; poison them so a late reader sees NaN (the
+     * pattern is NaN in every dtype; a 2-byte element's last word may reach into the block's
+     * rounding, which is its own) */
     if (!x->dry && (p->ctx->cfg.flags & CW_FLAG_POISON))
         st = x->be->rt->fill32_async(x->be, x->streams[ac->stream], p->ptrs[ac->id], CW_POISON_NAN_BITS,
-                                    p->bufs[ac->id].bytes / 4);
+                                     (p->bufs[ac->id].bytes + 3) / 4);
     if (st == CW_OK && ac->event >= 0) st = x->be->rt->event_record(x->be, x->ev[ac->event], x->streams[ac->stream]);
     return st;
 }

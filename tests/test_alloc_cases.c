@@ -3,6 +3,7 @@
  * streams, the context's temp allocator, and concurrent use from several host threads. */
 #include <pthread.h>
 
+#include "kernels/kernels.h"
 #include "test_alloc_fake.h"
 
 #define MiB (INT64_C(1) << 20)
@@ -364,7 +365,7 @@ static void test_poison(void) {
     ASSERT_OK(cw__alloc_free(a, p, A));
     ASSERT_OK(be->rt->stream_synchronize(be, A));
     const uint32_t *w = p; /* still cached, so still ours to read */
-    for (int64_t i = 0; i < cw__alloc_round(10000) / 4; i++) ASSERT_EQ_I(w[i], 0x7fc00000u);
+    for (int64_t i = 0; i < cw__alloc_round(10000) / 4; i++) ASSERT_EQ_I(w[i], CW_POISON_NAN_BITS);
     float f;
     memcpy(&f, w, sizeof f);
     ASSERT_TRUE(isnan(f));

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "backend/cpu/cpu.h"
+#include "core/half.h"
 #include "kernels/kernels.h"
 #include "testutil.h"
 
@@ -96,6 +97,9 @@ static void test_silu(void) {
     float f;
     memcpy(&f, &bits, sizeof f);
     CHECK(isnan(f));
+    /* and NaN in each half read as f16 or bf16 (the buffers of half-precision plans) */
+    CHECK(isnan(cw__f16_to_f32((uint16_t)bits)) && isnan(cw__f16_to_f32((uint16_t)(bits >> 16))));
+    CHECK(isnan(cw__bf16_to_f32((uint16_t)bits)) && isnan(cw__bf16_to_f32((uint16_t)(bits >> 16))));
 }
 
 /* ---- prep ----------------------------------------------------------------------------- */

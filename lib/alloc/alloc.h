@@ -6,7 +6,7 @@
 #include "backend/backend.h"
 
 enum {
-    CW__ALLOC_POISON = 1u << 0, /* fill freed blocks with NaN (0x7fc00000) on their stream */
+    CW__ALLOC_POISON = 1u << 0, /* fill freed blocks with NaN (CW_POISON_NAN_BITS) on their stream */
     /* Choices never depend on timing: a block freed on another stream counts as in order
      * for s only after s waited on its event, never because the event happens to have
      * completed. Then a replay of the same call sequence makes the same choices on any

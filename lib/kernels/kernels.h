@@ -15,8 +15,10 @@
 #define CW_HD
 #endif
 
-/* Bit pattern of the quiet NaN written into freed temporaries in poison mode. */
-#define CW_POISON_NAN_BITS 0x7fc00000u
+/* Bit pattern of the 32-bit words written into freed temporaries in poison mode: a quiet
+ * NaN as an f32, and as each of its two halves read as an f16 (0x7fc0) or a bf16 (0x7fc0),
+ * so a late reader sees NaN in every dtype. */
+#define CW_POISON_NAN_BITS 0x7fc07fc0u
 
 /* ---- exp ------------------------------------------------------------------------- */
 
