@@ -115,7 +115,7 @@ static int cw__rec_steps(const cw_graph *g, int64_t rec_min[CW__REC_STEPS]) {
     rec_min[0] = 0;
     for (int i = 0; i < g->n && ns < CW__REC_STEPS; i++) { /* every conv result's size, once */
         if (g->nodes[i].kind != CW__N_CONV) continue;
-        int64_t b = cw__desc_numel(&g->nodes[i].desc) * 4;
+        int64_t b = cw__desc_bytes(&g->nodes[i].desc);
         int k = 1;
         while (k < ns && rec_min[k] != b) k++;
         if (k == ns) rec_min[ns++] = b;

@@ -13,11 +13,13 @@
 #include "scheduler/sched.h"
 
 /* ---- views ------------------------------------------------------------------------------- */
+/* A view of a buffer in the buffer's own dtype: the graph's for activations, patch and
+ * band buffers and externals; f32 for the compute-internal temporaries (no desc). */
 static cw__view cw__resolve(const cw_plan *p, const cw__vref *r) {
     cw__view v;
     memset(&v, 0, sizeof v);
     const cw_tensor_desc *bd = &p->rdesc[r->buf];
-    v.d.dtype = CW_F32;
+    v.d.dtype = bd->dtype;
     v.d.rank = r->rank;
     int64_t off = 0;
     for (int i = 0; i < r->rank; i++) {
@@ -25,7 +27,7 @@ static cw__view cw__resolve(const cw_plan *p, const cw__vref *r) {
         v.d.strides[i] = bd->strides[i];
         off += r->start[i] * bd->strides[i];
     }
-    v.data = (char *)p->ptrs[r->buf] + off * 4;
+    v.data = (char *)p->ptrs[r->buf] + off * (int64_t)cw_dtype_size(bd->dtype);
     return v;
 }
 

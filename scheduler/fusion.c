@@ -118,7 +118,7 @@ void cw__fusion_recompute(cw__lower *L, int64_t min_bytes) {
         const cw__node *na = &g->nodes[a];
         if (na->kind != CW__N_CONV || gn < 0 || up != 1 || g->nodes[gn].in[0] != a || na->is_output ||
             na->n_uses != 1 || g->nodes[gn].n_uses != 1 || L->nd[a].epi_into >= 0 || L->nd[a].rec_of >= 0 ||
-            cw__desc_numel(&na->desc) * 4 < min_bytes)
+            cw__desc_bytes(&na->desc) < min_bytes)
             continue;
         int x = nb->in[0]; /* every link of the chain used once: only B reads A's bands */
         while (x != a && g->nodes[x].n_uses == 1) x = g->nodes[x].in[0];

@@ -82,7 +82,7 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     cw_tensor_desc bd = pt->prob.x;
     memset(bd.strides, 0, sizeof bd.strides);
     cw__desc_fill_strides(&bd);
-    CW__TRY(cw__temp(L, cw__desc_numel(&bd) * 4, &bd, &u->pbuf[q]));
+    CW__TRY(cw__temp(L, cw__desc_bytes(&bd), &bd, &u->pbuf[q]));
     cw__task *t = NULL;
     int id = -1;
     CW__TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &id));
@@ -114,7 +114,7 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     if (u->inplace || u->pass1) {
         memset(yb.strides, 0, sizeof yb.strides);
         cw__desc_fill_strides(&yb);
-        CW__TRY(cw__temp(L, cw__desc_numel(&yb) * 4, &yb, &u->ybuf[j]));
+        CW__TRY(cw__temp(L, cw__desc_bytes(&yb), &yb, &u->ybuf[j]));
     }
     cw__task *t = NULL;
     CW__TRY(cw__new_task(L, CW__T_CONV, CW_STAGE_CONV, cw__next_heavy(L), u->node, &t, id));
@@ -577,7 +577,7 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
         ln->buf = L->nd[other].buf; /* the add's result overwrites its dying operand */
         L->nd[other].moved = 1;
     } else {
-        CW__TRY(cw__new_buf(L, CW__B_ACT, -1, &nd->desc, cw__desc_numel(&nd->desc) * 4, &ln->buf));
+        CW__TRY(cw__new_buf(L, CW__B_ACT, -1, &nd->desc, cw__desc_bytes(&nd->desc), &ln->buf));
         CW__TRY(cw__act(L, CW__A_ALLOC, ln->buf, 0));
     }
     L->nd[u].buf = ln->buf;

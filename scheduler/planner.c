@@ -86,21 +86,12 @@ static cw_status algo_ws(cw__backend *be, const cw__conv_problem *pr, int algo_i
     return CW_OK;
 }
 
-/* Bytes of a patch's prep buffer (its input rows, f32); 0 without prep. */
-static int64_t pbuf_bytes(const cw__conv_problem *patch, int prep) {
-    if (!prep) return 0;
-    int64_t e = 1;
-    for (int i = 0; i < patch->x.rank; i++) e *= patch->x.dims[i];
-    return e * 4;
-}
+/* Bytes of a patch's prep buffer (its input rows, in x's dtype); 0 without prep. */
+static int64_t pbuf_bytes(const cw__conv_problem *patch, int prep) { return prep ? cw__desc_bytes(&patch->x) : 0; }
 
-/* Bytes of a patch's output band buffer (its output rows, f32); 0 when it writes in place. */
-static int64_t ybuf_bytes(const cw__conv_problem *patch, int ybuf) {
-    if (!ybuf) return 0;
-    int64_t e = 1;
-    for (int i = 0; i < patch->y.rank; i++) e *= patch->y.dims[i];
-    return e * 4;
-}
+/* Bytes of a patch's output band buffer (its output rows, in y's dtype); 0 when it writes
+ * in place. */
+static int64_t ybuf_bytes(const cw__conv_problem *patch, int ybuf) { return ybuf ? cw__desc_bytes(&patch->y) : 0; }
 
 /* Temporary bytes in flight for bands needing ws each, on `patch`'s rows. */
 static int64_t share_temp(const cw__conv_share *sh, int64_t ws, const cw__conv_problem *patch) {

@@ -57,6 +57,8 @@ int64_t cw__now_ns(void);
 
 /* Shape helpers. */
 int64_t cw__desc_numel(const cw_tensor_desc *d);
+/* Bytes of d's elements stored contiguously: numel * cw_dtype_size(d->dtype). */
+int64_t cw__desc_bytes(const cw_tensor_desc *d);
 /* Fills d's strides as contiguous when they are all zero; leaves other strides alone. */
 void cw__desc_fill_strides(cw_tensor_desc *d);
 int cw__desc_is_contiguous(const cw_tensor_desc *d);

@@ -141,6 +141,8 @@ int cw__desc_is_contiguous(const cw_tensor_desc *d) {
     return 1;
 }
 
+int64_t cw__desc_bytes(const cw_tensor_desc *d) { return cw__desc_numel(d) * (int64_t)cw_dtype_size(d->dtype); }
+
 int64_t cw__desc_span_bytes(const cw_tensor_desc *d) {
     if (d->rank < 1 || d->rank > CW_MAX_RANK) return 0;
     int any = 0;
