@@ -68,18 +68,18 @@ cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user) {
 }
 
 /* ---- enqueueing one task's operations ---------------------------------------------------- */
-/* One attention query chunk: S = scale * Q^T K, row softmax, O = V S^T (two GEMMs). */
+/* One attention query chunk of one sample: S = scale * Q^T K, row softmax, O = V S^T (two
+ * f32 GEMMs). q, k, v, o: that sample's [1, C, ...] views, f32 (a half-precision graph's
+ * lowering stages them in f32). */
 static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
     const int64_t T = t->u.attn.T, C = t->u.attn.C, t0 = t->u.attn.t0, tc = t->u.attn.t1 - t->u.attn.t0;
     cw__view q = cw__resolve(p, &t->u.attn.q), k = cw__resolve(p, &t->u.attn.k);
     cw__view v = cw__resolve(p, &t->u.attn.v), o = cw__resolve(p, &t->u.attn.o);
     const cw__view *all[4] = {&q, &k, &v, &o};
     for (int a = 0; a < 4; a++)
-        if (!cw__desc_is_contiguous(&all[a]->d))
-            return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "attention: operands must be contiguous tensors");
-    int64_t off = t->u.attn.n * C * T;
-    float *qp = (float *)q.data + off, *kp = (float *)k.data + off, *vp = (float *)v.data + off;
-    float *op = (float *)o.data + off, *sp = p->ptrs[t->u.attn.s_buf];
+        if (!cw__desc_is_contiguous(&all[a]->d) || all[a]->d.dtype != CW_F32)
+            return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "attention: operands must be contiguous f32 tensors");
+    float *qp = q.data, *kp = k.data, *vp = v.data, *op = o.data, *sp = p->ptrs[t->u.attn.s_buf];
     cw__gemm_params g1 = {1, 0, tc, T, C, t->u.attn.scale, 0.0f, qp + t0, T, kp, T, sp, T, t->threads};
     cw__gemm_params g2 = {0, 1, C, tc, T, 1.0f, 0.0f, vp, T, sp, T, op + t0, T, t->threads};
     cw_status st = cw__op_gemm(be, s, &g1);

@@ -413,6 +413,35 @@ static cw_status cw__lower_elementwise(cw__lower *L, int i) {
     return cw__gn_band_stats(L, i, id, 0, h, 0);
 }
 
+/* Sample n of buffer b whose dims are d (all rows): the [1, C, ...] operand of an attention. */
+static cw__vref cw__sample(int b, const cw_tensor_desc *d, int64_t n) {
+    cw__vref r = cw__whole(b, d);
+    r.start[0] = n;
+    r.dims[0] = 1;
+    return r;
+}
+
+/* A dtype conversion of one sample between an activation and an f32 staging buffer: a prep
+ * task with no normalisation, activation or upsampling (its src and dst dtypes differ). */
+static cw_status cw__emit_convert(cw__lower *L, int node, cw__vref src, cw__vref dst, const char *what, int64_t n,
+                                  int *id) {
+    cw__task *t = NULL;
+    CW__TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, node, &t, id));
+    t->u.prep.src = src;
+    t->u.prep.dst = dst;
+    t->u.prep.ss_buf = -1;
+    t->u.prep.up = 1;
+    int64_t e = 1;
+    for (int k = 0; k < dst.rank; k++) e *= dst.dims[k];
+    t->flops = (double)e;
+    snprintf(t->name, sizeof t->name, "attention L%d n%" PRId64 " %s", node, n, what);
+    return CW_OK;
+}
+
+/* Attention in query chunks: S = scale * Q^T K (f32 scores, a budgeted temporary per
+ * chunk), row softmax, O = V S^T, both GEMMs in f32. In an f16/bf16 graph each sample's q,
+ * k and v are first converted into f32 staging buffers and its output converted back (the
+ * GEMM hook takes f32): 16 * C * T bytes of temporaries per sample, beside the scores. */
 static cw_status cw__lower_attention(cw__lower *L, int i) {
     cw_graph *g = L->g;
     const cw__node *n = &g->nodes[i];
@@ -420,11 +449,22 @@ static cw_status cw__lower_attention(cw__lower *L, int i) {
     int hd = cw__hdim(d);
     int64_t N = d->dims[0], C = d->dims[1], T = 1, W = d->dims[d->rank - 1];
     for (int k = 2; k < d->rank; k++) T *= d->dims[k];
+    const int half = d->dtype != CW_F32;
+    cw_tensor_desc sd = *d; /* one sample in f32: the staging buffers */
+    sd.dims[0] = 1;
+    sd.dtype = CW_F32;
+    memset(sd.strides, 0, sizeof sd.strides);
+    cw__desc_fill_strides(&sd);
+    const int64_t staging = half ? 4 * cw__alloc_round(cw__desc_bytes(&sd)) : 0;
     int64_t tc = T;
     if (!L->none && L->budget >= 0) {
-        int64_t avail = L->budget - CW__SMALL_RESERVE(L->budget);
+        int64_t avail = L->budget - CW__SMALL_RESERVE(L->budget) - staging;
         tc = avail / (L->heavy * T * 4 + 4096);
         if (tc > T) tc = T;
+        if (tc < 1 && half)
+            return cw__error(g->ctx, CW_ERR_BUDGET, "compile: attention over %" PRId64 " tokens needs at least %" PRId64
+                             " bytes of score buffer per heavy stream beside %" PRId64 " bytes of f32 staging (q, k, "
+                             "v and its output); budget %" PRId64, T, T * 4, staging, L->budget);
         if (tc < 1)
             return cw__error(g->ctx, CW_ERR_BUDGET, "compile: attention over %" PRId64 " tokens needs at least %" PRId64
                              " bytes of score buffer per heavy stream; budget %" PRId64, T, T * 4, L->budget);
@@ -433,35 +473,57 @@ static cw_status cw__lower_attention(cw__lower *L, int i) {
         tc = (T + nch - 1) / nch;
     }
     int64_t h = d->dims[hd];
-    int nchunks = (int)((T + tc - 1) / tc) * (int)N;
-    int *sb = cw__malloc((size_t)nchunks * sizeof *sb);
-    if (!sb) return cw__oom(L);
+    int per = (int)((T + tc - 1) / tc), nchunks = per * (int)N;
+    int *sb = cw__malloc((size_t)nchunks * sizeof *sb), *ids = cw__malloc((size_t)per * sizeof *ids);
+    if (!sb || !ids) {
+        cw__free(sb), cw__free(ids);
+        return cw__oom(L);
+    }
     cw_status st = CW_OK;
     int c = 0, H = L->heavy;
     for (int64_t b = 0; b < N && st == CW_OK; b++) {
-        for (int64_t t0 = 0; t0 < T && st == CW_OK; t0 += tc, c++) {
+        int stg[4] = {-1, -1, -1, -1}, cv[3] = {-1, -1, -1};
+        cw__vref opnd[4];
+        static const char *const qkv[3] = {"q to f32", "k to f32", "v to f32"};
+        for (int a = 0; a < 3; a++) opnd[a] = cw__sample(L->nd[n->in[a]].buf, &g->nodes[n->in[a]].desc, b);
+        opnd[3] = cw__sample(L->nd[i].buf, d, b);
+        for (int a = 0; half && a < 4 && st == CW_OK; a++) st = cw__temp(L, cw__desc_bytes(&sd), &sd, &stg[a]);
+        for (int a = 0; half && a < 3 && st == CW_OK; a++) {
+            st = cw__emit_convert(L, i, opnd[a], cw__whole(stg[a], &sd), qkv[a], b, &cv[a]);
+            if (st == CW_OK) st = cw__dep_rows(L, cv[a], n->in[a], 0, g->nodes[n->in[a]].desc.dims[hd]);
+            opnd[a] = cw__whole(stg[a], &sd);
+        }
+        if (half) opnd[3] = cw__whole(stg[3], &sd);
+        int k = 0;
+        for (int64_t t0 = 0; t0 < T && st == CW_OK; t0 += tc, c++, k++) {
             int64_t t1 = t0 + tc < T ? t0 + tc : T;
-            if ((st = cw__temp(L, (t1 - t0) * T * 4, NULL, &sb[c])) != CW_OK) break;
+            if ((st = cw__temp(L, (t1 - t0) * T * 4, NULL, &sb[c])) != CW_OK) break; /* f32 scores */
             cw__task *t = NULL;
             int id = -1;
             if ((st = cw__new_task(L, CW__T_ATTN, CW_STAGE_ATTENTION, cw__next_heavy(L), i, &t, &id)) != CW_OK) break;
-            t->u.attn.q = cw__whole(L->nd[n->in[0]].buf, d);
-            t->u.attn.k = cw__whole(L->nd[n->in[1]].buf, d);
-            t->u.attn.v = cw__whole(L->nd[n->in[2]].buf, d);
-            t->u.attn.o = cw__whole(L->nd[i].buf, d);
+            ids[k] = id;
+            t->u.attn.q = opnd[0], t->u.attn.k = opnd[1], t->u.attn.v = opnd[2], t->u.attn.o = opnd[3];
             t->u.attn.n = b, t->u.attn.t0 = t0, t->u.attn.t1 = t1, t->u.attn.T = T, t->u.attn.C = C;
             t->u.attn.s_buf = sb[c];
             t->u.attn.scale = n->scale;
             t->flops = 4.0 * (double)(t1 - t0) * (double)T * (double)C;
             snprintf(t->name, sizeof t->name, "attention L%d n%" PRId64 " tokens %" PRId64 "-%" PRId64, i, b, t0, t1);
-            for (int a = 0; a < 3 && st == CW_OK; a++) st = cw__dep_rows(L, id, n->in[a], 0, g->nodes[n->in[a]].desc.dims[hd]);
+            for (int a = 0; a < 3 && st == CW_OK; a++)
+                st = half ? cw__dep(L, id, cv[a]) : cw__dep_rows(L, id, n->in[a], 0, g->nodes[n->in[a]].desc.dims[hd]);
             int64_t r0 = d->rank == 4 ? t0 / W : 0, r1 = d->rank == 4 ? (t1 - 1) / W + 1 : h;
-            if (st == CW_OK) st = cw__writer(L, i, id, r0, r1 > h ? h : r1);
+            if (st == CW_OK && !half) st = cw__writer(L, i, id, r0, r1 > h ? h : r1);
             if (st == CW_OK && c - H + 1 >= 0) st = cw__release(L, sb[c - H + 1]);
         }
+        if (!half || st != CW_OK) continue;
+        for (int a = 0; a < 3 && st == CW_OK; a++) st = cw__release(L, stg[a]);
+        int oc = -1; /* the sample's output back into the graph's dtype, after all its chunks */
+        if (st == CW_OK) st = cw__emit_convert(L, i, opnd[3], cw__sample(L->nd[i].buf, d, b), "output from f32", b, &oc);
+        for (int q = 0; q < k && st == CW_OK; q++) st = cw__dep(L, oc, ids[q]);
+        if (st == CW_OK) st = cw__writer(L, i, oc, 0, h);
+        if (st == CW_OK) st = cw__release(L, stg[3]);
     }
     for (int k = c - H + 1 < 0 ? 0 : c - H + 1; k < c && st == CW_OK; k++) st = cw__release(L, sb[k]);
-    cw__free(sb);
+    cw__free(sb), cw__free(ids);
     return st;
 }
 
