@@ -1,5 +1,6 @@
 /* The one-call convolution: a one-node plan (input x, constants w and b, output y),
- * compiled under the options' budget and run once. */
+ * compiled under the options' budget and run once. x, w, b and y share one dtype
+ * (cw__conv_validate); the backend refuses one it cannot run. */
 #include "scheduler/planner.h"
 #include "scheduler/sched.h"
 
@@ -12,8 +13,6 @@ cw_status cw_conv_forward(cw_context *ctx, const cw_tensor *x, const cw_tensor *
     if (st != CW_OK) return st;
     if (cw__views_overlap(&x->desc, x->data, &y->desc, y->data))
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_conv_forward: y overlaps x (in-place convolution is not supported)");
-    if (x->desc.dtype != CW_F32 || w->desc.dtype != CW_F32 || y->desc.dtype != CW_F32)
-        return cw__error(ctx, CW_ERR_UNSUPPORTED, "cw_conv_forward: only f32 is supported on this path");
     cw_graph *g = NULL;
     cw_plan *plan = NULL;
     cw_node nx, nw, nb = CW_NODE_NONE, ny;

@@ -401,14 +401,16 @@ static cw_status cw__check_bindings(cw_plan *p, cw_tensor *const *inputs, int n_
                          n_inputs, n_outputs, p->n_inputs, p->n_outputs);
     for (int i = 0; i < n_inputs; i++)
         if (!inputs[i] || !cw__dims_equal(&inputs[i]->desc, &p->in[i].d))
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: inputs[%d] ('%s') is %s, the plan expects f32 %s", i,
-                             p->in[i].name, inputs[i] ? cw__dims_str(&inputs[i]->desc, b1, sizeof b1) : "NULL",
-                             cw__dims_str(&p->in[i].d, b2, sizeof b2));
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: inputs[%d] ('%s') is %s %s, the plan expects %s %s", i,
+                             p->in[i].name, inputs[i] ? cw__dtype_name(inputs[i]->desc.dtype) : "",
+                             inputs[i] ? cw__dims_str(&inputs[i]->desc, b1, sizeof b1) : "NULL",
+                             cw__dtype_name(p->in[i].d.dtype), cw__dims_str(&p->in[i].d, b2, sizeof b2));
     for (int i = 0; i < n_outputs; i++) {
         if (!outputs[i] || !cw__dims_equal(&outputs[i]->desc, &p->out[i].d))
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] ('%s') is %s, the plan expects f32 %s", i,
-                             p->out[i].name, outputs[i] ? cw__dims_str(&outputs[i]->desc, b1, sizeof b1) : "NULL",
-                             cw__dims_str(&p->out[i].d, b2, sizeof b2));
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] ('%s') is %s %s, the plan expects %s %s",
+                             i, p->out[i].name, outputs[i] ? cw__dtype_name(outputs[i]->desc.dtype) : "",
+                             outputs[i] ? cw__dims_str(&outputs[i]->desc, b1, sizeof b1) : "NULL",
+                             cw__dtype_name(p->out[i].d.dtype), cw__dims_str(&p->out[i].d, b2, sizeof b2));
         for (int j = 0; j < n_inputs; j++)
             if (cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &inputs[j]->desc, inputs[j]->data))
                 return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps inputs[%d]", i, j);

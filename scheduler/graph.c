@@ -1,5 +1,11 @@
 /* The graph API: nodes appended in topological order (operands must exist), shapes
- * inferred and validated as each node is added so errors name the offending call. */
+ * inferred and validated as each node is added so errors name the offending call. A graph
+ * has one element type, f32, f16 or bf16, for its activations, conv weights and conv biases:
+ * a node of another is refused, naming it and both types (no implicit casts; one type keeps
+ * every buffer's size and every kernel's operands known from the graph alone). GroupNorm
+ * gamma/beta and the per-channel ops' vectors are f32 in every graph: the backends read them
+ * once per channel into f32 scale/shift and multipliers, so half storage would save a few
+ * KiB and cost a conversion in each. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,6 +20,7 @@ cw_status cw_graph_create(cw_graph **out, cw_context *ctx) {
     cw_graph *g = cw__calloc(1, sizeof *g);
     if (!g) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cw_graph_create: out of host memory");
     g->ctx = ctx;
+    g->dtype_node = -1;
     *out = g;
     return CW_OK;
 }
@@ -58,12 +65,54 @@ static void cw__use(cw_graph *g, cw_node x) {
     if (x >= 0) g->nodes[x].n_uses++;
 }
 
+/* "input 'latent' (node 0)", "constant 'w' (node 3)", "conv3x3 4->8 (node 5)". */
+static const char *cw__node_label(const cw_graph *g, int id, char *buf, size_t n) {
+    const cw__node *nd = &g->nodes[id];
+    if (nd->kind == CW__N_INPUT || nd->kind == CW__N_CONST)
+        snprintf(buf, n, "%s '%s' (node %d)", nd->kind == CW__N_INPUT ? "input" : "constant", nd->name, id);
+    else
+        snprintf(buf, n, "%s (node %d)", nd->name, id);
+    return buf;
+}
+
+/* The node whose element type a call's operands must have: the one that fixed the graph's,
+ * or, while none has, the call's first operand (fixed when the call succeeds). */
+static int cw__dtype_ref(const cw_graph *g, int first) { return g->dtype_node >= 0 ? g->dtype_node : first; }
+
+static void cw__dtype_fix(cw_graph *g, int first) {
+    if (g->dtype_node >= 0) return;
+    g->dtype_node = first;
+    g->dtype = g->nodes[first].desc.dtype;
+}
+
+/* Operand `arg` (node id) of `call` has ref's element type, or the call fails naming both. */
+static cw_status cw__dtype_check(cw_graph *g, int id, int ref, const char *call, const char *arg) {
+    const cw_dtype dt = g->nodes[id].desc.dtype, want = g->nodes[ref].desc.dtype;
+    if (dt == want) return CW_OK;
+    char a[128], b[128];
+    cw__node_label(g, id, a, sizeof a);
+    cw__node_label(g, ref, b, sizeof b);
+    if (ref == g->dtype_node)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: %s, %s, is %s but the graph is %s (since %s): a graph has one "
+                         "element type for its activations, conv weights and biases", call, arg, a,
+                         cw__dtype_name(dt), cw__dtype_name(want), b);
+    return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: %s, %s, is %s but %s is %s: a graph has one element type for its "
+                     "activations, conv weights and biases", call, arg, a, cw__dtype_name(dt), b, cw__dtype_name(want));
+}
+
 cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_tensor_desc *desc) {
     if (!g || !out || !desc) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
-    if (desc->dtype != CW_F32)
-        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_input '%s': only f32 activations are supported",
-                         name ? name : "");
+    if (cw_dtype_size(desc->dtype) == 0)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_input '%s': dtype %d is not a cw_dtype",
+                         name ? name : "", (int)desc->dtype);
+    if (g->dtype_node >= 0 && desc->dtype != g->dtype) {
+        char b[128];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_input '%s': is %s but the graph is %s (since %s): a graph "
+                         "has one element type for its activations, conv weights and biases", name ? name : "",
+                         cw__dtype_name(desc->dtype), cw__dtype_name(g->dtype),
+                         cw__node_label(g, g->dtype_node, b, sizeof b));
+    }
     cw_tensor_desc d;
     if (cw_tensor_desc_make(&d, desc->dtype, desc->rank, desc->dims) != CW_OK)
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_input '%s': bad rank %d or dims", name ? name : "",
@@ -73,6 +122,7 @@ cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_t
     if (st != CW_OK) return st;
     n->desc = d;
     n->index = g->n_inputs++;
+    cw__dtype_fix(g, *out);
     return CW_OK;
 }
 
@@ -100,11 +150,13 @@ cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node
     if (b != CW_NODE_NONE && (st = cw__operand(g, b, "cw_graph_conv", "b", &nb)) != CW_OK) return st;
     if (nw->kind != CW__N_CONST || (nb && nb->kind != CW__N_CONST))
         return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_conv: w and b must be constants (cw_graph_constant)");
+    const int ref = cw__dtype_ref(g, x);
+    if ((st = cw__dtype_check(g, x, ref, "cw_graph_conv", "x")) != CW_OK) return st;
+    if ((st = cw__dtype_check(g, w, ref, "cw_graph_conv", "w")) != CW_OK) return st;
+    if (nb && (st = cw__dtype_check(g, b, ref, "cw_graph_conv", "b")) != CW_OK) return st;
     cw_tensor_desc y;
     if ((st = cw__conv_validate(g->ctx, &nx->desc, &nw->desc, nb ? &nb->desc : NULL, NULL, p, &y)) != CW_OK)
         return st;
-    if (nw->desc.dtype != CW_F32 || (nb && nb->desc.dtype != CW_F32))
-        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_conv: only f32 weights are supported in graphs");
     if (nb && !cw__desc_is_contiguous(&nb->desc))
         return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_conv: the bias b must be a contiguous tensor");
     /* nw/nx point into g->nodes, which cw__node_add may move */
@@ -117,6 +169,7 @@ cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node
     snprintf(n->name, sizeof n->name, "conv%" PRId64 "x%" PRId64 " %" PRId64 "->%" PRId64, wd.dims[wd.rank - 2],
              wd.dims[wd.rank - 1], xd.dims[1], y.dims[1]);
     cw__use(g, x);
+    cw__dtype_fix(g, x);
     return CW_OK;
 }
 
@@ -128,20 +181,25 @@ static cw_status cw__check_vec(cw_graph *g, cw_node v, int64_t c, const char *ca
         !cw__desc_is_contiguous(&n->desc)) {
         char buf[96];
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: %s must be a contiguous f32 constant of dims [%" PRId64
-                         "], got %s", call, arg, c, cw__dims_str(&n->desc, buf, sizeof buf));
+                         "] (f32 in graphs of every dtype), got %s%s %s", call, arg, c,
+                         n->kind == CW__N_CONST ? "" : "a computed ", cw__dtype_name(n->desc.dtype),
+                         cw__dims_str(&n->desc, buf, sizeof buf));
     }
     return CW_OK;
 }
 
-static cw_status cw__check_act(cw_graph *g, cw_node x, const char *call, const cw__node **nx) {
-    cw_status st = cw__operand(g, x, call, "x", nx);
+/* Activation operand `arg` of `call`: rank 4 or 5, and of the element type of node `ref`
+ * (cw__dtype_ref; -1: x is the call's first operand). */
+static cw_status cw__check_act(cw_graph *g, cw_node x, int ref, const char *call, const char *arg,
+                               const cw__node **nx) {
+    cw_status st = cw__operand(g, x, call, arg, nx);
     if (st != CW_OK) return st;
     if ((*nx)->desc.rank != 4 && (*nx)->desc.rank != 5) {
         char buf[96];
-        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: x must be [N, C, H, W] or [N, C, D, H, W], got %s", call,
-                         cw__dims_str(&(*nx)->desc, buf, sizeof buf));
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: %s must be [N, C, H, W] or [N, C, D, H, W], got %s", call,
+                         arg, cw__dims_str(&(*nx)->desc, buf, sizeof buf));
     }
-    return CW_OK;
+    return cw__dtype_check(g, x, ref >= 0 ? ref : cw__dtype_ref(g, x), call, arg);
 }
 
 cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamma, cw_node beta, int64_t groups,
@@ -150,7 +208,7 @@ cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamm
     *out = CW_NODE_NONE;
     const cw__node *nx = NULL;
     cw_status st;
-    if ((st = cw__check_act(g, x, "cw_graph_group_norm", &nx)) != CW_OK) return st;
+    if ((st = cw__check_act(g, x, -1, "cw_graph_group_norm", "x", &nx)) != CW_OK) return st;
     int64_t c = nx->desc.dims[1];
     if (groups < 1 || c % groups != 0)
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_group_norm: groups = %" PRId64
@@ -165,6 +223,7 @@ cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamm
     n->groups = groups;
     n->eps = eps;
     cw__use(g, x);
+    cw__dtype_fix(g, x);
     return CW_OK;
 }
 
@@ -173,7 +232,7 @@ static cw_status cw__unary(cw_graph *g, cw_node *out, cw_node x, cw__nkind kind,
     *out = CW_NODE_NONE;
     const cw__node *nx = NULL;
     cw_status st;
-    if ((st = cw__check_act(g, x, call, &nx)) != CW_OK) return st;
+    if ((st = cw__check_act(g, x, -1, call, "x", &nx)) != CW_OK) return st;
     cw_tensor_desc d = nx->desc;
     cw__node *n = NULL;
     if ((st = cw__node_add(g, kind, kind == CW__N_SILU ? "silu" : "upsample2x", &n, out)) != CW_OK) return st;
@@ -186,6 +245,7 @@ static cw_status cw__unary(cw_graph *g, cw_node *out, cw_node x, cw__nkind kind,
     n->desc = d;
     n->in[0] = x;
     cw__use(g, x);
+    cw__dtype_fix(g, x);
     return CW_OK;
 }
 
@@ -206,8 +266,8 @@ cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
     *out = CW_NODE_NONE;
     const cw__node *na = NULL, *nb = NULL;
     cw_status st;
-    if ((st = cw__check_act(g, a, "cw_graph_add", &na)) != CW_OK) return st;
-    if ((st = cw__check_act(g, b, "cw_graph_add", &nb)) != CW_OK) return st;
+    if ((st = cw__check_act(g, a, -1, "cw_graph_add", "a", &na)) != CW_OK) return st;
+    if ((st = cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_add", "b", &nb)) != CW_OK) return st;
     if (!cw__same_dims(&na->desc, &nb->desc)) {
         char b1[96], b2[96];
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_add: a %s and b %s differ in shape",
@@ -218,6 +278,7 @@ cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
     n->desc = g->nodes[a].desc;
     n->in[0] = a, n->in[1] = b;
     cw__use(g, a);
+    cw__dtype_fix(g, a);
     cw__use(g, b);
     return CW_OK;
 }
@@ -229,7 +290,7 @@ static cw_status cw__channel(cw_graph *g, cw_node *out, cw_node x, cw_node v, in
     *out = CW_NODE_NONE;
     const cw__node *nx = NULL;
     cw_status st;
-    if ((st = cw__check_act(g, x, call, &nx)) != CW_OK) return st;
+    if ((st = cw__check_act(g, x, -1, call, "x", &nx)) != CW_OK) return st;
     if ((st = cw__check_vec(g, v, nx->desc.dims[1], call, arg)) != CW_OK) return st;
     cw__node *n = NULL;
     if ((st = cw__node_add(g, CW__N_CHANNEL, name, &n, out)) != CW_OK) return st;
@@ -237,6 +298,7 @@ static cw_status cw__channel(cw_graph *g, cw_node *out, cw_node x, cw_node v, in
     n->in[0] = x, n->in[1] = v;
     n->op = op;
     cw__use(g, x);
+    cw__dtype_fix(g, x);
     return CW_OK;
 }
 
@@ -249,9 +311,9 @@ cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw
     *out = CW_NODE_NONE;
     const cw__node *nq = NULL, *nk = NULL, *nv = NULL;
     cw_status st;
-    if ((st = cw__check_act(g, q, "cw_graph_attention", &nq)) != CW_OK) return st;
-    if ((st = cw__check_act(g, k, "cw_graph_attention", &nk)) != CW_OK) return st;
-    if ((st = cw__check_act(g, v, "cw_graph_attention", &nv)) != CW_OK) return st;
+    if ((st = cw__check_act(g, q, -1, "cw_graph_attention", "q", &nq)) != CW_OK) return st;
+    if ((st = cw__check_act(g, k, cw__dtype_ref(g, q), "cw_graph_attention", "k", &nk)) != CW_OK) return st;
+    if ((st = cw__check_act(g, v, cw__dtype_ref(g, q), "cw_graph_attention", "v", &nv)) != CW_OK) return st;
     if (!cw__same_dims(&nq->desc, &nk->desc) || !cw__same_dims(&nq->desc, &nv->desc)) {
         char b1[96], b2[96], b3[96];
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_attention: q %s, k %s, v %s must have equal shapes",
@@ -265,6 +327,7 @@ cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw
     n->in[0] = q, n->in[1] = k, n->in[2] = v;
     n->scale = scale;
     cw__use(g, q);
+    cw__dtype_fix(g, q);
     cw__use(g, k);
     cw__use(g, v);
     return CW_OK;

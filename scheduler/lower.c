@@ -709,6 +709,7 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
     if (!p) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory");
     p->ctx = ctx;
     p->opt = *opt;
+    p->dtype = g->dtype_node >= 0 ? g->dtype : CW_F32;
     p->budget = budget;
     p->n_streams = opt->policy == CW_PATCHES_NONE ? 1 : (opt->streams > 0 ? opt->streams : ctx->cfg.streams);
     p->n_inputs = g->n_inputs;

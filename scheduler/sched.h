@@ -30,10 +30,15 @@ typedef struct cw__node {
     int n_uses;
 } cw__node;
 
+/* A graph has one element type (graph.c): its activations, conv weights and conv biases are
+ * all `dtype`; dtype_node is the node that fixed it (-1 until one did). GroupNorm gamma and
+ * beta and the per-channel ops' vectors are f32 in every graph. */
 struct cw_graph {
     cw_context *ctx;
     cw__node *nodes;
     int n, cap;
+    cw_dtype dtype;
+    int dtype_node;
     int n_inputs;
     int outputs[64];
     int n_outputs;
@@ -155,6 +160,7 @@ typedef struct cw__conv_info {
 struct cw_plan {
     cw_context *ctx;
     cw_compile_options opt;
+    cw_dtype dtype;        /* the graph's element type (f32 for a graph without activations) */
     int64_t budget;        /* <= 0 unlimited */
     int n_streams;         /* plan streams; heavy = max(1, n-1), light = n-1 (or 0) */
     cw__buf *bufs;

@@ -118,8 +118,8 @@ int main(void) {
     cw_tensor *ins[2] = {tx, small};
     EXPECT(cw_plan_run(plan, ins, 1, &ty, 1), CW_ERR_INVALID_ARG, "the plan has 2");
     cw_tensor *ins2[2] = {small, small};
-    EXPECT(cw_plan_run(plan, ins2, 2, &ty, 1), CW_ERR_INVALID_ARG, "inputs[0] ('x') is [1, 8, 8, 8]");
-    EXPECT(cw_plan_run(plan, ins, 2, &small, 1), CW_ERR_INVALID_ARG, "outputs[0] ('y') is [1, 8, 8, 8]");
+    EXPECT(cw_plan_run(plan, ins2, 2, &ty, 1), CW_ERR_INVALID_ARG, "inputs[0] ('x') is f32 [1, 8, 8, 8]");
+    EXPECT(cw_plan_run(plan, ins, 2, &small, 1), CW_ERR_INVALID_ARG, "outputs[0] ('y') is f32 [1, 8, 8, 8]");
     EXPECT(cw_plan_run(plan, ins, 2, &tx, 1), CW_ERR_INVALID_ARG, "overlaps inputs[0]");
     EXPECT(cw_plan_write_trace(plan, "/tmp/never.json"), CW_ERR_INVALID_ARG, "not run");
     ASSERT_STATUS(cw_plan_set_progress(NULL, progress, NULL), CW_ERR_INVALID_ARG);

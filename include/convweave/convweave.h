@@ -222,7 +222,15 @@ typedef struct cw_conv_params {
     }
 
 /* ---------------------------------------------------------------------------------------
- * Graph API: build a forward pass, compile it under a budget into a plan, run the plan. */
+ * Graph API: build a forward pass, compile it under a budget into a plan, run the plan.
+ *
+ * Element type: a graph is f32, f16 or bf16 as a whole. Its inputs, its activations, and the
+ * weights w and biases b of its convolutions all have that one dtype; the first input (or the
+ * first constant used as an activation) fixes it, and a node of another dtype is refused with
+ * CW_ERR_INVALID_ARG naming the node and both dtypes (there is no implicit cast). GroupNorm's
+ * gamma and beta and the per-channel ops' vectors (cw_graph_scale's s) are f32 in graphs of
+ * every dtype. Inside a plan, activations, patch buffers and band buffers take the graph's
+ * dtype; GroupNorm statistics stay double, its scale/shift and attention's scores f32. */
 typedef struct cw_graph cw_graph;
 typedef struct cw_plan cw_plan;
 typedef int32_t cw_node;
@@ -231,7 +239,8 @@ typedef int32_t cw_node;
 CW_API cw_status cw_graph_create(cw_graph **out, cw_context *ctx);
 /* Frees the graph; plans compiled from it stay valid. Accepts NULL. */
 CW_API void cw_graph_destroy(cw_graph *g);
-/* A runtime input bound at cw_plan_run; desc gives dtype and dims (strides ignored). */
+/* A runtime input bound at cw_plan_run; desc gives dtype and dims (strides ignored). Returns
+ * CW_ERR_INVALID_ARG for a dtype other than the graph's (see "Element type" above). */
 CW_API cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_tensor_desc *desc);
 /* A constant tensor (weights). Borrowed: t must outlive every plan compiled from g. */
 CW_API cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t);
@@ -239,7 +248,8 @@ CW_API cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, 
  * CW_NODE_NONE. */
 CW_API cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node b,
                                const cw_conv_params *p);
-/* GroupNorm over (C/groups, spatial) per sample, exact statistics; gamma, beta: [C]. */
+/* GroupNorm over (C/groups, spatial) per sample, exact statistics; gamma, beta: contiguous
+ * f32 constants [C] in graphs of every dtype. */
 CW_API cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamma, cw_node beta,
                                      int64_t groups, float eps);
 /* y = x * sigmoid(x). */
@@ -253,7 +263,9 @@ CW_API cw_status cw_graph_scale(cw_graph *g, cw_node *out, cw_node x, cw_node s)
 /* Nearest-neighbour upsampling by 2 in H and W (not D). */
 CW_API cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
 /* Single-head attention over the spatial positions: q, k, v: [N, C, H, W] (or 5-D),
- * y[n, :, t] = sum_s softmax_s(scale * q[n,:,t] . k[n,:,s]) v[n,:,s]. */
+ * y[n, :, t] = sum_s softmax_s(scale * q[n,:,t] . k[n,:,s]) v[n,:,s]. Computed in f32; in an
+ * f16/bf16 graph each sample's q, k, v and output are staged in f32 temporaries (16 * C *
+ * H * W bytes, from the temp budget). */
 CW_API cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
 /* Marks a node as the plan's next output: outputs are numbered from 0 in call order, and
  * cw_plan_run takes them in that order. name (may be NULL) names it in error messages. */
@@ -369,9 +381,10 @@ CW_API cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
  * long runs. fn NULL switches it off. Returns CW_ERR_INVALID_ARG for a NULL plan. */
 typedef void (*cw_progress_fn)(void *user, int64_t done, int64_t total);
 CW_API cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user);
-/* Describes the plan: per conv its patches (output rows, input rows, pre/post padding),
- * algorithm and workspace per patch, predicted peak temp, halo overhead. Returns a
- * NUL-terminated string the caller frees with cw_free. json != 0: JSON, else text. */
+/* Describes the plan: its dtype, per conv its patches (output rows, input rows, pre/post
+ * padding), algorithm, workspace and prep/band buffer bytes per patch, predicted peak temp,
+ * activation arena, halo overhead. Returns a NUL-terminated string the caller frees with
+ * cw_free. json != 0: JSON, else text. */
 CW_API cw_status cw_plan_describe(const cw_plan *p, char **out, int json);
 /* Writes a Chrome trace (Perfetto-compatible) JSON of the last run: one track per stream
  * and a counter track of temp bytes in use. Needs CW_FLAG_TIMING on the context. */
@@ -382,8 +395,9 @@ CW_API void cw_free(void *ptr);
 /* ---------------------------------------------------------------------------------------
  * One-call convolution: a one-node plan. y = conv(x, w) + b, b may be NULL.
  * x: [N, C, (D,) H, W], w: [K, C/groups, (kd,) kh, kw], y: [N, K, (Do,) Ho, Wo]; x and y may
- * be strided views; y must not overlap x. opt may be NULL (defaults: auto patches under the
- * context budget). Blocks until done. */
+ * be strided views; y must not overlap x. x, w, b and y share one dtype (f32, f16 or bf16;
+ * a backend without that dtype returns CW_ERR_UNSUPPORTED). opt may be NULL (defaults: auto
+ * patches under the context budget). Blocks until done. */
 CW_API cw_status cw_conv_forward(cw_context *ctx, const cw_tensor *x, const cw_tensor *w, const cw_tensor *b,
                                  cw_tensor *y, const cw_conv_params *p, const cw_compile_options *opt);
 /* Output descriptor (contiguous) of a convolution, validating every parameter. */
