@@ -1,6 +1,7 @@
-/* What a plan says about itself (cw_plan_describe): per conv its patches (output rows,
- * input rows, halo paddings), algorithm, workspace and stream, and the plan's predicted
- * peak temp, as text or JSON. */
+/* What a plan says about itself (cw_plan_describe): its element type, per conv its patches
+ * (output rows, input rows, halo paddings), algorithm, workspace, prep and band buffer
+ * bytes and stream, and the plan's predicted peak temp and activation arena, as text or
+ * JSON. */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -9,15 +10,23 @@
 
 #include "scheduler/sched.h"
 
+/* Bytes of buffer b when it is a temporary (a conv's prep or band buffer), else 0. */
+static int64_t cw__temp_bytes(const cw_plan *p, int b) {
+    return b >= 0 && p->bufs[b].kind == CW__B_TEMP ? p->bufs[b].bytes : 0;
+}
+
 static cJSON *cw__describe_json(const cw_plan *p) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
+    cJSON_AddStringToObject(root, "dtype", cw__dtype_name(p->dtype));
     cJSON_AddNumberToObject(root, "streams", p->n_streams);
     cJSON_AddNumberToObject(root, "budget", (double)p->budget);
     cJSON_AddNumberToObject(root, "temp_predicted", (double)p->temp_predicted);
     cJSON_AddNumberToObject(root, "tasks", p->n_tasks);
     cJSON_AddNumberToObject(root, "events", p->n_events);
     cJSON_AddNumberToObject(root, "weights_bytes", (double)p->weights_bytes);
+    cJSON_AddNumberToObject(root, "activations_peak", (double)p->act_bytes);
+    cJSON_AddNumberToObject(root, "activations_live_peak", (double)p->act_live_peak);
     cJSON_AddNumberToObject(root, "conv_gflop", p->conv_gflop);
     cJSON_AddNumberToObject(root, "halo_overhead_pct", p->stats.halo_overhead_pct);
     cJSON *convs = cJSON_AddArrayToObject(root, "convs");
@@ -47,6 +56,8 @@ static cJSON *cw__describe_json(const cw_plan *p) {
             cJSON_AddNumberToObject(q, "pad_post", (double)pr->pad_post[hp]);
             cJSON_AddStringToObject(q, "algo", t->u.conv.algo.name);
             cJSON_AddNumberToObject(q, "workspace", (double)t->u.conv.algo.workspace);
+            cJSON_AddNumberToObject(q, "prep_bytes", (double)cw__temp_bytes(p, t->u.conv.x.buf));
+            cJSON_AddNumberToObject(q, "band_bytes", (double)cw__temp_bytes(p, t->u.conv.y.buf));
             cJSON_AddNumberToObject(q, "stream", t->stream);
         }
     }
@@ -97,12 +108,14 @@ cw_status cw_plan_describe(const cw_plan *p, char **out, int json) {
         return *out ? CW_OK : cw__error(p->ctx, CW_ERR_OUT_OF_MEMORY, "cw_plan_describe: out of host memory");
     }
     cw__sb b = {0};
-    cw__sbf(&b, "plan: %d stream(s) (%d heavy + %d light), %d tasks, %d events, budget ", p->n_streams,
-            p->n_streams > 1 ? p->n_streams - 1 : 1, p->n_streams > 1 ? 1 : 0, p->n_tasks, p->n_events);
+    cw__sbf(&b, "plan: %d stream(s) (%d heavy + %d light), %d tasks, %d events, dtype %s, budget ", p->n_streams,
+            p->n_streams > 1 ? p->n_streams - 1 : 1, p->n_streams > 1 ? 1 : 0, p->n_tasks, p->n_events,
+            cw__dtype_name(p->dtype));
     if (p->budget > 0) cw__sbf(&b, "%.2f MiB", (double)p->budget / 1048576.0);
     else cw__sbf(&b, "unlimited");
-    cw__sbf(&b, ", predicted peak temp %.2f MiB, conv %.3f GFLOP, halo recompute %.3f%% FLOPs\n",
-            (double)p->temp_predicted / 1048576.0, p->conv_gflop, p->stats.halo_overhead_pct);
+    cw__sbf(&b, ", predicted peak temp %.2f MiB, activations %.2f MiB, conv %.3f GFLOP, halo recompute %.3f%% FLOPs\n",
+            (double)p->temp_predicted / 1048576.0, (double)p->act_bytes / 1048576.0, p->conv_gflop,
+            p->stats.halo_overhead_pct);
     for (int c = 0; c < p->n_convs; c++) {
         const cw__conv_info *ci = &p->convs[c];
         const cw__task *t0 = &p->tasks[ci->tasks[0]];
@@ -112,10 +125,14 @@ cw_status cw_plan_describe(const cw_plan *p, char **out, int json) {
             const cw__task *t = &p->tasks[ci->tasks[j]];
             const cw__conv_problem *pr = &t->u.conv.prob;
             int hd = pr->spatial, hp = pr->spatial - 2;
+            int64_t pb = cw__temp_bytes(p, t->u.conv.x.buf), yb = cw__temp_bytes(p, t->u.conv.y.buf);
             cw__sbf(&b, "    patch %d/%d: out rows [%" PRId64 ", %" PRId64 ") <- in rows %" PRId64
-                        " pad %" PRId64 "/%" PRId64 ", workspace %" PRId64 " B, stream %d\n",
+                        " pad %" PRId64 "/%" PRId64 ", workspace %" PRId64 " B",
                     j + 1, ci->patches, t->u.conv.y.start[hd], t->u.conv.y.start[hd] + t->u.conv.y.dims[hd],
-                    pr->x.dims[hd], pr->pad_pre[hp], pr->pad_post[hp], t->u.conv.algo.workspace, t->stream);
+                    pr->x.dims[hd], pr->pad_pre[hp], pr->pad_post[hp], t->u.conv.algo.workspace);
+            if (pb) cw__sbf(&b, ", prep buffer %" PRId64 " B", pb);
+            if (yb) cw__sbf(&b, ", band buffer %" PRId64 " B", yb);
+            cw__sbf(&b, ", stream %d\n", t->stream);
         }
     }
     if (b.oom) {
