@@ -67,6 +67,15 @@ expect 2 "trunc.safetensors|offset|header" -- --preset tiny --weights "$tmp/trun
 printf 'not a latent' >"$tmp/bad.npy"
 expect 2 "bad.npy"            -- --preset tiny --random-weights --latent "$tmp/bad.npy"
 expect 2 "unrecognized|unknown|invalid" -- --preset tiny --random-weights --no-such-flag
+# --dtype f16/bf16 builds its graph in that dtype (weights of an F16 file as they are), but
+# the cpu backend has no half-precision kernels yet: a one-line refusal naming the flag, the
+# backend and the library's reason, no output written (these two decode once it has them)
+expect 2 "^cw-vae: --dtype f16 is unsupported on the cpu backend: .*f16" -- --preset tiny \
+    --weights "$fx/tiny_vae_f16.safetensors" --latent "$fx/tiny_latent.npy" --backend cpu --dtype f16 -o "$tmp/h.png"
+expect 2 "^cw-vae: --dtype bf16 is unsupported on the cpu backend: .*bf16" -- --preset tiny --random-weights \
+    --backend cpu --dtype bf16 --size 64 -o "$tmp/h.png"
+n=$((n + 1))
+[ ! -e "$tmp/h.png" ] || { echo "FAIL: a refused --dtype wrote an output" >&2; fail=$((fail + 1)); }
 
 # 3. a failing run leaves an existing output as it was
 echo "precious" >"$tmp/keep.png"

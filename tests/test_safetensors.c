@@ -1,6 +1,7 @@
-/* cw-vae safetensors reader/writer: exact F16/BF16 conversion against independent
- * references (exhaustive), round trips, every malformed-header case with its message,
- * the regression corpus, every truncation of valid files, random byte corruption. */
+/* cw-vae safetensors reader/writer: reading a tensor as its own dtype (the file's bits) or
+ * converted to another (against independent references; the conversions themselves are
+ * test_half's), round trips, every malformed-header case with its message, the regression
+ * corpus, every truncation of valid files, random byte corruption. */
 #include <dirent.h>
 #include <errno.h>
 #include <sys/stat.h>
@@ -65,74 +66,74 @@ static uint16_t ref_round(double x, double (*val)(uint16_t), uint16_t maxfin, do
     return sign | c;
 }
 
-static void test_conversions(cw_rng *r) {
-    int bad = 0;
-    for (uint32_t i = 0; i < 65536; i++) {
-        uint16_t h = (uint16_t)i;
-        float f = st_f16_to_f32(h);
-        double ref = ref_f16(h);
-        if (isnan(ref)) {
-            /* NaN: sign and payload kept in the top mantissa bits */
-            if (!isnan(f) || (fbits(f) >> 31) != (h >> 15u) || ((fbits(f) >> 13) & 1023u) != (h & 1023u)) bad++;
-        } else if ((double)f != ref || !signbit(f) != !signbit(ref)) {
-            if (bad++ < 5) fprintf(stderr, "f16 0x%04x -> %.9g, want %.9g\n", h, f, ref);
-        }
-#if defined(__FLT16_MAX__)
-        _Float16 hf;
-        memcpy(&hf, &h, 2);
-        if (!isnan(ref) && fbits((float)hf) != fbits(f)) bad++; /* compiler's own conversion */
-#endif
-        float b = st_bf16_to_f32(h);
-        double rb = ref_bf16(h);
-        if (isnan(rb) ? !isnan(b) : ((double)b != rb || !signbit(b) != !signbit(rb))) bad++;
-    }
-    ASSERT_EQ_I(bad, 0);
-
-    /* f32 -> f16 / bf16: every f16 midpoint and its neighbours (the ties), then random bits */
-    int n = 0;
-    for (uint32_t i = 0; i < 0x7c00; i++) {
-        double mid = (ref_f16((uint16_t)i) + (i == 0x7bff ? 65536.0 : ref_f16((uint16_t)(i + 1)))) / 2;
-        float m = (float)mid;
-        float cand[3] = {nextafterf(m, -INFINITY), m, nextafterf(m, INFINITY)};
-        for (int k = 0; k < 3; k++)
-            for (int sgn = 0; sgn < 2; sgn++) {
-                float x = sgn ? -cand[k] : cand[k];
-                uint16_t got = st_f32_to_f16(x), want = ref_round(x, ref_f16, 0x7bff, 65536.0, 0x7c00);
-                if (got != want && bad++ < 5) fprintf(stderr, "f32 %.9g -> f16 0x%04x, want 0x%04x\n", x, got, want);
-                n++;
-            }
-    }
-    int iters = cw_test_quick() ? 100000 : 1000000;
-    for (int i = 0; i < iters; i++) {
-        uint32_t u = (uint32_t)cw_rng_next(r);
-        if (i & 1) u = (u & 0x807fffffu) | ((uint32_t)cw_rng_range(r, 96, 150) << 23); /* near f16 range */
-        float x;
-        memcpy(&x, &u, 4);
-        uint16_t got = st_f32_to_f16(x);
-        if (isnan(x)) {
-            if (!isnan(st_f16_to_f32(got))) bad++;
-        } else if (got != ref_round(x, ref_f16, 0x7bff, 65536.0, 0x7c00)) {
-            if (bad++ < 5) fprintf(stderr, "f32 0x%08x -> f16 0x%04x\n", u, got);
-        }
-#if defined(__FLT16_MAX__)
-        _Float16 hf = (_Float16)x;
-        uint16_t hb;
-        memcpy(&hb, &hf, 2);
-        if (!isnan(x) && hb != got) bad++;
-#endif
-        uint16_t gb = st_f32_to_bf16(x);
-        if (isnan(x)) {
-            if (!isnan(st_bf16_to_f32(gb))) bad++;
-        } else if (gb != ref_round(x, ref_bf16, 0x7f7f, ldexp(1.0, 128), 0x7f80)) {
-            if (bad++ < 5) fprintf(stderr, "f32 0x%08x -> bf16 0x%04x\n", u, gb);
-        }
-        n++;
-    }
-    ASSERT_EQ_I(bad, 0);
-    fprintf(stderr, "conversions: 65536 f16 + 65536 bf16 codes, %d f32 roundings exact\n", n);
-}
-
 /* ---- files ---- */
+
+/* st_read as the tensor's own dtype hands back the file's bits: a signalling NaN stays
+ * signalling, which a round trip through f32 would have made quiet; as another dtype, every
+ * code is the reference rounding of its exact value. */
+static void test_read_as(void) {
+    char err[512];
+    enum { N = 65536 };
+    uint16_t *codes = malloc(N * 2), *got = malloc(N * 2);
+    float *f = malloc(N * 4), *fg = malloc(N * 4);
+    ASSERT_TRUE(codes && got && f && fg);
+    for (int i = 0; i < N; i++) codes[i] = (uint16_t)i;
+    for (int i = 0; i < N; i++) f[i] = ldexpf((float)(i % 2001) - 1000.0f, i % 61 - 40); /* wide range, ties */
+    f[0] = NAN, f[1] = -INFINITY, f[2] = 65520.0f, f[3] = 1e-8f;
+    const char *names[] = {"h", "b", "f"};
+    st_dtype dts[] = {ST_F16, ST_BF16, ST_F32};
+    int64_t sh[] = {N};
+    const int64_t *shapes[] = {sh, sh, sh};
+    int ranks[] = {1, 1, 1};
+    const void *data[] = {codes, codes, f};
+    const char *p = cw_test_path("read_as.safetensors");
+    if (st_write_raw(p, 3, names, dts, shapes, ranks, data, NULL, err, sizeof err) != 0) {
+        fprintf(stderr, "st_write_raw: %s\n", err);
+        exit(1);
+    }
+    st_file *sf = NULL;
+    ASSERT_EQ_I(st_open(&sf, p, err, sizeof err), 0);
+    int bad = 0;
+    /* own dtype: the bits, signalling NaNs included (0x7c01 through f32 comes back 0x7e01) */
+    ASSERT_EQ_I(st_read(sf, st_find(sf, "h"), ST_F16, got, N, err, sizeof err), 0);
+    bad += memcmp(got, codes, N * 2) != 0;
+    uint16_t snan = 0x7c01, rt;
+    float wide;
+    ASSERT_OK(cw_dtype_convert(&wide, CW_F32, &snan, CW_F16, 1));
+    ASSERT_OK(cw_dtype_convert(&rt, CW_F16, &wide, CW_F32, 1));
+    CHECK(rt != snan && got[0x7c01] == 0x7c01);
+    ASSERT_EQ_I(st_read(sf, st_find(sf, "b"), ST_BF16, got, N, err, sizeof err), 0);
+    bad += memcmp(got, codes, N * 2) != 0;
+    ASSERT_EQ_I(st_read(sf, st_find(sf, "f"), ST_F32, fg, N, err, sizeof err), 0);
+    for (int i = 0; i < N; i++) bad += fbits(fg[i]) != fbits(f[i]);
+    /* other dtypes: one rounding of the exact value */
+    ASSERT_EQ_I(st_read(sf, st_find(sf, "h"), ST_BF16, got, N, err, sizeof err), 0);
+    for (int i = 0; i < N; i++) {
+        double v = ref_f16(codes[i]);
+        if (isnan(v)) bad += (got[i] & 0x7f80) != 0x7f80 || !(got[i] & 0x7f);
+        else bad += got[i] != ref_round(v, ref_bf16, 0x7f7f, ldexp(1.0, 128), 0x7f80);
+    }
+    ASSERT_EQ_I(st_read(sf, st_find(sf, "b"), ST_F16, got, N, err, sizeof err), 0);
+    for (int i = 0; i < N; i++) {
+        double v = ref_bf16(codes[i]);
+        if (isnan(v)) bad += (got[i] & 0x7c00) != 0x7c00 || !(got[i] & 0x3ff);
+        else bad += got[i] != ref_round(v, ref_f16, 0x7bff, 65536.0, 0x7c00);
+    }
+    ASSERT_EQ_I(st_read(sf, st_find(sf, "f"), ST_F16, got, N, err, sizeof err), 0);
+    for (int i = 1; i < N; i++) bad += got[i] != ref_round(f[i], ref_f16, 0x7bff, 65536.0, 0x7c00);
+    CHECK((got[0] & 0x7c00) == 0x7c00 && (got[0] & 0x3ff)); /* NaN */
+    CHECK(got[2] == 0x7c00);                                 /* 65520: the tie goes to inf */
+    ASSERT_EQ_I(st_read(sf, st_find(sf, "h"), ST_F32, fg, N, err, sizeof err), 0);
+    for (int i = 0; i < N; i++) {
+        double v = ref_f16(codes[i]);
+        bad += isnan(v) ? !isnan(fg[i]) : (double)fg[i] != v;
+    }
+    ASSERT_EQ_I(st_read(sf, st_find(sf, "h"), (st_dtype)9, got, N, err, sizeof err), -1);
+    CHECK_SUBSTR(err, "unknown destination dtype 9");
+    ASSERT_EQ_I(bad, 0);
+    st_close(sf);
+    free(codes), free(got), free(f), free(fg);
+}
 
 static void test_round_trip(cw_rng *r) {
     char err[512];
@@ -145,8 +146,8 @@ static void test_round_trip(cw_rng *r) {
     b[1] = NAN;
     b[2] = -INFINITY;
     for (int i = 0; i < NC; i++) c[i] = cw_rng_float(r) * 1e30f;
-    for (int i = 0; i < NB; i++) b16[i] = st_f32_to_f16(b[i]);
-    for (int i = 0; i < NC; i++) c16[i] = st_f32_to_bf16(c[i]);
+    ASSERT_OK(cw_dtype_convert(b16, CW_F16, b, CW_F32, NB));
+    ASSERT_OK(cw_dtype_convert(c16, CW_BF16, c, CW_F32, NC));
     const char *names[] = {"decoder.conv_in.weight", "b \"quoted\\\" name", "c", "scalar", "empty"};
     st_dtype dts[] = {ST_F32, ST_F16, ST_BF16, ST_F32, ST_F16};
     int64_t sa[] = {2, 3, 5}, sb[] = {NB}, sc[] = {2, 2}, se[] = {3, 0};
@@ -470,6 +471,17 @@ static void test_fixtures(void) {
             double wb = ref_bf16(ref_round(x[k], ref_bf16, 0x7f7f, ldexp(1.0, 128), 0x7f80));
             if ((double)y[k] != wh || (double)z[k] != wb) bad++;
         }
+        /* the f32 file read as f16 / bf16 is the half files' bits read as themselves */
+        uint16_t *u = malloc(n * 2 + 2), *v = malloc(n * 2 + 2);
+        ASSERT_TRUE(u && v);
+        ASSERT_EQ_I(st_read(a, t, ST_F16, u, n, err, sizeof err), 0);
+        ASSERT_EQ_I(st_read(h, th, ST_F16, v, n, err, sizeof err), 0);
+        bad += memcmp(u, v, n * 2) != 0;
+        ASSERT_EQ_I(st_read(a, t, ST_BF16, u, n, err, sizeof err), 0);
+        ASSERT_EQ_I(st_read(bf, tb, ST_BF16, v, n, err, sizeof err), 0);
+        bad += memcmp(u, v, n * 2) != 0;
+        free(u);
+        free(v);
         total += (int64_t)n;
         free(x);
         free(y);
@@ -519,7 +531,7 @@ static void test_write_errors(void) {
 int main(void) {
     cw_rng r = {cw_test_seed(20240611)};
     const char *tmpdir = cw_test_tmpdir("cw_test_st_");
-    test_conversions(&r);
+    test_read_as();
     test_round_trip(&r);
     test_malformed();
     test_corpus();

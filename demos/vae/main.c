@@ -666,6 +666,7 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
         st = vae_run(m, plan, jb->in, out, res->err, sizeof(res->err));
         double t = now_ms() - t0;
         if (st != CW_OK) {
+            if (st == CW_ERR_UNSUPPORTED) explain_dtype(o, res);
             code = exit_for(st);
             goto done;
         }

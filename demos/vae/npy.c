@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "safetensors.h" /* f16 conversion, atomic replacement */
+#include "safetensors.h" /* atomic replacement; convweave.h for cw_dtype_convert */
 
 void npy_free(npy_array *a) {
     if (!a) return;
@@ -205,7 +205,8 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
     const uint8_t *p = buf + off;
     for (uint64_t i = 0; i < numel; i++, p += es) {
         if (es == 2) {
-            a.data[i] = st_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+            uint16_t hb = (uint16_t)(p[0] | p[1] << 8);
+            cw_dtype_convert(&a.data[i], CW_F32, &hb, CW_F16, 1);
         } else if (es == 4) {
             uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
             memcpy(&a.data[i], &u, 4);

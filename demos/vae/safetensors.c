@@ -1,6 +1,7 @@
 /* .safetensors parsing (cJSON header, strict validation with messages naming the key,
- * offset or byte), F16/BF16 -> F32 conversion, and the writer with atomic replacement.
- * Uses libc and cJSON only: the fuzz target links this file alone. */
+ * offset or byte), reading a tensor in the dtype it is stored in or converted to another
+ * (cw_dtype_convert), and the writer with atomic replacement. Uses libc, cJSON and the
+ * library's conversion file (lib/core/half.c) only: the fuzz target links just those. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -57,61 +58,6 @@ size_t st_dtype_size(st_dtype dt) {
     case ST_BF16: return 2;
     }
     return 0;
-}
-
-/* ---- conversions (bit manipulation, so they do not depend on the FPU's modes) ---- */
-
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-float st_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13)); /* inf, NaN payload kept */
-    if (exp == 0) {
-        if (mant == 0) return bits_f32(sign);
-        /* subnormal mant * 2^-24: normalise so the leading one becomes the implicit bit */
-        int e = -1;
-        do {
-            e++;
-            mant <<= 1;
-        } while (!(mant & 0x400u));
-        return bits_f32(sign | ((uint32_t)(112 - e) << 23) | ((mant & 0x3ffu) << 13));
-    }
-    return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-float st_bf16_to_f32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
-
-uint16_t st_f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* inf, or NaN kept quiet with the top payload bits */
-        return (uint16_t)(sign | (ax > 0x7f800000u ? 0x7e00u | ((ax >> 13) & 0x3ffu) : 0x7c00u));
-    if (ax >= 0x47800000u) return (uint16_t)(sign | 0x7c00u); /* >= 2^16: overflow */
-    if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal */
-        if (ax < 0x33000000u) return sign;                    /* <= 2^-25 rounds to 0 */
-        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126u - e, q = m >> shift, rem = m & ((1u << shift) - 1u);
-        uint32_t half = 1u << (shift - 1u);
-        if (rem > half || (rem == half && (q & 1u))) q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t bits = (((ax >> 23) - 112u) << 10) | ((ax >> 13) & 0x3ffu), rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (bits & 1u))) bits++; /* carry may give inf */
-    return (uint16_t)(sign | bits);
-}
-
-uint16_t st_f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
 static uint64_t le64(const uint8_t *p) {
@@ -419,27 +365,41 @@ const char *st_metadata(const st_file *f, const char *key) {
     return NULL;
 }
 
-int st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n, char *err, size_t errlen) {
-    if (!f || !t) return st_errf(err, errlen, "st_read_f32: NULL file or tensor");
-    if (t < f->t || t >= f->t + f->n) return st_errf(err, errlen, "st_read_f32: tensor is not from this file");
+static cw_dtype st_cw_dtype(st_dtype dt) { return dt == ST_F16 ? CW_F16 : dt == ST_BF16 ? CW_BF16 : CW_F32; }
+
+int st_read(const st_file *f, const st_tensor *t, st_dtype as, void *dst, size_t n, char *err, size_t errlen) {
+    if (!f || !t) return st_errf(err, errlen, "st_read: NULL file or tensor");
+    if (t < f->t || t >= f->t + f->n) return st_errf(err, errlen, "st_read: tensor is not from this file");
+    if (st_dtype_size(as) == 0) return st_errf(err, errlen, "st_read: unknown destination dtype %d", (int)as);
     if ((uint64_t)n != (uint64_t)t->numel)
         return st_errf(err, errlen, "tensor '%s' has %" PRId64 " elements, the destination holds %zu", t->name,
                       t->numel, n);
     if (n && !dst) return st_errf(err, errlen, "tensor '%s': NULL destination", t->name);
+    const size_t es = st_dtype_size(t->dtype), eo = st_dtype_size(as);
     const uint8_t *p = t->data;
-    switch (t->dtype) {
-    case ST_F32:
-        for (size_t i = 0; i < n; i++, p += 4)
-            dst[i] = bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-        break;
-    case ST_F16:
-        for (size_t i = 0; i < n; i++, p += 2) dst[i] = st_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
-        break;
-    case ST_BF16:
-        for (size_t i = 0; i < n; i++, p += 2) dst[i] = st_bf16_to_f32((uint16_t)(p[0] | p[1] << 8));
-        break;
+    enum { CHUNK = 1024 };
+    uint32_t tmp[CHUNK]; /* the file's elements in host byte order, before a conversion */
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t m = n - i < CHUNK ? n - i : CHUNK;
+        uint8_t *out = (uint8_t *)dst + i * eo;
+        void *host = as == t->dtype ? (void *)out : (void *)tmp; /* same dtype: the file's bits */
+        for (size_t k = 0; k < m; k++, p += es) {
+            if (es == 4) {
+                uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+                memcpy((uint8_t *)host + 4 * k, &u, 4);
+            } else {
+                uint16_t u = (uint16_t)(p[0] | p[1] << 8);
+                memcpy((uint8_t *)host + 2 * k, &u, 2);
+            }
+        }
+        if (as != t->dtype && cw_dtype_convert(out, st_cw_dtype(as), tmp, st_cw_dtype(t->dtype), (int64_t)m) != CW_OK)
+            return st_errf(err, errlen, "tensor '%s': conversion failed", t->name);
     }
     return 0;
+}
+
+int st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n, char *err, size_t errlen) {
+    return st_read(f, t, ST_F32, dst, n, err, errlen);
 }
 
 /* ---- atomic replacement ---- */

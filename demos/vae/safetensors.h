@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "convweave/convweave.h" /* cw_dtype_convert */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -52,17 +54,15 @@ const st_tensor *st_find(const st_file *f, const char *key);
 /* "__metadata__" string for key, or NULL (also when the file has no metadata). */
 const char *st_metadata(const st_file *f, const char *key);
 
-/* Converts t's data (F32, F16 or BF16; subnormals, inf and NaN exact) into dst, which
- * holds n floats; n must equal t->numel. Returns 0, or -1 with a message. */
+/* Reads t's data into dst as n elements of dtype `as`, in host byte order; n must equal
+ * t->numel. When `as` is t's dtype, dst gets the file's bits unchanged (an F16 weight used as
+ * f16 is never widened to f32 and back); else they are converted with cw_dtype_convert:
+ * widening to F32 is exact, narrowing rounds to nearest, ties to even. Returns 0, or -1
+ * with a message. */
+int st_read(const st_file *f, const st_tensor *t, st_dtype as, void *dst, size_t n, char *err, size_t errlen);
+/* st_read as F32: dst holds n floats. */
 int st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n, char *err,
                 size_t errlen);
-
-/* Bit-exact conversions used by st_read_f32 (and by tests / writers). */
-float st_f16_to_f32(uint16_t h);
-float st_bf16_to_f32(uint16_t b);
-/* Round-to-nearest-even f32 -> f16 / bf16 (NaN stays NaN, overflow gives inf). */
-uint16_t st_f32_to_f16(float f);
-uint16_t st_f32_to_bf16(float f);
 
 /* Writes n tensors to path: names[i] with ranks[i] dims shapes[i]; data[i] holds the
  * tensor in dtypes[i]'s little-endian bytes (raw) or as floats (st_write, all F32).

@@ -171,25 +171,45 @@ static int lookup(vae_weights *w, const char *key, int rank, const int64_t *shap
     return 0;
 }
 
-int vae_weights_get(vae_weights *w, const char *key, int rank, const int64_t *shape, float *dst, char *err,
-                    size_t errlen) {
+static void index_str(char *buf, size_t len, float v, int64_t i, int rank, const int64_t *dims);
+
+static st_dtype st_of(cw_dtype dt) { return dt == CW_F16 ? ST_F16 : dt == CW_BF16 ? ST_BF16 : ST_F32; }
+
+int vae_weights_get_as(vae_weights *w, const char *key, int rank, const int64_t *shape, cw_dtype dt, void *dst,
+                       char *err, size_t errlen) {
     int64_t n = 1;
     for (int i = 0; i < rank; i++) n *= shape[i];
+    if (cw_dtype_size(dt) == 0) return st_errf(err, errlen, "weights: key '%s': dtype %d is not a cw_dtype", key, (int)dt);
     if (!w->st) {
-        random_fill(w->seed, key, rank, shape, dst, n);
+        if (dt == CW_F32) {
+            random_fill(w->seed, key, rank, shape, dst, n);
+            return 0;
+        }
+        float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
+        if (!f) return st_errf(err, errlen, "weights: key '%s': out of memory", key);
+        random_fill(w->seed, key, rank, shape, f, n);
+        cw_dtype_convert(dst, dt, f, CW_F32, n);
+        free(f);
         return 0;
     }
     const st_tensor *t;
     if (lookup(w, key, rank, shape, &t, err, errlen)) return -1;
     char msg[VAE_ERR_LEN];
-    if (st_read_f32(w->st, t, dst, (size_t)n, msg, sizeof(msg)))
+    if (st_read(w->st, t, st_of(dt), dst, (size_t)n, msg, sizeof(msg)))
         return st_errf(err, errlen, "weights: key '%s': %s", key, msg);
-    int64_t bad = w->allow_nonfinite ? -1 : vae_find_nonfinite(dst, n);
+    int64_t bad = w->allow_nonfinite ? -1 : vae_find_nonfinite_as(dst, dt, n);
     if (bad >= 0) {
-        vae_index_str(msg, sizeof(msg), dst, bad, t->rank, t->shape);
+        float v;
+        cw_dtype_convert(&v, CW_F32, (const char *)dst + bad * (int64_t)cw_dtype_size(dt), dt, 1);
+        index_str(msg, sizeof(msg), v, bad, t->rank, t->shape);
         return st_errf(err, errlen, "weights: key '%s' has %s (--allow-nonfinite loads it anyway)", t->name, msg);
     }
     return 0;
+}
+
+int vae_weights_get(vae_weights *w, const char *key, int rank, const int64_t *shape, float *dst, char *err,
+                    size_t errlen) {
+    return vae_weights_get_as(w, key, rank, shape, CW_F32, dst, err, errlen);
 }
 
 /* ---- the graph builder -------------------------------------------------------------------- */
@@ -211,8 +231,7 @@ typedef struct bld {
     cw_status st;
     char *err;
     size_t errlen;
-    float *buf;            /* f32 staging for one weight */
-    void *cvt;             /* dtype staging */
+    float *buf;            /* staging for one weight (room for its elements as f32) */
     size_t buf_cap;
     int64_t count;         /* count mode: f32 bytes of the weights walked */
     int stages;            /* record block outputs in m->stage */
@@ -229,9 +248,6 @@ static int grow(bld *b, size_t n) {
     float *p = realloc(b->buf, n * sizeof(float));
     if (!p) return -1;
     b->buf = p;
-    void *q = realloc(b->cvt, n * sizeof(float));
-    if (!q) return -1;
-    b->cvt = q;
     b->buf_cap = n;
     return 0;
 }
@@ -280,7 +296,9 @@ static void export_param(bld *b, const char *key, int rank, const int64_t *shape
     x->n++;
 }
 
-static cw_node param(bld *b, const char *key, int rank, const int64_t *shape) {
+/* Weight `key` as a constant of dtype dt (the model's for conv weights and biases, f32 for
+ * GroupNorm's gamma and beta). */
+static cw_node param(bld *b, const char *key, int rank, const int64_t *shape, cw_dtype dt) {
     if (b->st != CW_OK) return CW_NODE_NONE;
     if (!b->m && b->exp) {
         export_param(b, key, rank, shape);
@@ -303,12 +321,12 @@ static cw_node param(bld *b, const char *key, int rank, const int64_t *shape) {
         st_errf(b->err, b->errlen, "out of memory loading '%s'", key);
         return CW_NODE_NONE;
     }
-    if (vae_weights_get(b->w, key, rank, shape, b->buf, b->err, b->errlen)) {
+    if (vae_weights_get_as(b->w, key, rank, shape, dt, b->buf, b->err, b->errlen)) {
         b->st = CW_ERR_FORMAT;
         return CW_NODE_NONE;
     }
     cw_tensor_desc d;
-    cw_status st = cw_tensor_desc_make(&d, m->dtype, rank, shape);
+    cw_status st = cw_tensor_desc_make(&d, dt, rank, shape);
     if (st != CW_OK) {
         fail_ctx(b, st, key);
         return CW_NODE_NONE;
@@ -331,15 +349,8 @@ static cw_node param(bld *b, const char *key, int rank, const int64_t *shape) {
         return CW_NODE_NONE;
     }
     m->consts[m->n_consts++] = t;
-    const void *src = b->buf;
-    size_t bytes = (size_t)n * sizeof(float);
-    if (m->dtype != CW_F32) {
-        uint16_t *h = b->cvt;
-        for (int64_t i = 0; i < n; i++) h[i] = m->dtype == CW_F16 ? st_f32_to_f16(b->buf[i]) : st_f32_to_bf16(b->buf[i]);
-        src = h;
-        bytes = (size_t)n * 2;
-    }
-    st = cw_tensor_upload(t, src, bytes);
+    size_t bytes = (size_t)n * cw_dtype_size(dt);
+    st = cw_tensor_upload(t, b->buf, bytes);
     if (st != CW_OK) {
         fail_ctx(b, st, key);
         return CW_NODE_NONE;
@@ -377,8 +388,8 @@ static cw_node conv_p(bld *b, cw_node x, const char *prefix, int64_t cin, int64_
     join(kw, prefix, ".weight");
     join(kb, prefix, ".bias");
     int64_t ws[4] = {cout, cin, k, k}, bs[1] = {cout};
-    cw_node w = param(b, kw, 4, ws);
-    cw_node bias = param(b, kb, 1, bs);
+    cw_node w = param(b, kw, 4, ws, b->m ? b->m->dtype : CW_F32);
+    cw_node bias = param(b, kb, 1, bs, b->m ? b->m->dtype : CW_F32);
     cw_node y = CW_NODE_NONE;
     GRAPH_OP(b, prefix, cw_graph_conv(b->g, &y, x, w, bias, p));
     return y;
@@ -396,8 +407,8 @@ static cw_node group_norm(bld *b, cw_node x, const char *prefix, int64_t c) {
     join(kw, prefix, ".weight");
     join(kb, prefix, ".bias");
     int64_t s[1] = {c};
-    cw_node gamma = param(b, kw, 1, s);
-    cw_node beta = param(b, kb, 1, s);
+    cw_node gamma = param(b, kw, 1, s, CW_F32);
+    cw_node beta = param(b, kb, 1, s, CW_F32);
     cw_node y = CW_NODE_NONE;
     GRAPH_OP(b, prefix, cw_graph_group_norm(b->g, &y, x, gamma, beta, b->cfg->groups, b->cfg->eps));
     return y;
@@ -789,12 +800,10 @@ cw_status vae_build(vae_model **out, cw_context *ctx, const vae_config *cfg, vae
         goto fail;
     }
     free(b.buf);
-    free(b.cvt);
     *out = m;
     return CW_OK;
 fail:
     free(b.buf);
-    free(b.cvt);
     vae_model_destroy(m);
     return b.st != CW_OK ? b.st : CW_ERR_INTERNAL;
 }
@@ -812,14 +821,6 @@ cw_status vae_compile(vae_model *m, const cw_compile_options *opt, cw_plan **pla
     cw_status st = cw_graph_compile(m->graph, plan, opt);
     if (st != CW_OK) st_errf(err, errlen, "compile: %s", cw_context_get_last_error(m->ctx));
     return st;
-}
-
-static void to_half(cw_dtype dt, const float *x, uint16_t *h, int64_t n) {
-    for (int64_t i = 0; i < n; i++) h[i] = dt == CW_F16 ? st_f32_to_f16(x[i]) : st_f32_to_bf16(x[i]);
-}
-
-static void from_half(cw_dtype dt, const uint16_t *h, float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = dt == CW_F16 ? st_f16_to_f32(h[i]) : st_bf16_to_f32(h[i]);
 }
 
 /* Runs plan with ny outputs: ys[i] (host f32) receive outputs whose descs are yd[i]. */
@@ -846,8 +847,8 @@ static cw_status run_outputs(vae_model *m, cw_plan *plan, const float *in, int n
             st = CW_ERR_OUT_OF_MEMORY;
             goto done;
         }
-        to_half(m->dtype, in, tmp, nin);
-        st = cw_tensor_upload(x, tmp, (size_t)nin * es);
+        st = cw_dtype_convert(tmp, m->dtype, in, CW_F32, nin); /* rounds to nearest, ties to even */
+        if (st == CW_OK) st = cw_tensor_upload(x, tmp, (size_t)nin * es);
     }
     if (st != CW_OK) goto done;
     what = "run";
@@ -860,7 +861,7 @@ static cw_status run_outputs(vae_model *m, cw_plan *plan, const float *in, int n
             st = cw_tensor_download(y[i], ys[i], (size_t)n * es);
         } else {
             st = cw_tensor_download(y[i], tmp, (size_t)n * es);
-            if (st == CW_OK) from_half(m->dtype, tmp, ys[i], n);
+            if (st == CW_OK) st = cw_dtype_convert(ys[i], CW_F32, tmp, m->dtype, n);
         }
     }
 done:
@@ -987,7 +988,20 @@ int64_t vae_find_nonfinite(const float *x, int64_t n) {
     return -1;
 }
 
+int64_t vae_find_nonfinite_as(const void *x, cw_dtype dt, int64_t n) {
+    if (dt == CW_F32) return vae_find_nonfinite(x, n);
+    const uint16_t *h = x, exp = dt == CW_F16 ? 0x7c00 : 0x7f80; /* all-ones exponent: inf or NaN */
+    for (int64_t i = 0; i < n; i++)
+        if ((h[i] & exp) == exp) return i;
+    return -1;
+}
+
 void vae_index_str(char *buf, size_t len, const float *x, int64_t i, int rank, const int64_t *dims) {
+    index_str(buf, len, x[i], i, rank, dims);
+}
+
+/* "NaN at [n, c, y, x] (flat index i)" for the value v at flat index i. */
+static void index_str(char *buf, size_t len, float v, int64_t i, int rank, const int64_t *dims) {
     int64_t idx[8] = {0}, r = i;
     if (rank < 1 || rank > 8) rank = 1;
     for (int d = rank - 1; d >= 0; d--) {
@@ -995,7 +1009,7 @@ void vae_index_str(char *buf, size_t len, const float *x, int64_t i, int rank, c
         idx[d] = r % n;
         r /= n;
     }
-    size_t o = (size_t)snprintf(buf, len, "%s at [", isnan(x[i]) ? "NaN" : x[i] > 0 ? "+Inf" : "-Inf");
+    size_t o = (size_t)snprintf(buf, len, "%s at [", isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf");
     for (int d = 0; d < rank && o < len; d++) o += (size_t)snprintf(buf + o, len - o, "%s%" PRId64, d ? ", " : "", idx[d]);
     if (o < len) snprintf(buf + o, len - o, "] (flat index %" PRId64 ")", i);
 }

@@ -90,6 +90,12 @@ int vae_weights_parts(const vae_weights *w);
  * (missing) or the key and both shapes (mis-shaped). */
 int vae_weights_get(vae_weights *w, const char *key, int rank, const int64_t *shape, float *dst,
                     char *err, size_t errlen);
+/* vae_weights_get into dst as numel(shape) elements of dt: a file's F16/BF16 tensor read as
+ * that same dtype keeps its bits (no round trip through f32); any other pair is converted
+ * (cw_dtype_convert: widening exact, narrowing to nearest, ties to even); random weights are
+ * drawn in f32 and rounded. Non-finite values are refused as vae_weights_get does. */
+int vae_weights_get_as(vae_weights *w, const char *key, int rank, const int64_t *shape, cw_dtype dt, void *dst,
+                       char *err, size_t errlen);
 /* Checks, without reading data, every key of the halves in `parts` and of every half the
  * file holds keys of (presence and shape), then that the file has no other key: a key no
  * half of cfg consumes (another architecture's weights) is an error naming it and what the
@@ -131,6 +137,8 @@ typedef struct vae_model {
  * first, then logvar) as one graph over the whole batch: loads every weight from w into a
  * constant tensor of dtype dt on ctx. stages != 0 also marks the output of every block as
  * a graph output after the main one (a diagnostic build, see vae_first_nonfinite_stage).
+ * Conv weights and biases are dt (read without a round trip through f32 when the file
+ * stores them as dt); GroupNorm gamma and beta are f32, as graphs of every dtype take them.
  * Returns CW_OK; CW_ERR_FORMAT/CW_ERR_INVALID_ARG for missing/mis-shaped/non-finite
  * weights or a bad config (message in err); other statuses come from the library (err
  * holds the context's message). *out is NULL on failure. */
@@ -157,6 +165,8 @@ int vae_tensor_load(const char *flag, const char *path, float **out, int64_t dim
 int vae_latent_load(const char *path, float **out, int64_t dims[4], char *err, size_t errlen);
 /* Index of the first NaN/Inf in x[0..n), or -1. */
 int64_t vae_find_nonfinite(const float *x, int64_t n);
+/* The same over n elements of dtype dt. */
+int64_t vae_find_nonfinite_as(const void *x, cw_dtype dt, int64_t n);
 /* "NaN at [n, c, y, x] (index i)" for flat index i of a tensor with dims (rank 1..8). */
 void vae_index_str(char *buf, size_t len, const float *x, int64_t i, int rank, const int64_t *dims);
 /* From moments [N, 2L, h, w] (mean, logvar) to z [N, L, h, w]: the mean (sample 0) or
