@@ -1,7 +1,7 @@
 /* .safetensors parsing (cJSON header, strict validation with messages naming the key,
  * offset or byte), reading a tensor in the dtype it is stored in or converted to another
  * (cw_dtype_convert), and the writer with atomic replacement. Uses libc, cJSON and the
- * library's conversion file (lib/core/half.c) only: the fuzz target links just those. */
+ * library's dtype file (lib/core/dtype.c) only: the fuzz target links just those. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

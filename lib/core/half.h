@@ -1,7 +1,7 @@
 /* Half-precision storage formats (IEEE binary16 "f16", bfloat16 "bf16") to and from f32,
  * bit-exactly and independent of the FPU's rounding mode and flush-to-zero setting: every
  * conversion is integer work on the bit patterns. Static inline so the cpu kernels can use
- * them per element; cw_dtype_convert (half.c) is the bulk host form the API offers. */
+ * them per element; cw_dtype_convert (dtype.c) is the bulk host form the API offers. */
 #ifndef CW_HALF_H
 #define CW_HALF_H
 

@@ -183,15 +183,6 @@ const char *cw__dtype_name(cw_dtype dt) {
     return "unknown";
 }
 
-size_t cw_dtype_size(cw_dtype dt) {
-    switch (dt) {
-    case CW_F32: return 4;
-    case CW_F16: return 2;
-    case CW_BF16: return 2;
-    default: return 0;
-    }
-}
-
 cw_status cw_tensor_desc_make(cw_tensor_desc *d, cw_dtype dt, int rank, const int64_t *dims) {
     if (!d || !dims) return CW_ERR_INVALID_ARG;
     if (rank < 1 || rank > CW_MAX_RANK) return CW_ERR_INVALID_ARG;

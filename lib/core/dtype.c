@@ -1,10 +1,19 @@
-/* cw_dtype_convert: host conversion between the element types, one loop per pair over the
- * bit-exact helpers of half.h. Depends on nothing but the public header, so the file
- * parsers' fuzz targets link it alone. */
+/* The element types' public helpers: cw_dtype_size, and cw_dtype_convert (host conversion,
+ * one loop per pair over the bit-exact helpers of half.h). Depends on nothing but the public
+ * header, so the file parsers' fuzz targets link this file alone. */
 #include <string.h>
 
 #include "convweave/convweave.h"
 #include "core/half.h"
+
+size_t cw_dtype_size(cw_dtype dt) {
+    switch (dt) {
+    case CW_F32: return 4;
+    case CW_F16: return 2;
+    case CW_BF16: return 2;
+    default: return 0;
+    }
+}
 
 cw_status cw_dtype_convert(void *dst, cw_dtype dst_dtype, const void *src, cw_dtype src_dtype, int64_t n) {
     if (cw_dtype_size(dst_dtype) == 0 || cw_dtype_size(src_dtype) == 0 || n < 0) return CW_ERR_INVALID_ARG;
