@@ -76,8 +76,8 @@ class View:
     def desc(self):
         d = C.cw_tensor_desc()
         if self.dtype not in _DTYPES:
-            raise Error("CW_ERR_UNSUPPORTED", f"dtype {self.dtype}: convweave takes float32 "
-                        "(float16 and bfloat16 in single convolutions only)")
+            raise Error("CW_ERR_UNSUPPORTED", f"dtype {self.dtype}: convweave takes float32, float16 "
+                        "or bfloat16 (one per graph; half precision where the backend has it)")
         if not 1 <= len(self.shape) <= C.CW_MAX_RANK:
             raise Error("CW_ERR_INVALID_ARG", f"rank {len(self.shape)} outside 1..{C.CW_MAX_RANK}")
         d.dtype, d.rank = _DTYPES[self.dtype], len(self.shape)
