@@ -25,6 +25,16 @@ void cw__cpu_gemm_blocks(int64_t m, int64_t n, int64_t *mb, int64_t *nb);
  * spread over `threads` threads: identical bits for every thread count. */
 void cw__cpu_sgemm(const cw__gemm_params *p, int threads);
 
+/* cvt_cpu.c: f32 <-> storage dtype rows, bit-exact with core/half.h (F16C where the CPU
+ * has it). Element i of a strided row is at i * stride elements. */
+void cw__cpu_load_f32(float *dst, const void *src, cw_dtype dt, int64_t n, int64_t stride);
+void cw__cpu_store_f32(void *dst, cw_dtype dt, int64_t stride, const float *src, int64_t n);
+/* Element i of p as f32; element i of p set to a quiet NaN. */
+float cw__cpu_load1(const void *p, cw_dtype dt, int64_t i);
+void cw__cpu_fill_nan(void *p, cw_dtype dt, int64_t i);
+/* Tests: 1 makes the f16 rows use the scalar functions instead of F16C (process-wide). */
+void cw__cpu_cvt_force_scalar(int on);
+
 /* cpu conv algorithm ids (DNNL is listed only when built with oneDNN) */
 enum { CW__CPU_ALGO_GEMM = 0, CW__CPU_ALGO_DIRECT = 1, CW__CPU_ALGO_DNNL = 2, CW__CPU_ALGO_COUNT };
 

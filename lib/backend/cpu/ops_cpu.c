@@ -1,14 +1,24 @@
 /* The cpu backend's light operations: fused GroupNorm-apply + SiLU + nearest upsample
  * ("prep"), GroupNorm statistics and finalize, add, the per-channel ops, GEMM and row
- * softmax. Each hook validates (the per-channel ops: cw__op_channel did), copies its
- * parameters into a closure and enqueues it on the stream's worker; the *_run functions
- * hold the math (per-element pieces from kernels/kernels.h). */
+ * softmax. Each hook (its arguments checked by ops.c) copies its parameters into a closure
+ * and enqueues it on the stream's worker; the *_run functions hold the math (per-element
+ * pieces from kernels/kernels.h).
+ *
+ * Views may be f32, f16 or bf16 (GEMM and softmax: f32 only); the math is f32 (GroupNorm
+ * statistics: double) on tiles of TILE elements converted on load and rounded once on
+ * store (cvt_cpu.c), in stack buffers: no op allocates. An f16/bf16 result is the f32
+ * path's result on the converted inputs, rounded to the dtype. */
 #include <limits.h>
 #include <math.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
 #include "kernels/kernels.h"
+
+enum { TILE = 512 }; /* f32 elements of a conversion tile (a multiple of 4: row_moments) */
+
+/* Element off (in elements) of p, whose elements are es bytes. */
+static inline void *elem_at(const void *p, int64_t off, size_t es) { return (char *)p + off * (int64_t)es; }
 
 /* ---- views ---------------------------------------------------------------------------- */
 
@@ -44,13 +54,6 @@ static void view_pad5(const cw__view *v, int64_t dim[5], int64_t st[5]) {
         dim[i] = i < pad ? 1 : d.dims[i - pad];
         st[i] = i < pad ? 0 : d.strides[i - pad];
     }
-}
-
-/* The cpu kernels read and write f32 only (the op's other checks ran in ops.c). */
-static cw_status need_f32(cw__backend *be, const char *op, const char *arg, const cw__view *v) {
-    if (v->d.dtype == CW_F32) return CW_OK;
-    return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "%s: %s has dtype %s; the cpu backend supports f32 only", op, arg,
-                     cw__dtype_name(v->d.dtype));
 }
 
 /* Copies p into a fresh closure and enqueues fn on s (the worker frees it). */
@@ -106,12 +109,49 @@ static inline void prep_row(float *dst, int64_t dsw, const float *src, int64_t s
     }
 }
 
+/* One destination row from one source row in any dtypes: the source elements the row
+ * reads are converted tile by tile, transformed once each, and repeated `up` times on the
+ * way out (rounded once to dst's dtype before the repeat). */
+static void prep_row_any(void *dst, cw_dtype ddt, int64_t dsw, const void *src, cw_dtype sdt, int64_t ssw,
+                         int64_t wd, int64_t up, float sc, float sh, int mode) {
+    const size_t des = cw_dtype_size(ddt), ses = cw_dtype_size(sdt);
+    const int64_t ns = (wd + up - 1) / up; /* source elements read */
+    float buf[TILE];
+    uint16_t hb[TILE];
+    for (int64_t s0 = 0; s0 < ns; s0 += TILE) {
+        const int64_t m = ns - s0 < TILE ? ns - s0 : TILE;
+        cw__cpu_load_f32(buf, elem_at(src, s0 * ssw, ses), sdt, m, ssw);
+        switch (mode) {
+        case 0: break;
+        case 1: for (int64_t i = 0; i < m; i++) buf[i] = cw_prep_elem(buf[i], sc, sh, 0, 1); break;
+        case 2: for (int64_t i = 0; i < m; i++) buf[i] = cw_prep_elem(buf[i], sc, sh, 1, 0); break;
+        default: for (int64_t i = 0; i < m; i++) buf[i] = cw_prep_elem(buf[i], sc, sh, 1, 1); break;
+        }
+        const int64_t d0 = s0 * up, d1 = (s0 + m) * up < wd ? (s0 + m) * up : wd;
+        if (up == 1) {
+            cw__cpu_store_f32(elem_at(dst, d0 * dsw, des), ddt, dsw, buf, m);
+            continue;
+        }
+        if (ddt == CW_F32) {
+            float *o = (float *)dst;
+            for (int64_t i = 0, d = d0; i < m; i++)
+                for (int64_t k = 0; k < up && d < d1; k++, d++) o[d * dsw] = buf[i];
+        } else {
+            cw__cpu_store_f32(hb, ddt, 1, buf, m);
+            uint16_t *o = (uint16_t *)dst;
+            for (int64_t i = 0, d = d0; i < m; i++)
+                for (int64_t k = 0; k < up && d < d1; k++, d++) o[d * dsw] = hb[i];
+        }
+    }
+}
+
 void cw__cpu_prep_run(const cw__prep_params *p) {
     ncdhw s, d;
     view_ncdhw(&p->src, &s);
     view_ncdhw(&p->dst, &d);
-    const float *src = (const float *)p->src.data;
-    float *dst = (float *)p->dst.data;
+    const cw_dtype sdt = p->src.d.dtype, ddt = p->dst.d.dtype;
+    const size_t ses = cw_dtype_size(sdt), des = cw_dtype_size(ddt);
+    const int all_f32 = sdt == CW_F32 && ddt == CW_F32;
     const int64_t N = d.dim[0], C = d.dim[1], D = d.dim[2], H = d.dim[3], W = d.dim[4];
     const int64_t up = p->up;
     const int norm = p->scale != NULL;
@@ -121,24 +161,30 @@ void cw__cpu_prep_run(const cw__prep_params *p) {
             const float sc = norm ? p->scale[n * C + c] : 1.0f;
             const float sh = norm ? p->shift[n * C + c] : 0.0f;
             for (int64_t z = 0; z < D; z++) {
-                const float *sp = src + n * s.st[0] + c * s.st[1] + z * s.st[2];
-                float *dp = dst + n * d.st[0] + c * d.st[1] + z * d.st[2];
+                const char *sp = elem_at(p->src.data, n * s.st[0] + c * s.st[1] + z * s.st[2], ses);
+                char *dp = elem_at(p->dst.data, n * d.st[0] + c * d.st[1] + z * d.st[2], des);
                 int64_t prev_sr = -1;
-                float *prev_row = NULL;
+                char *prev_row = NULL;
                 for (int64_t r = 0; r < H; r++) {
                     int64_t sr = cw_up_src_index(r, p->dst_row0, p->src_row0, up);
-                    float *drow = dp + r * d.st[3];
-                    const float *srow = sp + sr * s.st[3];
+                    char *drow = dp + r * d.st[3] * (int64_t)des;
+                    const char *srow = sp + sr * s.st[3] * (int64_t)ses;
                     if (sr == prev_sr && d.st[4] == 1) {
                         /* upsampled rows repeat: copy the row just computed */
-                        memcpy(drow, prev_row, (size_t)W * sizeof(float));
+                        memcpy(drow, prev_row, (size_t)W * des);
                         continue;
                     }
-                    switch (mode) {
-                    case 0: prep_row(drow, d.st[4], srow, s.st[4], W, up, sc, sh, 0, 0); break;
-                    case 1: prep_row(drow, d.st[4], srow, s.st[4], W, up, sc, sh, 0, 1); break;
-                    case 2: prep_row(drow, d.st[4], srow, s.st[4], W, up, sc, sh, 1, 0); break;
-                    default: prep_row(drow, d.st[4], srow, s.st[4], W, up, sc, sh, 1, 1); break;
+                    if (!all_f32) {
+                        prep_row_any(drow, ddt, d.st[4], srow, sdt, s.st[4], W, up, sc, sh, mode);
+                    } else {
+                        float *df = (float *)drow;
+                        const float *sf = (const float *)srow;
+                        switch (mode) {
+                        case 0: prep_row(df, d.st[4], sf, s.st[4], W, up, sc, sh, 0, 0); break;
+                        case 1: prep_row(df, d.st[4], sf, s.st[4], W, up, sc, sh, 0, 1); break;
+                        case 2: prep_row(df, d.st[4], sf, s.st[4], W, up, sc, sh, 1, 0); break;
+                        default: prep_row(df, d.st[4], sf, s.st[4], W, up, sc, sh, 1, 1); break;
+                        }
                     }
                     prev_sr = sr;
                     prev_row = drow;
@@ -152,65 +198,77 @@ static void prep_fn(void *arg) { cw__cpu_prep_run((const cw__prep_params *)arg);
 
 /* p was checked by cw__op_prep. */
 static cw_status cpu_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) {
-    const char *op = "prep";
-    cw_status st;
-    if ((st = need_f32(be, op, "src", &p->src)) != CW_OK || (st = need_f32(be, op, "dst", &p->dst)) != CW_OK)
-        return st;
     cw__prep_params c = *p;
     cw__desc_fill_strides(&c.src.d);
     cw__desc_fill_strides(&c.dst.d);
-    return enqueue_copy(be, s, op, prep_fn, &c, sizeof c);
+    return enqueue_copy(be, s, "prep", prep_fn, &c, sizeof c);
 }
 
 /* ---- GroupNorm statistics --------------------------------------------------------------- */
 
-/* Exact (two-pass, in double) mean and M2 of one row of n >= 1 floats with stride s.
- * Four accumulators break the add chain so the loop pipelines; the order is fixed, so
- * results are reproducible. */
-static void row_moments(const float *x, int64_t n, int64_t s, double *mean, double *m2) {
-    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+/* Sums of x[0..m) (d = 0) or of (x[i] - mu)^2 (d = 1) into a[0..3]: four accumulators
+ * (four = 1, unit stride) break the add chain so the loop pipelines, element i going to
+ * a[i % 4] and a tail of m % 4 to a[0]; one (four = 0) for strided rows. A row fed in
+ * chunks whose lengths are multiples of 4 gets the bits of the whole row at once. */
+static inline void moments_acc(const float *x, int64_t m, int64_t s, int four, int sq, double mu, double a[4]) {
     int64_t i = 0;
-    if (s == 1) {
-        for (; i + 4 <= n; i += 4) {
-            a0 += (double)x[i];
-            a1 += (double)x[i + 1];
-            a2 += (double)x[i + 2];
-            a3 += (double)x[i + 3];
+    if (four) {
+        for (; i + 4 <= m; i += 4) {
+            if (sq) {
+                double d0 = (double)x[i] - mu, d1 = (double)x[i + 1] - mu;
+                double d2 = (double)x[i + 2] - mu, d3 = (double)x[i + 3] - mu;
+                a[0] += d0 * d0;
+                a[1] += d1 * d1;
+                a[2] += d2 * d2;
+                a[3] += d3 * d3;
+            } else {
+                a[0] += (double)x[i];
+                a[1] += (double)x[i + 1];
+                a[2] += (double)x[i + 2];
+                a[3] += (double)x[i + 3];
+            }
         }
-        for (; i < n; i++) a0 += (double)x[i];
-    } else {
-        for (; i < n; i++) a0 += (double)x[i * s];
     }
-    const double mu = ((a0 + a1) + (a2 + a3)) / (double)n;
-    a0 = a1 = a2 = a3 = 0;
-    i = 0;
-    if (s == 1) {
-        for (; i + 4 <= n; i += 4) {
-            double d0 = (double)x[i] - mu, d1 = (double)x[i + 1] - mu;
-            double d2 = (double)x[i + 2] - mu, d3 = (double)x[i + 3] - mu;
-            a0 += d0 * d0;
-            a1 += d1 * d1;
-            a2 += d2 * d2;
-            a3 += d3 * d3;
+    for (; i < m; i++) {
+        double v = (double)x[i * s];
+        if (sq) {
+            double d0 = v - mu;
+            a[0] += d0 * d0;
+        } else {
+            a[0] += v;
         }
-        for (; i < n; i++) {
-            double d0 = (double)x[i] - mu;
-            a0 += d0 * d0;
+    }
+}
+
+/* Exact (two-pass, in double) mean and M2 of one row of n >= 1 elements of dtype dt with
+ * stride s. The order is fixed, so results are reproducible, and an f16/bf16 row (converted
+ * in TILE chunks, twice) gives the bits of the same values stored as f32. */
+static void row_moments(const void *x, cw_dtype dt, int64_t n, int64_t s, double *mean, double *m2) {
+    const int four = s == 1;
+    double mu = 0.0;
+    for (int sq = 0; sq < 2; sq++) {
+        double a[4] = {0, 0, 0, 0};
+        if (dt == CW_F32) {
+            moments_acc((const float *)x, n, s, four, sq, mu, a);
+        } else {
+            float buf[TILE];
+            for (int64_t i0 = 0; i0 < n; i0 += TILE) {
+                const int64_t m = n - i0 < TILE ? n - i0 : TILE;
+                cw__cpu_load_f32(buf, (const uint16_t *)x + i0 * s, dt, m, s);
+                moments_acc(buf, m, 1, four, sq, mu, a);
+            }
         }
-    } else {
-        for (; i < n; i++) {
-            double d0 = (double)x[i * s] - mu;
-            a0 += d0 * d0;
-        }
+        if (sq) *m2 = (a[0] + a[1]) + (a[2] + a[3]);
+        else mu = ((a[0] + a[1]) + (a[2] + a[3])) / (double)n;
     }
     *mean = mu;
-    *m2 = (a0 + a1) + (a2 + a3);
 }
 
 void cw__cpu_gn_stats_run(const cw__view *x, int64_t groups, double *out) {
     ncdhw v;
     view_ncdhw(x, &v);
-    const float *base = (const float *)x->data;
+    const cw_dtype dt = x->d.dtype;
+    const size_t es = cw_dtype_size(dt);
     const int64_t N = v.dim[0], C = v.dim[1], D = v.dim[2], H = v.dim[3], W = v.dim[4];
     const int64_t cpg = C / groups;
     for (int64_t n = 0; n < N; n++) {
@@ -222,10 +280,10 @@ void cw__cpu_gn_stats_run(const cw__view *x, int64_t groups, double *out) {
             if (W > 0) {
                 for (int64_t c = g * cpg; c < (g + 1) * cpg; c++) {
                     for (int64_t z = 0; z < D; z++) {
-                        const float *p = base + n * v.st[0] + c * v.st[1] + z * v.st[2];
+                        const int64_t base = n * v.st[0] + c * v.st[1] + z * v.st[2];
                         for (int64_t r = 0; r < H; r++) {
                             double mu, m2;
-                            row_moments(p + r * v.st[3], W, v.st[4], &mu, &m2);
+                            row_moments(elem_at(x->data, base + r * v.st[3], es), dt, W, v.st[4], &mu, &m2);
                             cw_moments_merge(&m, (double)W, mu, m2);
                         }
                     }
@@ -252,8 +310,6 @@ static void gn_stats_fn(void *arg) {
 
 /* Checked by cw__op_gn_stats. */
 static cw_status cpu_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out) {
-    cw_status st = need_f32(be, "gn_stats", "x", x);
-    if (st != CW_OK) return st;
     gn_stats_closure c;
     c.x = *x;
     cw__desc_fill_strides(&c.x.d);
@@ -318,9 +374,26 @@ static cw_status cpu_gn_finalize(cw__backend *be, cw__stream *s, const double *p
 
 /* ---- add ------------------------------------------------------------------------------ */
 
+/* dst row = a row + b row, W elements with strides sy, sa, sb, in dtype dt != f32: TILE
+ * chunks of a and b are converted before any of the chunk is stored, so an exact alias
+ * of dst with a or b is fine. */
+static void add_row_half(void *y, int64_t sy, const void *pa, int64_t sa, const void *pb, int64_t sb, int64_t W,
+                         cw_dtype dt) {
+    float fa[TILE], fb[TILE];
+    for (int64_t w0 = 0; w0 < W; w0 += TILE) {
+        const int64_t m = W - w0 < TILE ? W - w0 : TILE;
+        cw__cpu_load_f32(fa, (const uint16_t *)pa + w0 * sa, dt, m, sa);
+        cw__cpu_load_f32(fb, (const uint16_t *)pb + w0 * sb, dt, m, sb);
+        for (int64_t i = 0; i < m; i++) fa[i] += fb[i];
+        cw__cpu_store_f32((uint16_t *)y + w0 * sy, dt, sy, fa, m);
+    }
+}
+
 /* Elementwise with plain indexed loads and stores, so an exact alias of dst with a or b
  * is fine (each element is read before it is written). */
 void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b) {
+    const cw_dtype dt = dst->d.dtype;
+    const size_t es = cw_dtype_size(dt);
     float *y = (float *)dst->data;
     const float *pa = (const float *)a->data, *pb = (const float *)b->data;
     cw_tensor_desc dd = dst->d, da = a->d, db = b->d;
@@ -329,7 +402,9 @@ void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b) 
     cw__desc_fill_strides(&db);
     if (cw__desc_is_contiguous(&dd) && cw__desc_is_contiguous(&da) && cw__desc_is_contiguous(&db)) {
         int64_t n = cw__desc_numel(&dd);
-        for (int64_t i = 0; i < n; i++) y[i] = pa[i] + pb[i];
+        if (dt != CW_F32) add_row_half(y, 1, pa, 1, pb, 1, n, dt);
+        else
+            for (int64_t i = 0; i < n; i++) y[i] = pa[i] + pb[i];
         return;
     }
     int64_t dim[5], sy[5], sa[5], sb[5], tmp[5];
@@ -341,9 +416,16 @@ void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b) 
         for (int64_t i1 = 0; i1 < dim[1]; i1++)
             for (int64_t i2 = 0; i2 < dim[2]; i2++)
                 for (int64_t i3 = 0; i3 < dim[3]; i3++) {
-                    float *yr = y + i0 * sy[0] + i1 * sy[1] + i2 * sy[2] + i3 * sy[3];
-                    const float *ar = pa + i0 * sa[0] + i1 * sa[1] + i2 * sa[2] + i3 * sa[3];
-                    const float *br = pb + i0 * sb[0] + i1 * sb[1] + i2 * sb[2] + i3 * sb[3];
+                    const int64_t oy = i0 * sy[0] + i1 * sy[1] + i2 * sy[2] + i3 * sy[3];
+                    const int64_t oa = i0 * sa[0] + i1 * sa[1] + i2 * sa[2] + i3 * sa[3];
+                    const int64_t ob = i0 * sb[0] + i1 * sb[1] + i2 * sb[2] + i3 * sb[3];
+                    if (dt != CW_F32) {
+                        add_row_half(elem_at(y, oy, es), sy[4], elem_at(pa, oa, es), sa[4], elem_at(pb, ob, es),
+                                     sb[4], W, dt);
+                        continue;
+                    }
+                    float *yr = y + oy;
+                    const float *ar = pa + oa, *br = pb + ob;
                     if (sy[4] == 1 && sa[4] == 1 && sb[4] == 1) {
                         for (int64_t w = 0; w < W; w++) yr[w] = ar[w] + br[w];
                     } else {
@@ -363,8 +445,6 @@ static void add_fn(void *arg) {
 
 /* Checked by cw__op_add. */
 static cw_status cpu_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b) {
-    cw_status st = need_f32(be, "add", "dst", dst);
-    if (st != CW_OK) return st;
     add_closure k;
     k.dst = *dst;
     k.a = *a;
@@ -390,21 +470,36 @@ static void view_nc5(const cw__view *v, int64_t dim[5], int64_t st[5]) {
     }
 }
 
-/* Plain indexed loads and stores, so dst may alias x exactly. */
+/* Plain indexed loads and stores, so dst may alias x exactly (f16/bf16: a TILE chunk is
+ * converted before any of it is stored). */
 void cw__cpu_channel_run(const cw__channel_params *p) {
     int64_t dim[5], sd[5], sx[5], tmp[5];
     view_nc5(&p->dst, dim, sd);
     view_nc5(&p->x, tmp, sx);
+    const cw_dtype dt = p->dst.d.dtype;
+    const size_t es = cw_dtype_size(dt);
     float *y = (float *)p->dst.data;
     const float *px = (const float *)p->x.data;
     const int op = p->op;
+    float buf[TILE];
     for (int64_t n = 0; n < dim[0]; n++)
         for (int64_t c = 0; c < dim[1]; c++) {
             const float v = p->v[c];
             for (int64_t i2 = 0; i2 < dim[2]; i2++)
                 for (int64_t i3 = 0; i3 < dim[3]; i3++) {
-                    float *yr = y + n * sd[0] + c * sd[1] + i2 * sd[2] + i3 * sd[3];
-                    const float *xr = px + n * sx[0] + c * sx[1] + i2 * sx[2] + i3 * sx[3];
+                    const int64_t oy = n * sd[0] + c * sd[1] + i2 * sd[2] + i3 * sd[3];
+                    const int64_t ox = n * sx[0] + c * sx[1] + i2 * sx[2] + i3 * sx[3];
+                    if (dt != CW_F32) {
+                        for (int64_t w0 = 0; w0 < dim[4]; w0 += TILE) {
+                            const int64_t m = dim[4] - w0 < TILE ? dim[4] - w0 : TILE;
+                            cw__cpu_load_f32(buf, elem_at(px, ox + w0 * sx[4], es), dt, m, sx[4]);
+                            for (int64_t i = 0; i < m; i++) buf[i] = cw_channel_elem(op, buf[i], v);
+                            cw__cpu_store_f32(elem_at(y, oy + w0 * sd[4], es), dt, sd[4], buf, m);
+                        }
+                        continue;
+                    }
+                    float *yr = y + oy;
+                    const float *xr = px + ox;
                     if (sd[4] == 1 && sx[4] == 1) {
                         for (int64_t w = 0; w < dim[4]; w++) yr[w] = cw_channel_elem(op, xr[w], v);
                     } else {
@@ -418,8 +513,6 @@ static void channel_fn(void *arg) { cw__cpu_channel_run((const cw__channel_param
 
 /* p was checked by cw__op_channel. */
 static cw_status cpu_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
-    cw_status st = need_f32(be, "channel op", "dst", &p->dst);
-    if (st != CW_OK) return st;
     return enqueue_copy(be, s, "channel op", channel_fn, p, sizeof *p);
 }
 
