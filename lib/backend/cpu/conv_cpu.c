@@ -1,6 +1,12 @@
-/* cpu convolution (f32, NCHW / NCDHW, strided views, groups, dilation, asymmetric padding):
+/* cpu convolution (NCHW / NCDHW, strided views, groups, dilation, asymmetric padding):
  * GEMM = im2col/vol2col + sgemm (workspace: one column buffer per (n, group)), and
  * DIRECT = per output row tile, accumulate over kernel taps (no workspace).
+ *
+ * x, w, bias and y are f32, f16 or bf16 (one dtype), the arithmetic is f32 throughout:
+ * im2col converts x into the f32 column buffer, a half conv's weights are converted into
+ * an f32 copy and sgemm writes an f32 output block whose epilogue adds the bias and rounds
+ * once into y; all three are in the workspace (gemm_workspace). DIRECT converts the input
+ * rows of a tile into a stack buffer and rounds its accumulators on the store.
  *
  * Threads: a conv call gets its thread count from the planner (fixed when the plan is
  * compiled: the backend's threads / heavy streams) and spreads im2col rows, GEMM blocks
@@ -23,7 +29,14 @@ typedef struct cv_geom {
     int64_t st[3], dl[3], pp[3];      /* stride, dilation, pad_pre */
     int64_t xs[5], ys[5], wsd[5];     /* strides in elements: n/k, c, d, h, w (d = 0 in 2-D) */
     int has_bias;
+    cw_dtype dt;                      /* x, w, bias and y */
+    size_t es;                        /* bytes per element */
 } cv_geom;
+
+/* Element off (in elements) of p, whose elements are es bytes. */
+static inline void *elem_at(const void *p, int64_t off, size_t es) { return (char *)p + off * (int64_t)es; }
+
+static int64_t align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 /* Strides of d, or contiguous ones when d's are all zero. */
 static void cv_strides(const cw_tensor_desc *d, int64_t *st) {
@@ -88,6 +101,8 @@ static void cv_geom_make(const cw__conv_problem *p, cv_geom *g) {
         }
     }
     g->has_bias = p->has_bias;
+    g->dt = p->x.dtype;
+    g->es = cw_dtype_size(p->x.dtype);
 }
 
 /* Output positions o in [0, n_out) whose input index o*s + off lies in [0, n_in):
@@ -121,9 +136,12 @@ static int64_t cv_run(const int64_t *ext, const int64_t *st, int *levels) {
 
 /* ---- GEMM (im2col + sgemm) ------------------------------------------------------------ */
 
+enum { EPI_TILE = 256 }; /* f32 elements of an epilogue row chunk (stack) */
+
 /* A 1x1, stride-1, unpadded conv whose x and y spatial blocks are single runs reads x
  * directly as the GEMM's B matrix: no column buffer. */
 static int gemm_direct_b(const cv_geom *g) {
+    if (g->dt != CW_F32) return 0; /* a half x is converted: the column buffer */
     for (int i = 0; i < 3; i++)
         if (g->ks[i] != 1 || g->st[i] != 1 || g->pp[i] != 0 || g->out[i] != g->in[i]) return 0;
     int lx, ly;
@@ -133,8 +151,13 @@ static int gemm_direct_b(const cv_geom *g) {
     return 1;
 }
 
-/* 1 when the GEMM algorithm can write y and read w with these strides. */
+/* 1 when the GEMM algorithm can write y and read w with these strides (f16/bf16: any,
+ * since weights and output pass through f32 copies with their own layout). */
 static int gemm_supported(const cv_geom *g) {
+    if (g->dt != CW_F32) {
+        int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2], P = g->out[0] * g->out[1] * g->out[2];
+        return R <= INT_MAX && P <= INT_MAX && g->kg <= INT_MAX;
+    }
     int lv;
     int64_t run = cv_run(g->out, g->ys, &lv);
     if (run == 0) return 0;                     /* y's W is not unit-stride */
@@ -155,23 +178,37 @@ static int gemm_supported(const cv_geom *g) {
     return 1;
 }
 
-static int64_t gemm_workspace(const cv_geom *g) {
-    if (gemm_direct_b(g)) return 0;
-    int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
-    int64_t P = g->out[0] * g->out[1] * g->out[2];
-    return R * P * (int64_t)sizeof(float);
+/* Byte offsets of a half conv's f32 buffers in the GEMM workspace: the group's weights
+ * [kg, R], its output block [kg, P], then the column buffer [R, P]. */
+typedef struct gemm_ws {
+    int64_t w32, out32, col, total;
+} gemm_ws;
+
+static gemm_ws gemm_layout(const cv_geom *g) {
+    const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
+    const int64_t P = g->out[0] * g->out[1] * g->out[2];
+    gemm_ws l = {0, 0, 0, 0};
+    if (g->dt != CW_F32) {
+        l.out32 = align64(g->kg * R * (int64_t)sizeof(float));
+        l.col = l.out32 + align64(g->kg * P * (int64_t)sizeof(float));
+    }
+    l.total = gemm_direct_b(g) ? 0 : l.col + R * P * (int64_t)sizeof(float);
+    return l;
 }
 
-/* col[R, P] for image n, group gi: row r = (c, kd, kh, kw), column = (od, oh, ow); rows
- * [r_lo, r_hi) only (rows are independent, so threads split them). */
-static void im2col(const cv_geom *g, const float *x, int64_t n, int64_t gi, float *col, int64_t r_lo, int64_t r_hi) {
+static int64_t gemm_workspace(const cv_geom *g) { return gemm_layout(g).total; }
+
+/* col[R, P] (f32) for image n, group gi: row r = (c, kd, kh, kw), column = (od, oh, ow);
+ * rows [r_lo, r_hi) only (rows are independent, so threads split them). An f16/bf16 x is
+ * converted on the copy. */
+static void im2col(const cv_geom *g, const void *x, int64_t n, int64_t gi, float *col, int64_t r_lo, int64_t r_hi) {
     const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
     const int64_t P = Do * Ho * Wo;
     const int64_t kvol = g->ks[0] * g->ks[1] * g->ks[2];
     for (int64_t r = r_lo; r < r_hi; r++) {
         const int64_t c = r / kvol, kd = r / (g->ks[1] * g->ks[2]) % g->ks[0], kh = r / g->ks[2] % g->ks[1],
                       kw = r % g->ks[2];
-        const float *xc = x + n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
+        const int64_t xc = n * g->xs[0] + (gi * g->cg + c) * g->xs[1]; /* element offset */
         float *dst = col + r * P;
         int64_t offw = kw * g->dl[2] - g->pp[2], wlo, whi;
         cv_range(offw, g->st[2], g->in[2], Wo, &wlo, &whi);
@@ -184,14 +221,15 @@ static void im2col(const cv_geom *g, const float *x, int64_t n, int64_t gi, floa
                     memset(row, 0, (size_t)Wo * sizeof(float));
                     continue;
                 }
-                const float *src = xc + id * g->xs[2] + ih * g->xs[3];
+                const int64_t src = xc + id * g->xs[2] + ih * g->xs[3];
                 if (wlo > 0) memset(row, 0, (size_t)wlo * sizeof(float));
-                if (g->st[2] == 1 && g->xs[4] == 1) {
-                    if (whi > wlo) memcpy(row + wlo, src + wlo + offw, (size_t)(whi - wlo) * sizeof(float));
-                } else {
+                if (whi > wlo) {
                     const int64_t sx = g->st[2] * g->xs[4];
-                    const float *s0 = src + offw * g->xs[4];
-                    for (int64_t ow = wlo; ow < whi; ow++) row[ow] = s0[ow * sx];
+                    const int64_t s0 = src + (offw + wlo * g->st[2]) * g->xs[4];
+                    if (g->dt == CW_F32 && sx == 1)
+                        memcpy(row + wlo, (const float *)x + s0, (size_t)(whi - wlo) * sizeof(float));
+                    else
+                        cw__cpu_load_f32(row + wlo, elem_at(x, s0, g->es), g->dt, whi - wlo, sx);
                 }
                 if (whi < Wo) memset(row + whi, 0, (size_t)(Wo - whi) * sizeof(float));
             }
@@ -201,7 +239,7 @@ static void im2col(const cv_geom *g, const float *x, int64_t n, int64_t gi, floa
 
 typedef struct im2col_arg {
     const cv_geom *g;
-    const float *x;
+    const void *x;
     int64_t n, gi;
     float *col;
 } im2col_arg;
@@ -211,8 +249,9 @@ static void im2col_range(void *p, int64_t lo, int64_t hi) {
     im2col(a->g, a->x, a->n, a->gi, a->col, lo, hi);
 }
 
-static void conv_gemm(const cv_geom *g, const float *x, const float *w, const float *b, float *y, float *ws,
+static void conv_gemm(const cv_geom *g, const float *x, const float *w, const float *b, float *y, void *ws_,
                       int threads) {
+    float *ws = ws_;
     const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
     const int64_t P = Do * Ho * Wo;
     const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
@@ -261,8 +300,76 @@ static void conv_gemm(const cv_geom *g, const float *x, const float *w, const fl
     }
 }
 
+/* ---- GEMM in f16/bf16: f32 weights and output block in the workspace -------------------- */
+
+typedef struct half_epi_arg {
+    const cv_geom *g;
+    const float *out32; /* [kg, P] */
+    const void *b;
+    void *y;
+    int64_t n, gi;
+} half_epi_arg;
+
+/* Output channels [lo, hi) of the group: bias added in f32, rounded once into y. */
+static void half_epilogue(void *p, int64_t lo, int64_t hi) {
+    const half_epi_arg *a = p;
+    const cv_geom *g = a->g;
+    const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2], P = Do * Ho * Wo;
+    float row[EPI_TILE];
+    for (int64_t m = lo; m < hi; m++) {
+        const int64_t k = a->gi * g->kg + m;
+        const float bv = g->has_bias ? cw__cpu_load1(a->b, g->dt, k) : 0.0f;
+        for (int64_t od = 0; od < Do; od++)
+            for (int64_t oh = 0; oh < Ho; oh++) {
+                const float *src = a->out32 + m * P + (od * Ho + oh) * Wo;
+                const int64_t yo = a->n * g->ys[0] + k * g->ys[1] + od * g->ys[2] + oh * g->ys[3];
+                for (int64_t w0 = 0; w0 < Wo; w0 += EPI_TILE) {
+                    const int64_t t = Wo - w0 < EPI_TILE ? Wo - w0 : EPI_TILE;
+                    for (int64_t i = 0; i < t; i++) row[i] = src[w0 + i] + bv;
+                    cw__cpu_store_f32(elem_at(a->y, yo + w0 * g->ys[4], g->es), g->dt, g->ys[4], row, t);
+                }
+            }
+    }
+}
+
+/* The group's weights as a row-major f32 [kg, R] matrix. */
+static void half_weights(const cv_geom *g, const void *w, float *w32, int64_t gi) {
+    const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
+    for (int64_t m = 0; m < g->kg; m++)
+        for (int64_t c = 0; c < g->cg; c++)
+            for (int64_t kd = 0; kd < g->ks[0]; kd++)
+                for (int64_t kh = 0; kh < g->ks[1]; kh++) {
+                    const int64_t wo = (gi * g->kg + m) * g->wsd[0] + c * g->wsd[1] + kd * g->wsd[2] + kh * g->wsd[3];
+                    float *dst = w32 + m * R + ((c * g->ks[0] + kd) * g->ks[1] + kh) * g->ks[2];
+                    cw__cpu_load_f32(dst, elem_at(w, wo, g->es), g->dt, g->ks[2], g->wsd[4]);
+                }
+}
+
+/* Per group: weights -> f32, then per image: im2col (converting x), one sgemm over all P
+ * columns into the f32 block, and the epilogue into y (any strides). */
+static void conv_gemm_half(const cv_geom *g, const void *x, const void *w, const void *b, void *y, void *ws,
+                           int threads) {
+    const int64_t P = g->out[0] * g->out[1] * g->out[2];
+    const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
+    const gemm_ws l = gemm_layout(g);
+    float *w32 = (float *)((char *)ws + l.w32), *out32 = (float *)((char *)ws + l.out32);
+    float *col = (float *)((char *)ws + l.col);
+    for (int64_t gi = 0; gi < g->g; gi++) {
+        half_weights(g, w, w32, gi);
+        for (int64_t n = 0; n < g->n; n++) {
+            im2col_arg ia = {g, x, n, gi, col};
+            cw__cpu_parallel(R * P >= (1 << 18) ? threads : 1, R, im2col_range, &ia);
+            cw__gemm_params gp = {0, 0, g->kg, P, R, 1.0f, 0.0f, w32, R, col, P, out32, P, threads};
+            cw__cpu_sgemm(&gp, threads);
+            half_epi_arg ea = {g, out32, b, y, n, gi};
+            cw__cpu_parallel(g->kg * P >= (1 << 18) ? threads : 1, g->kg, half_epilogue, &ea);
+        }
+    }
+}
+
 /* ---- DIRECT --------------------------------------------------------------------------- */
-enum { DIRECT_TW = 256, DIRECT_KB = 4 }; /* W tile (floats) and output channels per pass */
+enum { DIRECT_TW = 256, DIRECT_KB = 4, DIRECT_SPAN = 2048 }; /* W tile, output channels per pass, f32
+                                                             * input columns converted per tile (floats) */
 
 /* acc[0..n) += wv * src[i*sx] (sx = 1 is the vectorised common case). */
 static inline void axpy_strided(float *restrict acc, const float *restrict src, int64_t n, int64_t sx, float wv) {
@@ -273,11 +380,18 @@ static inline void axpy_strided(float *restrict acc, const float *restrict src, 
     }
 }
 
-/* Output rows (od, oh) with od * Ho + oh in [row_lo, row_hi): threads split rows. */
-static void conv_direct(const cv_geom *g, const float *x, const float *w, const float *b, float *y, int64_t row_lo,
+/* Output rows (od, oh) with od * Ho + oh in [row_lo, row_hi): threads split rows. Every
+ * output element accumulates its taps in one fixed order (c, kd, kh, kw) in f32, whatever
+ * the tiling. An f16/bf16 input row is converted per (c, kd, kh) and tile into span[]: the
+ * columns every kw of the tile reads, or, where those exceed DIRECT_SPAN (large strides or
+ * dilations), per kw into gat[]. */
+static void conv_direct(const cv_geom *g, const void *x, const void *w, const void *b, void *y, int64_t row_lo,
                         int64_t row_hi) {
     const int64_t Ho = g->out[1], Wo = g->out[2];
+    const int half = g->dt != CW_F32;
+    const size_t es = g->es;
     float acc[DIRECT_KB][DIRECT_TW];
+    float span[DIRECT_SPAN], gat[DIRECT_TW];
     for (int64_t n = 0; n < g->n; n++) {
         for (int64_t gi = 0; gi < g->g; gi++) {
             for (int64_t m0 = 0; m0 < g->kg; m0 += DIRECT_KB) {
@@ -288,29 +402,52 @@ static void conv_direct(const cv_geom *g, const float *x, const float *w, const 
                     for (int64_t t0 = 0; t0 < Wo; t0 += DIRECT_TW) {
                         const int64_t tw = Wo - t0 < DIRECT_TW ? Wo - t0 : DIRECT_TW;
                         for (int64_t j = 0; j < nb; j++) {
-                            const float bv = g->has_bias ? b[k0 + j] : 0.0f;
+                            const float bv = g->has_bias ? cw__cpu_load1(b, g->dt, k0 + j) : 0.0f;
                             for (int64_t i = 0; i < tw; i++) acc[j][i] = bv;
                         }
+                        /* input columns the tile reads over all kw: [iw0, iw1), clipped */
+                        int64_t iw0 = t0 * g->st[2] - g->pp[2];
+                        int64_t iw1 = (t0 + tw - 1) * g->st[2] - g->pp[2] + g->dl[2] * (g->ks[2] - 1) + 1;
+                        if (iw0 < 0) iw0 = 0;
+                        if (iw1 > g->in[2]) iw1 = g->in[2];
+                        const int use_span = half && iw1 - iw0 <= DIRECT_SPAN;
                         for (int64_t c = 0; c < g->cg; c++) {
-                            const float *xc = x + n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
+                            const int64_t xc = n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
                             for (int64_t kd = 0; kd < g->ks[0]; kd++) {
                                 const int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
                                 if (id < 0 || id >= g->in[0]) continue;
                                 for (int64_t kh = 0; kh < g->ks[1]; kh++) {
                                     const int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
                                     if (ih < 0 || ih >= g->in[1]) continue;
-                                    const float *xrow = xc + id * g->xs[2] + ih * g->xs[3];
+                                    const int64_t xrow = xc + id * g->xs[2] + ih * g->xs[3]; /* elements */
+                                    if (use_span && iw1 > iw0)
+                                        cw__cpu_load_f32(span, elem_at(x, xrow + iw0 * g->xs[4], es), g->dt, iw1 - iw0,
+                                                         g->xs[4]);
                                     for (int64_t kw = 0; kw < g->ks[2]; kw++) {
                                         int64_t offw = kw * g->dl[2] - g->pp[2], lo, hi;
                                         cv_range(offw, g->st[2], g->in[2], Wo, &lo, &hi);
                                         if (lo < t0) lo = t0;
                                         if (hi > t0 + tw) hi = t0 + tw;
                                         if (hi <= lo) continue;
-                                        const int64_t sx = g->st[2] * g->xs[4];
-                                        const float *src = xrow + (lo * g->st[2] + offw) * g->xs[4];
+                                        const int64_t first = lo * g->st[2] + offw; /* input column */
+                                        const float *src;
+                                        int64_t sx;
+                                        if (!half) {
+                                            src = (const float *)x + xrow + first * g->xs[4];
+                                            sx = g->st[2] * g->xs[4];
+                                        } else if (use_span) {
+                                            src = span + (first - iw0);
+                                            sx = g->st[2];
+                                        } else {
+                                            cw__cpu_load_f32(gat, elem_at(x, xrow + first * g->xs[4], es), g->dt,
+                                                             hi - lo, g->st[2] * g->xs[4]);
+                                            src = gat;
+                                            sx = 1;
+                                        }
                                         for (int64_t j = 0; j < nb; j++) {
-                                            const float wv = w[(k0 + j) * g->wsd[0] + c * g->wsd[1] +
-                                                               kd * g->wsd[2] + kh * g->wsd[3] + kw * g->wsd[4]];
+                                            const int64_t wo = (k0 + j) * g->wsd[0] + c * g->wsd[1] + kd * g->wsd[2] +
+                                                               kh * g->wsd[3] + kw * g->wsd[4];
+                                            const float wv = half ? cw__cpu_load1(w, g->dt, wo) : ((const float *)w)[wo];
                                             axpy_strided(acc[j] + (lo - t0), src, hi - lo, sx, wv);
                                         }
                                     }
@@ -318,13 +455,9 @@ static void conv_direct(const cv_geom *g, const float *x, const float *w, const 
                             }
                         }
                         for (int64_t j = 0; j < nb; j++) {
-                            float *yrow = y + n * g->ys[0] + (k0 + j) * g->ys[1] + od * g->ys[2] +
-                                          oh * g->ys[3] + t0 * g->ys[4];
-                            if (g->ys[4] == 1) {
-                                memcpy(yrow, acc[j], (size_t)tw * sizeof(float));
-                            } else {
-                                for (int64_t i = 0; i < tw; i++) yrow[i * g->ys[4]] = acc[j][i];
-                            }
+                            const int64_t yo = n * g->ys[0] + (k0 + j) * g->ys[1] + od * g->ys[2] + oh * g->ys[3] +
+                                               t0 * g->ys[4];
+                            cw__cpu_store_f32(elem_at(y, yo, es), g->dt, g->ys[4], acc[j], tw);
                         }
                     }
                 }
@@ -335,8 +468,8 @@ static void conv_direct(const cv_geom *g, const float *x, const float *w, const 
 
 typedef struct direct_arg {
     const cv_geom *g;
-    const float *x, *w, *b;
-    float *y;
+    const void *x, *w, *b;
+    void *y;
 } direct_arg;
 
 static void direct_range(void *p, int64_t lo, int64_t hi) {
@@ -365,8 +498,8 @@ int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
 }
 
 /* threads: for im2col rows, GEMM blocks and direct rows. */
-static void conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
-                     float *ws, int threads) {
+static void conv_run(const cw__conv_problem *p, int algo, const void *x, const void *w, const void *b, void *y,
+                     void *ws, int threads) {
     if (algo == CW__CPU_ALGO_DNNL) {
         cw__dnnl_plan *pl;
         char msg[192] = "";
@@ -382,7 +515,8 @@ static void conv_run(const cw__conv_problem *p, int algo, const float *x, const 
     cv_geom_make(p, &g);
     if (algo == CW__CPU_ALGO_GEMM) {
         assert(gemm_supported(&g));
-        conv_gemm(&g, x, w, b, y, ws, threads);
+        if (g.dt == CW_F32) conv_gemm(&g, x, w, b, y, ws, threads);
+        else conv_gemm_half(&g, x, w, b, y, ws, threads);
     } else {
         direct_arg da = {&g, x, w, b, y};
         const int64_t rows = g.out[0] * g.out[1];
@@ -392,18 +526,9 @@ static void conv_run(const cw__conv_problem *p, int algo, const float *x, const 
     }
 }
 
-void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
-                      float *ws, int threads) {
+void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const void *x, const void *w, const void *b, void *y,
+                      void *ws, int threads) {
     conv_run(p, algo, x, w, b, y, ws, threads);
-}
-
-/* CW_OK when the cpu backend can run p at all (f32, 2-D/3-D, consistent ranks). */
-/* The cpu algorithms run f32 only (the problem's shape was checked by ops.c). be may be
- * NULL (tests and benchmarks list algorithms without a backend). */
-static cw_status check_problem(cw__backend *be, const cw__conv_problem *p, const char *who) {
-    if (p->x.dtype == CW_F32) return CW_OK;
-    return cw__error(be ? be->ctx : NULL, CW_ERR_UNSUPPORTED, "cpu %s: dtype %s is unsupported (the cpu backend runs f32 only)",
-                     who, cw__dtype_name(p->x.dtype));
 }
 
 /* Relative cost model, in estimated nanoseconds on one core, fitted to this backend on a
@@ -417,9 +542,15 @@ static double cost_gemm(const cv_geom *g, double flops) {
     double calls = (double)g->n * (double)g->g * (double)(g->out[0] * g->out[1] * g->out[2] / (run > 0 ? run : 1));
     double eff = (double)(g->kg + 8) / 48.0;
     if (eff > 1.0) eff = 1.0;
-    int64_t ws = gemm_direct_b(g) ? 0 : gemm_workspace(g);
+    const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2], P = g->out[0] * g->out[1] * g->out[2];
+    int64_t ws = gemm_direct_b(g) ? 0 : R * P * (int64_t)sizeof(float);
     double per_elem = ws <= (INT64_C(16) << 20) ? 0.3 : 2.0;
     double col = (double)ws / sizeof(float) * (double)(g->n * g->g);
+    /* f16/bf16: one sgemm per (n, group), plus converting the weights and writing the f32
+     * output block back (~0.5 ns per element) */
+    if (g->dt != CW_F32)
+        return flops / (60.0 * eff) + (double)(g->n * g->g) * 1000.0 + col * per_elem +
+               0.5 * (double)g->g * (double)g->kg * ((double)R + (double)g->n * (double)P);
     return flops / (60.0 * eff) + calls * 1000.0 + col * per_elem;
 }
 
@@ -449,8 +580,7 @@ static double cost_dnnl(const cv_geom *g, const cw__dnnl_info *info) {
 }
 
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
-    cw_status st = check_problem(be, p, "conv_algos");
-    if (st != CW_OK) return st;
+    cw_status st = CW_OK;
     cv_geom g;
     cv_geom_make(p, &g);
     double flops = 2.0 * (double)g.n * (double)g.k * (double)(g.out[0] * g.out[1] * g.out[2]) * (double)g.cg *
@@ -511,8 +641,7 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
  * replaced by cpu_direct, which needs none. */
 cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
                                cw__conv_algo *used) {
-    cw_status st = check_problem(be, p, "conv_prepare");
-    if (st != CW_OK) return st;
+    cw_status st = CW_OK;
     *used = *algo;
     if (algo->id != CW__CPU_ALGO_DNNL) return CW_OK;
     cw__dnnl_plan *pl;
@@ -535,8 +664,8 @@ typedef struct conv_job {
     cw__conv_problem prob;
     int algo;
     int threads;
-    const float *x, *w, *b;
-    float *y, *ws;
+    const void *x, *w, *b;
+    void *y, *ws;
     cw__dnnl_plan *plan; /* DNNL: held from enqueue to the end of the job */
     cw_context *ctx;
 } conv_job;
@@ -560,8 +689,7 @@ static void conv_job_fin(void *arg) {
 
 cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
                                const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes) {
-    cw_status st = check_problem(be, p, "conv_forward");
-    if (st != CW_OK) return st;
+    cw_status st = CW_OK;
     cw_context *ctx = be->ctx;
     if (!algo || algo->id < 0 || algo->id >= CW__CPU_ALGO_COUNT)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: algo %d is not a cpu algorithm",

@@ -9,7 +9,11 @@
  * The workspace holds the reordered weights, every sub-band's blocked input and output,
  * and one user-mode scratchpad per thread slot: all from the budget. Plans (primitives and
  * their layouts) are made when the algorithm is listed, at compile time, and kept in a
- * bounded process-wide cache keyed by the patch problem. */
+ * bounded process-wide cache keyed by the patch problem.
+ *
+ * f16/bf16 problems ask oneDNN for a convolution in that dtype (x, w, bias, y alike); where
+ * it has no kernel (AVX2 hosts: none at all, oneDNN 2.6) every sub-band falls back to
+ * cpu_direct and cw__cpu_dnnl_info does not list the algorithm. */
 #include <stdio.h>
 #include <string.h>
 
@@ -28,8 +32,8 @@ int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info) {
     memset(info, 0, sizeof *info);
     return 0;
 }
-cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const float *x, const float *w,
-                           const float *b, float *y, void *ws, int threads, char *msg, size_t msg_len) {
+cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const void *x, const void *w,
+                           const void *b, void *y, void *ws, int threads, char *msg, size_t msg_len) {
     snprintf(msg, msg_len, "cpu dnnl: built without oneDNN");
     return CW_ERR_UNSUPPORTED;
 }
@@ -72,6 +76,8 @@ struct cw__dnnl_plan {
     struct cw__dnnl_plan *prev, *next; /* cache LRU list */
     int refs;                          /* the cache's + each holder's; guarded by cache_mu */
     int hd;                            /* H dim index in x / y (2 or 3) */
+    dnnl_data_type_t dt;               /* x, w, bias and y */
+    size_t es;                         /* bytes per element */
     int64_t xs_h, ys_h;                /* H strides of x and y, elements */
     int nsub, ncls, nslot, main_cls;
     dn_sub sub[DN_MAX_SUB];
@@ -150,7 +156,7 @@ static void full_strides(const cw_tensor_desc *d, int64_t *st) {
 static void make_key(const cw__conv_problem *p, int64_t *k) {
     memset(k, 0, DN_KEY_LEN * sizeof *k);
     int n = 0;
-    k[n++] = p->spatial;
+    k[n++] = p->spatial * 16 + (int64_t)p->x.dtype; /* both small: one slot */
     k[n++] = p->groups;
     k[n++] = p->has_bias;
     const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
@@ -200,6 +206,8 @@ static int sub_count(int64_t rows, int64_t halo, double flops_per_row) {
 
 static int64_t align_up(int64_t v) { return (v + DN_ALIGN - 1) / DN_ALIGN * DN_ALIGN; }
 
+static dnnl_data_type_t dn_dtype(cw_dtype dt) { return dt == CW_F16 ? dnnl_f16 : dt == CW_BF16 ? dnnl_bf16 : dnnl_f32; }
+
 /* x's or y's view as oneDNN sees it, with the H extent replaced by rows. */
 static dnnl_status_t view_md(dnnl_memory_desc_t *md, const cw_tensor_desc *d, int hd, int64_t rows) {
     dnnl_dims_t dims, st;
@@ -207,7 +215,7 @@ static dnnl_status_t view_md(dnnl_memory_desc_t *md, const cw_tensor_desc *d, in
     full_strides(d, sts);
     for (int i = 0; i < d->rank; i++) dims[i] = d->dims[i], st[i] = sts[i];
     dims[hd] = rows;
-    return dnnl_memory_desc_init_by_strides(md, d->rank, dims, dnnl_f32, st);
+    return dnnl_memory_desc_init_by_strides(md, d->rank, dims, dn_dtype(d->dtype), st);
 }
 
 static dnnl_status_t make_reorder(dnnl_primitive_t *out, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
@@ -249,11 +257,12 @@ static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, 
     pr[hd - 2] = c->post;
     dnnl_memory_desc_t smd, wmd, bmd, dmd;
     dnnl_status_t s;
-    if ((s = dnnl_memory_desc_init_by_tag(&smd, rank, sd, dnnl_f32, dnnl_format_tag_any)) != dnnl_success) return s;
-    if ((s = dnnl_memory_desc_init_by_tag(&dmd, rank, dd, dnnl_f32, dnnl_format_tag_any)) != dnnl_success) return s;
+    const dnnl_data_type_t dt = dn_dtype(p->x.dtype);
+    if ((s = dnnl_memory_desc_init_by_tag(&smd, rank, sd, dt, dnnl_format_tag_any)) != dnnl_success) return s;
+    if ((s = dnnl_memory_desc_init_by_tag(&dmd, rank, dd, dt, dnnl_format_tag_any)) != dnnl_success) return s;
     if (wfix) wmd = *wfix;
-    else if ((s = dnnl_memory_desc_init_by_tag(&wmd, wr, wd, dnnl_f32, dnnl_format_tag_any)) != dnnl_success) return s;
-    if ((s = dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_x)) != dnnl_success) return s;
+    else if ((s = dnnl_memory_desc_init_by_tag(&wmd, wr, wd, dt, dnnl_format_tag_any)) != dnnl_success) return s;
+    if ((s = dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dt, dnnl_x)) != dnnl_success) return s;
     dnnl_convolution_desc_t cd;
     s = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &smd, &wmd,
                                                    p->has_bias ? &bmd : NULL, &dmd, strd, dil, pl, pr);
@@ -291,6 +300,8 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_
 
     const int sp = p->spatial, hd = sp; /* H is dim 2 of NCHW, dim 3 of NCDHW */
     pl->hd = hd;
+    pl->dt = dn_dtype(p->x.dtype);
+    pl->es = cw_dtype_size(p->x.dtype);
     pl->has_bias = p->has_bias;
     int64_t xst[CW_MAX_RANK], yst[CW_MAX_RANK];
     full_strides(&p->x, xst);
@@ -381,11 +392,11 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_
         if (G > 1) wd[wr] = G, ws[wr] = wst[0] * (p->w.dims[0] / G), wr++;
         wd[wr] = p->w.dims[0] / G, ws[wr] = wst[0], wr++;
         for (int i = 1; i < sp + 2; i++) wd[wr] = p->w.dims[i], ws[wr] = wst[i], wr++;
-        DN_TRY(dnnl_memory_desc_init_by_strides(&pl->w_user, wr, wd, dnnl_f32, ws), "weights view");
+        DN_TRY(dnnl_memory_desc_init_by_strides(&pl->w_user, wr, wd, pl->dt, ws), "weights view");
         pl->w = wfix;
         DN_TRY(make_reorder(&pl->rw, &pl->w_user, &pl->w, attr, &pl->w_scratch), "weights reorder");
         dnnl_dims_t bd = {p->y.dims[1]};
-        DN_TRY(dnnl_memory_desc_init_by_tag(&pl->bias, 1, bd, dnnl_f32, dnnl_x), "bias");
+        DN_TRY(dnnl_memory_desc_init_by_tag(&pl->bias, 1, bd, pl->dt, dnnl_x), "bias");
     }
 
     /* workspace: weights | sub-band buffers | scratchpad slots */
@@ -489,8 +500,8 @@ int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info) {
 typedef struct run_arg {
     const cw__dnnl_plan *pl;
     const cw__conv_problem *p;
-    const float *x, *w, *b;
-    float *y;
+    const char *x, *w, *b; /* elements of pl->es bytes */
+    char *y;
     char *ws;
     _Atomic int next_slot;
     _Atomic int failed;
@@ -527,8 +538,9 @@ static dnnl_status_t run_sub(run_arg *r, int j, dnnl_stream_t strm, char *scratc
         q.y.dims[hd] = c->out_rows;
         q.pad_pre[hd - 2] = c->pre;
         q.pad_post[hd - 2] = c->post;
-        cw__cpu_conv_run(&q, CW__CPU_ALGO_DIRECT, r->x + sb->a * pl->xs_h, r->w, r->b, r->y + sb->r0 * pl->ys_h,
-                         NULL, 1);
+        const int64_t es = (int64_t)pl->es;
+        cw__cpu_conv_run(&q, CW__CPU_ALGO_DIRECT, r->x + sb->a * pl->xs_h * es, r->w, r->b,
+                         r->y + sb->r0 * pl->ys_h * es, NULL, 1);
         return dnnl_success;
     }
     /* m: user input, blocked input, weights, bias, blocked output, user output, and one
@@ -538,12 +550,12 @@ static dnnl_status_t run_sub(run_arg *r, int j, dnnl_stream_t strm, char *scratc
     const struct {
         const dnnl_memory_desc_t *md;
         void *h;
-    } mk[9] = {{&c->src_user, (void *)(r->x + sb->a * pl->xs_h)},
+    } mk[9] = {{&c->src_user, (void *)(r->x + sb->a * pl->xs_h * (int64_t)pl->es)},
                {&c->src, r->ws + sb->src_off},
                {&pl->w, r->ws + pl->w_off},
                {&pl->bias, (void *)r->b},
                {&c->dst, r->ws + sb->dst_off},
-               {&c->dst_user, r->y + sb->r0 * pl->ys_h},
+               {&c->dst_user, r->y + sb->r0 * pl->ys_h * (int64_t)pl->es},
                {&c->rin_scratch, scratch},
                {&c->scratch, scratch},
                {&c->rout_scratch, scratch}};
@@ -592,14 +604,14 @@ static void run_range(void *arg, int64_t lo, int64_t hi) {
 }
 
 /* y's view filled with NaN: a failed run must not look like a result. */
-static void poison_view(const cw_tensor_desc *d, float *y) {
+static void poison_view(const cw_tensor_desc *d, void *y) {
     int64_t st[CW_MAX_RANK], idx[CW_MAX_RANK] = {0}, n = 1;
     full_strides(d, st);
     for (int i = 0; i < d->rank; i++) n *= d->dims[i];
     for (int64_t o = 0; o < n; o++) {
         int64_t off = 0;
         for (int i = 0; i < d->rank; i++) off += idx[i] * st[i];
-        y[off] = NAN;
+        cw__cpu_fill_nan(y, d->dtype, off);
         for (int i = d->rank - 1; i >= 0; i--) {
             if (++idx[i] < d->dims[i]) break;
             idx[i] = 0;
@@ -607,8 +619,8 @@ static void poison_view(const cw_tensor_desc *d, float *y) {
     }
 }
 
-cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const float *x, const float *w,
-                           const float *b, float *y, void *ws, int threads, char *msg, size_t msg_len) {
+cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const void *x, const void *w,
+                           const void *b, void *y, void *ws, int threads, char *msg, size_t msg_len) {
     if (pl->nsub == 0) return CW_OK;
     run_arg r = {pl, p, x, w, b, y, ws, 0, 0, ""};
     if (pl->rw) { /* weights into the shared blocked layout, on this thread */

@@ -45,10 +45,11 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
 /* The conv_prepare hook: builds the oneDNN plan of a DNNL task at compile time. */
 cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
                                cw__conv_algo *used);
-/* Synchronous f32 convolution with the given algorithm id on `threads` threads (the bits
- * do not depend on it); ws >= workspace bytes. */
-void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const float *x, const float *w, const float *b, float *y,
-                      float *ws, int threads);
+/* Synchronous convolution (x, w, b, y of p's dtype: f32, f16 or bf16; f32 arithmetic) with
+ * the given algorithm id on `threads` threads (the bits do not depend on it); ws >=
+ * workspace bytes. */
+void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const void *x, const void *w, const void *b, void *y,
+                      void *ws, int threads);
 /* Workspace bytes of algorithm id for p; -1 when the algorithm cannot be planned for p
  * (DNNL: built without oneDNN, or oneDNN failed). */
 int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo);
@@ -79,8 +80,8 @@ int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info);
 /* Runs plan pl for problem p (the one it was made for) on `threads` threads (the bits do
  * not depend on it); ws holds info.workspace bytes. On failure y's view is NaN and msg
  * names the call. */
-cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const float *x, const float *w,
-                           const float *b, float *y, void *ws, int threads, char *msg, size_t msg_len);
+cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, const void *x, const void *w,
+                           const void *b, void *y, void *ws, int threads, char *msg, size_t msg_len);
 
 /* ops_cpu.c: the backend's ops table (the hooks of the elementwise, reduction and
  * attention ops live there; the conv hooks above), and the synchronous math of its ops. */
