@@ -2,10 +2,12 @@
  * dilation 1-3, independent pads 0-3, groups incl. depthwise, strided x/y views) with every
  * algorithm (im2col+GEMM, direct, and oneDNN when built with it) against the naive double
  * reference, and each cut into random height patches (views into the same tensors, no
- * copies) against the unpatched result. */
+ * copies) against the unpatched result; in f32, then a few hundred in f16 and in bf16
+ * storage (f32 arithmetic) with bounds derived from the dtype's unit roundoff. */
 #include <cblas.h>
 
 #include "backend/cpu/cpu.h"
+#include "core/half.h"
 #include "conv_ref.h"
 #include "scheduler/planner.h"
 #include "testutil.h"
@@ -23,18 +25,49 @@ typedef struct conv_case {
     int y_w_unit;               /* y's W stride is 1 (GEMM applies) */
 } conv_case;
 
-static int g_threads = 1; /* threads cw__cpu_conv_run uses */
+static int g_threads = 1;        /* threads cw__cpu_conv_run uses */
+static cw_dtype g_dt = CW_F32;   /* x, w, bias and y of every case */
 
-static float canary_f(void) {
+/* ---- storage in g_dt: bits, scalar reference conversions (core/half.h), canaries ------- */
+static size_t es(void) { return cw_dtype_size(g_dt); }
+static uint32_t raw(const void *buf, int64_t i) {
+    if (g_dt == CW_F32) {
+        uint32_t u;
+        memcpy(&u, (const float *)buf + i, 4);
+        return u;
+    }
+    return ((const uint16_t *)buf)[i];
+}
+static float dec(const void *buf, int64_t i) {
+    uint32_t u = raw(buf, i);
+    if (g_dt == CW_F16) return cw__f16_to_f32((uint16_t)u);
+    if (g_dt == CW_BF16) return cw__bf16_to_f32((uint16_t)u);
     float f;
-    uint32_t u = CANARY;
-    memcpy(&f, &u, sizeof f);
+    memcpy(&f, &u, 4);
     return f;
 }
-static int is_canary(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u == CANARY;
+/* Stores f rounded to g_dt at element i and returns the stored value. */
+static float put(void *buf, int64_t i, float f) {
+    if (g_dt == CW_F32) ((float *)buf)[i] = f;
+    else ((uint16_t *)buf)[i] = g_dt == CW_F16 ? cw__f32_to_f16(f) : cw__f32_to_bf16(f);
+    return dec(buf, i);
+}
+/* A NaN in each dtype: written around views, must survive untouched. */
+static uint32_t canary_bits(void) { return g_dt == CW_F32 ? CANARY : g_dt == CW_F16 ? 0x7ebeu : 0x7fbeu; }
+static int is_canary_at(const void *buf, int64_t i) { return raw(buf, i) == canary_bits(); }
+static void *tmalloc(int64_t n) {
+    void *p = malloc((size_t)(n > 0 ? n : 1) * es());
+    ASSERT_TRUE(p);
+    return p;
+}
+static void *telem(const void *buf, int64_t i) { return (char *)buf + i * (int64_t)es(); }
+/* Random value in [-1, 1), stored in g_dt; magnitudes below 2^-10 pushed up so no f16 input
+ * is subnormal (the relative input rounding bound then holds). Returns the stored value. */
+static float rnd_put(cw_rng *r, void *buf, int64_t i, float *orig) {
+    float f = cw_rng_float(r);
+    if (g_dt != CW_F32 && fabsf(f) < 0x1p-10f) f = copysignf(0x1p-10f + fabsf(f), f);
+    if (orig) *orig = f;
+    return put(buf, i, f);
 }
 
 static void contiguous(cw_tensor_desc *d) {
@@ -112,7 +145,7 @@ static void gen_case(cw_rng *r, conv_case *cc) {
         }
         if (cost > 400000) continue;
         cw_tensor_desc *x = &cc->x, *w = &cc->w, *y = &cc->y;
-        x->dtype = w->dtype = y->dtype = CW_F32;
+        x->dtype = w->dtype = y->dtype = g_dt;
         x->rank = w->rank = y->rank = sp + 2;
         x->dims[0] = N, x->dims[1] = G * Cg;
         w->dims[0] = G * Kg, w->dims[1] = Cg;
@@ -127,7 +160,7 @@ static void gen_case(cw_rng *r, conv_case *cc) {
         cc->x_len = make_view(r, x, &cc->x_off, 1, &xu, &cc->x_strided);
         cc->y_len = make_view(r, y, &cc->y_off, 1, &cc->y_w_unit, &cc->y_strided);
         cc->has_bias = (int)cw_rng_range(r, 0, 1);
-        cc->b.dtype = CW_F32;
+        cc->b.dtype = g_dt;
         cc->b.rank = 1;
         cc->b.dims[0] = G * Kg;
         cc->p = p;
@@ -143,27 +176,35 @@ static int64_t numel(const cw_tensor_desc *d) {
 
 /* Every element of buf outside the view y (at y_off) still holds the canary, every element
  * inside does not. */
-static int check_canary(const conv_case *cc, const float *buf) {
+static int check_canary(const conv_case *cc, const void *buf) {
     char *in = calloc((size_t)cc->y_len, 1);
     int64_t idx[5] = {0}, n = numel(&cc->y), bad = 0;
     for (int64_t o = 0; o < n; o++) {
         int64_t off = cc->y_off + cw_ref_offset(&cc->y, idx);
         in[off] = 1;
-        if (is_canary(buf[off]) || isnan(buf[off])) bad++;
+        if (is_canary_at(buf, off) || isnan(dec(buf, off))) bad++;
         for (int i = cc->y.rank - 1; i >= 0; i--) {
             if (++idx[i] < cc->y.dims[i]) break;
             idx[i] = 0;
         }
     }
     for (int64_t o = 0; o < cc->y_len; o++)
-        if (!in[o] && !is_canary(buf[o])) bad++;
+        if (!in[o] && !is_canary_at(buf, o)) bad++;
     free(in);
     return bad == 0;
 }
 
-static void fill_canary(float *buf, int64_t n) {
-    float c = canary_f();
-    for (int64_t i = 0; i < n; i++) buf[i] = c;
+static void fill_canary(void *buf, int64_t n) {
+    uint32_t c = canary_bits();
+    for (int64_t i = 0; i < n; i++) {
+        if (g_dt == CW_F32) memcpy((float *)buf + i, &c, 4);
+        else ((uint16_t *)buf)[i] = (uint16_t)c;
+    }
+}
+
+/* buf's n elements as f32 (NaN canaries stay NaN). */
+static void decode(const void *buf, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = dec(buf, i);
 }
 
 static void print_case(const conv_case *cc, int algo, int P) {
@@ -208,27 +249,36 @@ static void ws_check_free(float *ws, int64_t bytes, int algo) {
     free(ws);
 }
 
-/* Runs one case through both algorithms, unpatched and patched. */
+/* Runs one case through every algorithm, unpatched and patched. */
 static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     const int64_t nx = cc->x_len, nw = numel(&cc->w), nb = cc->b.dims[0], ny = numel(&cc->y);
-    float *xb = malloc((size_t)nx * sizeof(float));
-    float *w = malloc((size_t)nw * sizeof(float));
+    const int half = g_dt != CW_F32;
+    /* storage in g_dt; xb/w/b hold the stored values as f32, xo/wo/bo the values before
+     * rounding to g_dt */
+    void *xt = tmalloc(nx), *wt = tmalloc(nw), *bt = tmalloc(nb), *y1 = tmalloc(cc->y_len), *y2 = tmalloc(cc->y_len);
+    float *xb = malloc((size_t)nx * sizeof(float)), *w = malloc((size_t)nw * sizeof(float));
     float *b = malloc((size_t)nb * sizeof(float));
-    float *y1 = malloc((size_t)cc->y_len * sizeof(float));
-    float *y2 = malloc((size_t)cc->y_len * sizeof(float));
-    double *ref = malloc((size_t)ny * sizeof(double));
-    ASSERT_TRUE(xb && w && b && y1 && y2 && ref);
-    for (int64_t i = 0; i < nx; i++) xb[i] = cw_rng_float(r);
-    for (int64_t i = 0; i < nw; i++) w[i] = cw_rng_float(r);
-    for (int64_t i = 0; i < nb; i++) b[i] = cw_rng_float(r);
+    float *xo = malloc((size_t)nx * sizeof(float)), *wo = malloc((size_t)nw * sizeof(float));
+    float *bo = malloc((size_t)nb * sizeof(float));
+    float *y1f = malloc((size_t)cc->y_len * sizeof(float)), *y2f = malloc((size_t)cc->y_len * sizeof(float));
+    double *ref = malloc((size_t)ny * sizeof(double)), *ref_o = malloc((size_t)ny * sizeof(double));
+    ASSERT_TRUE(xb && w && b && xo && wo && bo && y1f && y2f && ref && ref_o);
+    for (int64_t i = 0; i < nx; i++) xb[i] = rnd_put(r, xt, i, &xo[i]);
+    for (int64_t i = 0; i < nw; i++) w[i] = rnd_put(r, wt, i, &wo[i]);
+    for (int64_t i = 0; i < nb; i++) b[i] = rnd_put(r, bt, i, &bo[i]);
     const float *x = xb + cc->x_off;
-    const float *bias = cc->has_bias ? b : NULL;
-    cw_ref_conv(&cc->x, x, &cc->w, w, bias, &cc->p, &cc->y, ref);
+    const void *xv = telem(xt, cc->x_off), *bias = cc->has_bias ? bt : NULL;
+    cw_ref_conv(&cc->x, x, &cc->w, w, cc->has_bias ? b : NULL, &cc->p, &cc->y, ref);
+    if (half) cw_ref_conv(&cc->x, xo + cc->x_off, &cc->w, wo, cc->has_bias ? bo : NULL, &cc->p, &cc->y, ref_o);
     stt->macs += (double)ny * (double)(nw / cc->w.dims[0]);
     /* The contract's bound (docs/determinism.md): any f32 evaluation order of the R + 1
      * terms of an output (R = C/groups x kernel volume, plus the bias) is within
      * gamma(R+1) * S of the exact value, S = |b| + sum |w x|, gamma(n) = n u / (1 - n u),
-     * u = 2^-24; two orders (two patchings) are within twice that of each other. */
+     * u = 2^-24; two orders (two patchings) are within twice that of each other.
+     * In f16/bf16 (unit roundoff ud: 2^-11, 2^-8) each output is then rounded once:
+     * within ud * (|exact| + gamma S) + tiny (half the smallest subnormal) more. Against the
+     * inputs before their rounding to the dtype (each within ud of its value, no subnormal
+     * inputs) add (2 ud + ud^2) / (1 - ud)^2 * S. */
     double *scale = malloc((size_t)ny * sizeof(double));
     float *ax = malloc((size_t)nx * sizeof(float)), *aw = malloc((size_t)nw * sizeof(float)),
           *ab = malloc((size_t)nb * sizeof(float));
@@ -240,6 +290,9 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     free(ax), free(aw), free(ab);
     const double nterms = (double)(nw / cc->w.dims[0]) + 1.0, u = ldexp(1.0, -24);
     const double gamma = nterms * u / (1.0 - nterms * u);
+    const double ud = g_dt == CW_F16 ? ldexp(1.0, -11) : g_dt == CW_BF16 ? ldexp(1.0, -8) : 0.0;
+    const double tiny = g_dt == CW_F16 ? ldexp(1.0, -25) : g_dt == CW_BF16 ? ldexp(1.0, -134) : 0.0;
+    const double in_rel = (2 * ud + ud * ud) / ((1 - ud) * (1 - ud));
 
     cw_tensor_desc yexp;
     ASSERT_OK(cw__conv_validate(NULL, &cc->x, &cc->w, cc->has_bias ? &cc->b : NULL, &cc->y, &cc->p, &yexp));
@@ -257,7 +310,9 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
         ASSERT_EQ_I(algos[i].workspace, cw__cpu_conv_workspace(&prob, algos[i].id));
     }
     CHECK(has_direct);
-    CHECK(has_gemm == cc->y_w_unit); /* GEMM is listed exactly when y's W stride is 1 */
+    /* GEMM is listed exactly when y's W stride is 1; in f16/bf16 always (y is written from
+     * an f32 block) */
+    CHECK(has_gemm == (half || cc->y_w_unit));
 
     const int hd = prob.spatial;
     const int64_t h_out = cc->y.dims[hd];
@@ -270,13 +325,28 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
         ASSERT_TRUE(wsb >= 0);
         float *ws = wsb ? ws_alloc(wsb) : NULL;
         fill_canary(y1, cc->y_len);
-        cw__cpu_conv_run(&prob, algo, x, w, bias, y1 + cc->y_off, ws, g_threads);
+        cw__cpu_conv_run(&prob, algo, xv, wt, bias, telem(y1, cc->y_off), ws, g_threads);
         ws_check_free(ws, wsb, algo);
-        double e = cw_ref_rel_err(&cc->y, y1 + cc->y_off, ref);
+        decode(y1, cc->y_len, y1f);
+        double e = cw_ref_rel_err(&cc->y, y1f + cc->y_off, ref);
         stt->runs[algo]++;
         if (e > stt->max_err[algo]) stt->max_err[algo] = e;
-        if (!(e <= TOL)) {
-            fprintf(stderr, "unpatched algo %d: rel err %.3g > %.0e\n", algo, e, TOL);
+        int64_t over1 = 0;
+        if (half) { /* element by element: the derived bounds */
+            int64_t idx[5] = {0};
+            for (int64_t o = 0; o < ny; o++) {
+                double got = y1f[cc->y_off + cw_ref_offset(&cc->y, idx)];
+                double t = gamma * scale[o] + ud * (fabs(ref[o]) + gamma * scale[o]) + tiny;
+                if (!(fabs(got - ref[o]) <= t) || !(fabs(got - ref_o[o]) <= t + in_rel * scale[o])) over1++;
+                for (int j = cc->y.rank - 1; j >= 0; j--) {
+                    if (++idx[j] < cc->y.dims[j]) break;
+                    idx[j] = 0;
+                }
+            }
+        }
+        if (half ? over1 > 0 : !(e <= TOL)) {
+            fprintf(stderr, "%s unpatched algo %d: rel err %.3g, %lld elements beyond the bound\n",
+                    cw__dtype_name(g_dt), algo, e, (long long)over1);
             print_case(cc, algo, 1);
             cw_test_failures++;
         }
@@ -305,24 +375,29 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
             int64_t wsb2 = cw__cpu_conv_workspace(&pt.prob, algo);
             ASSERT_TRUE(wsb2 >= 0);
             float *ws2 = wsb2 ? ws_alloc(wsb2) : NULL;
-            cw__cpu_conv_run(&pt.prob, algo, x + pt.x_offset, w, bias, y2 + cc->y_off + pt.y_offset, ws2, g_threads);
+            cw__cpu_conv_run(&pt.prob, algo, telem(xv, pt.x_offset), wt, bias, telem(y2, cc->y_off + pt.y_offset), ws2,
+                             g_threads);
             ws_check_free(ws2, wsb2, algo);
         }
         CHECK(rows == h_out);
         free(bounds);
-        double e2 = cw_ref_rel_err(&cc->y, y2 + cc->y_off, ref);
+        decode(y2, cc->y_len, y2f);
+        double e2 = cw_ref_rel_err(&cc->y, y2f + cc->y_off, ref);
         /* patched vs unpatched on the same algorithm: both strided views of equal layout */
         double maxd = 0, maxr = 0;
         int bitwise = 1;
         int64_t idx[5] = {0}, over = 0;
         for (int64_t o = 0; o < ny; o++) {
             int64_t off = cc->y_off + cw_ref_offset(&cc->y, idx);
-            double d = fabs((double)y2[off] - (double)y1[off]);
+            double d = fabs((double)y2f[off] - (double)y1f[off]);
             if (isnan(d)) d = INFINITY;
-            if (!(d <= 2.0 * gamma * scale[o]) || !(fabs((double)y2[off] - ref[o]) <= gamma * scale[o])) over++;
+            /* each side's rounding to the dtype adds ud * (|exact| + gamma S) + tiny */
+            double rnd = ud * (fabs(ref[o]) + gamma * scale[o]) + tiny;
+            if (!(d <= 2.0 * gamma * scale[o] + 2 * rnd) || !(fabs((double)y2f[off] - ref[o]) <= gamma * scale[o] + rnd))
+                over++;
             if (d > maxd) maxd = d;
-            if (fabs((double)y1[off]) > maxr) maxr = fabs((double)y1[off]);
-            if (memcmp(&y2[off], &y1[off], sizeof(float)) != 0) bitwise = 0;
+            if (fabs((double)y1f[off]) > maxr) maxr = fabs((double)y1f[off]);
+            if (raw(y2, off) != raw(y1, off)) bitwise = 0;
             for (int j = cc->y.rank - 1; j >= 0; j--) {
                 if (++idx[j] < cc->y.dims[j]) break;
                 idx[j] = 0;
@@ -332,17 +407,18 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
         stt->patched_runs[algo]++;
         stt->bitwise[algo] += bitwise;
         if (ep > stt->max_patch_err[algo]) stt->max_patch_err[algo] = ep;
-        if (over || !(ep <= TOL) || !(e2 <= TOL) || !check_canary(cc, y2)) {
+        if (over || (!half && (!(ep <= TOL) || !(e2 <= TOL))) || !check_canary(cc, y2)) {
             fprintf(stderr,
-                    "patched algo %d P=%d: %lld elements beyond the derived bound; vs unpatched %.3g, vs reference %.3g "
-                    "(tol %.0e) or canary\n",
-                    algo, P, (long long)over, ep, e2, TOL);
+                    "%s patched algo %d P=%d: %lld elements beyond the derived bound; vs unpatched %.3g, vs reference "
+                    "%.3g (tol %.0e) or canary\n",
+                    cw__dtype_name(g_dt), algo, P, (long long)over, ep, e2, TOL);
             print_case(cc, algo, P);
             cw_test_failures++;
         }
     }
     if (cc->x_strided || cc->y_strided) stt->views++;
-    free(xb), free(w), free(b), free(y1), free(y2), free(ref), free(scale);
+    free(xt), free(wt), free(bt), free(y1), free(y2), free(y1f), free(y2f);
+    free(xb), free(w), free(b), free(xo), free(wo), free(bo), free(ref), free(ref_o), free(scale);
 }
 
 /* The asynchronous hook: closures on a real cpu stream, results after synchronize, and
@@ -367,7 +443,7 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
         for (int64_t i = 0; i < nx; i++) xb[i] = cw_rng_float(r);
         for (int64_t i = 0; i < nw; i++) w[i] = cw_rng_float(r);
         for (int64_t i = 0; i < cc.b.dims[0]; i++) b[i] = cw_rng_float(r);
-        fill_canary(yb, cc.y_len);
+        fill_canary(yb, cc.y_len); /* g_dt is f32 here */
         cw_ref_conv(&cc.x, xb + cc.x_off, &cc.w, w, cc.has_bias ? b : NULL, &cc.p, &cc.y, ref);
         cw__conv_problem prob;
         cw__conv_problem_init(&prob, &cc.x, &cc.w, cc.has_bias, &cc.y, &cc.p);
@@ -393,10 +469,10 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
             CHECK(strstr(cw_context_get_last_error(ctx), "workspace") != NULL);
         }
         cw__conv_problem bad = prob;
-        bad.x.dtype = bad.w.dtype = bad.y.dtype = CW_F16;
-        ASSERT_STATUS(cw__op_conv_forward(be, s[0], &bad, a, xb, w, b, yb, ws, a->workspace), CW_ERR_UNSUPPORTED);
-        CHECK(strstr(cw_context_get_last_error(ctx), "f16") != NULL);
-        ASSERT_STATUS(cw__op_conv_algos(be, &bad, al, 4, &na), CW_ERR_UNSUPPORTED);
+        bad.x.dtype = bad.w.dtype = bad.y.dtype = (cw_dtype)5;
+        ASSERT_STATUS(cw__op_conv_forward(be, s[0], &bad, a, xb, w, b, yb, ws, a->workspace), CW_ERR_INVALID_ARG);
+        CHECK(strstr(cw_context_get_last_error(ctx), "dtype") != NULL);
+        ASSERT_STATUS(cw__op_conv_algos(be, &bad, al, 4, &na), CW_ERR_INVALID_ARG);
         free(ws), free(xb), free(w), free(b), free(yb), free(ref);
     }
     /* two streams running convs at once (BLAS thread split): big enough to overlap */
@@ -435,6 +511,88 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
     cw_context_destroy(ctx);
 }
 
+/* f16/bf16 through the asynchronous hook on two streams: every listed algorithm gives the
+ * bits of the synchronous run on one thread (the contract's "same plan, same bits"). */
+static void test_forward_hook_half(cw_rng *r, int n_cases) {
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.threads = 2;
+    cw_context *ctx = NULL;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    cw__backend *be = ctx->be;
+    cw__stream *s[2];
+    ASSERT_OK_CTX(ctx, cw__context_stream(ctx, 0, &s[0]));
+    ASSERT_OK_CTX(ctx, cw__context_stream(ctx, 1, &s[1]));
+    int runs = 0;
+    for (int t = 0; t < n_cases; t++) {
+        conv_case cc;
+        gen_case(r, &cc);
+        const int64_t nx = cc.x_len, nw = numel(&cc.w), nb = cc.b.dims[0];
+        void *x = tmalloc(nx), *w = tmalloc(nw), *b = tmalloc(nb), *y1 = tmalloc(cc.y_len), *y2 = tmalloc(cc.y_len);
+        for (int64_t i = 0; i < nx; i++) rnd_put(r, x, i, NULL);
+        for (int64_t i = 0; i < nw; i++) rnd_put(r, w, i, NULL);
+        for (int64_t i = 0; i < nb; i++) rnd_put(r, b, i, NULL);
+        cw__conv_problem prob;
+        cw__conv_problem_init(&prob, &cc.x, &cc.w, cc.has_bias, &cc.y, &cc.p);
+        cw__conv_algo al[4];
+        int na;
+        ASSERT_OK_CTX(ctx, cw__op_conv_algos(be, &prob, al, 4, &na));
+        for (int k = 0; k < na; k++) {
+            void *ws = al[k].workspace ? malloc((size_t)al[k].workspace) : NULL;
+            fill_canary(y1, cc.y_len);
+            fill_canary(y2, cc.y_len);
+            al[k].threads = 2;
+            ASSERT_OK_CTX(ctx, cw__op_conv_forward(be, s[t & 1], &prob, &al[k], telem(x, cc.x_off), w, b,
+                                                   telem(y1, cc.y_off), ws, al[k].workspace));
+            ASSERT_OK(be->rt->stream_synchronize(be, s[t & 1]));
+            cw__cpu_conv_run(&prob, al[k].id, telem(x, cc.x_off), w, cc.has_bias ? b : NULL, telem(y2, cc.y_off), ws, 1);
+            if (memcmp(y1, y2, (size_t)cc.y_len * es()) != 0 || !check_canary(&cc, y1)) {
+                fprintf(stderr, "%s conv_forward hook (%s): bits differ from the synchronous run or canary\n",
+                        cw__dtype_name(g_dt), al[k].name);
+                print_case(&cc, al[k].id, 1);
+                cw_test_failures++;
+            }
+            runs++;
+            free(ws);
+        }
+        free(x), free(w), free(b), free(y1), free(y2);
+    }
+    fprintf(stderr, "%s conv_forward hook: %d cases, %d algorithm runs, bits of the synchronous run\n",
+            cw__dtype_name(g_dt), n_cases, runs);
+    cw_context_destroy(ctx);
+}
+
+/* Each algorithm on 1, 2 and 3 threads gives the same bits (threads only decide where the
+ * fixed im2col rows, GEMM blocks, epilogue rows and direct rows run). */
+static void check_thread_bits(const conv_case *cc, cw_rng *r) {
+    cw__conv_problem prob;
+    cw__conv_problem_init(&prob, &cc->x, &cc->w, cc->has_bias, &cc->y, &cc->p);
+    const int64_t nx = cc->x_len, nw = numel(&cc->w), nb = cc->b.dims[0];
+    void *x = tmalloc(nx), *w = tmalloc(nw), *b = tmalloc(nb), *y[3] = {tmalloc(cc->y_len), tmalloc(cc->y_len),
+                                                                          tmalloc(cc->y_len)};
+    for (int64_t i = 0; i < nx; i++) rnd_put(r, x, i, NULL);
+    for (int64_t i = 0; i < nw; i++) rnd_put(r, w, i, NULL);
+    for (int64_t i = 0; i < nb; i++) rnd_put(r, b, i, NULL);
+    for (int algo = 0; algo < CW__CPU_ALGO_COUNT; algo++) {
+        if (algo == CW__CPU_ALGO_DNNL && !cw__cpu_dnnl_compiled()) continue;
+        if (algo == CW__CPU_ALGO_GEMM && g_dt == CW_F32 && !cc->y_w_unit) continue;
+        int64_t wsb = cw__cpu_conv_workspace(&prob, algo);
+        void *ws = wsb > 0 ? malloc((size_t)wsb) : NULL;
+        for (int t = 0; t < 3; t++) {
+            fill_canary(y[t], cc->y_len);
+            cw__cpu_conv_run(&prob, algo, telem(x, cc->x_off), w, cc->has_bias ? b : NULL, telem(y[t], cc->y_off), ws,
+                             t + 1);
+        }
+        if (memcmp(y[0], y[1], (size_t)cc->y_len * es()) || memcmp(y[0], y[2], (size_t)cc->y_len * es())) {
+            fprintf(stderr, "%s algo %d: 1, 2 and 3 threads give different bits\n", cw__dtype_name(g_dt), algo);
+            print_case(cc, algo, 1);
+            cw_test_failures++;
+        }
+        free(ws);
+    }
+    free(x), free(w), free(b), free(y[0]), free(y[1]), free(y[2]);
+}
+
 /* Convs big enough that im2col and direct split their loops across helper threads. */
 static void test_threaded(cw_rng *r) {
     g_threads = 2; /* im2col rows, GEMM blocks and direct rows split over 2 threads */
@@ -449,12 +607,12 @@ static void test_threaded(cw_rng *r) {
         int rank = p.spatial + 2;
         int64_t xd[5], wd[5] = {shapes[t][1], shapes[t][1] / p.groups, 3, 3, 3};
         for (int i = 0; i < rank; i++) xd[i] = shapes[t][i];
-        ASSERT_OK(cw_tensor_desc_make(&cc.x, CW_F32, rank, xd));
-        ASSERT_OK(cw_tensor_desc_make(&cc.w, CW_F32, rank, wd));
+        ASSERT_OK(cw_tensor_desc_make(&cc.x, g_dt, rank, xd));
+        ASSERT_OK(cw_tensor_desc_make(&cc.w, g_dt, rank, wd));
         ASSERT_OK(cw_conv_output_desc(NULL, &cc.y, &cc.x, &cc.w, &p));
         cc.p = p;
         cc.has_bias = 1;
-        cc.b.dtype = CW_F32, cc.b.rank = 1, cc.b.dims[0] = wd[0];
+        cc.b.dtype = g_dt, cc.b.rank = 1, cc.b.dims[0] = wd[0];
         contiguous(&cc.x);
         cc.x_len = numel(&cc.x);
         int wu;
@@ -463,8 +621,9 @@ static void test_threaded(cw_rng *r) {
         stats st;
         memset(&st, 0, sizeof st);
         run_case(r, &cc, &st);
-        fprintf(stderr, "threaded conv %d (%.1f M MACs): gemm rel err %.3g, direct %.3g, dnnl %.3g\n", t,
-                st.macs * 1e-6, st.max_err[0], st.max_err[1], st.max_err[2]);
+        check_thread_bits(&cc, r);
+        fprintf(stderr, "%s threaded conv %d (%.1f M MACs): gemm rel err %.3g, direct %.3g, dnnl %.3g\n",
+                cw__dtype_name(g_dt), t, st.macs * 1e-6, st.max_err[0], st.max_err[1], st.max_err[2]);
     }
 }
 
@@ -545,5 +704,32 @@ int main(void) {
     test_forward_hook(&r, 100);
     test_threaded(&r);
     test_1x1(&r);
+
+    /* f16 and bf16 storage: every algorithm, random patchings, the derived bounds */
+    for (int d = 0; d < 2; d++) {
+        g_dt = d == 0 ? CW_F16 : CW_BF16;
+        g_threads = 1;
+        const int n_half = 300;
+        memset(&st, 0, sizeof st);
+        t0 = cw__now_ns();
+        for (int i = 0; i < n_half; i++) {
+            conv_case cc;
+            gen_case(&r, &cc);
+            run_case(&r, &cc, &st);
+            st.cases++;
+        }
+        fprintf(stderr,
+                "%s: %lld random convs, %.2f s; gemm %lld runs (max rel err %.3g), direct %lld (%.3g), dnnl %lld "
+                "(listed %lld, %.3g); patched: gemm vs unpatched %.3g, direct bitwise equal %lld of %lld\n",
+                cw__dtype_name(g_dt), (long long)st.cases, (double)(cw__now_ns() - t0) * 1e-9, (long long)st.runs[0],
+                st.max_err[0], (long long)st.runs[1], st.max_err[1], (long long)st.runs[2], (long long)st.dnnl_listed,
+                st.max_err[2], st.max_patch_err[0], (long long)st.bitwise[1], (long long)st.patched_runs[1]);
+        CHECK(st.runs[0] == n_half); /* GEMM takes every half problem */
+        CHECK(st.runs[1] == n_half);
+        CHECK(st.bitwise[1] == st.patched_runs[1]);
+        if (cw__cpu_dnnl_compiled()) CHECK(st.runs[2] == n_half);
+        test_forward_hook_half(&r, 40);
+        test_threaded(&r);
+    }
     TEST_DONE();
 }
