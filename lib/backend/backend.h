@@ -39,7 +39,8 @@ typedef struct cw__conv_algo {
  * upsampling by `up` in H and W. dst rows are rows [dst_row0, dst_row0 + dst.H) of the
  * upsampled tensor; src's first row is row src_row0 of the producer, so
  * dst[n,c,(d,)r,w] = f(src[n,c,(d,)(dst_row0 + r)/up - src_row0, w/up]).
- * scale/shift are device float arrays [N*C] or both NULL (no normalisation). */
+ * scale/shift are device float arrays [N*C] or both NULL (no normalisation). src and dst
+ * may differ in dtype (prep also converts: attention's f32 staging). */
 typedef struct cw__prep_params {
     cw__view src, dst;
     const float *scale, *shift;
