@@ -709,7 +709,7 @@ int main(void) {
     for (int d = 0; d < 2; d++) {
         g_dt = d == 0 ? CW_F16 : CW_BF16;
         g_threads = 1;
-        const int n_half = 300;
+        const int n_half = cw_test_quick() ? 100 : 300; /* sanitizer builds: fewer */
         memset(&st, 0, sizeof st);
         t0 = cw__now_ns();
         for (int i = 0; i < n_half; i++) {

@@ -86,13 +86,14 @@ static int have_f16c(void) {
 }
 #endif
 
-static int g_force_scalar; /* tests: compare the F16C rows with the scalar ones */
+static int g_force_scalar; /* tests and benchmarks: the portable rows instead of F16C */
 
-void cw__cpu_cvt_force_scalar(int on) { g_force_scalar = on; }
+void cw__cpu_cvt_force_scalar(int on) { __atomic_store_n(&g_force_scalar, on, __ATOMIC_RELAXED); }
+static int force_scalar(void) { return __atomic_load_n(&g_force_scalar, __ATOMIC_RELAXED); }
 
 static void f16_load(float *d, const uint16_t *s, int64_t n) {
 #ifdef CW_CVT_X86
-    if (!g_force_scalar && have_f16c()) {
+    if (!force_scalar() && have_f16c()) {
         f16_load_f16c(d, s, n);
         return;
     }
@@ -102,7 +103,7 @@ static void f16_load(float *d, const uint16_t *s, int64_t n) {
 
 static void f16_store(uint16_t *d, const float *s, int64_t n) {
 #ifdef CW_CVT_X86
-    if (!g_force_scalar && have_f16c()) {
+    if (!force_scalar() && have_f16c()) {
         f16_store_f16c(d, s, n);
         return;
     }
