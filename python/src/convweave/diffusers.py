@@ -24,6 +24,9 @@ __all__ = ["enable", "disable", "is_enabled", "last_plan", "ConvweaveDecoder", "
 PARTS = ("decoder", "encoder")  # the order enable() checks and wraps them in
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def _unsupported(where, what):
     return Error("CW_ERR_UNSUPPORTED", f"convweave.diffusers: {where}: {what}")
 
@@ -44,9 +47,12 @@ class _Builder:
         except Error as e:
             raise Error(e.status, f"convweave.diffusers: {self.name(mod)}: {e.message}") from None
 
-    def const(self, mod, tensor, shape=None):
+    def const(self, mod, tensor, shape=None, f32=False):
+        """A parameter as a graph constant, read in place; f32: as float32 (GroupNorm's
+        vectors, which are float32 in every graph: a half model's are copied, C floats)."""
         name = f"{self.name(mod)}.{'weight' if tensor is mod.weight else 'bias'}"
-        return self.g.constant(name, tensor.detach() if shape is None else tensor.detach().view(shape))
+        t = tensor.detach() if shape is None else tensor.detach().view(shape)
+        return self.g.constant(name, t.float() if f32 else t)
 
     def conv(self, x, mod, extra_post=0):
         """mod: an nn.Conv2d; extra_post: zero rows / columns added after the input (an
@@ -88,7 +94,8 @@ class _Builder:
             raise _unsupported(where, f"{type(mod).__name__} (only nn.GroupNorm; SpatialNorm is not supported)")
         if not mod.affine:
             raise _unsupported(where, "GroupNorm without affine weights")
-        return self.at(mod, self.g.group_norm, x, self.const(mod, mod.weight), self.const(mod, mod.bias),
+        return self.at(mod, self.g.group_norm, x, self.const(mod, mod.weight, f32=True),
+                       self.const(mod, mod.bias, f32=True),
                        mod.num_groups, mod.eps)
 
     def act(self, x, mod):
@@ -225,10 +232,18 @@ class _ConvweavePart:
         self._check_params()
 
     def _check_params(self):
+        """One dtype for all parameters (a graph has one element type): float32, float16 or
+        bfloat16."""
+        self.dtype = None
         for n, p in self.module.named_parameters():
-            if p.dtype != torch.float32:
-                raise _unsupported(f"{self.part}.{n}", f"parameters are {p.dtype}; only torch.float32 is supported "
-                                   "for now (half precision comes later): keep the VAE in float32")
+            if p.dtype not in _HALF and p.dtype != torch.float32:
+                raise _unsupported(f"{self.part}.{n}", f"parameters are {p.dtype}; convweave takes float32, "
+                                   "float16 or bfloat16")
+            if self.dtype is None:
+                self.dtype = p.dtype
+            elif p.dtype != self.dtype:
+                raise _unsupported(f"{self.part}.{n}", f"parameters are {p.dtype}, others {self.dtype}: a "
+                                   "convweave graph has one element type (cast the whole VAE)")
             if p.device.type not in ("cpu", "cuda"):
                 raise _unsupported(f"{self.part}.{n}", f"device {p.device}")
 
@@ -245,7 +260,7 @@ class _ConvweavePart:
 
     def _build(self, g, shape):
         """The part's graph on an input of `shape`; returns its output node."""
-        x = g.input(self.input_name, shape)
+        x = g.input(self.input_name, shape, str(self.dtype or torch.float32).replace("torch.", ""))
         return getattr(_Builder(g, self._names()), self.part)(x, self.module)
 
     def probe(self):
@@ -280,9 +295,9 @@ class _ConvweavePart:
         if not isinstance(sample, torch.Tensor) or sample.dim() != 4:
             raise ValueError(f"convweave.diffusers: the {self.part} takes a [N, C, h, w] tensor, got "
                              f"{getattr(sample, 'shape', type(sample).__name__)}")
-        if sample.dtype != torch.float32:
-            raise _unsupported(self.part, f"input dtype {sample.dtype}; only torch.float32 for now "
-                               "(half precision comes later)")
+        if self.dtype is not None and sample.dtype != self.dtype:
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.diffusers: the {self.what} is {sample.dtype}, the "
+                        f"{self.part}'s parameters {self.dtype} (as torch, convweave takes them in one dtype)")
         p0 = self._params[0] if self._params else None
         if p0 is not None and p0.device != sample.device:
             raise Error("CW_ERR_INVALID_ARG", f"convweave.diffusers: the {self.what} is on {sample.device}, "
