@@ -63,3 +63,26 @@ def test_half_plan_halves_activations(make_vae):
         peaks[dtype] = cd.last_plan(vae).stats()["activations_live_peak"]
         cd.disable(vae)
     assert peaks[torch.bfloat16] * 2 == peaks[torch.float32], peaks
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_conv2d_half(dtype):
+    """convweave.torch.conv2d on half tensors: f32 arithmetic, one rounding; against a
+    float64 reference on the stored (rounded) inputs, within a bound derived from the
+    dtype: half an ulp of the output plus the f32 accumulation."""
+    import convweave.torch as ct
+    gen = torch.Generator().manual_seed(3)
+    for groups, stride, pad in ((1, 1, 1), (2, 2, 0), (4, 1, 2)):
+        x = torch.randn(2, 8, 19, 17, generator=gen).to(dtype)
+        w = torch.randn(8, 8 // groups, 3, 3, generator=gen).to(dtype)
+        b = torch.randn(8, generator=gen).to(dtype)
+        y = ct.conv2d(x, w, b, stride=stride, padding=pad, groups=groups, budget="64KiB")
+        ref = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), stride=stride, padding=pad,
+                                         groups=groups)
+        assert y.dtype == dtype and y.shape == ref.shape
+        u = 2.0 ** -11 if dtype == torch.float16 else 2.0 ** -8
+        k = 9 * 8 // groups + 1
+        absdot = torch.nn.functional.conv2d(x.double().abs(), w.double().abs(), b.double().abs(), stride=stride,
+                                            padding=pad, groups=groups)
+        bound = u * ref.abs() + 1.01 * k * 2.0 ** -24 * absdot + 1e-30
+        assert ((y.double() - ref).abs() <= bound).all(), ((y.double() - ref).abs() / bound).max().item()
