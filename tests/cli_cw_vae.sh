@@ -326,6 +326,22 @@ else
     expect 2 "try --memory $least\$" -- "${tiny[@]}" --budget 256KiB --memory $((least - 1))
 fi
 
+# 9b. --memory auto[:PCT] (the default): the ladder's least total whose recompute costs at most
+# PCT % more conv FLOPs. The SD decoder at 64x64 under 4 MiB: its one recompute step costs
+# 7.17 of 38.75 GFLOP (18.5 %), so auto:20 takes it, auto:15 and the default (10) do not;
+# every choice decodes the same values (recompute is exact)
+sd64=(--preset sd --random-weights --size 64 --budget 4MiB --backend cpu -q --plan)
+for a in none auto:20 auto:15 auto; do
+    n=$((n + 1))
+    "$bin" "${sd64[@]}" --memory $a --raw "$tmp/m_$a.npy" >"$tmp/plan_$a.txt" 2>"$tmp/err" ||
+        { echo "FAIL: --memory $a: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); continue; }
+    rec=$(awk '/<- this plan/ {print $8}' "$tmp/plan_$a.txt")
+    want=0; [ $a = auto:20 ] && want=1
+    [ "$rec" = "$want" ] || { echo "FAIL: --memory $a chose the plan recomputing '$rec' blocks, want $want" >&2; fail=$((fail + 1)); }
+    [ $a = none ] || npyclose "$tmp/m_$a.npy" "$tmp/m_none.npy" 1e-5
+done
+expect 2 "auto:PCT takes a percentage" -- "${tiny[@]}" --memory auto:x
+
 # 10. --compare against diffusers: a one-line note when no Python can run it, and with the
 # venv's Python (where the venv exists) diffusers' decode of the fixture in the same table,
 # within 1e-4 of its largest value from convweave's

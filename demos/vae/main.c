@@ -26,6 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#define MEMORY_AUTO (-1)       /* opts.memory: chosen from the memory ladder */
+#define AUTO_RECOMPUTE_PCT 10  /* --memory auto pays at most this many % more conv FLOPs */
+
 #include "convweave/convweave.h"
 #include "image.h"
 #include "npy.h"
@@ -44,7 +47,10 @@ typedef struct opts {
     int64_t batch;           /* --batch: random latents per run */
     int64_t budget;          /* bytes; -1 unlimited */
     int budget_given;
-    int64_t memory;          /* --memory: cap on activations + temporaries, bytes; 0 none */
+    int64_t memory;          /* --memory: cap on activations + temporaries, bytes; 0 none;
+                                MEMORY_AUTO: the least the memory ladder gives for at most
+                                auto_pct % more conv FLOPs */
+    double auto_pct;         /* --memory auto[:PCT] */
     int streams;
     int patches;             /* 0 auto, -1 none, N fixed */
     cw_backend_kind backend;
@@ -141,9 +147,11 @@ static void usage(FILE *f) {
             "scheduling\n"
             "  --budget SIZE         temporary-memory cap: e.g. 512MiB (default), 64MiB, 2GiB, 1GB,\n"
             "                        1048576 (bytes); units B KiB MiB GiB KB MB GB; 'unlimited'\n"
-            "  --memory SIZE         cap on activations + temporaries (weights apart): where storing\n"
-            "                        every activation needs more, ResNet blocks' inner activations are\n"
-            "                        recomputed band by band (exact; costs FLOPs, printed)\n"
+            "  --memory auto[:PCT]|none|SIZE  cap on activations + temporaries (weights apart):\n"
+            "                        where storing every activation needs more, ResNet blocks' inner\n"
+            "                        activations are recomputed band by band (exact; costs FLOPs, printed).\n"
+            "                        auto (default): the least memory the ladder (--plan) gives for at\n"
+            "                        most PCT %% (default 10) more conv FLOPs; none: store everything\n"
             "  --streams N           1 = in order; N = N-1 heavy streams + 1 light (default 2)\n"
             "  --patches auto|N|none row patches per conv: fewest that fit, fixed N, or unscheduled\n"
             "                        (none ignores any budget: giving both is an error)\n"
@@ -294,6 +302,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     char err[VAE_ERR_LEN];
     memset(o, 0, sizeof(*o));
     o->budget = 512ll << 20;
+    o->memory = MEMORY_AUTO;
+    o->auto_pct = AUTO_RECOMPUTE_PCT;
     o->streams = 2;
     o->repeat = 1;
     o->batch = 1;
@@ -358,8 +368,18 @@ static int parse_args(int argc, char **argv, opts *o) {
         case OPT_LATENT_OUT: o->latent_out = optarg; break;
         case OPT_SAMPLE: o->sample = 1; break;
         case OPT_MEMORY:
-            if (parse_size(optarg, &o->memory) || o->memory <= 0)
-                return die_usage("--memory '%s': expected a size like 1GiB (units B, KiB, MiB, GiB, KB, MB, GB)",
+            if (strncmp(optarg, "auto", 4) == 0 && (optarg[4] == 0 || optarg[4] == ':')) {
+                char *end = NULL;
+                o->memory = MEMORY_AUTO;
+                o->auto_pct = optarg[4] ? strtod(optarg + 5, &end) : AUTO_RECOMPUTE_PCT;
+                if (optarg[4] && (end == optarg + 5 || *end || !(o->auto_pct >= 0) || o->auto_pct > 1000))
+                    return die_usage("--memory '%s': auto:PCT takes a percentage of extra conv FLOPs in 0..1000",
+                                     optarg);
+            } else if (strcmp(optarg, "none") == 0)
+                o->memory = 0;
+            else if (parse_size(optarg, &o->memory) || o->memory <= 0)
+                return die_usage("--memory '%s': expected auto, none or a size like 1GiB (units B, KiB, MiB, GiB, "
+                                 "KB, MB, GB)",
                                  optarg);
             break;
         case OPT_BUDGET:
@@ -587,6 +607,30 @@ static void print_ladder(vae_model *m, const cw_plan *plan, const cw_compile_opt
     printf("\n");
 }
 
+/* --memory auto: the plan of the ladder's least total whose recompute costs at most
+ * pct % of *plan's conv FLOPs (the plan that stores everything); *plan stays
+ * where no such point holds less. Sets co->memory_budget to the total chosen. */
+static cw_status memory_auto(vae_model *m, double pct, cw_compile_options *co, cw_plan **plan, char *err,
+                             size_t errlen) {
+    cw_memory_point pts[65];
+    int n = 0;
+    cw_plan_stats ps;
+    cw_plan_get_stats(*plan, &ps);
+    if (cw_graph_memory_ladder(m->graph, pts, &n, 65, co) != CW_OK || n < 2) return CW_OK; /* keep the plan */
+    if (n > 65) n = 65;
+    for (int i = 0; i < n - 1; i++) {
+        if (pts[i].recompute_gflop > ps.conv_gflop * pct / 100.0) continue;
+        cw_plan *p2 = NULL;
+        co->memory_budget = pts[i].total_bytes;
+        cw_status st = vae_compile(m, co, &p2, err, errlen);
+        if (st != CW_OK) return st;
+        cw_plan_destroy(*plan);
+        *plan = p2;
+        return CW_OK;
+    }
+    return CW_OK;
+}
+
 /* The child: everything big is created here, so ru_maxrss covers this configuration only. */
 static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result *res, float *out) {
     cw_context *ctx = NULL;
@@ -629,11 +673,13 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
     w = NULL;
     cw_compile_options co = CW_COMPILE_OPTIONS_INIT;
     co.temp_budget = rc->budget;
-    co.memory_budget = rc->budget < 0 && rc->policy == CW_PATCHES_NONE ? 0 : o->memory;
+    co.memory_budget = (rc->budget < 0 && rc->policy == CW_PATCHES_NONE) || o->memory == MEMORY_AUTO ? 0 : o->memory;
     co.streams = rc->streams;
     co.policy = rc->policy;
     co.patches = rc->patches;
     st = vae_compile(m, &co, &plan, res->err, sizeof(res->err));
+    if (st == CW_OK && o->memory == MEMORY_AUTO && rc->policy != CW_PATCHES_NONE && rc->budget > 0)
+        st = memory_auto(m, o->auto_pct, &co, &plan, res->err, sizeof(res->err));
     if (st != CW_OK) {
         if (st == CW_ERR_BUDGET) {
             res->over_budget = 1;
