@@ -169,3 +169,28 @@ def test_enable_on_the_decoder_itself_and_twice(make_vae):
         assert rel_err(vae.decoder(z), ref) <= 1e-5
     cd.disable(vae)
     cd.disable(vae)  # a no-op once disabled
+
+
+
+def test_memory_auto(make_vae):
+    """memory="auto[:PCT]": the memory ladder's least total whose recompute costs at most PCT %
+    more conv FLOPs (Graph.compile); the values do not change (recompute is exact)."""
+    vae = make_vae("tiny", 0)
+    z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(5))
+    got = {}
+    with torch.no_grad():
+        ref = vae.decoder(z)
+        for memory in (None, "auto:0", "auto:1000"):
+            cd.enable(vae, budget="256KiB", encoder=False, memory=memory)
+            got[memory] = (vae.decoder(z), cd.last_plan(vae).stats())
+            cd.disable(vae)
+    for memory, (out, _) in got.items():
+        assert rel_err(out, ref) < 1e-5, memory
+    assert got[None][1]["n_recomputed"] == 0
+    assert got["auto:0"][1]["n_recomputed"] == 0  # no recompute step is free
+    # every step allowed: the ladder's least, fewer activations than storing everything
+    assert got["auto:1000"][1]["n_recomputed"] >= 1
+    assert got["auto:1000"][1]["activations_peak"] < got[None][1]["activations_peak"]
+    with pytest.raises(ValueError, match="auto:PCT"):
+        cd.enable(vae, memory="auto:x")
+    assert not cd.is_enabled(vae)

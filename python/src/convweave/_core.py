@@ -240,10 +240,31 @@ def conv_params(spatial, stride, dilation, pad_pre, pad_post, groups):
     return p
 
 
+AUTO_RECOMPUTE_PCT = 10  # memory="auto": at most this many % more conv FLOPs (as cw-vae's)
+
+
+def memory_auto_pct(memory):
+    """memory="auto" or "auto:PCT" -> PCT (default AUTO_RECOMPUTE_PCT); anything else -> None."""
+    if not isinstance(memory, str) or not memory.startswith("auto"):
+        return None
+    rest = memory[4:]
+    try:
+        pct = float(rest[1:]) if rest.startswith(":") else (AUTO_RECOMPUTE_PCT if rest == "" else None)
+    except ValueError:
+        pct = None
+    if pct is None or not 0 <= pct <= 1000:
+        raise ValueError(f"convweave: memory {memory!r}: 'auto' or 'auto:PCT' takes a percentage of extra conv "
+                         "FLOPs in 0..1000")
+    return pct
+
+
 def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0, memory=None):
     """budget: 0 = the context's, None = unlimited, else parse_bytes; patches: None auto, an int fixed,
     'none' the unscheduled reference; memory: None, or a cap on activations + temporaries
-    (parse_bytes) under which blocks' inner activations are recomputed where needed."""
+    (parse_bytes) under which blocks' inner activations are recomputed where needed ("auto":
+    Graph.compile chooses one from the memory ladder)."""
+    if memory_auto_pct(memory) is not None:
+        memory = None
     o = C.cw_compile_options()
     o.temp_budget = 0 if budget == 0 else parse_bytes(budget)
     o.streams = streams
@@ -321,7 +342,35 @@ class Graph:
         self.ctx.call(lib.cw_graph_min_budget, self.handle, ctypes.byref(b), ctypes.byref(o))
         return b.value
 
+    def memory_ladder(self, **opts):
+        """cw_graph_memory_ladder: the plans a memory= cap chooses between, least total first,
+        as dicts (total_bytes, activations_bytes, temp_bytes, n_recomputed, recompute_gflop)."""
+        o = compile_options(**opts)
+        pts = (C.cw_memory_point * 65)()
+        n = ctypes.c_int()
+        self.ctx.call(lib.cw_graph_memory_ladder, self.handle, pts, ctypes.byref(n), 65, ctypes.byref(o))
+        return [{f: getattr(p, f) for f, _ in C.cw_memory_point._fields_} for p in pts[:min(n.value, 65)]]
+
     def compile(self, **opts):
+        """cw_graph_compile. memory="auto[:PCT]": the memory ladder's least total whose recompute
+        costs at most PCT % (default 10) more conv FLOPs than storing everything (needs a
+        temporary budget; without one, or where no step is cheap enough, nothing recomputes)."""
+        pct = memory_auto_pct(opts.get("memory"))
+        plan = self._compile(**opts)
+        if pct is None:
+            return plan
+        try:
+            ladder = self.memory_ladder(**opts)
+        except Error:  # no fixed temporary budget: the stored plan
+            return plan
+        gflop = plan.stats()["conv_gflop"]
+        for pt in ladder[:-1]:
+            if pt["recompute_gflop"] <= gflop * pct / 100:
+                plan.close()
+                return self._compile(**dict(opts, memory=pt["total_bytes"]))
+        return plan
+
+    def _compile(self, **opts):
         o = compile_options(**opts)
         h = ctypes.c_void_p()
         with self.ctx.lock:

@@ -39,6 +39,7 @@ cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);
 cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
 cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_options *opt);
+cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points, const cw_compile_options *opt);
 void cw_plan_destroy(cw_plan *p);
 cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs, int n_outputs);
 cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
@@ -120,7 +121,13 @@ class cw_plan_stats(ctypes.Structure):
                 ("recompute_gflop", c_double)]
 
 
-STRUCTS = (cw_context_config, cw_tensor_desc, cw_memory_stats, cw_conv_params, cw_compile_options, cw_plan_stats)
+class cw_memory_point(ctypes.Structure):
+    _fields_ = [("total_bytes", c_int64), ("activations_bytes", c_int64), ("temp_bytes", c_int64),
+                ("n_recomputed", c_int), ("recompute_gflop", c_double)]
+
+
+STRUCTS = (cw_context_config, cw_tensor_desc, cw_memory_stats, cw_conv_params, cw_compile_options, cw_plan_stats,
+           cw_memory_point)
 
 # ---- C type spelling -> ctypes type, for the prototypes above ------------------------------
 _HANDLES = {"cw_context", "cw_tensor", "cw_graph", "cw_plan", "void"}

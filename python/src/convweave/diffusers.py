@@ -16,7 +16,7 @@ import threading
 import torch
 from torch import nn
 
-from ._core import Context, Error, Graph, format_bytes, parse_bytes
+from ._core import Context, Error, Graph, format_bytes, memory_auto_pct, parse_bytes
 from . import _lib as C
 
 __all__ = ["enable", "disable", "is_enabled", "last_plan", "ConvweaveDecoder", "ConvweaveEncoder"]
@@ -381,7 +381,8 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
     changed. Enabling again replaces the options and the set of wrapped parts. memory: a cap
     on activations + temporaries of each plan (like budget); where storing every activation
     needs more, blocks recompute their inner activation band by band (exact; stats() counts
-    the cost). Returns the ConvweaveDecoder attached to the decoder (the ConvweaveEncoder
+    the cost); "auto" ("auto:PCT"): the least memory the memory ladder gives for at most 10
+    (PCT) % more conv FLOPs, as cw-vae's default. Returns the ConvweaveDecoder attached to the decoder (the ConvweaveEncoder
     where only the encoder is wrapped): .last_plan has describe(), stats(), write_trace()."""
     found = _parts_of(vae)
     want = {"decoder": decoder, "encoder": encoder}
@@ -392,6 +393,8 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
         want = {p: p == part for p in PARTS}
     if not any(want.values()):
         raise ValueError("convweave.diffusers: encoder=False and decoder=False: nothing to wrap")
+    if memory is not None and memory_auto_pct(memory) is None:
+        parse_bytes(memory)  # a bad size raises here, before anything is wrapped
     shared = _Shared(budget, streams, timing, threads)
     states = {}
     for part in PARTS:  # every check before any change
