@@ -106,6 +106,30 @@ static int cw__rec_consumer_ok(const cw_graph *g, const cw__node *b) {
     return c->stride[h] == 1 && c->dilation[h] == 1 && c->pad_pre[h] <= k - 1 && c->pad_post[h] <= k - 1;
 }
 
+/* x, A's own input and the residual operand of B's add, dies at this block: an activation
+ * of the add's shape and dtype that no lowering unit reads but A's (its prep) and B's (the
+ * residual). The add's result may then be written into x's storage (cw__inplace_operand). */
+static int cw__rec_x_dies(const cw__lower *L, int x, int addn, int a, int b) {
+    const cw_graph *g = L->g;
+    const cw__node *nx = &g->nodes[x], *nadd = &g->nodes[addn];
+    if (nx->kind == CW__N_INPUT || nx->kind == CW__N_CONST || nx->is_output || L->nd[x].fused ||
+        nx->desc.rank != nadd->desc.rank || nx->desc.dtype != nadd->desc.dtype)
+        return 0;
+    for (int d = 0; d < nx->desc.rank; d++)
+        if (nx->desc.dims[d] != nadd->desc.dims[d]) return 0;
+    int readers = 0;
+    for (int i = x + 1; i < g->n; i++) {
+        int rd[4];
+        int k = L->nd[i].live ? cw__fusion_unit_reads(L, i, rd) : -1;
+        for (int r = 0; r < k; r++) {
+            if (rd[r] != x) continue;
+            if (i != a && i != b) return 0;
+            readers++;
+        }
+    }
+    return readers == 2;
+}
+
 void cw__fusion_recompute(cw__lower *L, int64_t min_bytes) {
     const cw_graph *g = L->g;
     for (int i = 0; i < g->n; i++) L->nd[i].rec = 0, L->nd[i].rec_of = -1;
@@ -123,14 +147,16 @@ void cw__fusion_recompute(cw__lower *L, int64_t min_bytes) {
         int x = nb->in[0]; /* every link of the chain used once: only B reads A's bands */
         while (x != a && g->nodes[x].n_uses == 1) x = g->nodes[x].in[0];
         if (x != a) continue;
-        /* B's residual adds A's own input: the second pass reads that input's rows (A's
-         * halo) while B's result would overwrite it in place, so the add needs a buffer of
-         * its own and recomputing saves nothing */
+        /* B's residual adds A's own input x: recomputing saves A's result only if B's result
+         * then takes x's storage, band by band, while later bands' recomputes still read x's
+         * rows (lower.c orders those reads before each band's write). Without that, the add
+         * needs a buffer of its own beside x and recomputing saves nothing. */
         int asrc, ag, as, au;
         cw__fusion_chain(L, na->in[0], &asrc, &ag, &as, &au);
         if (L->nd[b].epi_into >= 0) {
-            const cw__node *an = &g->nodes[L->nd[b].epi_into];
-            if ((an->in[0] == b ? an->in[1] : an->in[0]) == asrc) continue;
+            int addn = L->nd[b].epi_into;
+            const cw__node *an = &g->nodes[addn];
+            if ((an->in[0] == b ? an->in[1] : an->in[0]) == asrc && !cw__rec_x_dies(L, asrc, addn, a, b)) continue;
         }
         L->nd[a].rec = 1;
         L->nd[b].rec_of = a;

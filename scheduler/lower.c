@@ -32,6 +32,12 @@ typedef struct cw__conv_unit {
     int *ybuf;               /* per patch (inplace): its output band buffer */
     int *war;                /* inplace: earlier tasks touching other's storage */
     int n_war;
+    int rec_x;               /* 1: inplace, and other is the recomputed conv's own input: a
+                                band's epilogue overwrites rows that later patches' recomputes
+                                still read (cw__emit_patches orders them) */
+    int *xr_task;            /* rec_x, per patch: the task of its recompute that reads other's
+                                rows (its prep, or its conv without one), -1 before emitted */
+    int64_t *xr_lo, *xr_hi;  /* rec_x, per patch: those rows of other */
     cw__conv_info *ci;
 } cw__conv_unit;
 
@@ -160,6 +166,11 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
         e->u.add.a = e->u.add.dst;
         e->u.add.b = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
         for (int k = 0; k < u->n_war; k++) CW__TRY(cw__dep(L, *id, u->war[k]));
+        /* write after read: every recompute that reads these rows of other (its prep is on
+         * this stream in the usual block, its conv on a heavy one without a prep) */
+        for (int q = 0; u->rec_x && q < u->cp.patches; q++)
+            if (u->xr_task[q] >= 0 && u->xr_lo[q] < pt->o1 && pt->o0 < u->xr_hi[q])
+                CW__TRY(cw__dep(L, *id, u->xr_task[q]));
     } else {
         e->u.add.a = e->u.add.dst;
         e->u.add.b = cw__rows(L->nd[u->other].buf, &g->nodes[u->other].desc, pt->o0, pt->o1);
@@ -244,6 +255,18 @@ static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_probl
     return CW_OK;
 }
 
+/* Recomputed conv A's band for patch q of its consumer (unit u): A's output rows are the
+ * rows q reads, [pt->a, pt->b); *ap gets A's patch for them. */
+static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q, cw__patch *ap) {
+    const cw_graph *g = L->g;
+    const cw__node *na = &g->nodes[u->rec];
+    const cw__patch *pt = &u->cp.patch[q];
+    cw__conv_problem fa;
+    cw__conv_problem_init(&fa, &g->nodes[na->in[0]].desc, &g->nodes[na->in[1]].desc, na->in[2] >= 0, &na->desc,
+                          &na->conv);
+    return cw__patch_make(&fa, pt->a, pt->b, ap);
+}
+
 /* Patch q's input rows of a conv that reads a recomputed conv A through GN -> SiLU: A's
  * band for exactly those rows (its own prep, conv into a band buffer), then GN apply +
  * SiLU in place on it. The band buffer is q's prep buffer. Exact: the statistics are A's
@@ -253,9 +276,6 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     const int A = u->rec;
     const cw__node *na = &g->nodes[A];
     const cw__patch *pt = &u->cp.patch[q];
-    cw__conv_problem fa;
-    cw__conv_problem_init(&fa, &g->nodes[na->in[0]].desc, &g->nodes[na->in[1]].desc, na->in[2] >= 0, &na->desc,
-                          &na->conv);
     cw__conv_unit a;
     memset(&a, 0, sizeof a);
     int64_t bounds[2] = {pt->a, pt->b};
@@ -270,11 +290,12 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     a.cp.bounds = bounds;
     a.cp.patch = &ap;
     a.ws = &ws, a.pbuf = &pbuf, a.ybuf = &ybuf, a.prep_task = &ptask;
-    CW__TRY(cw__patch_make(&fa, pt->a, pt->b, &ap));
+    CW__TRY(cw__rec_band(L, u, q, &ap));
     CW__TRY(cw__rec_algo(L, u->node, A, &ap.prob, &a.cp.algo));
     a.cp.ws = a.cp.algo.workspace;
     CW__TRY(cw__emit_prep(L, &a, 0));
     CW__TRY(cw__emit_conv(L, &a, 0, &id));
+    if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : id; /* what reads other's rows */
     L->p->recompute_flop += cw__conv_flops(&ap.prob);
     CW__TRY(cw__release(L, ws));
     CW__TRY(cw__release(L, pbuf));
@@ -299,16 +320,43 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     return CW_OK;
 }
 
+/* rec_x: the rows of other (A's own input) each patch's recompute reads; nondecreasing in
+ * the patch, since the bands are. */
+static cw_status cw__rec_x_rows(cw__lower *L, cw__conv_unit *u) {
+    const int P = u->cp.patches;
+    u->xr_task = cw__malloc((size_t)P * sizeof *u->xr_task);
+    u->xr_lo = cw__malloc((size_t)P * sizeof *u->xr_lo);
+    u->xr_hi = cw__malloc((size_t)P * sizeof *u->xr_hi);
+    if (!u->xr_task || !u->xr_lo || !u->xr_hi) return cw__oom(L);
+    int src, gn, silu, up;
+    cw__fusion_chain(L, L->g->nodes[u->rec].in[0], &src, &gn, &silu, &up);
+    for (int q = 0; q < P; q++) {
+        cw__patch ap;
+        CW__TRY(cw__rec_band(L, u, q, &ap));
+        u->xr_task[q] = -1;
+        u->xr_lo[q] = ap.a / up; /* as cw__emit_prep reads them */
+        u->xr_hi[q] = ap.b > ap.a ? (ap.b - 1) / up + 1 : u->xr_lo[q];
+    }
+    return CW_OK;
+}
+
 /* Emits every patch: preps run ahead of their conv by `ahead` patches (double buffering),
- * then conv, epilogue, band statistics; temporaries are freed H patches later. */
+ * then conv, epilogue, band statistics; temporaries are freed H patches later.
+ * rec_x (B's result written over A's own input x, A recomputed per band): band j's epilogue
+ * overwrites x's rows [o0, o1), which the recomputes of later patches still read (their
+ * halo: patch j+1's starts halo rows above o1). So before band j's epilogue, every recompute
+ * reading a row below o1 is emitted (host order) and the epilogue depends on those that
+ * read its rows (cw__emit_epilogue): at least 2 recomputes in flight, more only where a
+ * band is thinner than the halo. Each recompute holds its rows already prepped and
+ * convolved in its band buffer, so those buffers are the halo ring: no copy of x's rows. */
 static cw_status cw__emit_patches(cw__lower *L, cw__conv_unit *u) {
     const int P = u->cp.patches, H = L->heavy;
     const int ahead = u->prep || u->rec >= 0 ? (L->light != 0 ? L->heavy + 1 : 1) : 0;
     int next_prep = 0;
     for (int j = 0; j < P; j++) {
-        while (next_prep < P && next_prep < j + ahead)
-            CW__TRY(u->rec >= 0 ? cw__emit_recompute(L, u, next_prep++) : cw__emit_prep(L, u, next_prep++));
         const cw__patch *pt = &u->cp.patch[j];
+        while (next_prep < P && (next_prep < j + ahead || (u->rec_x && u->xr_lo[next_prep] < pt->o1)))
+            CW__TRY(u->rec >= 0 ? cw__emit_recompute(L, u, next_prep++) : cw__emit_prep(L, u, next_prep++));
         int id = -1, last;
         CW__TRY(cw__emit_conv(L, u, j, &id));
         last = id;
@@ -343,11 +391,17 @@ static cw_status cw__lower_conv(cw__lower *L, int i) {
     u.inplace = u.other >= 0 && L->nd[u.other].moved;
     u.pass1 = L->nd[i].rec;
     u.rec = L->nd[i].rec_of;
+    if (u.inplace && u.rec >= 0) {
+        int asrc, ag, as, au;
+        cw__fusion_chain(L, g->nodes[u.rec].in[0], &asrc, &ag, &as, &au);
+        u.rec_x = asrc == u.other;
+    }
     cw__conv_problem full;
     cw__conv_problem_init(&full, &g->nodes[n->in[0]].desc, &g->nodes[n->in[1]].desc, n->in[2] >= 0, &n->desc, &n->conv);
     int64_t h_out = n->desc.dims[cw__hdim(&n->desc)];
     cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, u.inplace || u.pass1, h_out);
     if (u.rec >= 0 && sh.avail > 0) sh.avail = cw__rec_split(L, i, u.rec, sh.avail, 0);
+    if (u.rec_x && sh.n_pbufs < 2) sh.n_pbufs = 2; /* one stream: the next band's recompute is in flight too */
     cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);
     if (st == CW_OK && u.pass1) L->nd[i].rec_algo = u.cp.algo;
     if (st == CW_OK) {
@@ -359,6 +413,7 @@ static cw_status cw__lower_conv(cw__lower *L, int i) {
         if (!u.ws || !u.pbuf || !u.ybuf || !u.prep_task) st = cw__oom(L);
         for (int q = 0; q < P && st == CW_OK; q++) u.ws[q] = u.pbuf[q] = u.ybuf[q] = u.prep_task[q] = -1;
     }
+    if (st == CW_OK && u.rec_x) st = cw__rec_x_rows(L, &u);
     if (st == CW_OK && u.inplace) st = cw__touching(L, L->nd[u.other].buf, &u.war, &u.n_war);
     if (st == CW_OK && u.gn >= 0) st = cw__gn_ready(L, u.gn);
     if (st == CW_OK) st = cw__gn_begin(L, u.outn, u.cp.patches);
@@ -366,6 +421,7 @@ static cw_status cw__lower_conv(cw__lower *L, int i) {
     if (st == CW_OK) st = cw__emit_patches(L, &u);
     cw__conv_plan_free(&u.cp);
     cw__free(u.ws), cw__free(u.pbuf), cw__free(u.ybuf), cw__free(u.prep_task), cw__free(u.war);
+    cw__free(u.xr_task), cw__free(u.xr_lo), cw__free(u.xr_hi);
     return st;
 }
 /* ---- other nodes ---------------------------------------------------------------------- */
@@ -590,15 +646,20 @@ static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
 
 /* The residual operand of ADD node i (whose conv epilogue is unit u) whose storage the
  * add's result may take, or -1. Legal when that operand is an activation of the same shape
- * that nothing after this unit reads, and the conv does not read it (its halo rows would
- * be overwritten under it). The unscheduled reference keeps a buffer per node. */
+ * that nothing after this unit reads, and the conv does not read it directly (its halo rows
+ * would be overwritten under it). A conv that recomputes conv A per band may take A's own
+ * input, which A's unit still holds (its reads are released after this unit): the recomputes
+ * read it band by band, ordered before each band's write (cw__emit_patches). The
+ * unscheduled reference keeps a buffer per node. */
 static int cw__inplace_operand(const cw__lower *L, int i, int u) {
     const cw_graph *g = L->g;
     const cw__node *an = &g->nodes[i];
     int m = an->in[0] == u ? an->in[1] : an->in[0];
     const cw__node *nm = &g->nodes[m];
     const cw__lnode *lm = &L->nd[m];
-    if (L->none || m < 0 || lm->buf < 0 || lm->moved || lm->reads != 1 || nm->is_output ||
+    int reads = 1, a = L->nd[u].rec_of; /* this unit's read, and the recomputed conv's */
+    for (int k = 0; a >= 0 && k < L->nd[a].rec_k; k++) reads += L->nd[a].rec_rd[k] == m;
+    if (L->none || m < 0 || lm->buf < 0 || lm->moved || lm->reads != reads || nm->is_output ||
         L->p->bufs[lm->buf].kind != CW__B_ACT || nm->desc.rank != an->desc.rank || nm->desc.dtype != an->desc.dtype)
         return -1;
     for (int d = 0; d < an->desc.rank; d++)
@@ -607,7 +668,8 @@ static int cw__inplace_operand(const cw__lower *L, int i, int u) {
     cw__fusion_chain(L, g->nodes[u].in[0], &src, &gn, &silu, &up);
     if (src == m) return -1;
     for (int q = m + 1; q < g->n; q++) /* GroupNorm statistics still to be taken from m */
-        if (g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0) return -1;
+        if (g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0 && L->nd[q].gn_fin < 0)
+            return -1;
     return m;
 }
 

@@ -93,7 +93,9 @@ void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, i
  * scale/shift it uses, or -1. Returns how many, or -1 when i is no unit of its own. */
 int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]);
 /* Marks ResNet-style pairs (conv A -> GN -> SiLU -> conv B, A's result read only there) whose
- * A result has >= min_bytes: A is recomputed inside B's lowering (nd[].rec, rec_of). */
+ * A result has >= min_bytes: A is recomputed inside B's lowering (nd[].rec, rec_of). Where
+ * B's residual is A's own input x, only when x dies there (B's result then takes x's
+ * storage, lower.c). */
 void cw__fusion_recompute(cw__lower *L, int64_t min_bytes);
 
 /* ---- gn_lower.c: exact GroupNorm statistics ---- */
