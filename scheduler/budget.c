@@ -70,13 +70,13 @@ static void cw__fit_arena(cw_plan *p, int64_t used, int64_t *peak) {
 
 /* Builds under `budget`, shrinking the sizing budget until the dry run fits. fit_arena: also
  * size the run's arena (feasibility searches skip it: only the yes/no matters there). */
-static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_t budget, int fit_arena, int64_t rec_min,
-                                cw_plan **out) {
+static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_t budget, int fit_arena,
+                                const unsigned char *rec_allow, cw_plan **out) {
     int64_t sizing = budget;
     cw_status st = CW_OK;
     for (int attempt = 0; attempt < 16; attempt++) {
         cw_plan *p = NULL;
-        st = cw__plan_build(g, o, sizing, rec_min, &p);
+        st = cw__plan_build(g, o, sizing, rec_allow, &p);
         if (st != CW_OK) return st;
         p->budget = budget;
         if ((st = cw__plan_bind_constants(p)) != CW_OK) {
@@ -129,24 +129,93 @@ static int cw__rec_steps(const cw_graph *g, int64_t rec_min[CW__REC_STEPS]) {
     return ns;
 }
 
-/* Under opt->memory_budget: the first recompute step (cw__rec_steps) whose plan fits.
+/* The climb through the recompute steps: which convs each step lets the planner recompute. */
+typedef struct cw__rec_climb {
+    int64_t rec_min[CW__REC_STEPS];
+    int ns;
+    unsigned char *allow; /* per graph node: may be recomputed (cw__plan_build) */
+    int *fresh;           /* scratch: the convs a step allows first */
+} cw__rec_climb;
+
+static cw_status cw__rec_climb_init(cw_graph *g, cw__rec_climb *c) {
+    c->ns = cw__rec_steps(g, c->rec_min);
+    c->allow = cw__calloc((size_t)g->n + 1, 1);
+    c->fresh = cw__malloc(((size_t)g->n + 1) * sizeof *c->fresh);
+    if (!c->allow || !c->fresh) return cw__error(g->ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory");
+    return CW_OK;
+}
+
+static void cw__rec_climb_free(cw__rec_climb *c) { cw__free(c->allow), cw__free(c->fresh); }
+
+static int cw__plan_recomputes(const cw_plan *p, int node) {
+    for (int i = 0; i < p->n_recomputed; i++)
+        if (p->rec_nodes[i] == node) return 1;
+    return 0;
+}
+
+/* Step k's plan (steps in order from 0: each builds on the last). It allows the convs whose
+ * result holds >= rec_min[k] bytes on top of the earlier steps' choices; then each block it
+ * newly recomputes is tried stored again, in graph order, and stays stored when the plan then
+ * holds no more activations + temporaries. A block whose inner activation is not alive at the
+ * plan's peak pays its FLOPs again and saves nothing (in the SD decoder at 512², the two
+ * same-shape blocks beside the 256->128 one). CW_ERR_BUDGET: the step's temporaries do not
+ * fit the temp budget (its convs stay allowed for the next steps). */
+static cw_status cw__rec_step(cw_graph *g, const cw_compile_options *o, int64_t budget, cw__rec_climb *c, int k,
+                              cw_plan **out) {
+    *out = NULL;
+    int nf = 0;
+    for (int i = 0; k > 0 && i < g->n; i++)
+        if (g->nodes[i].kind == CW__N_CONV && !c->allow[i] && cw__desc_bytes(&g->nodes[i].desc) >= c->rec_min[k])
+            c->allow[i] = 1, c->fresh[nf++] = i;
+    cw_plan *p = NULL;
+    cw_status st = cw__compile_at(g, o, budget, 1, c->allow, &p);
+    if (st != CW_OK) return st;
+    for (int f = 0; f < nf; f++) {
+        if (!cw__plan_recomputes(p, c->fresh[f])) continue;
+        c->allow[c->fresh[f]] = 0;
+        cw_plan *q = NULL;
+        st = cw__compile_at(g, o, budget, 1, c->allow, &q);
+        if (st == CW_OK && cw__plan_memory(q) <= cw__plan_memory(p)) {
+            cw__plan_free(p);
+            p = q;
+            continue;
+        }
+        cw__plan_free(q);
+        if (st != CW_OK && st != CW_ERR_BUDGET) {
+            cw__plan_free(p);
+            return st;
+        }
+        c->allow[c->fresh[f]] = 1;
+    }
+    *out = p;
+    return CW_OK;
+}
+
+/* Under opt->memory_budget: the first recompute step (cw__rec_step) whose plan fits.
  * CW_ERR_BUDGET names the least memory a step reached. */
 static cw_status cw__compile_in_memory(cw_graph *g, const cw_compile_options *o, int64_t budget, cw_plan **out) {
-    int64_t rec_min[CW__REC_STEPS], best = -1;
-    int ns = cw__rec_steps(g, rec_min);
-    for (int k = 0; k < ns; k++) {
+    int64_t best = -1;
+    cw__rec_climb c;
+    cw_status st = cw__rec_climb_init(g, &c);
+    for (int k = 0; st == CW_OK && k < c.ns; k++) {
         cw_plan *p = NULL;
-        cw_status st = cw__compile_at(g, o, budget, 1, rec_min[k], &p);
-        if (st == CW_ERR_BUDGET) continue; /* its temporaries do not fit the temp budget */
-        if (st != CW_OK) return st;
+        st = cw__rec_step(g, o, budget, &c, k, &p);
+        if (st == CW_ERR_BUDGET) { /* its temporaries do not fit the temp budget */
+            st = CW_OK;
+            continue;
+        }
+        if (st != CW_OK) break;
         int64_t m = cw__plan_memory(p);
         if (m <= o->memory_budget) {
+            cw__rec_climb_free(&c);
             *out = p;
             return CW_OK;
         }
         if (best < 0 || m < best) best = m;
         cw__plan_free(p);
     }
+    cw__rec_climb_free(&c);
+    if (st != CW_OK) return st;
     if (best < 0)
         return cw__error(g->ctx, CW_ERR_BUDGET, "cw_graph_compile: no plan fits temp budget %" PRId64 " bytes", budget);
     return cw__error(g->ctx, CW_ERR_BUDGET,
@@ -179,12 +248,12 @@ static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
  * as a cap; *lo gets the largest budget seen failing (0 if none). */
 static cw_status cw__feasible_budget(cw_graph *g, const cw_compile_options *opt, int64_t *hi, int64_t *lo) {
     cw_plan *p = NULL;
-    cw_status st = cw__compile_at(g, opt, -1, 0, 0, &p);
+    cw_status st = cw__compile_at(g, opt, -1, 0, NULL, &p);
     if (st != CW_OK) return st;
     *hi = p->temp_predicted, *lo = 0;
     cw__plan_free(p);
     for (;;) {
-        st = cw__compile_at(g, opt, *hi, 0, 0, &p);
+        st = cw__compile_at(g, opt, *hi, 0, NULL, &p);
         if (st == CW_OK) {
             cw__plan_free(p);
             return CW_OK;
@@ -214,7 +283,7 @@ cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_
     while (hi - lo > step) {
         int64_t mid = lo + (hi - lo) / 2;
         cw_plan *p = NULL;
-        st = cw__compile_at(g, opt, mid, 0, 0, &p);
+        st = cw__compile_at(g, opt, mid, 0, NULL, &p);
         if (st == CW_OK) {
             cw__plan_free(p);
             hi = mid;
@@ -256,14 +325,21 @@ cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_
                          opt->temp_budget, g->ctx->cfg.temp_budget);
     /* every step's plan, as cw__compile_in_memory builds it; a step is on the ladder when it
      * holds less than every step before it (cw_graph_compile takes the first that fits) */
-    int64_t rec_min[CW__REC_STEPS];
     cw_memory_point kept[CW__REC_STEPS];
-    int ns = cw__rec_steps(g, rec_min), n = 0;
-    for (int k = 0; k < ns; k++) {
+    cw__rec_climb c;
+    int n = 0;
+    if ((st = cw__rec_climb_init(g, &c)) != CW_OK) {
+        cw__rec_climb_free(&c);
+        return st;
+    }
+    for (int k = 0; k < c.ns; k++) {
         cw_plan *p = NULL;
-        st = cw__compile_at(g, &o, budget, 1, rec_min[k], &p);
+        st = cw__rec_step(g, &o, budget, &c, k, &p);
         if (st == CW_ERR_BUDGET) continue;
-        if (st != CW_OK) return st;
+        if (st != CW_OK) {
+            cw__rec_climb_free(&c);
+            return st;
+        }
         int64_t m = cw__plan_memory(p);
         if (n == 0 || m < kept[n - 1].total_bytes) {
             cw_memory_point *q = &kept[n++];
@@ -275,6 +351,7 @@ cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_
         }
         cw__plan_free(p);
     }
+    cw__rec_climb_free(&c);
     if (n == 0) {
         int64_t need = -1;
         if (cw_graph_min_budget(g, &need, &o) != CW_OK) need = -1;
@@ -365,7 +442,7 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
     if (g->n_outputs == 0) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_graph_compile: the graph has no outputs");
     int64_t budget = cw__opt_budget(ctx, opt);
     cw_plan *p = NULL;
-    st = opt->memory_budget > 0 ? cw__compile_in_memory(g, opt, budget, &p) : cw__compile_at(g, opt, budget, 1, 0, &p);
+    st = opt->memory_budget > 0 ? cw__compile_in_memory(g, opt, budget, &p) : cw__compile_at(g, opt, budget, 1, NULL, &p);
     if (st == CW_ERR_BUDGET && opt->memory_budget > 0) return st; /* its message says why */
     if (st == CW_ERR_BUDGET) {
         int64_t need = -1;

@@ -130,10 +130,10 @@ static int cw__rec_x_dies(const cw__lower *L, int x, int addn, int a, int b) {
     return readers == 2;
 }
 
-void cw__fusion_recompute(cw__lower *L, int64_t min_bytes) {
+void cw__fusion_recompute(cw__lower *L) {
     const cw_graph *g = L->g;
     for (int i = 0; i < g->n; i++) L->nd[i].rec = 0, L->nd[i].rec_of = -1;
-    if (!L->fuse || L->none || min_bytes <= 0) return;
+    if (!L->fuse || L->none || !L->rec_allow) return;
     for (int b = 0; b < g->n; b++) {
         const cw__node *nb = &g->nodes[b];
         if (nb->kind != CW__N_CONV || !L->nd[b].live || !cw__rec_consumer_ok(g, nb)) continue;
@@ -142,7 +142,7 @@ void cw__fusion_recompute(cw__lower *L, int64_t min_bytes) {
         const cw__node *na = &g->nodes[a];
         if (na->kind != CW__N_CONV || gn < 0 || up != 1 || g->nodes[gn].in[0] != a || na->is_output ||
             na->n_uses != 1 || g->nodes[gn].n_uses != 1 || L->nd[a].epi_into >= 0 || L->nd[a].rec_of >= 0 ||
-            cw__desc_bytes(&na->desc) < min_bytes)
+            !L->rec_allow[a])
             continue;
         int x = nb->in[0]; /* every link of the chain used once: only B reads A's bands */
         while (x != a && g->nodes[x].n_uses == 1) x = g->nodes[x].in[0];

@@ -751,8 +751,11 @@ static cw_status cw__lower_graph(cw__lower *L) {
     cw_graph *g = L->g;
     cw__mark_live(L);
     cw__fusion_analyse(L);
-    cw__fusion_recompute(L, L->rec_min);
-    for (int i = 0; i < g->n; i++) L->p->n_recomputed += L->nd[i].rec;
+    cw__fusion_recompute(L);
+    L->p->rec_nodes = cw__malloc((size_t)g->n * sizeof *L->p->rec_nodes + 1);
+    if (!L->p->rec_nodes) return cw__oom(L);
+    for (int i = 0; i < g->n; i++)
+        if (L->nd[i].rec) L->p->rec_nodes[L->p->n_recomputed++] = i;
     CW__TRY(cw__bind_externals(L));
     for (int i = 0; i < g->n; i++) CW__TRY(cw__lower_node(L, i));
     for (int i = 0; i < g->n; i++)
@@ -764,7 +767,8 @@ static cw_status cw__lower_graph(cw__lower *L) {
     return cw__plan_place_activations(L->p);
 }
 
-cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, int64_t rec_min, cw_plan **out) {
+cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, const unsigned char *rec_allow,
+                         cw_plan **out) {
     *out = NULL;
     cw_context *ctx = g->ctx;
     cw_plan *p = cw__calloc(1, sizeof *p);
@@ -778,7 +782,7 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
     p->n_outputs = g->n_outputs;
     cw__lower L;
     cw_status st = cw__lower_init(&L, p, g, budget);
-    L.rec_min = rec_min;
+    L.rec_allow = rec_allow;
     if (st == CW_OK) st = cw__lower_graph(&L);
     cw__lower_free(&L);
     if (st != CW_OK) {

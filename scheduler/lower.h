@@ -46,7 +46,7 @@ typedef struct cw__lower {
     int threads;        /* per task: the backend's threads / heavy streams (0: n/a) */
     int rr;             /* round-robin heavy stream */
     int fuse, none;
-    int64_t rec_min;    /* recompute blocks whose inner activation has >= this many bytes */
+    const unsigned char *rec_allow; /* per node: a conv that may be recomputed (NULL: none) */
     cw__lnode *nd;      /* per graph node */
 } cw__lower;
 
@@ -93,10 +93,10 @@ void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, i
  * scale/shift it uses, or -1. Returns how many, or -1 when i is no unit of its own. */
 int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]);
 /* Marks ResNet-style pairs (conv A -> GN -> SiLU -> conv B, A's result read only there) whose
- * A result has >= min_bytes: A is recomputed inside B's lowering (nd[].rec, rec_of). Where
+ * A is allowed (L->rec_allow): A is recomputed inside B's lowering (nd[].rec, rec_of). Where
  * B's residual is A's own input x, only when x dies there (B's result then takes x's
  * storage, lower.c). */
-void cw__fusion_recompute(cw__lower *L, int64_t min_bytes);
+void cw__fusion_recompute(cw__lower *L);
 
 /* ---- gn_lower.c: exact GroupNorm statistics ---- */
 /* Before a producer of node n emits `parts` bands: partial buffers for its GN consumers. */

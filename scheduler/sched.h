@@ -189,6 +189,7 @@ struct cw_plan {
     double conv_gflop, halo_flop;
     double recompute_flop;   /* conv FLOPs of second passes over recomputed blocks */
     int n_recomputed;
+    int *rec_nodes;          /* the recomputed convs (each block's first conv), n_recomputed */
     /* run state */
     cw__allocator *temp;   /* the context's when the plan's budget is the context's */
     int own_temp;
@@ -209,9 +210,11 @@ cw_status cw__plan_place_activations(cw_plan *p);
 /* graph.c */
 const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
 /* lower.c: lowers g into a plan sized under `budget` (< 0 unlimited). */
-/* rec_min > 0: recompute the inner activation of ResNet-style blocks holding >= rec_min
- * bytes (cw_compile_options.memory_budget); 0: store every activation. */
-cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, int64_t rec_min, cw_plan **out);
+/* rec_allow (per graph node, may be NULL: none): the convs that may be recomputed where they
+ * are the first conv of a ResNet-style block (cw_compile_options.memory_budget, budget.c
+ * picks them); the others are stored. */
+cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, const unsigned char *rec_allow,
+                         cw_plan **out);
 /* sync.c: the buffers task t touches (weights and biases excepted), into out, which holds
  * CW__TASK_MAX_BUFS; returns how many. */
 #define CW__TASK_MAX_BUFS 5
