@@ -3,7 +3,12 @@
  * ordering a temporary's stream after the frees of the memory it reuses, the waits the plan
  * records for an activation placed over freed ones (arena.c), and the allocation events
  * other streams wait on — and reports every pair of tasks that touch
- * overlapping memory (the addresses of the plan's last run) without being ordered. */
+ * overlapping memory (the addresses of the plan's last run) without being ordered:
+ * - two buffers whose memory overlaps (reuse of freed memory), whatever the tasks do;
+ * - one buffer, where one task writes elements the other reads or writes (the views' boxes
+ *   overlap): a data dependency, or a write in place after a read (a residual add written
+ *   over its operand while other tasks still read its rows). Attention chunks write
+ *   disjoint token ranges of one output, compared as such. */
 #ifndef CW_HB_CHECK_H
 #define CW_HB_CHECK_H
 
@@ -18,6 +23,88 @@
 static void hb_join(int64_t *dst, const int64_t *src, int S) {
     for (int q = 0; q < S; q++)
         if (src[q] > dst[q]) dst[q] = src[q];
+}
+
+/* One buffer access of a task: a view (whole: every element), read or written. */
+typedef struct hb_acc {
+    int buf, write, whole;
+    cw__vref v;
+    int attn;          /* an attention chunk's output: tokens [t0, t1) of sample n */
+    int64_t n, t0, t1;
+} hb_acc;
+
+static int hb_view(hb_acc *a, const cw__vref *v, int write) {
+    if (v->buf < 0) return 0;
+    memset(a, 0, sizeof *a);
+    a->buf = v->buf, a->write = write, a->v = *v;
+    return 1;
+}
+
+static int hb_whole(hb_acc *a, int buf, int write) {
+    if (buf < 0) return 0;
+    memset(a, 0, sizeof *a);
+    a->buf = buf, a->write = write, a->whole = 1;
+    return 1;
+}
+
+/* Task t's accesses into out (at most 8); returns how many. */
+static int hb_accesses(const cw__task *t, hb_acc *out) {
+    int n = 0;
+    switch (t->kind) {
+    case CW__T_CONV:
+        n += hb_view(&out[n], &t->u.conv.x, 0);
+        n += hb_view(&out[n], &t->u.conv.y, 1);
+        n += hb_whole(&out[n], t->u.conv.ws_buf, 1);
+        break;
+    case CW__T_PREP:
+        n += hb_view(&out[n], &t->u.prep.src, 0);
+        n += hb_view(&out[n], &t->u.prep.dst, 1);
+        n += hb_whole(&out[n], t->u.prep.ss_buf, 0);
+        break;
+    case CW__T_ADD:
+        n += hb_view(&out[n], &t->u.add.dst, 1);
+        n += hb_view(&out[n], &t->u.add.a, 0);
+        n += hb_view(&out[n], &t->u.add.b, 0);
+        break;
+    case CW__T_STATS:
+        n += hb_view(&out[n], &t->u.stats.x, 0);
+        n += hb_whole(&out[n], t->u.stats.part_buf, 1);
+        break;
+    case CW__T_FINALIZE:
+        n += hb_whole(&out[n], t->u.fin.part_buf, 0);
+        n += hb_whole(&out[n], t->u.fin.ss_buf, 1);
+        break;
+    case CW__T_CHANNEL:
+        n += hb_view(&out[n], &t->u.chan.dst, 1);
+        n += hb_view(&out[n], &t->u.chan.x, 0);
+        break;
+    case CW__T_ATTN:
+        n += hb_view(&out[n], &t->u.attn.q, 0);
+        n += hb_view(&out[n], &t->u.attn.k, 0);
+        n += hb_view(&out[n], &t->u.attn.v, 0);
+        if (hb_view(&out[n], &t->u.attn.o, 1)) {
+            hb_acc *a = &out[n++];
+            a->attn = 1, a->n = t->u.attn.n, a->t0 = t->u.attn.t0, a->t1 = t->u.attn.t1;
+            /* its rows, as the lowering records the chunk's writer (rank 4: tokens are h*W+w) */
+            if (a->v.rank == 4) {
+                int64_t W = a->v.dims[3];
+                a->v.start[2] += a->t0 / W;
+                a->v.dims[2] = (a->t1 - 1) / W + 1 - a->t0 / W;
+            }
+        }
+        n += hb_whole(&out[n], t->u.attn.s_buf, 1);
+        break;
+    }
+    return n;
+}
+
+/* The two accesses of one buffer touch a common element. */
+static int hb_overlap(const hb_acc *a, const hb_acc *b) {
+    if (a->attn && b->attn) return a->n == b->n && a->t0 < b->t1 && b->t0 < a->t1;
+    if (a->whole || b->whole || a->v.rank != b->v.rank) return 1;
+    for (int d = 0; d < a->v.rank; d++)
+        if (!(a->v.start[d] < b->v.start[d] + b->v.dims[d] && b->v.start[d] < a->v.start[d] + a->v.dims[d])) return 0;
+    return 1;
 }
 
 /* Returns the number of unordered pairs (prints the first few). */
@@ -86,6 +173,41 @@ static int hb_check(const cw_plan *p) {
             }
         }
     }
+    /* one buffer: a write and any other access of a common element, in host order U < T */
+    int *cnt = calloc((size_t)nb + 1, sizeof *cnt), *at = calloc((size_t)nb + 1, sizeof *at);
+    int(*use)[2] = malloc(((size_t)nt * 8 + 1) * sizeof *use); /* (task, access) per buffer */
+    hb_acc(*acc)[8] = malloc(((size_t)nt + 1) * sizeof *acc);
+    int *nacc = calloc((size_t)nt + 1, sizeof *nacc);
+    for (int T = 0; T < nt; T++) {
+        nacc[T] = hb_accesses(&p->tasks[T], acc[T]);
+        for (int i = 0; i < nacc[T]; i++) cnt[acc[T][i].buf]++;
+    }
+    for (int b = 0, o = 0; b < nb; b++) at[b] = o, o += cnt[b], cnt[b] = 0;
+    for (int T = 0; T < nt; T++) /* per buffer, in task (host) order */
+        for (int i = 0; i < nacc[T]; i++) {
+            int b = acc[T][i].buf;
+            use[at[b] + cnt[b]][0] = T, use[at[b] + cnt[b]][1] = i;
+            cnt[b]++;
+        }
+    for (int b = 0; b < nb; b++) {
+        cw__bkind k = p->bufs[b].kind;
+        if (k != CW__B_ACT && k != CW__B_TEMP && k != CW__B_OUTPUT) continue;
+        for (int x = 0; x < cnt[b]; x++)
+            for (int y = x + 1; y < cnt[b]; y++) {
+                int U = use[at[b] + x][0], T = use[at[b] + y][0];
+                const hb_acc *au = &acc[U][use[at[b] + x][1]], *at2 = &acc[T][use[at[b] + y][1]];
+                if (U == T || !(au->write || at2->write) || !hb_overlap(au, at2)) continue;
+                int us = p->tasks[U].stream;
+                if (tvc[U][us] <= svc[T][us]) continue;
+                if (bad < 5)
+                    fprintf(stderr, "  hazard: task %d '%s' (stream %d) %s buffer %d where task %d '%s' (stream %d) %s "
+                                    "it, unordered\n",
+                            T, p->tasks[T].name, p->tasks[T].stream, at2->write ? "writes" : "reads", b, U,
+                            p->tasks[U].name, us, au->write ? "wrote" : "read");
+                bad++;
+            }
+    }
+    free(cnt), free(at), free(use), free(acc), free(nacc);
     free(tvc), free(svc), free(fvc), free(evc), free(freed);
     return bad;
 }
