@@ -166,8 +166,11 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
         e->u.add.a = e->u.add.dst;
         e->u.add.b = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
         for (int k = 0; k < u->n_war; k++) CW__TRY(cw__dep(L, *id, u->war[k]));
-        /* write after read: every recompute that reads these rows of other (its prep is on
-         * this stream in the usual block, its conv on a heavy one without a prep) */
+        /* write after read: every recompute that reads these rows of other (its prep, on
+         * this stream; or its conv, on a heavy one, where A has no prep). The light stream's
+         * order implies it today (each recompute ends in a GN apply here that waits for its
+         * conv, emitted before this add: cw__emit_patches); recorded so that sync.c orders
+         * it whatever streams those tasks take. */
         for (int q = 0; u->rec_x && q < u->cp.patches; q++)
             if (u->xr_task[q] >= 0 && u->xr_lo[q] < pt->o1 && pt->o0 < u->xr_hi[q])
                 CW__TRY(cw__dep(L, *id, u->xr_task[q]));
