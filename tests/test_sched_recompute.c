@@ -16,7 +16,18 @@
  * - a budget below what recomputing reaches is CW_ERR_BUDGET, naming what it reaches;
  * - the memory ladder (cw_graph_memory_ladder) is exact: each point's total compiles to that
  *   point's plan, one byte below the next point's too, one byte below the first fails with
- *   CW_ERR_BUDGET, and each plan's run stays within its total; bad arguments are named. */
+ *   CW_ERR_BUDGET, and each plan's run stays within its total; bad arguments are named.
+ * Then chains of ResNet blocks built from a spec (chain_*):
+ * - same-shape blocks (two with GN -> SiLU before conv A, one whose conv A reads the input
+ *   directly, so a heavy stream reads the rows the epilogue overwrites): at the ladder's
+ *   least total every block recomputes and writes its result into its input's storage, and
+ *   one activation is live instead of two; with fixed patch counts 2, 5 and 32 (one-row
+ *   bands, thinner than the halo) on 1-3 streams under chaos + poison, each run agrees with
+ *   the stored plan of the same patching within 1e-5 of the output's scale and with the
+ *   double interpreter, repeats its bits, gives the 1-stream plan's bits, and passes the
+ *   happens-before replay (which also checks the write-after-read order of one buffer);
+ * - a 32->16 block then two 16->16 blocks, as the SD decoder's last up block: only the first
+ *   block's recompute lowers the total, so the least total recomputes it alone. */
 #include "convweave/convweave.h"
 #include "hb_check.h"
 #include "testutil.h"
@@ -222,6 +233,235 @@ static double max_rel(const float *a, const double *r, int64_t n) {
 
 static int64_t plan_memory(const cw_plan_stats *s) { return s->activations_peak + s->temp_predicted; }
 
+#define CHECK_EQ_I(a, b)                                                                                         \
+    do {                                                                                                         \
+        long long cw_a_ = (long long)(a), cw_b_ = (long long)(b);                                                \
+        if (cw_a_ != cw_b_) {                                                                                    \
+            fprintf(stderr, "%s:%d: CHECK_EQ failed: %s = %lld, %s = %lld\n", __FILE__, __LINE__, #a, cw_a_, #b, \
+                    cw_b_);                                                                                      \
+            cw_test_failures++;                                                                                  \
+        }                                                                                                        \
+    } while (0)
+
+/* ---- chains of ResNet blocks from a spec ---- */
+typedef struct cblk {
+    int prenorm; /* 1: GN -> SiLU before conv A; 0: conv A reads the block's input itself */
+    nrm n1, n2;
+    cv c1, c2, sc; /* sc.w NULL: identity shortcut */
+} cblk;
+
+typedef struct chain {
+    cv in, out;
+    int nb;
+    cblk b[4];
+} chain;
+
+/* conv_in C0 -> ch[0], blocks ch[k] -> ch[k + 1], conv_out ch[nb] -> C0. */
+static chain chain_make(const int64_t *ch, const int *prenorm, int nb) {
+    chain c;
+    memset(&c, 0, sizeof c);
+    c.nb = nb;
+    c.in = mkconv(C0, ch[0], 3);
+    for (int k = 0; k < nb; k++) {
+        cblk *b = &c.b[k];
+        b->prenorm = prenorm[k];
+        if (b->prenorm) b->n1 = mknorm(ch[k]);
+        b->c1 = mkconv(ch[k], ch[k + 1], 3);
+        b->n2 = mknorm(ch[k + 1]);
+        b->c2 = mkconv(ch[k + 1], ch[k + 1], 3);
+        if (ch[k] != ch[k + 1]) b->sc = mkconv(ch[k], ch[k + 1], 1);
+    }
+    c.out = mkconv(ch[nb], C0, 3);
+    return c;
+}
+
+static void chain_free(chain *c) {
+    free_conv(&c->in), free_conv(&c->out);
+    for (int k = 0; k < c->nb; k++) {
+        cblk *b = &c->b[k];
+        if (b->prenorm) free(b->n1.g), free(b->n1.b);
+        free(b->n2.g), free(b->n2.b);
+        free_conv(&b->c1), free_conv(&b->c2);
+        if (b->sc.w) free_conv(&b->sc);
+    }
+}
+
+static void chain_build(gctx *c, const chain *ch, uint64_t chaos, unsigned flags) {
+    memset(c, 0, sizeof *c);
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.threads = 2;
+    cfg.flags = flags;
+    cfg.chaos_seed = chaos;
+    ASSERT_OK(cw_context_create(&c->ctx, &cfg));
+    ASSERT_OK(cw_graph_create(&c->g, c->ctx));
+    int64_t xd[4] = {1, C0, HW, HW};
+    cw_tensor_desc d;
+    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 4, xd));
+    cw_node x;
+    ASSERT_OK_CTX(c->ctx, cw_graph_input(c->g, &x, "x", &d));
+    x = gconv(c, x, &ch->in);
+    for (int k = 0; k < ch->nb; k++) {
+        const cblk *b = &ch->b[k];
+        cw_node h = gconv(c, b->prenorm ? gn_silu(c, x, &b->n1) : x, &b->c1);
+        h = gconv(c, gn_silu(c, h, &b->n2), &b->c2);
+        cw_node s = b->sc.w ? gconv(c, x, &b->sc) : x;
+        ASSERT_OK_CTX(c->ctx, cw_graph_add(c->g, &x, s, h));
+    }
+    x = gconv(c, x, &ch->out);
+    ASSERT_OK_CTX(c->ctx, cw_graph_output(c->g, x, "y"));
+}
+
+static double *chain_reference(const chain *ch, const float *in) {
+    const size_t big = sizeof(double) * 64 * HW * HW; /* up to 64 channels */
+    double *x0 = malloc(big), *x = malloc(big), *t = malloc(big), *h = malloc(big), *s = malloc(big);
+    for (int64_t i = 0; i < C0 * HW * HW; i++) x0[i] = in[i];
+    ref_conv(x0, &ch->in, x);
+    for (int k = 0; k < ch->nb; k++) {
+        const cblk *b = &ch->b[k];
+        if (b->prenorm) ref_gn_silu(x, &b->n1, t);
+        ref_conv(b->prenorm ? t : x, &b->c1, h);
+        ref_gn_silu(h, &b->n2, t);
+        ref_conv(t, &b->c2, h);
+        if (b->sc.w) ref_conv(x, &b->sc, s);
+        else memcpy(s, x, sizeof(double) * (size_t)(b->c1.cin * HW * HW));
+        for (int64_t i = 0; i < b->c2.cout * HW * HW; i++) x[i] = s[i] + h[i];
+    }
+    ref_conv(x, &ch->out, x0);
+    free(x), free(t), free(h), free(s);
+    return x0;
+}
+
+/* max|a - b| / max|b| */
+static double rel_diff(const float *a, const float *b, int64_t n) {
+    double md = 0, mr = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= md)) md = isnan(d) ? INFINITY : d;
+        if (fabs((double)b[i]) > mr) mr = fabs((double)b[i]);
+    }
+    return md / mr;
+}
+
+/* The ladder's least point for options o (whose memory_budget it ignores). */
+static cw_memory_point least_point(gctx *c, const cw_compile_options *o) {
+    cw_memory_point pt;
+    int n = 0;
+    ASSERT_OK_CTX(c->ctx, cw_graph_memory_ladder(c->g, &pt, &n, 1, o));
+    ASSERT_TRUE(n >= 1);
+    return pt;
+}
+
+/* Same-shape blocks, each result written over its input while later bands' recomputes still
+ * read the input's halo rows. */
+static void check_same_shape_chain(void) {
+    const int64_t ch[4] = {16, 16, 16, 16}, act = 16 * HW * HW * 4; /* one activation, bytes */
+    const int pre[3] = {1, 1, 0};
+    chain cn = chain_make(ch, pre, 3);
+    float *in = rvec(C0 * HW * HW, 1.0f, 0.0f);
+    double *ref = chain_reference(&cn, in);
+    static const int patches[3] = {2, 5, HW};
+    int runs = 0, bitwise = 0, streams_max = 3;
+    double worst_stored = 0, worst_ref = 0;
+    for (int pi = 0; pi < 3; pi++) {
+        float *first = NULL; /* the 1-stream recompute plan's output for these patches */
+        for (int streams = 1; streams <= streams_max; streams++) {
+            gctx c;
+            chain_build(&c, &cn, 7000 + (uint64_t)(10 * pi + streams), CW_FLAG_CHAOS | CW_FLAG_POISON);
+            cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+            o.policy = CW_PATCHES_FIXED;
+            o.patches = patches[pi];
+            o.streams = streams;
+            o.temp_budget = 16 << 20;
+            cw_plan *ps = NULL, *pr = NULL;
+            ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &ps, &o));
+            cw_memory_point pt = least_point(&c, &o);
+            o.memory_budget = pt.total_bytes;
+            ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &pr, &o));
+            cw_plan_stats ss, sr;
+            ASSERT_OK(cw_plan_get_stats(ps, &ss));
+            ASSERT_OK(cw_plan_get_stats(pr, &sr));
+            CHECK_EQ_I(ss.n_recomputed, 0);
+            CHECK_EQ_I(ss.activations_live_peak, 2 * act); /* a block's input and inner activation */
+            CHECK_EQ_I(sr.n_recomputed, 3);
+            CHECK_EQ_I(sr.activations_live_peak, act); /* the input, overwritten by the result */
+            CHECK_EQ_I(sr.activations_peak, act);
+            int64_t n;
+            float *ys = run(&c, ps, in, &n);
+            CHECK(hb_check(ps) == 0);
+            for (int r = 0; r < 2; r++) {
+                float *yr = run(&c, pr, in, &n);
+                CHECK(hb_check(pr) == 0);
+                double ds = rel_diff(yr, ys, n), dr = max_rel(yr, ref, n);
+                if (ds > worst_stored) worst_stored = ds;
+                if (dr > worst_ref) worst_ref = dr;
+                if (!(ds <= 1e-5) || !(dr <= 1e-5))
+                    fprintf(stderr, "patches %d, %d streams, run %d: vs stored %.3g, vs double %.3g\n", patches[pi],
+                            streams, r, ds, dr);
+                CHECK(ds <= 1e-5 && dr <= 1e-5);
+                bitwise += memcmp(yr, ys, (size_t)n * 4) == 0;
+                runs++;
+                if (!first) {
+                    first = yr;
+                    continue;
+                }
+                if (memcmp(yr, first, (size_t)n * 4) != 0) {
+                    fprintf(stderr, "patches %d, %d streams, run %d: bits differ from the 1-stream plan's\n",
+                            patches[pi], streams, r);
+                    cw_test_failures++;
+                }
+                free(yr);
+            }
+            free(ys);
+            cw_plan_destroy(ps), cw_plan_destroy(pr);
+            unbuild(&c);
+        }
+        free(first);
+    }
+    printf("same-shape chain: 3 blocks recomputed in place, live activations %" PRId64 " KiB instead of %" PRId64
+           " KiB; %d runs (patches 2, 5, %d; 1-%d streams; chaos + poison): vs stored <= %.3g (%d bitwise), vs "
+           "double <= %.3g\n",
+           act / 1024, 2 * act / 1024, runs, HW, streams_max, worst_stored, bitwise, worst_ref);
+    free(in), free(ref);
+    chain_free(&cn);
+}
+
+/* 32->16 with a 1x1 shortcut, then two 16->16 blocks: the first block's input (32 channels),
+ * inner activation and shortcut are the peak; recomputing it leaves input + shortcut (3 x 16
+ * channels), above any 16->16 block's input + inner activation, so recomputing those saves
+ * nothing and the least total recomputes the first block alone. */
+static void check_only_what_lowers(void) {
+    const int64_t ch[4] = {32, 16, 16, 16}, act = 16 * HW * HW * 4;
+    const int pre[3] = {1, 1, 1};
+    chain cn = chain_make(ch, pre, 3);
+    float *in = rvec(C0 * HW * HW, 1.0f, 0.0f);
+    double *ref = chain_reference(&cn, in);
+    gctx c;
+    chain_build(&c, &cn, 0, 0);
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.temp_budget = 96 << 10;
+    cw_memory_point pt = least_point(&c, &o);
+    o.memory_budget = pt.total_bytes;
+    cw_plan *p = NULL;
+    ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &p, &o));
+    cw_plan_stats s;
+    ASSERT_OK(cw_plan_get_stats(p, &s));
+    CHECK_EQ_I(pt.n_recomputed, 1);
+    CHECK_EQ_I(s.n_recomputed, 1);
+    CHECK_EQ_I(s.activations_live_peak, 3 * act);
+    int64_t n;
+    float *y = run(&c, p, in, &n);
+    CHECK(hb_check(p) == 0);
+    CHECK(max_rel(y, ref, n) <= 1e-5);
+    printf("32->16, 16->16, 16->16: the least total (%" PRId64 " bytes) recomputes %d block, live activations %" PRId64
+           " KiB\n",
+           pt.total_bytes, s.n_recomputed, s.activations_live_peak / 1024);
+    free(y), free(in), free(ref);
+    cw_plan_destroy(p);
+    unbuild(&c);
+    chain_free(&cn);
+}
+
 /* Every point of the ladder: compiling at its total gives its plan (and one byte below the
  * next point's total too), the run stays within the total and agrees with the double
  * interpreter; one byte below the first point fails with CW_ERR_BUDGET. */
@@ -386,6 +626,10 @@ int main(void) {
     CHECK(mism == 0);
     CHECK(max_rel(base, ref, n) <= 1e-5);
     printf("recompute plan on 2 streams: 4 chaos seeds x 2 runs with poison, %d mismatches\n", mism);
+
+    /* 6, 7. chains */
+    check_same_shape_chain();
+    check_only_what_lowers();
     free(base), free(yr), free(in), free(ref);
     free_conv(&conv_in), free_conv(&conv_out);
     for (int b = 0; b < 2; b++) {
