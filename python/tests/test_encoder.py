@@ -54,9 +54,10 @@ def test_tiny_encoder_matches_diffusers_across_budgets_streams_and_shapes(make_v
 
 def test_sd_sized_encoder_matches_diffusers(make_vae):
     """The SD VAE's encoder (128-256-512-512, 32 groups) on a 128x128 image under a budget;
-    then under memory= at the plan's floor (activations + predicted temporaries) and one
-    byte below it. The encoder's largest activations are in ResNets whose shortcut is their
-    own input, which the scheduler does not recompute: its floor is the stored plan's."""
+    then under memory= at the stored plan's total (activations + predicted temporaries), one
+    byte below it and far below it. The encoder's largest activations are in ResNets whose
+    shortcut is their own input: below the stored total those recompute their inner
+    activation and write their result into their input's storage."""
     vae = make_vae("sd", 0)
     x = image(1, 3, 128, 128, seed=5)
     ref = encode(vae, x)
@@ -74,7 +75,14 @@ def test_sd_sized_encoder_matches_diffusers(make_vae):
     assert rel_err(out.mean, ref.mean) <= 1e-5 and rel_err(out.logvar, ref.logvar) <= 1e-5
     s = cd.last_plan(vae, "encoder").stats()
     assert s["activations_peak"] + s["temp_predicted"] <= floor
+    assert s["n_recomputed"] == 0
     cd.enable(vae, budget="16MiB", decoder=False, memory=floor - 1)
+    out = encode(vae, x)
+    assert rel_err(out.mean, ref.mean) <= 1e-5 and rel_err(out.logvar, ref.logvar) <= 1e-5
+    r = cd.last_plan(vae, "encoder").stats()
+    assert r["n_recomputed"] > 0 and r["recompute_gflop"] > 0
+    assert r["activations_peak"] < s["activations_peak"] and r["activations_peak"] + r["temp_predicted"] < floor
+    cd.enable(vae, budget="16MiB", decoder=False, memory=r["activations_peak"] // 2)
     with pytest.raises(convweave.Error, match=r"^CW_ERR_BUDGET: .*memory budget"):
         encode(vae, x)
     cd.disable(vae)
