@@ -153,13 +153,32 @@ static int cw__plan_recomputes(const cw_plan *p, int node) {
     return 0;
 }
 
+/* Stores fresh convs c->fresh[lo, hi) again: the plan replaces *p when it holds no more
+ * activations + temporaries (*kept = 1), else they are allowed again (*kept = 0). */
+static cw_status cw__rec_try_store(cw_graph *g, const cw_compile_options *o, int64_t budget, cw__rec_climb *c, int lo,
+                                   int hi, cw_plan **p, int *kept) {
+    for (int f = lo; f < hi; f++) c->allow[c->fresh[f]] = 0;
+    cw_plan *q = NULL;
+    cw_status st = cw__compile_at(g, o, budget, 1, c->allow, &q);
+    *kept = st == CW_OK && cw__plan_memory(q) <= cw__plan_memory(*p);
+    if (*kept) {
+        cw__plan_free(*p);
+        *p = q;
+        return CW_OK;
+    }
+    cw__plan_free(q);
+    for (int f = lo; f < hi; f++) c->allow[c->fresh[f]] = 1;
+    return st == CW_ERR_BUDGET ? CW_OK : st;
+}
+
 /* Step k's plan (steps in order from 0: each builds on the last). It allows the convs whose
- * result holds >= rec_min[k] bytes on top of the earlier steps' choices; then each block it
- * newly recomputes is tried stored again, in graph order, and stays stored when the plan then
- * holds no more activations + temporaries. A block whose inner activation is not alive at the
- * plan's peak pays its FLOPs again and saves nothing (in the SD decoder at 512², the two
- * same-shape blocks beside the 256->128 one). CW_ERR_BUDGET: the step's temporaries do not
- * fit the temp budget (its convs stay allowed for the next steps). */
+ * result holds >= rec_min[k] bytes on top of the earlier steps' choices; then the blocks it
+ * newly recomputes are tried stored again (all at once, then each in graph order), and stay
+ * stored when the plan then holds no more activations + temporaries. A block whose inner
+ * activation is not alive at the plan's peak pays its FLOPs again and saves nothing (in the
+ * SD decoder at 512², the two same-shape blocks beside the 256->128 one; often none of a
+ * step's blocks, hence all at once first). CW_ERR_BUDGET: the step's temporaries do not fit
+ * the temp budget (its convs stay allowed for the next steps). */
 static cw_status cw__rec_step(cw_graph *g, const cw_compile_options *o, int64_t budget, cw__rec_climb *c, int k,
                               cw_plan **out) {
     *out = NULL;
@@ -170,22 +189,17 @@ static cw_status cw__rec_step(cw_graph *g, const cw_compile_options *o, int64_t 
     cw_plan *p = NULL;
     cw_status st = cw__compile_at(g, o, budget, 1, c->allow, &p);
     if (st != CW_OK) return st;
-    for (int f = 0; f < nf; f++) {
-        if (!cw__plan_recomputes(p, c->fresh[f])) continue;
-        c->allow[c->fresh[f]] = 0;
-        cw_plan *q = NULL;
-        st = cw__compile_at(g, o, budget, 1, c->allow, &q);
-        if (st == CW_OK && cw__plan_memory(q) <= cw__plan_memory(p)) {
-            cw__plan_free(p);
-            p = q;
-            continue;
-        }
-        cw__plan_free(q);
-        if (st != CW_OK && st != CW_ERR_BUDGET) {
-            cw__plan_free(p);
-            return st;
-        }
-        c->allow[c->fresh[f]] = 1;
+    int nr = 0, kept = 0; /* the fresh convs p recomputes, first in c->fresh */
+    for (int f = 0; f < nf; f++)
+        if (cw__plan_recomputes(p, c->fresh[f])) c->fresh[nr++] = c->fresh[f];
+    if (nr > 1) st = cw__rec_try_store(g, o, budget, c, 0, nr, &p, &kept);
+    for (int f = 0; f < nr && !kept && st == CW_OK; f++) {
+        int one = 0;
+        st = cw__rec_try_store(g, o, budget, c, f, f + 1, &p, &one);
+    }
+    if (st != CW_OK) {
+        cw__plan_free(p);
+        return st;
     }
     *out = p;
     return CW_OK;
