@@ -292,10 +292,12 @@ typedef struct cw_compile_options {
     /* 0: none. Else a cap on activations + temporaries, bytes (weights apart; what
      * cw_plan_stats.activations_peak + temp_predicted count): when the plan
      * would need more, the planner recomputes instead of storing the inner activation of
-     * ResNet-style blocks (conv -> GroupNorm -> SiLU -> conv), largest first: a first pass
-     * takes that activation's GroupNorm statistics band by band, a second recomputes each
-     * band with its halo and feeds the second conv directly. Exact (the statistics are the
-     * same); costs the first conv's FLOPs again (cw_plan_stats.recompute_gflop). */
+     * ResNet-style blocks (conv -> GroupNorm -> SiLU -> conv), largest first and only where
+     * that lowers the total: a first pass takes that activation's GroupNorm statistics band
+     * by band, a second recomputes each band with its halo and feeds the second conv
+     * directly. A block whose residual is its own input writes its result into that input's
+     * storage. Exact (the statistics are the same); costs the first conv's FLOPs again
+     * (cw_plan_stats.recompute_gflop). */
     int64_t memory_budget;
 } cw_compile_options;
 
