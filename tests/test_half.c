@@ -6,54 +6,11 @@
  * f32 -> half. */
 #include "convweave/convweave.h"
 #include "core/half.h"
+#include "half_ref.h"
 #include "testutil.h"
 
 static uint32_t fbits(float f) { return cw__f32_as_u32(f); }
 static float bitsf(uint32_t u) { return cw__u32_as_f32(u); }
-
-/* ---- references: double arithmetic on the format definitions ---- */
-
-static double ref_f16(uint16_t h) {
-    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-    double v;
-    if (e == 31) v = m ? NAN : INFINITY;
-    else if (e == 0) v = ldexp((double)m, -24);
-    else v = ldexp((double)(1024 + m), e - 25);
-    return s ? -v : v;
-}
-
-static double ref_bf16(uint16_t b) {
-    int s = b >> 15, e = (b >> 7) & 255, m = b & 127;
-    double v;
-    if (e == 255) v = m ? NAN : INFINITY;
-    else if (e == 0) v = ldexp((double)m, -133);
-    else v = ldexp((double)(128 + m), e - 134);
-    return s ? -v : v;
-}
-
-/* Nearest code by binary search over the positive codes (monotonic), ties to the even
- * code; past the largest finite code the next "value" is where inf starts for rounding
- * (2^16 for f16, 2^128 for bf16). NaN: 0xffff (callers compare NaN-ness only). */
-static uint16_t ref_round(double x, double (*val)(uint16_t), uint16_t maxfin, double beyond, uint16_t inf) {
-    uint16_t sign = signbit(x) ? 0x8000 : 0;
-    double a = fabs(x);
-    if (isnan(x)) return 0xffff;
-    if (a >= beyond) return sign | inf;
-    uint16_t lo = 0, hi = maxfin;
-    while (lo < hi) { /* largest code with val <= a */
-        uint16_t mid = (uint16_t)((lo + hi + 1) / 2);
-        if (val(mid) <= a) lo = mid;
-        else hi = (uint16_t)(mid - 1);
-    }
-    double v0 = val(lo), v1 = lo == maxfin ? beyond : val((uint16_t)(lo + 1));
-    uint16_t c = lo;
-    if (a - v0 > v1 - a || (a - v0 == v1 - a && (lo & 1))) c = (uint16_t)(lo + 1);
-    if (c > maxfin) return sign | inf;
-    return sign | c;
-}
-
-static uint16_t ref_to_f16(double x) { return ref_round(x, ref_f16, 0x7bff, 65536.0, 0x7c00); }
-static uint16_t ref_to_bf16(double x) { return ref_round(x, ref_bf16, 0x7f7f, ldexp(1.0, 128), 0x7f80); }
 
 static int is_f16_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff); }
 static int is_bf16_nan(uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f); }

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/half.h"
+
 #ifdef __CUDACC__
 #define CW_HD __host__ __device__
 #else
@@ -23,16 +25,9 @@
 /* ---- exp ------------------------------------------------------------------------- */
 
 #ifndef __CUDA_ARCH__
-static inline float cw__bits_f32(int32_t i) {
-    float f;
-    memcpy(&f, &i, sizeof f);
-    return f;
-}
-static inline int32_t cw__f32_bits(float f) {
-    int32_t i;
-    memcpy(&i, &f, sizeof i);
-    return i;
-}
+/* signed forms of core/half.h's bit casts: cw_exp_neg and cw_silu shift the sign in */
+static inline float cw__bits_f32(int32_t i) { return cw__u32_as_f32((uint32_t)i); }
+static inline int32_t cw__f32_bits(float f) { return (int32_t)cw__f32_as_u32(f); }
 #endif
 
 /* e^-a for a >= 0 (a = +inf gives 0, NaN stays NaN). Device code uses expf. The host
