@@ -195,6 +195,8 @@ static int sub_count(int64_t rows, int64_t halo, double flops_per_row) {
     return (int)n;
 }
 
+/* Runs a oneDNN call; on failure records it in ctx's error as st and jumps to the
+ * function's fail label (every user has ctx, st and fail). */
 #define DN_TRY(call, what)                                                                              \
     do {                                                                                                \
         dnnl_status_t s_ = (call);                                                                      \
@@ -281,24 +283,9 @@ static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, 
     return s;
 }
 
-/* Builds the plan for p (no cache). Errors are host OOM or oneDNN failures other than
- * "no kernel for this shape" (which makes sub-bands fall back to cpu_direct). */
-static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
-    cw_status st = CW_OK;
-    dnnl_primitive_attr_t attr = NULL;
-    cw__dnnl_plan *pl = cw__calloc(1, sizeof *pl);
-    if (!pl) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu dnnl: out of host memory for a plan");
-    const int omp_old = omp_single();
-    note_threads();
-    pthread_once(&eng_once, eng_init);
-    if (g_eng_st != dnnl_success) {
-        st = cw__error(ctx, CW_ERR_BACKEND, "cpu dnnl: dnnl_engine_create(cpu) failed: %s", dnnl_status2str(g_eng_st));
-        goto fail;
-    }
-    DN_TRY(dnnl_primitive_attr_create(&attr), "attributes");
-    DN_TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "attributes");
-
-    const int sp = p->spatial, hd = sp; /* H is dim 2 of NCHW, dim 3 of NCDHW */
+/* Fills in how the plan sees x and y: the H dim, dtype, element size and H strides. */
+static void plan_views(const cw__conv_problem *p, cw__dnnl_plan *pl) {
+    const int hd = p->spatial; /* H is dim 2 of NCHW, dim 3 of NCDHW */
     pl->hd = hd;
     pl->dt = dn_dtype(p->x.dtype);
     pl->es = cw_dtype_size(p->x.dtype);
@@ -308,15 +295,33 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_
     full_strides(&p->y, yst);
     pl->xs_h = xst[hd];
     pl->ys_h = yst[hd];
+}
+
+/* Returns the FLOPs (multiply and add counted as 2) of one output row of p along H. */
+static double row_flops(const cw__conv_problem *p, int hd) {
+    double per_row = 2.0 * (double)p->y.dims[0] * (double)p->y.dims[1] * (double)p->w.dims[1];
+    for (int i = 2; i < p->spatial + 2; i++) per_row *= (double)p->w.dims[i] * (double)(i == hd ? 1 : p->y.dims[i]);
+    return per_row;
+}
+
+/* Returns the index of the class with c's shape in pl, or pl->ncls when there is none. */
+static int find_class(const cw__dnnl_plan *pl, const dn_class *c) {
+    int k = 0;
+    while (k < pl->ncls && !(pl->cls[k].in_rows == c->in_rows && pl->cls[k].out_rows == c->out_rows &&
+                             pl->cls[k].pre == c->pre && pl->cls[k].post == c->post))
+        k++;
+    return k;
+}
+
+/* Cuts the patch's output rows into pl->nsub sub-bands and gives each the class of its
+ * shape (DESIGN.md's halo formula, inside the patch). Fails only when the shapes outnumber
+ * DN_MAX_CLASS. */
+static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl, double per_row) {
+    const int hd = pl->hd;
     const int64_t rows = p->y.dims[hd], h_in = p->x.dims[hd];
     const int64_t s_h = p->stride[hd - 2], d_h = p->dilation[hd - 2], pre = p->pad_pre[hd - 2];
     const int64_t eff = d_h * (p->w.dims[hd] - 1) + 1;
-    double per_row = 2.0 * (double)p->y.dims[0] * (double)p->y.dims[1] * (double)p->w.dims[1];
-    for (int i = 2; i < sp + 2; i++) per_row *= (double)p->w.dims[i] * (double)(i == hd ? 1 : p->y.dims[i]);
-    pl->flops = per_row * (double)rows;
     pl->nsub = rows > 0 ? sub_count(rows, eff > s_h ? eff - s_h : 0, per_row) : 0;
-
-    /* sub-bands and their classes (DESIGN.md's halo formula, inside the patch) */
     for (int j = 0; j < pl->nsub; j++) {
         dn_sub *sb = &pl->sub[j];
         sb->r0 = rows * j / pl->nsub;
@@ -331,75 +336,90 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_
         c.out_rows = sb->r1 - sb->r0;
         c.pre = a - i0;
         c.post = i1 - b;
-        int k = 0;
-        while (k < pl->ncls && !(pl->cls[k].in_rows == c.in_rows && pl->cls[k].out_rows == c.out_rows &&
-                                 pl->cls[k].pre == c.pre && pl->cls[k].post == c.post))
-            k++;
+        int k = find_class(pl, &c);
         if (k == pl->ncls) {
-            if (pl->ncls == DN_MAX_CLASS) {
-                st = cw__error(ctx, CW_ERR_BACKEND, "cpu dnnl: more than %d sub-band shapes in one patch",
-                               DN_MAX_CLASS);
-                goto fail;
-            }
+            if (pl->ncls == DN_MAX_CLASS)
+                return cw__error(ctx, CW_ERR_BACKEND, "cpu dnnl: more than %d sub-band shapes in one patch",
+                                 DN_MAX_CLASS);
             pl->cls[pl->ncls++] = c;
         }
         sb->cls = k;
     }
-    if (pl->nsub == 0) goto done;
-    pl->main_cls = pl->sub[pl->nsub / 2].cls;
+    return CW_OK;
+}
 
-    /* the main class picks the weights layout; the others take it as given */
-    dnnl_memory_desc_t wfix;
-    memset(&wfix, 0, sizeof wfix);
-    int have_w = 0;
+/* Makes class c's convolution and the reorders around it, and sizes its buffers. wfix is
+ * the shared weights layout: taken as given when *have_w, else chosen here (and *have_w
+ * set). A class oneDNN refuses (no kernel, or arguments it rejects) or one that reads
+ * no input falls back to cpu_direct. */
+static cw_status class_make(cw_context *ctx, const cw__conv_problem *p, int hd, dn_class *c,
+                            const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w) {
+    cw_status st = CW_OK;
+    if (c->in_rows == 0) { /* pure padding: bias only */
+        c->fallback = 1;
+        return CW_OK;
+    }
+    dnnl_status_t s = class_conv(p, hd, c, *have_w ? wfix : NULL, *have_w ? NULL : wfix, attr);
+    if (s == dnnl_unimplemented || s == dnnl_invalid_arguments) {
+        c->fallback = 1;
+        if (c->conv) dnnl_primitive_destroy(c->conv), c->conv = NULL;
+        return CW_OK;
+    }
+    DN_TRY(s, "convolution primitive");
+    *have_w = 1;
+    DN_TRY(view_md(&c->src_user, &p->x, hd, c->in_rows), "input view");
+    DN_TRY(view_md(&c->dst_user, &p->y, hd, c->out_rows), "output view");
+    DN_TRY(make_reorder(&c->rin, &c->src_user, &c->src, attr, &c->rin_scratch), "input reorder");
+    DN_TRY(make_reorder(&c->rout, &c->dst, &c->dst_user, attr, &c->rout_scratch), "output reorder");
+    c->src_bytes = align_up(md_bytes(&c->src));
+    c->dst_bytes = align_up(md_bytes(&c->dst));
+    int64_t sc = md_bytes(&c->scratch);
+    if (md_bytes(&c->rin_scratch) > sc) sc = md_bytes(&c->rin_scratch);
+    if (md_bytes(&c->rout_scratch) > sc) sc = md_bytes(&c->rout_scratch);
+    c->scratch_bytes = align_up(sc);
+fail:
+    return st;
+}
+
+/* Makes every class, the main class first: it picks the weights layout (*wfix) and the
+ * others take it as given. *have_w stays 0 when every class falls back. */
+static cw_status plan_classes(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl,
+                              const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w) {
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < pl->ncls; k++) {
-            dn_class *c = &pl->cls[k];
             if ((pass == 0) != (k == pl->main_cls)) continue;
-            if (c->in_rows == 0) { /* pure padding: bias only */
-                c->fallback = 1;
-                continue;
-            }
-            dnnl_status_t s = class_conv(p, hd, c, have_w ? &wfix : NULL, have_w ? NULL : &wfix, attr);
-            if (s == dnnl_unimplemented || s == dnnl_invalid_arguments) {
-                c->fallback = 1;
-                if (c->conv) dnnl_primitive_destroy(c->conv), c->conv = NULL;
-                continue;
-            }
-            DN_TRY(s, "convolution primitive");
-            have_w = 1;
-            DN_TRY(view_md(&c->src_user, &p->x, hd, c->in_rows), "input view");
-            DN_TRY(view_md(&c->dst_user, &p->y, hd, c->out_rows), "output view");
-            DN_TRY(make_reorder(&c->rin, &c->src_user, &c->src, attr, &c->rin_scratch), "input reorder");
-            DN_TRY(make_reorder(&c->rout, &c->dst, &c->dst_user, attr, &c->rout_scratch), "output reorder");
-            c->src_bytes = align_up(md_bytes(&c->src));
-            c->dst_bytes = align_up(md_bytes(&c->dst));
-            int64_t sc = md_bytes(&c->scratch);
-            if (md_bytes(&c->rin_scratch) > sc) sc = md_bytes(&c->rin_scratch);
-            if (md_bytes(&c->rout_scratch) > sc) sc = md_bytes(&c->rout_scratch);
-            c->scratch_bytes = align_up(sc);
+            cw_status st = class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w);
+            if (st != CW_OK) return st;
         }
     }
-    if (!have_w) goto done; /* every sub-band falls back: no workspace */
+    return CW_OK;
+}
 
-    /* weights: the user's [K, C/G, k...] (as [G, K/G, C/G, k...] when grouped) -> wfix */
-    {
-        dnnl_dims_t wd, ws;
-        int64_t wst[CW_MAX_RANK];
-        full_strides(&p->w, wst);
-        const int64_t G = p->groups;
-        int wr = 0;
-        if (G > 1) wd[wr] = G, ws[wr] = wst[0] * (p->w.dims[0] / G), wr++;
-        wd[wr] = p->w.dims[0] / G, ws[wr] = wst[0], wr++;
-        for (int i = 1; i < sp + 2; i++) wd[wr] = p->w.dims[i], ws[wr] = wst[i], wr++;
-        DN_TRY(dnnl_memory_desc_init_by_strides(&pl->w_user, wr, wd, pl->dt, ws), "weights view");
-        pl->w = wfix;
-        DN_TRY(make_reorder(&pl->rw, &pl->w_user, &pl->w, attr, &pl->w_scratch), "weights reorder");
-        dnnl_dims_t bd = {p->y.dims[1]};
-        DN_TRY(dnnl_memory_desc_init_by_tag(&pl->bias, 1, bd, pl->dt, dnnl_x), "bias");
-    }
+/* Makes the weights reorder: the user's [K, C/G, k...] (as [G, K/G, C/G, k...] when
+ * grouped) into wfix; and the bias's memory desc. */
+static cw_status plan_weights(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl,
+                              const_dnnl_primitive_attr_t attr, const dnnl_memory_desc_t *wfix) {
+    cw_status st = CW_OK;
+    dnnl_dims_t wd, ws;
+    int64_t wst[CW_MAX_RANK];
+    full_strides(&p->w, wst);
+    const int64_t G = p->groups;
+    int wr = 0;
+    if (G > 1) wd[wr] = G, ws[wr] = wst[0] * (p->w.dims[0] / G), wr++;
+    wd[wr] = p->w.dims[0] / G, ws[wr] = wst[0], wr++;
+    for (int i = 1; i < p->spatial + 2; i++) wd[wr] = p->w.dims[i], ws[wr] = wst[i], wr++;
+    DN_TRY(dnnl_memory_desc_init_by_strides(&pl->w_user, wr, wd, pl->dt, ws), "weights view");
+    pl->w = *wfix;
+    DN_TRY(make_reorder(&pl->rw, &pl->w_user, &pl->w, attr, &pl->w_scratch), "weights reorder");
+    dnnl_dims_t bd = {p->y.dims[1]};
+    DN_TRY(dnnl_memory_desc_init_by_tag(&pl->bias, 1, bd, pl->dt, dnnl_x), "bias");
+fail:
+    return st;
+}
 
-    /* workspace: weights | sub-band buffers | scratchpad slots */
+/* Lays out the workspace: weights | each sub-band's blocked input and output | one
+ * scratchpad slot per thread, every region on a DN_ALIGN-byte boundary. */
+static void plan_workspace(cw__dnnl_plan *pl) {
     int64_t off = 0, slot = align_up(md_bytes(&pl->w_scratch));
     pl->w_off = off;
     pl->w_bytes = align_up(md_bytes(&pl->w));
@@ -418,6 +438,40 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_
     pl->scratch_off = off;
     off += slot * pl->nslot;
     pl->ws = off;
+}
+
+/* Builds the plan for p (no cache). Errors are host OOM or oneDNN failures other than
+ * "no kernel for this shape" (which makes sub-bands fall back to cpu_direct). Every
+ * primitive is created with the calling thread's OpenMP ICV at 1 (see omp_single). */
+static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
+    cw_status st = CW_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    cw__dnnl_plan *pl = cw__calloc(1, sizeof *pl);
+    if (!pl) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu dnnl: out of host memory for a plan");
+    const int omp_old = omp_single();
+    note_threads();
+    pthread_once(&eng_once, eng_init);
+    if (g_eng_st != dnnl_success) {
+        st = cw__error(ctx, CW_ERR_BACKEND, "cpu dnnl: dnnl_engine_create(cpu) failed: %s", dnnl_status2str(g_eng_st));
+        goto fail;
+    }
+    DN_TRY(dnnl_primitive_attr_create(&attr), "attributes");
+    DN_TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "attributes");
+
+    plan_views(p, pl);
+    const double per_row = row_flops(p, pl->hd);
+    pl->flops = per_row * (double)p->y.dims[pl->hd];
+    if ((st = plan_subbands(ctx, p, pl, per_row)) != CW_OK) goto fail;
+    if (pl->nsub == 0) goto done;
+    pl->main_cls = pl->sub[pl->nsub / 2].cls;
+
+    dnnl_memory_desc_t wfix;
+    memset(&wfix, 0, sizeof wfix);
+    int have_w = 0;
+    if ((st = plan_classes(ctx, p, pl, attr, &wfix, &have_w)) != CW_OK) goto fail;
+    if (!have_w) goto done; /* every sub-band falls back: no workspace */
+    if ((st = plan_weights(ctx, p, pl, attr, &wfix)) != CW_OK) goto fail;
+    plan_workspace(pl);
 
 done:
     dnnl_primitive_attr_destroy(attr);
