@@ -133,10 +133,14 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
                               t->u.fin.groups, gm.data, bt.data, t->u.fin.eps, ss, ss + t->u.fin.n * t->u.fin.c);
     }
     case CW__T_ATTN: return cw__enqueue_attention(p, be, s, t);
-    case CW__T_CHANNEL: {
-        cw__channel_params cp = {t->u.chan.op, cw__resolve(p, &t->u.chan.dst), cw__resolve(p, &t->u.chan.x), NULL};
-        cp.v = cw__resolve(p, &t->u.chan.v).data;
-        return cw__op_channel(be, s, &cp);
+    case CW__T_OP: {
+        cw__op_args a;
+        memset(&a, 0, sizeof a);
+        a.code = t->u.op.code;
+        a.out = cw__resolve(p, &t->u.op.out);
+        for (int k = 0; k < cw_op_get_info(a.code).n_in; k++) a.in[k] = cw__resolve(p, &t->u.op.in[k]);
+        a.param = t->u.op.param;
+        return cw__op_run(be, s, &a);
     }
     }
     return CW_ERR_INTERNAL;

@@ -283,6 +283,31 @@ cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
     return CW_OK;
 }
 
+/* A generic op (kernels/kernels.h: CW_OP_*) of the checked operands in[0..n_in): the node,
+ * sized by the op's shape rule. Activation operands count as uses; in[0] is an activation
+ * and fixes the graph's dtype if nothing did. */
+static cw_status cw__op_node(cw_graph *g, cw_node *out, int code, const cw_op_param *pm, const cw_node *in,
+                             const char *call, const char *name) {
+    const cw_op_info info = cw_op_get_info(code);
+    const cw_tensor_desc *ind[CW_OP_MAX_IN];
+    for (int k = 0; k < info.n_in; k++) ind[k] = &g->nodes[in[k]].desc;
+    cw_tensor_desc d;
+    if (!cw_op_out_dims(code, pm, ind, &d)) /* the builder checked what the rule needs */
+        return cw__error(g->ctx, CW_ERR_INTERNAL, "%s: operands outside the %s op's shape rule", call, info.name);
+    cw__node *n = NULL;
+    cw_status st;
+    if ((st = cw__node_add(g, CW__N_OP, name, &n, out)) != CW_OK) return st;
+    n->desc = d;
+    n->op = code;
+    n->param = *pm;
+    for (int k = 0; k < info.n_in; k++) {
+        n->in[k] = in[k];
+        if (g->nodes[in[k]].kind != CW__N_CONST) cw__use(g, in[k]);
+    }
+    cw__dtype_fix(g, in[0]);
+    return CW_OK;
+}
+
 /* A per-channel op (kernels/kernels.h: CW_CHANNEL_*) of activation x by the [C] constant v. */
 static cw_status cw__channel(cw_graph *g, cw_node *out, cw_node x, cw_node v, int op, const char *call,
                              const char *arg, const char *name) {
@@ -292,18 +317,29 @@ static cw_status cw__channel(cw_graph *g, cw_node *out, cw_node x, cw_node v, in
     cw_status st;
     if ((st = cw__check_act(g, x, -1, call, "x", &nx)) != CW_OK) return st;
     if ((st = cw__check_vec(g, v, nx->desc.dims[1], call, arg)) != CW_OK) return st;
-    cw__node *n = NULL;
-    if ((st = cw__node_add(g, CW__N_CHANNEL, name, &n, out)) != CW_OK) return st;
-    n->desc = g->nodes[x].desc;
-    n->in[0] = x, n->in[1] = v;
-    n->op = op;
-    cw__use(g, x);
-    cw__dtype_fix(g, x);
-    return CW_OK;
+    cw_op_param pm = {{op}, {0}};
+    const cw_node in[2] = {x, v};
+    return cw__op_node(g, out, CW_OP_CHANNEL, &pm, in, call, name);
 }
 
 cw_status cw_graph_scale(cw_graph *g, cw_node *out, cw_node x, cw_node s) {
     return cw__channel(g, out, x, s, CW_CHANNEL_SCALE, "cw_graph_scale", "s", "scale");
+}
+
+cw_status cw_graph_avg_pool2(cw_graph *g, cw_node *out, cw_node x) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if ((st = cw__check_act(g, x, -1, "cw_graph_avg_pool2", "x", &nx)) != CW_OK) return st;
+    const cw_tensor_desc *d = &nx->desc;
+    if (d->dims[d->rank - 2] % 2 || d->dims[d->rank - 1] % 2) {
+        char buf[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_avg_pool2: x %s must have even H and W",
+                         cw__dims_str(d, buf, sizeof buf));
+    }
+    const cw_op_param pm = {{0}, {0}};
+    return cw__op_node(g, out, CW_OP_AVG_POOL2, &pm, &x, "cw_graph_avg_pool2", "avg_pool2");
 }
 
 cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale) {

@@ -444,15 +444,20 @@ static cw_status cw__lower_elementwise(cw__lower *L, int i) {
         snprintf(t->name, sizeof t->name, "add L%d", i);
         CW__TRY(cw__dep_rows(L, id, n->in[0], 0, h));
         CW__TRY(cw__dep_rows(L, id, n->in[1], 0, h));
-    } else if (n->kind == CW__N_CHANNEL) {
-        CW__TRY(cw__new_task(L, CW__T_CHANNEL, CW_STAGE_OTHER, L->light, i, &t, &id));
-        t->u.chan.dst = cw__whole(L->nd[i].buf, d);
-        t->u.chan.x = cw__whole(L->nd[n->in[0]].buf, d);
-        t->u.chan.v = cw__whole(L->nd[n->in[1]].buf, &g->nodes[n->in[1]].desc);
-        t->u.chan.op = n->op;
-        t->flops = (double)cw__desc_numel(d);
+    } else if (n->kind == CW__N_OP) { /* one task over the whole tensors */
+        const cw_op_info info = cw_op_get_info(n->op);
+        CW__TRY(cw__new_task(L, CW__T_OP, CW_STAGE_OTHER, L->light, i, &t, &id));
+        t->u.op.code = n->op;
+        t->u.op.param = n->param;
+        t->u.op.out = cw__whole(L->nd[i].buf, d);
+        for (int k = 0; k < info.n_in; k++) {
+            const int x = n->in[k];
+            const cw_tensor_desc *xd = &g->nodes[x].desc;
+            t->u.op.in[k] = cw__whole(L->nd[x].buf, xd);
+            if (g->nodes[x].kind != CW__N_CONST) CW__TRY(cw__dep_rows(L, id, x, 0, xd->dims[cw__hdim(xd)]));
+        }
+        t->flops = (double)cw__desc_numel(d) * info.flops;
         snprintf(t->name, sizeof t->name, "%s L%d", n->name, i);
-        CW__TRY(cw__dep_rows(L, id, n->in[0], 0, h));
     } else {
         int x = n->in[0];
         if (n->kind == CW__N_GN) CW__TRY(cw__gn_ready(L, i));

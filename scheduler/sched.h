@@ -9,10 +9,10 @@
 #include "backend/backend.h"
 #include "core/core.h"
 
-/* CW__N_CHANNEL: a per-channel op (cw__node.op, a CW_CHANNEL_* code of kernels/kernels.h),
- * in[0] the activation, in[1] the [C] constant: new ops of that form need no new kind. */
+/* CW__N_OP: a generic op (cw__node.op, a CW_OP_* code of kernels/kernels.h, and its
+ * parameters): new ops of that form need no new kind (docs/adding-an-op.md). */
 typedef enum { CW__N_INPUT, CW__N_CONST, CW__N_CONV, CW__N_GN, CW__N_SILU, CW__N_ADD, CW__N_UP2, CW__N_ATTN,
-               CW__N_CHANNEL } cw__nkind;
+               CW__N_OP } cw__nkind;
 
 typedef struct cw__node {
     cw__nkind kind;
@@ -23,7 +23,8 @@ typedef struct cw__node {
     cw_conv_params conv;
     int64_t groups;
     float eps, scale;
-    int op;              /* CW__N_CHANNEL: its CW_CHANNEL_* code */
+    int op;              /* CW__N_OP: its CW_OP_* code and parameters */
+    cw_op_param param;
     cw_tensor *t;        /* constants */
     int index;           /* input / output position */
     int is_output;
@@ -64,7 +65,7 @@ typedef struct cw__vref {
     int64_t dims[CW_MAX_RANK];
 } cw__vref;
 
-typedef enum { CW__T_CONV, CW__T_PREP, CW__T_ADD, CW__T_STATS, CW__T_FINALIZE, CW__T_ATTN, CW__T_CHANNEL } cw__tkind;
+typedef enum { CW__T_CONV, CW__T_PREP, CW__T_ADD, CW__T_STATS, CW__T_FINALIZE, CW__T_ATTN, CW__T_OP } cw__tkind;
 
 typedef struct cw__task {
     cw__tkind kind;
@@ -113,9 +114,10 @@ typedef struct cw__task {
             int ss_buf;
         } fin;
         struct {
-            cw__vref dst, x, v;  /* v: the [C] constant */
-            int op;              /* CW_CHANNEL_* */
-        } chan;
+            int code;            /* CW_OP_* */
+            cw__vref out, in[CW_OP_MAX_IN]; /* the op's arity of inputs */
+            cw_op_param param;
+        } op;
         struct {
             cw__vref q, k, v, o;
             int64_t n, t0, t1, T, C;

@@ -17,7 +17,10 @@ int cw__task_bufs(const cw__task *t, int *out) {
     case CW__T_ADD: b[0] = t->u.add.dst.buf, b[1] = t->u.add.a.buf, b[2] = t->u.add.b.buf; break;
     case CW__T_STATS: b[0] = t->u.stats.x.buf, b[1] = t->u.stats.part_buf; break;
     case CW__T_FINALIZE: b[0] = t->u.fin.part_buf, b[1] = t->u.fin.ss_buf; break;
-    case CW__T_CHANNEL: b[0] = t->u.chan.dst.buf, b[1] = t->u.chan.x.buf; break;
+    case CW__T_OP:
+        b[0] = t->u.op.out.buf;
+        for (int k = 0; k < cw_op_get_info(t->u.op.code).n_in; k++) b[1 + k] = t->u.op.in[k].buf;
+        break;
     case CW__T_ATTN:
         b[0] = t->u.attn.q.buf, b[1] = t->u.attn.k.buf, b[2] = t->u.attn.v.buf, b[3] = t->u.attn.o.buf;
         b[4] = t->u.attn.s_buf;

@@ -74,9 +74,9 @@ static int hb_accesses(const cw__task *t, hb_acc *out) {
         n += hb_whole(&out[n], t->u.fin.part_buf, 0);
         n += hb_whole(&out[n], t->u.fin.ss_buf, 1);
         break;
-    case CW__T_CHANNEL:
-        n += hb_view(&out[n], &t->u.chan.dst, 1);
-        n += hb_view(&out[n], &t->u.chan.x, 0);
+    case CW__T_OP:
+        n += hb_view(&out[n], &t->u.op.out, 1);
+        for (int k = 0; k < cw_op_get_info(t->u.op.code).n_in; k++) n += hb_view(&out[n], &t->u.op.in[k], 0);
         break;
     case CW__T_ATTN:
         n += hb_view(&out[n], &t->u.attn.q, 0);

@@ -125,8 +125,8 @@ static cw_status rec_fin(cw__backend *be, cw__stream *s, const double *parts, in
     rec(OP_FIN, 0, NULL);
     return CW_OK;
 }
-static cw_status rec_chan(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
-    rec_view v[2] = {rv(&p->dst.d, p->dst.data), rv(&p->x.d, p->x.data)};
+static cw_status rec_gop(cw__backend *be, cw__stream *s, const cw__op_args *a) {
+    rec_view v[2] = {rv(&a->out.d, a->out.data), rv(&a->in[0].d, a->in[0].data)};
     rec(OP_CHAN, 2, v);
     return CW_OK;
 }
@@ -745,7 +745,7 @@ int main(void) {
     if (g_real->conv_prepare) g_shim.conv_prepare = shim_conv_prepare;
     cw__ops_i rec_i = g_shim;
     rec_i.conv_forward = rec_conv, rec_i.prep = rec_prep, rec_i.add = rec_add, rec_i.gn_stats = rec_stats;
-    rec_i.gn_finalize = rec_fin, rec_i.channel_op = rec_chan, rec_i.gemm = rec_gemm, rec_i.softmax_rows = rec_softmax;
+    rec_i.gn_finalize = rec_fin, rec_i.op = rec_gop, rec_i.gemm = rec_gemm, rec_i.softmax_rows = rec_softmax;
     use_table(ctx, &g_shim);
     test_mixed(ctx);
     test_planner(ctx);

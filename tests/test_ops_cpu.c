@@ -946,9 +946,13 @@ static void elem_half_case(cw__backend *be, cw__stream *st, int iter, cw_dtype d
         if (be) ASSERT_OK(cw__op_add(be, st, &db->v, &a.v, &b.v));
         else cw__cpu_add_run(&db->v, &a.v, &b.v);
     } else {
-        cw__channel_params cp = {CW_CHANNEL_SCALE, db->v, a.v, v};
-        if (be) ASSERT_OK(cw__op_channel(be, st, &cp));
-        else cw__cpu_channel_run(&cp);
+        cw__op_args oa;
+        memset(&oa, 0, sizeof oa);
+        oa.code = CW_OP_CHANNEL, oa.param.i[0] = CW_CHANNEL_SCALE;
+        oa.out = db->v, oa.in[0] = a.v;
+        oa.in[1].d.rank = 1, oa.in[1].d.dims[0] = C, oa.in[1].d.dtype = CW_F32, oa.in[1].data = v;
+        if (be) ASSERT_OK(cw__op_run(be, st, &oa));
+        else cw__cpu_op_exec(&oa);
     }
     if (be) ASSERT_OK(be->rt->stream_synchronize(be, st));
     tsync(db);

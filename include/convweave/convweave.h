@@ -260,6 +260,11 @@ CW_API cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b);
  * [N, C, D, H, W]; s: a contiguous f32 constant (cw_graph_constant) of dims [C]. Returns
  * CW_ERR_INVALID_ARG (naming the argument) for any other s. */
 CW_API cw_status cw_graph_scale(cw_graph *g, cw_node *out, cw_node x, cw_node s);
+/* A 2x2 average pool with stride 2 over H and W (PyTorch's avg_pool2d(x, 2); a rank-5 x is
+ * pooled per D slice, avg_pool3d with kernel (1, 2, 2)): y[.., h, w] is the mean of
+ * x[.., 2h + {0, 1}, 2w + {0, 1}], in f32 for f16/bf16 graphs. x: [N, C, H, W] or
+ * [N, C, D, H, W] with H and W even, else CW_ERR_INVALID_ARG naming x's dims. */
+CW_API cw_status cw_graph_avg_pool2(cw_graph *g, cw_node *out, cw_node x);
 /* Nearest-neighbour upsampling by 2 in H and W (not D). */
 CW_API cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
 /* Single-head attention over the spatial positions: q, k, v: [N, C, H, W] (or 5-D),

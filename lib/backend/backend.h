@@ -7,6 +7,7 @@
 #define CW_BACKEND_H
 
 #include "core/core.h"
+#include "kernels/kernels.h"
 
 /* A strided view of device memory: desc + pointer to element [0,...,0]. */
 typedef struct cw__view {
@@ -49,14 +50,14 @@ typedef struct cw__prep_params {
     int64_t dst_row0, src_row0;
 } cw__prep_params;
 
-/* A per-channel op (kernels/kernels.h: CW_CHANNEL_*): dst[n, c, ...] =
- * cw_channel_elem(op, x[n, c, ...], v[c]). dst and x: views of equal dims and dtype, rank
- * 2..5, channel dim 1 (dst may alias x exactly); v: device floats [C]. */
-typedef struct cw__channel_params {
-    int op;
-    cw__view dst, x;
-    const float *v;
-} cw__channel_params;
+/* A generic op (kernels/kernels.h: CW_OP_* and its contract): out from in[0..n_in) (the
+ * op's arity) and the parameter block. out may alias in[0] exactly where dims match. */
+typedef struct cw__op_args {
+    int code;
+    cw__view out;
+    cw__view in[CW_OP_MAX_IN];
+    cw_op_param param;
+} cw__op_args;
 
 /* Row-major GEMM: C = alpha * op(A) * op(B) + beta * C, op(A): M x K, op(B): K x N. */
 typedef struct cw__gemm_params {
@@ -157,8 +158,8 @@ typedef struct cw__ops_i {
                              float *scale, float *shift);
     /* required: dst = a + b (views of equal dims; dst may alias a or b exactly). */
     cw_status (*add)(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b);
-    /* required: the per-channel op p (see cw__channel_params). */
-    cw_status (*channel_op)(cw__backend *be, cw__stream *s, const cw__channel_params *p);
+    /* required: the generic op a (see cw__op_args), every code of kernels/kernels.h. */
+    cw_status (*op)(cw__backend *be, cw__stream *s, const cw__op_args *a);
     /* required */
     cw_status (*gemm)(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
     /* required: row-wise softmax in place: rows x cols, row stride ld (floats). */
@@ -204,7 +205,7 @@ cw_status cw__op_gn_finalize(cw__backend *be, cw__stream *s, const double *parts
                              int64_t c, int64_t groups, const float *gamma, const float *beta, float eps,
                              float *scale, float *shift);
 cw_status cw__op_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b);
-cw_status cw__op_channel(cw__backend *be, cw__stream *s, const cw__channel_params *p);
+cw_status cw__op_run(cw__backend *be, cw__stream *s, const cw__op_args *a);
 cw_status cw__op_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params *p);
 cw_status cw__op_softmax_rows(cw__backend *be, cw__stream *s, float *x, int64_t rows, int64_t cols, int64_t ld);
 

@@ -3,6 +3,7 @@
  * once per backend, where copies drift. A hook checks only what its backend lacks. */
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 
 #include "backend/backend.h"
 #include "kernels/kernels.h"
@@ -219,24 +220,38 @@ cw_status cw__op_add(cw__backend *be, cw__stream *s, const cw__view *dst, const 
     return be->ops->add(be, s, dst, a, b);
 }
 
-cw_status cw__op_channel(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
-    char b1[96], b2[96];
+/* ---- the generic ops ---------------------------------------------------------------------- */
+
+/* The op's contract (kernels/kernels.h): a known code, valid views of the dtypes its info
+ * names, and an output of the dims its shape rule makes of the inputs. */
+cw_status cw__op_run(cw__backend *be, cw__stream *s, const cw__op_args *a) {
+    char b1[96], b2[96], b3[96];
     cw_status st;
-    if (!p) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "channel op: params are NULL");
-    if (p->op < 0 || p->op >= CW_CHANNEL_OP_COUNT)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "channel op: op = %d is not a CW_CHANNEL_* code", p->op);
-    if ((st = check_view(be, "channel op", "dst", &p->dst, 2, CW_MAX_RANK)) != CW_OK ||
-        (st = check_view(be, "channel op", "x", &p->x, 2, CW_MAX_RANK)) != CW_OK)
-        return st;
-    const cw_tensor_desc *dd = &p->dst.d, *xd = &p->x.d;
-    if (!same_dims(dd, xd) || dd->dtype != xd->dtype)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
-                         "channel op: dst %s (%s) and x %s (%s) must have equal dims and dtype",
-                         cw__dims_str(dd, b1, sizeof b1), cw__dtype_name(dd->dtype), cw__dims_str(xd, b2, sizeof b2),
-                         cw__dtype_name(xd->dtype));
-    if (cw__desc_numel(dd) > 0 && !p->v) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "channel op: v is NULL");
-    if ((st = has_ops(be, "channel op")) != CW_OK || cw__desc_numel(dd) == 0) return st;
-    return be->ops->channel_op(be, s, p);
+    if (!a) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "op: args are NULL");
+    const cw_op_info info = cw_op_get_info(a->code);
+    if (!info.name) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "op: code %d is not a CW_OP_* code", a->code);
+    if ((st = check_view(be, info.name, "out", &a->out, 1, CW_MAX_RANK)) != CW_OK) return st;
+    const cw_tensor_desc *in[CW_OP_MAX_IN];
+    for (int k = 0; k < info.n_in; k++) {
+        char arg[16];
+        snprintf(arg, sizeof arg, "in[%d]", k);
+        if ((st = check_view(be, info.name, arg, &a->in[k], 1, CW_MAX_RANK)) != CW_OK) return st;
+        const cw_dtype want = info.f32_in >> k & 1u ? CW_F32 : a->out.d.dtype;
+        if (a->in[k].d.dtype != want)
+            return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s is %s, expected %s (out is %s)", info.name, arg,
+                             cw__dtype_name(a->in[k].d.dtype), cw__dtype_name(want), cw__dtype_name(a->out.d.dtype));
+        in[k] = &a->in[k].d;
+    }
+    cw_tensor_desc want;
+    if (!cw_op_out_dims(a->code, &a->param, in, &want))
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: in[0] %s and the parameters are outside the op's rule",
+                         info.name, cw__dims_str(in[0], b1, sizeof b1));
+    if (!same_dims(&want, &a->out.d))
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: out is %s, the op makes %s of in[0] %s", info.name,
+                         cw__dims_str(&a->out.d, b1, sizeof b1), cw__dims_str(&want, b2, sizeof b2),
+                         cw__dims_str(in[0], b3, sizeof b3));
+    if ((st = has_ops(be, info.name)) != CW_OK || cw__desc_numel(&a->out.d) == 0) return st;
+    return be->ops->op(be, s, a);
 }
 
 /* ---- attention's pieces ----------------------------------------------------------------- */

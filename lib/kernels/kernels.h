@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "convweave/convweave.h"
 #include "core/half.h"
 
 #ifdef __CUDACC__
@@ -96,10 +97,9 @@ static inline CW_HD float cw_prep_elem(float x, float scale, float shift, int ha
 
 /* ---- per-channel ops: y[n, c, ...] = f(x[n, c, ...], v[c]) ------------------------- */
 
-/* The per-channel ops (cw__channel_params.op): the graph node, the scheduler's task and
- * both backends' loops carry the code, and only this switch knows what it computes — so a
- * new per-channel op is one enum entry and one case here (docs/adding-an-op.md).
- * Append only: the codes are stored in plans. */
+/* The per-channel ops (the generic op CW_OP_CHANNEL below, its code in param.i[0]): only
+ * this switch knows what each computes, so a new per-channel op is one enum entry and one
+ * case here (docs/adding-an-op.md). Append only: the codes are stored in plans. */
 enum { CW_CHANNEL_SCALE = 0, /* y = x * v[c] (cw_graph_scale) */
        CW_CHANNEL_OP_COUNT };
 
@@ -109,6 +109,75 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
     default: return x;
     }
 }
+
+/* ---- the generic ops: their contract (docs/adding-an-op.md) ------------------------- */
+
+/* An op of the generic form writes one tensor, `out`, from n_in inputs and a small parameter
+ * block. The graph builder records it as one node (scheduler/graph.c cw__op_node), the
+ * scheduler lowers it to one task over the whole tensors on the light stream, cw__op_run
+ * (backend/ops.c) checks the task's views against the contract below, and each backend
+ * runs it by its code (cpu: ops_cpu.c cpu_op_fn; cuda: kernels.cu cw__cu_op). Append
+ * only: plans store the codes. */
+typedef enum {
+    CW_OP_CHANNEL = 0, /* out[n, c, ...] = cw_channel_elem(param.i[0], in0[n, c, ...], in1[c]) */
+    CW_OP_AVG_POOL2,   /* out[.., h, w] = mean of in0[.., 2h + {0, 1}, 2w + {0, 1}] */
+    CW_OP_COUNT
+} cw_op_code;
+
+enum { CW_OP_MAX_IN = 3 };
+
+typedef struct cw_op_param {
+    int64_t i[4];
+    float f[4];
+} cw_op_param;
+
+typedef struct cw_op_info {
+    const char *name;  /* the op in messages ("avg_pool2") */
+    int n_in;          /* inputs it reads */
+    unsigned f32_in;   /* bit k set: input k is f32 in graphs of every dtype (a [C] vector);
+                          the other inputs have the output's dtype */
+    double flops;      /* per output element (trace and describe) */
+} cw_op_info;
+
+/* The op's name, arity, input dtypes and cost; name NULL for an unknown code. */
+static inline cw_op_info cw_op_get_info(int code) {
+    cw_op_info r = {NULL, 0, 0u, 0.0};
+    switch (code) {
+    case CW_OP_CHANNEL: r.name = "channel", r.n_in = 2, r.f32_in = 1u << 1, r.flops = 1.0; break;
+    case CW_OP_AVG_POOL2: r.name = "avg_pool2", r.n_in = 1, r.flops = 4.0; break;
+    default: break;
+    }
+    return r;
+}
+
+/* The op's shape rule: writes to *out the dims (rank and dims; no strides, dtype in[0]'s)
+ * the op makes of in[0..n_in) under pm, and returns 1; returns 0 when the inputs or the
+ * parameters do not fit the op. The graph builder sizes the node with it and cw__op_run
+ * checks the views against it: one rule, in one place. */
+static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tensor_desc *const *in,
+                                 cw_tensor_desc *out) {
+    const cw_tensor_desc *x = in[0];
+    memset(out, 0, sizeof *out);
+    out->dtype = x->dtype;
+    out->rank = x->rank;
+    for (int i = 0; i < x->rank; i++) out->dims[i] = x->dims[i];
+    switch (code) {
+    case CW_OP_CHANNEL:
+        return x->rank >= 2 && x->rank <= 5 && in[1]->rank == 1 && in[1]->dims[0] == x->dims[1] && pm->i[0] >= 0 &&
+               pm->i[0] < CW_CHANNEL_OP_COUNT;
+    case CW_OP_AVG_POOL2: {
+        if (x->rank != 4 && x->rank != 5) return 0;
+        int h = x->rank - 2, w = x->rank - 1;
+        if (x->dims[h] % 2 || x->dims[w] % 2) return 0;
+        out->dims[h] = x->dims[h] / 2, out->dims[w] = x->dims[w] / 2;
+        return 1;
+    }
+    default: return 0;
+    }
+}
+
+/* CW_OP_AVG_POOL2's element: the mean of a 2x2 window, rows summed first (both backends). */
+static inline CW_HD float cw_avg4(float a, float b, float c, float d) { return ((a + b) + (c + d)) * 0.25f; }
 
 /* ---- nearest upsampling --------------------------------------------------------- */
 

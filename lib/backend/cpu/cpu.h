@@ -91,7 +91,8 @@ void cw__cpu_gn_stats_run(const cw__view *x, int64_t groups, double *out);
 void cw__cpu_gn_finalize_run(const double *parts, int64_t n_parts, int64_t n, int64_t c, int64_t groups,
                              const float *gamma, const float *beta, float eps, float *scale, float *shift);
 void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b);
-void cw__cpu_channel_run(const cw__channel_params *p);
+/* The generic op a (kernels/kernels.h CW_OP_*), run on the calling thread. */
+void cw__cpu_op_exec(const cw__op_args *a);
 void cw__cpu_softmax_rows_run(float *x, int64_t rows, int64_t cols, int64_t ld);
 
 #endif

@@ -470,21 +470,22 @@ static void view_nc5(const cw__view *v, int64_t dim[5], int64_t st[5]) {
     }
 }
 
-/* Plain indexed loads and stores, so dst may alias x exactly (f16/bf16: a TILE chunk is
- * converted before any of it is stored). */
-void cw__cpu_channel_run(const cw__channel_params *p) {
+/* The per-channel op, out[n, c, ...] = cw_channel_elem(code, x[n, c, ...], v[c]). Plain
+ * indexed loads and stores, so out may alias x exactly (f16/bf16: a TILE chunk is converted
+ * before any of it is stored). */
+static void channel_run(const cw__op_args *a) {
     int64_t dim[5], sd[5], sx[5], tmp[5];
-    view_nc5(&p->dst, dim, sd);
-    view_nc5(&p->x, tmp, sx);
-    const cw_dtype dt = p->dst.d.dtype;
+    view_nc5(&a->out, dim, sd);
+    view_nc5(&a->in[0], tmp, sx);
+    const cw_dtype dt = a->out.d.dtype;
     const size_t es = cw_dtype_size(dt);
-    float *y = (float *)p->dst.data;
-    const float *px = (const float *)p->x.data;
-    const int op = p->op;
+    float *y = (float *)a->out.data;
+    const float *px = (const float *)a->in[0].data, *pv = (const float *)a->in[1].data;
+    const int op = (int)a->param.i[0];
     float buf[TILE];
     for (int64_t n = 0; n < dim[0]; n++)
         for (int64_t c = 0; c < dim[1]; c++) {
-            const float v = p->v[c];
+            const float v = pv[c];
             for (int64_t i2 = 0; i2 < dim[2]; i2++)
                 for (int64_t i3 = 0; i3 < dim[3]; i3++) {
                     const int64_t oy = n * sd[0] + c * sd[1] + i2 * sd[2] + i3 * sd[3];
@@ -509,11 +510,44 @@ void cw__cpu_channel_run(const cw__channel_params *p) {
         }
 }
 
-static void channel_fn(void *arg) { cw__cpu_channel_run((const cw__channel_params *)arg); }
+/* The 2x2 average pool over H and W: each output row from two input rows, loaded as f32
+ * (converted from f16/bf16 on load) in tiles and rounded once on store. */
+static void avg_pool2_run(const cw__op_args *a) {
+    int64_t dim[5], sd[5], sx[5], xdim[5];
+    view_nc5(&a->out, dim, sd);
+    view_nc5(&a->in[0], xdim, sx);
+    const cw_dtype dt = a->out.d.dtype;
+    const size_t es = cw_dtype_size(dt);
+    float r0[2 * (TILE / 2)], r1[2 * (TILE / 2)], o[TILE / 2];
+    for (int64_t n = 0; n < dim[0]; n++)
+        for (int64_t c = 0; c < dim[1]; c++)
+            for (int64_t i2 = 0; i2 < dim[2]; i2++)
+                for (int64_t h = 0; h < dim[3]; h++) {
+                    const int64_t oy = n * sd[0] + c * sd[1] + i2 * sd[2] + h * sd[3];
+                    const int64_t ox = n * sx[0] + c * sx[1] + i2 * sx[2] + 2 * h * sx[3];
+                    for (int64_t w0 = 0; w0 < dim[4]; w0 += TILE / 2) {
+                        const int64_t m = dim[4] - w0 < TILE / 2 ? dim[4] - w0 : TILE / 2;
+                        cw__cpu_load_f32(r0, elem_at(a->in[0].data, ox + 2 * w0 * sx[4], es), dt, 2 * m, sx[4]);
+                        cw__cpu_load_f32(r1, elem_at(a->in[0].data, ox + sx[3] + 2 * w0 * sx[4], es), dt, 2 * m, sx[4]);
+                        for (int64_t w = 0; w < m; w++) o[w] = cw_avg4(r0[2 * w], r0[2 * w + 1], r1[2 * w], r1[2 * w + 1]);
+                        cw__cpu_store_f32(elem_at(a->out.data, oy + w0 * sd[4], es), dt, sd[4], o, m);
+                    }
+                }
+}
 
-/* p was checked by cw__op_channel. */
-static cw_status cpu_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
-    return enqueue_copy(be, s, "channel op", channel_fn, p, sizeof *p);
+void cw__cpu_op_exec(const cw__op_args *a) {
+    switch (a->code) {
+    case CW_OP_CHANNEL: channel_run(a); break;
+    case CW_OP_AVG_POOL2: avg_pool2_run(a); break;
+    default: break; /* cw__op_run admits only known codes */
+    }
+}
+
+static void op_fn(void *arg) { cw__cpu_op_exec((const cw__op_args *)arg); }
+
+/* a was checked by cw__op_run. */
+static cw_status cpu_op(cw__backend *be, cw__stream *s, const cw__op_args *a) {
+    return enqueue_copy(be, s, cw_op_get_info(a->code).name, op_fn, a, sizeof *a);
 }
 
 /* ---- GEMM ----------------------------------------------------------------------------- */
@@ -584,7 +618,7 @@ const cw__ops_i cw__cpu_ops = {
     .gn_stats = cpu_gn_stats,
     .gn_finalize = cpu_gn_finalize,
     .add = cpu_add,
-    .channel_op = cpu_channel_op,
+    .op = cpu_op,
     .gemm = cpu_gemm,
     .softmax_rows = cpu_softmax_rows,
 };

@@ -46,8 +46,9 @@ CW__CU_LOCAL cudaError_t cw__cu_fill_bias(cudaStream_t s, const cw__view *y, con
 /* y[n, k, ...] += b[k]; b has dtype b_dtype. */
 CW__CU_LOCAL cudaError_t cw__cu_bias_add(cudaStream_t s, const cw__view *y, const void *b, cw_dtype b_dtype);
 CW__CU_LOCAL cudaError_t cw__cu_add(cudaStream_t s, const cw__view *dst, const cw__view *a, const cw__view *b);
-/* The per-channel op p (checked by cw__op_channel): the add's kernels with v as the bias. */
-CW__CU_LOCAL cudaError_t cw__cu_channel(cudaStream_t s, const cw__channel_params *p);
+/* The generic op a (checked by cw__op_run): a case per CW_OP_* code, next to its kernel
+ * (the per-channel ops run the add's kernels with v as the bias). */
+CW__CU_LOCAL cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a);
 /* dst = src (+ b[k] where b is not NULL) elementwise (equal dims, any strides and dtypes):
  * packing a patch, and unpacking it with the bias as the epilogue. */
 CW__CU_LOCAL cudaError_t cw__cu_copy_view(cudaStream_t s, const cw__view *dst, const cw__view *src, const void *b,

@@ -128,11 +128,11 @@ done:
     return CW__LEAVE(cb, st);
 }
 
-static cw_status cuda_channel_op(cw__backend *be, cw__stream *s, const cw__channel_params *p) {
+static cw_status cuda_op(cw__backend *be, cw__stream *s, const cw__op_args *a) {
     cw__cuda *cb = cw__cb(be);
     cw_status st = CW_OK;
     CW__ENTER(cb);
-    CW__CUDA_GOTO(be->ctx, st, done, cw__cu_channel(s->cs, p));
+    CW__CUDA_GOTO(be->ctx, st, done, cw__cu_op(s->cs, a));
 done:
     return CW__LEAVE(cb, st);
 }
@@ -178,7 +178,7 @@ const cw__ops_i cw__cuda_ops = {
     .gn_stats = cuda_gn_stats,
     .gn_finalize = cuda_gn_finalize,
     .add = cuda_add,
-    .channel_op = cuda_channel_op,
+    .op = cuda_op,
     .gemm = cuda_gemm,
     .softmax_rows = cuda_softmax_rows,
     .conv_prepare = cuda_conv_prepare,

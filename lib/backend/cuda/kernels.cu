@@ -286,6 +286,23 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* CW_OP_AVG_POOL2: each output element from the 2x2 window of x under it, any strides and
+ * dtype (one thread per output element). */
+__global__ void __launch_bounds__(kThreads)
+    avg_pool2_kernel(const __grid_constant__ View d, void *dp, const __grid_constant__ View x, const void *xp) {
+    int64_t c[CW_MAX_RANK];
+    const int hh = d.rank - 2, ww = d.rank - 1;
+    const int64_t sh = x.strides[hh], sw = x.strides[ww];
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        c[hh] *= 2, c[ww] *= 2;
+        const int64_t o = offset_of(x, c);
+        const float v = cw_avg4(load_dt(xp, o, x.dtype), load_dt(xp, o + sw, x.dtype), load_dt(xp, o + sh, x.dtype),
+                                load_dt(xp, o + sh + sw, x.dtype));
+        store_dt(dp, od, d.dtype, v);
+    }
+}
+
 __global__ void __launch_bounds__(kThreads)
     prep_generic_kernel(const __grid_constant__ View dst, void *dp, const __grid_constant__ View src, const void *sp,
                         const float *scale, const float *shift, int silu, int64_t up, int64_t dst_row0,
@@ -767,8 +784,17 @@ cudaError_t cw__cu_add(cudaStream_t s, const cw__view *dst, const cw__view *a, c
     return ew_launch(s, EW_ADD, dst, a, b, nullptr, 0);
 }
 
-cudaError_t cw__cu_channel(cudaStream_t s, const cw__channel_params *p) {
-    return ew_launch(s, EW_CHANNEL + p->op, &p->dst, &p->x, nullptr, p->v, (int)CW_F32);
+cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
+    switch (a->code) {
+    case CW_OP_CHANNEL:
+        return ew_launch(s, EW_CHANNEL + (int)a->param.i[0], &a->out, &a->in[0], nullptr, a->in[1].data, (int)CW_F32);
+    case CW_OP_AVG_POOL2: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        avg_pool2_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>(vd, a->out.data, vx, a->in[0].data);
+        return cudaGetLastError();
+    }
+    default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */
+    }
 }
 
 cudaError_t cw__cu_copy_view(cudaStream_t s, const cw__view *dst, const cw__view *src, const void *b,
