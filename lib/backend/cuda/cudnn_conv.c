@@ -36,29 +36,35 @@ static cudnnDataType_t cw__cudnn_dtype(cw_dtype dt) {
     }
 }
 
-/* "x [1, 8, 10, 12]/[960, 120, 12, 1] w [...] y [...] stride [1, 1] dil [1, 1] pad [1, 1]/[1, 1] g 1" */
+/* Appends "[v0, v1, ...]" (count values) at buf + k; returns the new k, which may pass n
+ * on truncation (snprintf's count), so callers stop appending at k >= n. */
+static size_t cw__ints_append(char *buf, size_t k, size_t n, const int64_t *v, int count) {
+    if (k < n) k += (size_t)snprintf(buf + k, n - k, "[");
+    for (int d = 0; d < count && k < n; d++) k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", v[d]);
+    if (k < n) k += (size_t)snprintf(buf + k, n - k, "]");
+    return k;
+}
+
+/* "x [1, 8, 10, 12]/[960, 120, 12, 1] w [...] y [...] stride [1, 1] dil [1, 1] pad_pre [1, 1]
+ * pad_post [1, 1] groups 1"; dims from cw__dims_str, the rest in the same bracket form. */
 static const char *cw__problem_str(const cw__conv_problem *p, char *buf, size_t n) {
     const cw_tensor_desc *t[3] = {&p->x, &p->w, &p->y};
     const char *nm[3] = {"x", "w", "y"};
     size_t k = 0;
     buf[0] = '\0';
     for (int i = 0; i < 3 && k < n; i++) {
-        k += (size_t)snprintf(buf + k, n - k, "%s%s [", i ? " " : "", nm[i]);
-        for (int d = 0; d < t[i]->rank && k < n; d++)
-            k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", t[i]->dims[d]);
-        if (k < n) k += (size_t)snprintf(buf + k, n - k, "]/[");
-        for (int d = 0; d < t[i]->rank && k < n; d++)
-            k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", t[i]->strides[d]);
-        if (k < n) k += (size_t)snprintf(buf + k, n - k, "]");
+        k += (size_t)snprintf(buf + k, n - k, "%s%s ", i ? " " : "", nm[i]);
+        if (k >= n) break;
+        k += strlen(cw__dims_str(t[i], buf + k, n - k));
+        if (k < n) k += (size_t)snprintf(buf + k, n - k, "/");
+        k = cw__ints_append(buf, k, n, t[i]->strides, t[i]->rank);
     }
     int sp = p->spatial == 3 ? 3 : 2;
     const int64_t *arr[4] = {p->stride, p->dilation, p->pad_pre, p->pad_post};
-    const char *an[4] = {" stride [", " dil [", " pad_pre [", " pad_post ["};
+    const char *an[4] = {" stride ", " dil ", " pad_pre ", " pad_post "};
     for (int a = 0; a < 4 && k < n; a++) {
         k += (size_t)snprintf(buf + k, n - k, "%s", an[a]);
-        for (int d = 0; d < sp && k < n; d++)
-            k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", arr[a][d]);
-        if (k < n) k += (size_t)snprintf(buf + k, n - k, "]");
+        k = cw__ints_append(buf, k, n, arr[a], sp);
     }
     if (k < n) snprintf(buf + k, n - k, " groups %" PRId64, p->groups);
     return buf;
@@ -182,126 +188,144 @@ void cw__cudnn_graph_destroy(cw__cudnn_graph *g) {
     }
 }
 
+/* g's tensors: x, w, y and, for a bias-fused graph, t (the convolution's f32 result,
+ * virtual, y's dims) and b ([1, K, 1, ...]). */
+static cw_status cw__graph_tensors(cw_context *ctx, const cw__conv_problem *p, const int64_t align[3], int fuse_bias,
+                                   cw__cudnn_graph *g) {
+    cw_status st;
+    if ((st = cw__tensor_desc(ctx, &p->x, CW__CUDNN_UID_X, align[0], 0, &g->x)) != CW_OK) return st;
+    if ((st = cw__tensor_desc(ctx, &p->w, CW__CUDNN_UID_W, align[1], 0, &g->w)) != CW_OK) return st;
+    if ((st = cw__tensor_desc(ctx, &p->y, CW__CUDNN_UID_Y, align[2], 0, &g->y)) != CW_OK) return st;
+    if (!fuse_bias) return CW_OK;
+    cw_tensor_desc td = p->y, bd;
+    td.dtype = CW_F32;
+    memset(td.strides, 0, sizeof td.strides);
+    memset(&bd, 0, sizeof bd);
+    bd.rank = p->y.rank;
+    bd.dtype = p->w.dtype;
+    for (int i = 0; i < bd.rank; i++) bd.dims[i] = i == 1 ? p->y.dims[1] : 1;
+    if ((st = cw__tensor_desc(ctx, &td, CW__CUDNN_UID_T, 16, 1, &g->t)) != CW_OK) return st;
+    return cw__tensor_desc(ctx, &bd, CW__CUDNN_UID_B, 16, 0, &g->b);
+}
+
+/* g->conv: p's cross-correlation, accumulating in f32 for every data type. */
+static cw_status cw__graph_conv(cw_context *ctx, const cw__conv_problem *p, cw__cudnn_graph *g) {
+    int64_t sp = p->spatial;
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    CW__CUDNN_CHECK(ctx, cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &g->conv));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &sp));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1,
+                                             &comp));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1,
+                                             &mode));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, sp,
+                                             p->pad_pre));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, sp,
+                                             p->pad_post));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, sp,
+                                             p->dilation));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, sp,
+                                             p->stride));
+    CW__CUDNN_CHECK(ctx, cudnnBackendFinalize(g->conv));
+    return CW_OK;
+}
+
+/* g->op: y = conv(x, w), or t = conv(x, w) when the bias add follows. cuDNN validates the
+ * shapes when it finalises (output size against input, kernel, paddings, strides,
+ * dilations; channels against groups): a rejection names the problem. */
+static cw_status cw__graph_conv_op(cw_context *ctx, const cw__conv_problem *p, int fuse_bias, cw__cudnn_graph *g) {
+    float alpha = 1.0f, beta = 0.0f;
+    CW__CUDNN_CHECK(ctx, cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &g->op));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->x));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->w));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, fuse_bias ? &g->t : &g->y));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->conv));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1,
+                                             &alpha));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1,
+                                             &beta));
+    cudnnStatus_t s = cudnnBackendFinalize(g->op);
+    if (s == CUDNN_STATUS_SUCCESS) return CW_OK;
+    char why[256], desc[512];
+    cudnnGetLastErrorString(why, sizeof why);
+    return cw__error(ctx, cw__cudnn_status(s), "cudnn conv: cuDNN rejects %s: %s (%s)",
+                     cw__problem_str(p, desc, sizeof desc), cudnnGetErrorString(s), why);
+}
+
+/* g->pw and g->add: y = t + b, in f32. */
+static cw_status cw__graph_bias_add(cw_context *ctx, cw__cudnn_graph *g) {
+    cudnnPointwiseMode_t mode_add = CUDNN_POINTWISE_ADD;
+    cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+    CW__CUDNN_CHECK(ctx, cudnnBackendCreateDescriptor(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &g->pw));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1,
+                                             &mode_add));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec));
+    CW__CUDNN_CHECK(ctx, cudnnBackendFinalize(g->pw));
+    CW__CUDNN_CHECK(ctx, cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &g->add));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->pw));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->t));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->b));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->y));
+    CW__CUDNN_CHECK(ctx, cudnnBackendFinalize(g->add));
+    return CW_OK;
+}
+
+/* g->graph: the forward op, and the bias add when fused. */
+static cw_status cw__graph_ops(cw_context *ctx, cudnnHandle_t handle, int fuse_bias, cw__cudnn_graph *g) {
+    cudnnBackendDescriptor_t ops[2] = {g->op, g->add};
+    CW__CUDNN_CHECK(ctx, cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->graph));
+    CW__CUDNN_CHECK(ctx,
+                    cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                             fuse_bias ? 2 : 1, ops));
+    /* Not needed to finalise (cuDNN >= 9 works without it); kept where a device exists
+     * because it ties the graph to the handle's device as cudnn-frontend does. */
+    if (handle)
+        CW__CUDNN_CHECK(ctx,
+                        cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                                 &handle));
+    CW__CUDNN_CHECK(ctx, cudnnBackendFinalize(g->graph));
+    return CW_OK;
+}
+
+/* Each step fills its part of g; on a failure everything made so far is destroyed here. */
 cw_status cw__cudnn_graph_build(cw_context *ctx, const cw__conv_problem *p, const int64_t align[3],
                                 cudnnHandle_t handle, int fuse_bias, cw__cudnn_graph *g) {
     cw_status st;
     memset(g, 0, sizeof *g);
     if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
-    if ((st = cw__tensor_desc(ctx, &p->x, CW__CUDNN_UID_X, align[0], 0, &g->x)) != CW_OK) goto fail;
-    if ((st = cw__tensor_desc(ctx, &p->w, CW__CUDNN_UID_W, align[1], 0, &g->w)) != CW_OK) goto fail;
-    if ((st = cw__tensor_desc(ctx, &p->y, CW__CUDNN_UID_Y, align[2], 0, &g->y)) != CW_OK) goto fail;
-    if (fuse_bias) {
-        /* t: the convolution's f32 result (virtual, y's dims); b: [1, K, 1, ...] */
-        cw_tensor_desc td = p->y, bd;
-        td.dtype = CW_F32;
-        memset(td.strides, 0, sizeof td.strides);
-        memset(&bd, 0, sizeof bd);
-        bd.rank = p->y.rank;
-        bd.dtype = p->w.dtype;
-        for (int i = 0; i < bd.rank; i++) bd.dims[i] = i == 1 ? p->y.dims[1] : 1;
-        if ((st = cw__tensor_desc(ctx, &td, CW__CUDNN_UID_T, 16, 1, &g->t)) != CW_OK) goto fail;
-        if ((st = cw__tensor_desc(ctx, &bd, CW__CUDNN_UID_B, 16, 0, &g->b)) != CW_OK) goto fail;
-    }
-
-    int64_t sp = p->spatial;
-    cudnnDataType_t comp = CUDNN_DATA_FLOAT; /* f32 accumulation for every data type */
-    cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &g->conv));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &sp));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1,
-                                            &mode));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, sp,
-                                            p->pad_pre));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, sp,
-                                            p->pad_post));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, sp,
-                                            p->dilation));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, sp,
-                                            p->stride));
-    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(g->conv));
-
-    float alpha = 1.0f, beta = 0.0f;
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &g->op));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->x));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
-                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->w));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, fuse_bias ? &g->t : &g->y));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->conv));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1,
-                                            &alpha));
-    CW__CUDNN_GOTO(ctx, st, fail,
-                   cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1,
-                                            &beta));
-    {
-        /* Shapes are validated here (output size against input, kernel, paddings, strides,
-         * dilations; channels against groups): name the problem in the message. */
-        cudnnStatus_t s = cudnnBackendFinalize(g->op);
-        if (s != CUDNN_STATUS_SUCCESS) {
-            char why[256], desc[512];
-            cudnnGetLastErrorString(why, sizeof why);
-            st = cw__error(ctx, cw__cudnn_status(s), "cudnn conv: cuDNN rejects %s: %s (%s)",
-                           cw__problem_str(p, desc, sizeof desc), cudnnGetErrorString(s), why);
-            goto fail;
-        }
-    }
-
-    if (fuse_bias) {
-        /* y = t + b, in f32 */
-        cudnnPointwiseMode_t mode_add = CUDNN_POINTWISE_ADD;
-        cudnnDataType_t prec = CUDNN_DATA_FLOAT;
-        CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &g->pw));
-        CW__CUDNN_GOTO(ctx, st, fail,
-                       cudnnBackendSetAttribute(g->pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1,
-                                                &mode_add));
-        CW__CUDNN_GOTO(ctx, st, fail,
-                       cudnnBackendSetAttribute(g->pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec));
-        CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(g->pw));
-        CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &g->add));
-        CW__CUDNN_GOTO(ctx, st, fail,
-                       cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->pw));
-        CW__CUDNN_GOTO(ctx, st, fail,
-                       cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->t));
-        CW__CUDNN_GOTO(ctx, st, fail,
-                       cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->b));
-        CW__CUDNN_GOTO(ctx, st, fail,
-                       cudnnBackendSetAttribute(g->add, CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->y));
-        CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(g->add));
-    }
-    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->graph));
-    {
-        cudnnBackendDescriptor_t ops[2] = {g->op, g->add};
-        CW__CUDNN_GOTO(ctx, st, fail,
-                       cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                                fuse_bias ? 2 : 1, ops));
-    }
-    /* Not needed to finalise (cuDNN >= 9 works without it); kept where a device exists
-     * because it ties the graph to the handle's device as cudnn-frontend does. */
-    if (handle)
-        CW__CUDNN_GOTO(ctx, st, fail,
-                       cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
-                                                &handle));
-    CW__CUDNN_GOTO(ctx, st, fail, cudnnBackendFinalize(g->graph));
+    if ((st = cw__graph_tensors(ctx, p, align, fuse_bias, g)) != CW_OK) goto fail;
+    if ((st = cw__graph_conv(ctx, p, g)) != CW_OK) goto fail;
+    if ((st = cw__graph_conv_op(ctx, p, fuse_bias, g)) != CW_OK) goto fail;
+    if (fuse_bias && (st = cw__graph_bias_add(ctx, g)) != CW_OK) goto fail;
+    if ((st = cw__graph_ops(ctx, handle, fuse_bias, g)) != CW_OK) goto fail;
     return CW_OK;
 fail:
     cw__cudnn_graph_destroy(g);
@@ -340,9 +364,6 @@ fail:
 
 /* ---- the engine-config / plan cache ------------------------------------------------------ */
 
-/* Canonical key: every field that changes the descriptors (dims, strides, paddings,
- * strides, dilations, dtype, alignments), zero-padded so memcmp compares it. */
-
 /* cuDNN engines index tensors with 32-bit offsets: only a generic engine takes a tensor
  * whose strided span (or a stride) reaches 2^31 elements (measured with cuDNN 9.19 and an
  * H100 profile: f16 1024x1448^2 gets 26 engine configs, 1024x1449^2 one). A height patch
@@ -351,13 +372,6 @@ fail:
  * through contiguous patch-sized buffers at the start of the workspace (counted in the
  * workspace the planner budgets). */
 #define CW__SPAN_LIMIT ((int64_t)1 << 31)
-
-static int64_t cw__span(const cw_tensor_desc *td) {
-    cw_tensor_desc d = cw__canon(td);
-    int64_t m = 0;
-    for (int i = 0; i < d.rank; i++) m += (d.dims[i] - 1) * d.strides[i];
-    return m + 1;
-}
 
 static int64_t cw__round256(int64_t b) { return (b + 255) / 256 * 256; }
 
@@ -673,71 +687,102 @@ static void cw__heuristics_both(cw__cudnn_conv *c, const cw__cudnn_graph *g, cw_
     *sf = cw__heuristics(c, g, dt, CUDNN_HEUR_MODE_FALLBACK, raw, n);
 }
 
-/* The entry for (p, align), built (graphs + heuristics) on first use. Caller holds c->mu. */
-static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3],
-                               cw__cudnn_entry **out) {
-    cw_context *ctx = c->ctx;
-    cw__cudnn_key key;
-    cw_status st, sa = CW_OK, sf = CW_OK, spa = CW_OK, spf = CW_OK, sba = CW_OK, sbf = CW_OK;
-    cw__raw_cfg raw[CW__CUDNN_MAX_CFGS], rawp[CW__CUDNN_MAX_CFGS], rawf[CW__CUDNN_MAX_CFGS];
-    int n_raw = 0, n_rawp = 0, n_rawf = 0;
-    char desc[512];
-    *out = NULL;
-    if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
-    cw__make_key(p, align, &key);
+/* The cached entry for key (counted as a hit), or NULL. Caller holds c->mu. */
+static cw__cudnn_entry *cw__entry_find(cw__cudnn_conv *c, const cw__cudnn_key *key) {
     for (cw__cudnn_entry *e = c->head; e; e = e->next) {
-        if (memcmp(&e->key, &key, sizeof key) == 0) {
+        if (memcmp(&e->key, key, sizeof *key) == 0) {
             c->n_hits++;
-            *out = e;
-            return CW_OK;
+            return e;
         }
     }
-    cw__cudnn_entry *e = cw__calloc(1, sizeof *e);
-    if (!e) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cudnn conv: out of host memory for an engine list");
-    e->key = key;
-    if ((st = cw__cudnn_graph_build(ctx, p, align, c->handle, 0, &e->g)) != CW_OK) goto fail;
+    return NULL;
+}
+
+/* 1 when x's or y's strided span reaches CW__SPAN_LIMIT elements (p validated). */
+static int cw__needs_pack(const cw__conv_problem *p) {
+    return cw__desc_span_bytes(&p->x) / (int64_t)cw_dtype_size(p->x.dtype) >= CW__SPAN_LIMIT ||
+           cw__desc_span_bytes(&p->y) / (int64_t)cw_dtype_size(p->y.dtype) >= CW__SPAN_LIMIT;
+}
+
+/* e's packed layouts (x and y contiguous, 16-byte aligned) and their rounded bytes; the
+ * packed graph's configs go to rawp. A patch too big to pack under 2^31 elements, or a
+ * packed graph cuDNN cannot build or serve, keeps the direct configs only. */
+static void cw__entry_pack(cw__cudnn_conv *c, cw__cudnn_entry *e, const cw__conv_problem *p, const int64_t align[3],
+                           cw__raw_cfg *rawp, int *n_rawp) {
     const cw_dtype dt = p->x.dtype;
-    int need_pack = cw__span(&p->x) >= CW__SPAN_LIMIT || cw__span(&p->y) >= CW__SPAN_LIMIT;
-    if (need_pack) {
-        cw__conv_problem pp = *p;
-        int64_t pal[3] = {16, align[1], 16};
-        memset(pp.x.strides, 0, sizeof pp.x.strides);
-        memset(pp.y.strides, 0, sizeof pp.y.strides);
-        cw__desc_fill_strides(&pp.x);
-        cw__desc_fill_strides(&pp.y);
-        e->xp = pp.x;
-        e->yp = pp.y;
-        e->pack_bytes[0] = cw__round256(cw__desc_numel(&pp.x) * (int64_t)cw_dtype_size(dt));
-        e->pack_bytes[1] = cw__round256(cw__desc_numel(&pp.y) * (int64_t)cw_dtype_size(dt));
-        /* A patch too big to pack under 2^31 elements keeps the direct configs only. */
-        if (cw__desc_numel(&pp.x) < CW__SPAN_LIMIT && cw__desc_numel(&pp.y) < CW__SPAN_LIMIT &&
-            cw__cudnn_graph_build(ctx, &pp, pal, c->handle, 0, &e->gp) == CW_OK)
-            cw__heuristics_both(c, &e->gp, dt, rawp, &n_rawp, &spa, &spf);
-    }
-    cw__heuristics_both(c, &e->g, dt, raw, &n_raw, &sa, &sf);
-    /* The bias-fused graph: a graph cuDNN cannot build or serve just lists nothing. */
-    if (p->has_bias && !need_pack && !(c->flags & CW__CUDNN_NO_FUSE)) {
-        if (cw__cudnn_graph_build(ctx, p, align, c->handle, 1, &e->gf) == CW_OK)
-            cw__heuristics_both(c, &e->gf, dt, rawf, &n_rawf, &sba, &sbf);
-        else
-            cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: no bias-fused graph: %s", cw_context_get_last_error(ctx));
-    }
-    /* Order: every engine at its best knobs (packed first: where packing is needed the
-     * direct list holds only a generic engine; then bias-fused and unfused alternately,
-     * fused first for f16/bf16, unfused first for f32), then the leaner knob choices in
-     * the same order. */
+    cw__conv_problem pp = *p;
+    int64_t pal[3] = {16, align[1], 16};
+    cw_status spa, spf;
+    memset(pp.x.strides, 0, sizeof pp.x.strides);
+    memset(pp.y.strides, 0, sizeof pp.y.strides);
+    cw__desc_fill_strides(&pp.x);
+    cw__desc_fill_strides(&pp.y);
+    e->xp = pp.x;
+    e->yp = pp.y;
+    e->pack_bytes[0] = cw__round256(cw__desc_numel(&pp.x) * (int64_t)cw_dtype_size(dt));
+    e->pack_bytes[1] = cw__round256(cw__desc_numel(&pp.y) * (int64_t)cw_dtype_size(dt));
+    if (cw__desc_numel(&pp.x) < CW__SPAN_LIMIT && cw__desc_numel(&pp.y) < CW__SPAN_LIMIT &&
+        cw__cudnn_graph_build(c->ctx, &pp, pal, c->handle, 0, &e->gp) == CW_OK)
+        cw__heuristics_both(c, &e->gp, dt, rawp, n_rawp, &spa, &spf);
+}
+
+/* The bias-fused graph's configs into rawf: a graph cuDNN cannot build or serve just lists
+ * nothing. */
+static void cw__entry_fused(cw__cudnn_conv *c, cw__cudnn_entry *e, const cw__conv_problem *p, const int64_t align[3],
+                            cw__raw_cfg *rawf, int *n_rawf) {
+    cw_status sba, sbf;
+    if (cw__cudnn_graph_build(c->ctx, p, align, c->handle, 1, &e->gf) == CW_OK)
+        cw__heuristics_both(c, &e->gf, p->x.dtype, rawf, n_rawf, &sba, &sbf);
+    else
+        cw__log(c->ctx, CW_LOG_DEBUG, "cudnn conv: no bias-fused graph: %s", cw_context_get_last_error(c->ctx));
+}
+
+/* Takes the picks of the packed (rawp), direct (raw) and bias-fused (rawf) lists into e.
+ * Order: every engine at its best knobs (packed first: where packing is needed the direct
+ * list holds only a generic engine; then bias-fused and unfused alternately, fused first
+ * for f16/bf16, unfused first for f32), then the leaner knob choices in the same order. */
+static void cw__entry_order(cw__cudnn_entry *e, cw_dtype dt, cw__raw_cfg *rawp, int n_rawp, cw__raw_cfg *raw,
+                            int n_raw, cw__raw_cfg *rawf, int n_rawf) {
     for (int lean = 0; lean < 2; lean++) {
         int ip[CW__CUDNN_MAX_CFGS], kp = cw__picks(rawp, n_rawp, lean, ip);
         for (int i = 0; i < kp; i++) cw__take(e, rawp, ip[i], 1, 0, lean);
         if (dt != CW_F32) cw__interleave(e, rawf, n_rawf, 1, raw, n_raw, 0, lean);
         else cw__interleave(e, raw, n_raw, 0, rawf, n_rawf, 1, lean);
     }
-    for (int i = 0; i < n_rawp; i++)
-        if (rawp[i].cfg) cudnnBackendDestroyDescriptor(rawp[i].cfg);
+}
+
+/* Destroys the configs of raw that were not taken. */
+static void cw__raw_free(cw__raw_cfg *raw, int n_raw) {
     for (int i = 0; i < n_raw; i++)
         if (raw[i].cfg) cudnnBackendDestroyDescriptor(raw[i].cfg);
-    for (int i = 0; i < n_rawf; i++)
-        if (rawf[i].cfg) cudnnBackendDestroyDescriptor(rawf[i].cfg);
+}
+
+/* The entry for (p, align), built (graphs + heuristics) on first use. Caller holds c->mu. */
+static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3],
+                               cw__cudnn_entry **out) {
+    cw_context *ctx = c->ctx;
+    cw__cudnn_key key;
+    cw_status st, sa = CW_OK, sf = CW_OK;
+    cw__raw_cfg raw[CW__CUDNN_MAX_CFGS], rawp[CW__CUDNN_MAX_CFGS], rawf[CW__CUDNN_MAX_CFGS];
+    int n_raw = 0, n_rawp = 0, n_rawf = 0;
+    char desc[512];
+    *out = NULL;
+    if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
+    cw__make_key(p, align, &key);
+    if ((*out = cw__entry_find(c, &key)) != NULL) return CW_OK;
+    cw__cudnn_entry *e = cw__calloc(1, sizeof *e);
+    if (!e) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cudnn conv: out of host memory for an engine list");
+    e->key = key;
+    if ((st = cw__cudnn_graph_build(ctx, p, align, c->handle, 0, &e->g)) != CW_OK) goto fail;
+    const cw_dtype dt = p->x.dtype;
+    const int need_pack = cw__needs_pack(p);
+    if (need_pack) cw__entry_pack(c, e, p, align, rawp, &n_rawp);
+    cw__heuristics_both(c, &e->g, dt, raw, &n_raw, &sa, &sf);
+    if (p->has_bias && !need_pack && !(c->flags & CW__CUDNN_NO_FUSE)) cw__entry_fused(c, e, p, align, rawf, &n_rawf);
+    cw__entry_order(e, dt, rawp, n_rawp, raw, n_raw, rawf, n_rawf);
+    cw__raw_free(rawp, n_rawp);
+    cw__raw_free(raw, n_raw);
+    cw__raw_free(rawf, n_rawf);
     if (e->n == 0) {
         st = cw__error(ctx, CW_ERR_UNSUPPORTED,
                        "cudnn conv: no usable engine for %s (heuristics mode A: %s, fallback: %s; nondeterministic, "
@@ -748,7 +793,6 @@ static cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, con
     }
     cw__log(ctx, CW_LOG_DEBUG, "cudnn conv: %d engine configs (%d direct, %d packed, %d bias-fused candidates) for %s",
             e->n, n_raw, n_rawp, n_rawf, cw__problem_str(p, desc, sizeof desc));
-    (void)spa, (void)spf, (void)sba, (void)sbf;
     cw__evict_idle(c);
     e->next = c->head;
     c->head = e;
@@ -1044,8 +1088,93 @@ unlock:
     return st;
 }
 
-/* Spans of a problem's tensors in bytes (scratch sizes for autotuning). */
-static int64_t cw__span_bytes(const cw_tensor_desc *d) { return cw__span(d) * (int64_t)cw_dtype_size(d->dtype); }
+/* Autotune's host half, under c->mu: the plan of each of ids (exact ids; ch[i].plan is NULL
+ * where ids[i] has none) and the times cached for them into ms. Returns how many still need
+ * timing; *e is the problem's entry, *ws_max the largest workspace of the plans. */
+static int cw__autotune_plans(cw__cudnn_conv *c, const cw__conv_problem *p, const int64_t align[3], const int *ids,
+                              int n, float *ms, cw__cudnn_choice *ch, cw__cudnn_entry **e, int64_t *ws_max) {
+    int todo = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < n; i++) {
+        cw_status s1 = cw__conv_plan_locked(c, p, align, ids[i], INT64_MAX, 1, 1, &ch[i], e);
+        if (s1 != CW_OK || ch[i].id != ids[i]) {
+            ch[i].plan = NULL;
+            continue;
+        }
+        for (int k = 0; k < (*e)->n; k++)
+            if ((*e)->cfgs[k].id == ids[i] && (*e)->cfgs[k].tuned_ms != 0.0f) ms[i] = (*e)->cfgs[k].tuned_ms;
+        if (ms[i] < 0.0f) todo++;
+        if (ch[i].total_ws > *ws_max) *ws_max = ch[i].total_ws;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return todo;
+}
+
+/* Device scratch for timing p, zeroed so timing runs on finite data (garbage may hold NaNs
+ * and denormals): bufs x, w, y, b, ws (ws_bytes), and the two timing events. What it made
+ * before a failure is left for cw__autotune_release. */
+static cw_status cw__autotune_scratch(cw_context *ctx, cudaStream_t s, const cw__conv_problem *p, int64_t ws_bytes,
+                                      void *bufs[5], cudaEvent_t ev[2], int64_t *syncs) {
+    const int64_t sizes[5] = {cw__desc_span_bytes(&p->x), cw__desc_span_bytes(&p->w), cw__desc_span_bytes(&p->y),
+                              p->y.dims[1] * (int64_t)cw_dtype_size(p->w.dtype), ws_bytes};
+    for (int i = 0; i < 5; i++) {
+        if (sizes[i] <= 0) continue;
+        (*syncs)++;
+        CW__CUDA_CHECK(ctx, cudaMalloc(&bufs[i], (size_t)sizes[i]));
+        CW__CUDA_CHECK(ctx, cudaMemsetAsync(bufs[i], 0, (size_t)sizes[i], s));
+    }
+    CW__CUDA_CHECK(ctx, cudaEventCreate(&ev[0]));
+    CW__CUDA_CHECK(ctx, cudaEventCreate(&ev[1]));
+    return CW_OK;
+}
+
+/* Times config id on the scratch: reps runs after a warm-up; the best time in *t_ms, or
+ * -1 when the config cannot run here. Fails only on a CUDA error around the runs (then
+ * *t_ms is left alone). */
+static cw_status cw__autotune_time(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_problem *p, int id, int reps,
+                                   void *const bufs[5], int64_t ws_bytes, cudaEvent_t ev[2], int64_t *syncs,
+                                   float *t_ms) {
+    cw_context *ctx = c->ctx;
+    float t_best = -1.0f;
+    for (int r = 0; r <= reps; r++) { /* r = 0 warms up */
+        int bias_done = 0;
+        float t = 0.0f;
+        CW__CUDA_CHECK(ctx, cudaEventRecord(ev[0], s));
+        cw_status rs = cw__cudnn_conv_run(c, s, p, id, bufs[0], bufs[1], bufs[3], bufs[2], bufs[4], ws_bytes,
+                                          &bias_done);
+        if (rs == CW_OK && p->has_bias && !bias_done)
+            CW__CUDA_CHECK(ctx, cw__cu_bias_add(s, &(cw__view){p->y, bufs[2]}, bufs[3], p->w.dtype));
+        CW__CUDA_CHECK(ctx, cudaEventRecord(ev[1], s));
+        (*syncs)++;
+        CW__CUDA_CHECK(ctx, cudaEventSynchronize(ev[1]));
+        if (rs != CW_OK) break; /* this engine cannot run here: not a candidate */
+        CW__CUDA_CHECK(ctx, cudaEventElapsedTime(&t, ev[0], ev[1]));
+        if (r > 0 && (t_best < 0.0f || t < t_best)) t_best = t;
+    }
+    *t_ms = t_best;
+    return CW_OK;
+}
+
+/* Caches config id's time in e (< 0: it failed to run, so it is not timed again). */
+static void cw__autotune_record(cw__cudnn_conv *c, cw__cudnn_entry *e, int id, float t_ms) {
+    pthread_mutex_lock(&c->mu);
+    for (int k = 0; e && k < e->n; k++)
+        if (e->cfgs[k].id == id) e->cfgs[k].tuned_ms = t_ms < 0.0f ? -1.0f : t_ms;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Frees what cw__autotune_scratch made (each cudaFree may synchronise: counted) and clears
+ * the CUDA error state. */
+static void cw__autotune_release(void *bufs[5], cudaEvent_t ev[2], int64_t *syncs) {
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) (void)cudaEventDestroy(ev[i]);
+    for (int i = 0; i < 5; i++)
+        if (bufs[i]) {
+            (*syncs)++;
+            (void)cudaFree(bufs[i]);
+        }
+    (void)cudaGetLastError();
+}
 
 cw_status cw__cudnn_conv_autotune(cw__cudnn_conv *c, cudaStream_t s, const cw__conv_problem *p, const int *ids,
                                   int n, int reps, float *ms, int *best, int64_t *syncs) {
@@ -1069,70 +1198,20 @@ cw_status cw__cudnn_conv_autotune(cw__cudnn_conv *c, cudaStream_t s, const cw__c
         return CW_OK;
     }
     cw__cudnn_layout_align(p, align);
-    /* plans first (host only), exact ids; cached times need no device work */
-    int todo = 0;
-    pthread_mutex_lock(&c->mu);
-    for (int i = 0; i < n; i++) {
-        cw_status s1 = cw__conv_plan_locked(c, p, align, ids[i], INT64_MAX, 1, 1, &ch[i], &e);
-        if (s1 != CW_OK || ch[i].id != ids[i]) {
-            ch[i].plan = NULL;
-            continue;
-        }
-        for (int k = 0; k < e->n; k++)
-            if (e->cfgs[k].id == ids[i] && e->cfgs[k].tuned_ms != 0.0f) ms[i] = e->cfgs[k].tuned_ms;
-        if (ms[i] < 0.0f) todo++;
-        if (ch[i].total_ws > ws_max) ws_max = ch[i].total_ws;
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (todo > 0) {
-        const int64_t sizes[5] = {cw__span_bytes(&p->x), cw__span_bytes(&p->w), cw__span_bytes(&p->y),
-                                  p->y.dims[1] * (int64_t)cw_dtype_size(p->w.dtype), ws_max};
-        for (int i = 0; i < 5; i++) {
-            if (sizes[i] <= 0) continue;
-            (*syncs)++;
-            CW__CUDA_GOTO(ctx, st, done, cudaMalloc(&bufs[i], (size_t)sizes[i]));
-            /* zeros: timing on finite data (garbage may hold NaNs and denormals) */
-            CW__CUDA_GOTO(ctx, st, done, cudaMemsetAsync(bufs[i], 0, (size_t)sizes[i], s));
-        }
-        CW__CUDA_GOTO(ctx, st, done, cudaEventCreate(&ev[0]));
-        CW__CUDA_GOTO(ctx, st, done, cudaEventCreate(&ev[1]));
+    /* plans first (host only); cached times need no device work */
+    if (cw__autotune_plans(c, p, align, ids, n, ms, ch, &e, &ws_max) > 0) {
+        if ((st = cw__autotune_scratch(ctx, s, p, ws_max, bufs, ev, syncs)) != CW_OK) goto done;
         for (int i = 0; i < n; i++) {
             if (!ch[i].plan || ms[i] >= 0.0f) continue;
-            float t_best = -1.0f;
-            for (int r = 0; r <= reps; r++) { /* r = 0 warms up */
-                int bias_done = 0;
-                float t = 0.0f;
-                CW__CUDA_GOTO(ctx, st, done, cudaEventRecord(ev[0], s));
-                cw_status rs = cw__cudnn_conv_run(c, s, p, ids[i], bufs[0], bufs[1], bufs[3], bufs[2], bufs[4],
-                                                  ws_max, &bias_done);
-                if (rs == CW_OK && p->has_bias && !bias_done)
-                    CW__CUDA_GOTO(ctx, st, done, cw__cu_bias_add(s, &(cw__view){p->y, bufs[2]}, bufs[3], p->w.dtype));
-                CW__CUDA_GOTO(ctx, st, done, cudaEventRecord(ev[1], s));
-                (*syncs)++;
-                CW__CUDA_GOTO(ctx, st, done, cudaEventSynchronize(ev[1]));
-                if (rs != CW_OK) break; /* this engine cannot run here: not a candidate */
-                CW__CUDA_GOTO(ctx, st, done, cudaEventElapsedTime(&t, ev[0], ev[1]));
-                if (r > 0 && (t_best < 0.0f || t < t_best)) t_best = t;
-            }
-            ms[i] = t_best;
-            pthread_mutex_lock(&c->mu);
-            for (int k = 0; e && k < e->n; k++)
-                if (e->cfgs[k].id == ids[i]) e->cfgs[k].tuned_ms = t_best < 0.0f ? -1.0f : t_best;
-            pthread_mutex_unlock(&c->mu);
+            if ((st = cw__autotune_time(c, s, p, ids[i], reps, bufs, ws_max, ev, syncs, &ms[i])) != CW_OK) goto done;
+            cw__autotune_record(c, e, ids[i], ms[i]);
         }
     }
     for (int i = 0; i < n; i++)
         if (ms[i] >= 0.0f && (*best < 0 || ms[i] < ms[*best])) *best = i;
     if (*best < 0) st = cw__error(ctx, CW_ERR_UNSUPPORTED, "cudnn conv: autotune: none of %d candidates ran", n);
 done:
-    for (int i = 0; i < 2; i++)
-        if (ev[i]) (void)cudaEventDestroy(ev[i]);
-    for (int i = 0; i < 5; i++)
-        if (bufs[i]) {
-            (*syncs)++;
-            (void)cudaFree(bufs[i]);
-        }
-    (void)cudaGetLastError();
+    cw__autotune_release(bufs, ev, syncs);
     return st;
 }
 
