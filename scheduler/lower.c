@@ -502,6 +502,27 @@ static cw_status cw__emit_convert(cw__lower *L, int node, cw__vref src, cw__vref
     return CW_OK;
 }
 
+/* Query tokens per attention chunk (*tc, of T): as many as leave each heavy stream its f32
+ * score buffer inside the budget beside `staging` bytes of f32 staging, balanced over the
+ * chunks; all T without a budget. CW_ERR_BUDGET names what one token needs. */
+static cw_status cw__attn_chunk(cw__lower *L, int64_t T, int64_t staging, int64_t *tc) {
+    *tc = T;
+    if (L->none || L->budget < 0) return CW_OK;
+    int64_t avail = L->budget - CW__SMALL_RESERVE(L->budget) - staging;
+    int64_t c = avail / (L->heavy * T * 4 + 4096);
+    if (c < 1 && staging > 0)
+        return cw__error(L->g->ctx, CW_ERR_BUDGET, "compile: attention over %" PRId64 " tokens needs at least %" PRId64
+                         " bytes of score buffer per heavy stream beside %" PRId64 " bytes of f32 staging (q, k, "
+                         "v and its output); budget %" PRId64, T, T * 4, staging, L->budget);
+    if (c < 1)
+        return cw__error(L->g->ctx, CW_ERR_BUDGET, "compile: attention over %" PRId64 " tokens needs at least %" PRId64
+                         " bytes of score buffer per heavy stream; budget %" PRId64, T, T * 4, L->budget);
+    if (c > T) c = T;
+    const int64_t nch = (T + c - 1) / c; /* balanced chunks */
+    *tc = (T + nch - 1) / nch;
+    return CW_OK;
+}
+
 /* Attention in query chunks: S = scale * Q^T K (f32 scores, a budgeted temporary per
  * chunk), row softmax, O = V S^T, both GEMMs in f32. In an f16/bf16 graph each sample's q,
  * k and v are first converted into f32 staging buffers and its output converted back (the
@@ -521,21 +542,7 @@ static cw_status cw__lower_attention(cw__lower *L, int i) {
     cw__desc_fill_strides(&sd);
     const int64_t staging = half ? 4 * cw__alloc_round(cw__desc_bytes(&sd)) : 0;
     int64_t tc = T;
-    if (!L->none && L->budget >= 0) {
-        int64_t avail = L->budget - CW__SMALL_RESERVE(L->budget) - staging;
-        tc = avail / (L->heavy * T * 4 + 4096);
-        if (tc > T) tc = T;
-        if (tc < 1 && half)
-            return cw__error(g->ctx, CW_ERR_BUDGET, "compile: attention over %" PRId64 " tokens needs at least %" PRId64
-                             " bytes of score buffer per heavy stream beside %" PRId64 " bytes of f32 staging (q, k, "
-                             "v and its output); budget %" PRId64, T, T * 4, staging, L->budget);
-        if (tc < 1)
-            return cw__error(g->ctx, CW_ERR_BUDGET, "compile: attention over %" PRId64 " tokens needs at least %" PRId64
-                             " bytes of score buffer per heavy stream; budget %" PRId64, T, T * 4, L->budget);
-        /* balanced chunks */
-        int64_t nch = (T + tc - 1) / tc;
-        tc = (T + nch - 1) / nch;
-    }
+    CW__TRY(cw__attn_chunk(L, T, staging, &tc));
     int64_t h = d->dims[hd];
     int per = (int)((T + tc - 1) / tc), nchunks = per * (int)N;
     int *sb = cw__malloc((size_t)nchunks * sizeof *sb), *ids = cw__malloc((size_t)per * sizeof *ids);
@@ -590,8 +597,6 @@ static cw_status cw__lower_attention(cw__lower *L, int i) {
     cw__free(sb), cw__free(ids);
     return st;
 }
-
-/* ---- driver ----------------------------------------------------------------------------- */
 
 /* ---- driver ----------------------------------------------------------------------------- */
 
