@@ -563,9 +563,11 @@ static double cost_gemm(const cv_geom *g, double flops) {
  * what cost_gemm (fitted on an AVX-512 machine) predicts, so the sum is scaled by 0.72
  * into cost_gemm's units: oneDNN then comes first for every 3x3/5x5/7x7 conv with K >= 8
  * (it measured 1.1-6x faster than im2col there), and cpu_gemm_1x1 (same speed, no
- * workspace) stays first for 1x1. cost_direct's 14 GFLOP/s is also an AVX-512 figure:
- * direct ran at 3-5 GFLOP/s here, so for K = 3 and depthwise convs direct is still listed
- * first although oneDNN measured 2-3x faster. */
+ * workspace) stays first for 1x1. cost_direct's 14 GFLOP/s was fitted on an AVX-512
+ * machine; on the quiet AVX2 one direct ran K = 3 and depthwise convs at 11-13.6 GFLOP/s,
+ * within 0.9-1.2x of oneDNN's times (bench/RESULTS.md, issue 17's refit), so direct, listed
+ * first there, is within the model's error of the best and needs no workspace. (The
+ * 3-5 GFLOP/s of the loaded fitting run above were the load's.) */
 static double cost_dnnl(const cv_geom *g, const cw__dnnl_info *info) {
     double rate;
     if (g->cg == 1 && g->kg == 1) {
