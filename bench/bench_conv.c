@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend/cpu/cpu.h"
+#include "child.h"
 #include "scheduler/planner.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -175,38 +175,36 @@ static int run_one(const bcase *bc, int64_t budget, int64_t max_ws, int threads,
     return 0;
 }
 
-/* Parent: runs argv0 --run ... in a child and captures its RESULT line. */
-static int spawn(const char *self, const bcase *bc, int64_t budget, int64_t max_ws, int threads, double max_s,
-                 char *out, size_t outn) {
-    int fd[2];
-    if (pipe(fd) != 0) return -1;
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        dup2(fd[1], 1);
-        close(fd[0]);
-        char a[6][64];
-        snprintf(a[0], 64, "%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64, bc->c, bc->k, bc->ks, bc->h);
-        snprintf(a[1], 64, "%" PRId64, budget);
-        snprintf(a[2], 64, "%" PRId64, max_ws);
-        snprintf(a[3], 64, "%d", threads);
-        snprintf(a[4], 64, "%g", max_s);
-        execl(self, self, "--run", a[0], a[1], a[2], a[3], a[4], (char *)NULL);
-        _exit(127);
-    }
-    close(fd[1]);
-    FILE *f = fdopen(fd[0], "r");
-    char line[512];
+/* Parent: runs argv0 --run ... in a child (a fresh process, so its peak RSS is its own) and
+ * captures its RESULT line, or says why there is none. */
+static void spawn(const char *self, const bcase *bc, int64_t budget, int64_t max_ws, int threads, double max_s,
+                  char *out, size_t outn) {
+    char a[6][64];
+    snprintf(a[0], 64, "%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64, bc->c, bc->k, bc->ks, bc->h);
+    snprintf(a[1], 64, "%" PRId64, budget);
+    snprintf(a[2], 64, "%" PRId64, max_ws);
+    snprintf(a[3], 64, "%d", threads);
+    snprintf(a[4], 64, "%g", max_s);
+    char *argv[] = {(char *)self, "--run", a[0], a[1], a[2], a[3], a[4], NULL};
     out[0] = 0;
-    while (f && fgets(line, sizeof line, f))
+    FILE *f = tmpfile(); /* the child's stdout */
+    if (!f) {
+        snprintf(out, outn, "failed (tmpfile: %s)", strerror(errno));
+        return;
+    }
+    child_opts co = {0};
+    child_status st;
+    child_exec(&st, argv, fileno(f), -1, &co);
+    char line[512];
+    rewind(f);
+    while (fgets(line, sizeof line, f))
         if (strncmp(line, "RESULT ", 7) == 0) snprintf(out, outn, "%s", line + 7);
-    if (f) fclose(f);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    fclose(f);
     size_t l = strlen(out);
     if (l && out[l - 1] == '\n') out[l - 1] = 0;
-    if (!out[0]) snprintf(out, outn, "failed (status %d)", status);
-    return 0;
+    if (out[0]) return;
+    if (st.end == CHILD_FAILED) snprintf(out, outn, "failed (%s)", st.err);
+    else snprintf(out, outn, "failed (status %d)", st.wstatus);
 }
 
 static int parse_list(const char *s, int64_t *v, int max) {

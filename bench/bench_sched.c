@@ -29,11 +29,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "child.h"
 
 #define MIB (1024.0 * 1024.0)
 #define CHANNELS 128
@@ -326,67 +325,46 @@ done:
     res->done = 1;
 }
 
-/* A configuration's result and output, shared with its child. */
-typedef struct shared_run {
-    result *res;
-    float *out;
-    size_t bytes;
-} shared_run;
+/* What the child runs: cf, reporting into the area's head (a result) and data (the output). */
+typedef struct child_job {
+    const bench_opts *o;
+    const config *cf;
+    const child_area *area;
+} child_job;
 
-static void shared_free(shared_run *sr) {
-    if (sr->res) munmap(sr->res, sr->bytes);
-    memset(sr, 0, sizeof *sr);
+static int child_main(void *arg) {
+    const child_job *j = arg;
+    result *res = j->area->head;
+    child_run(j->o, j->cf, res, j->area->data);
+    return res->status == CW_OK ? 0 : 1;
 }
 
-/* Runs cf in a forked child; 0 when the child produced an output, else -1 (the reason is in
- * sr->res->err when the mapping exists). */
-static int run_in_child(const bench_opts *o, const config *cf, int64_t out_numel, shared_run *sr) {
-    memset(sr, 0, sizeof *sr);
-    size_t hdr = (sizeof(result) + 63) & ~(size_t)63;
-    sr->bytes = hdr + (size_t)out_numel * sizeof(float);
-    void *p = mmap(NULL, sr->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        fprintf(stderr, "bench_sched: mmap of %zu bytes: %s\n", sr->bytes, strerror(errno));
-        sr->res = NULL;
+/* Runs cf in a forked child with its result and output in *area; 0 when the child produced an
+ * output, else -1 (the reason is in the result's err when the mapping exists). */
+static int run_in_child(const bench_opts *o, const config *cf, int64_t out_numel, child_area *area) {
+    if (child_area_map(area, sizeof(result), (size_t)out_numel * sizeof(float)) != 0) {
+        fprintf(stderr, "bench_sched: mmap of %zu bytes: %s\n", area->bytes, strerror(errno));
         return -1;
     }
-    sr->res = p;
-    sr->out = (float *)((char *)p + hdr);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(sr->res->err, sizeof sr->res->err, "fork: %s", strerror(errno));
+    result *res = area->head;
+    child_job job = {o, cf, area};
+    child_opts co = {0};
+    child_status st;
+    child_call(&st, child_main, &job, &co);
+    if (st.end == CHILD_FAILED) {
+        snprintf(res->err, sizeof res->err, "%s", st.err);
         return -1;
     }
-    if (pid == 0) {
-        child_run(o, cf, sr->res, sr->out);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(sr->res->status == CW_OK ? 0 : 1);
-    }
-    int status = 0;
-    struct rusage ru;
-    memset(&ru, 0, sizeof ru);
-    pid_t r;
-    while ((r = wait4(pid, &status, 0, &ru)) < 0 && errno == EINTR) {
-    }
-    if (r < 0) {
-        snprintf(sr->res->err, sizeof sr->res->err, "wait4: %s", strerror(errno));
+    res->peak_rss = st.peak_rss;
+    if (st.end == CHILD_KILLED) {
+        snprintf(res->err, sizeof res->err, "child killed by signal %d (%s)", st.code, strsignal(st.code));
         return -1;
     }
-    sr->res->peak_rss = (int64_t)ru.ru_maxrss * 1024; /* Linux: KiB */
-    if (WIFSIGNALED(status)) {
-        snprintf(sr->res->err, sizeof sr->res->err, "child killed by signal %d (%s)", WTERMSIG(status),
-                 strsignal(WTERMSIG(status)));
+    if (!res->done) {
+        snprintf(res->err, sizeof res->err, "child exited with status %d before reporting", st.code);
         return -1;
     }
-    if (!sr->res->done) {
-        snprintf(sr->res->err, sizeof sr->res->err, "child exited with status %d before reporting",
-                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-        return -1;
-    }
-    return sr->res->status == CW_OK ? 0 : -1;
+    return res->status == CW_OK ? 0 : -1;
 }
 
 /* ---- options ---------------------------------------------------------------------------------- */
@@ -606,51 +584,53 @@ int main(int argc, char **argv) {
     }
 
     /* The reference's output stays mapped for the comparisons. */
-    shared_run ref;
+    child_area ref;
     if (run_in_child(&o, &cfgs[0], out_numel, &ref) != 0) {
-        printf("%s FAIL: %s\n\nFAIL\n", cfgs[0].label, ref.res ? ref.res->err : "no shared mapping (see above)");
-        shared_free(&ref);
+        printf("%s FAIL: %s\n\nFAIL\n", cfgs[0].label,
+               ref.head ? ((const result *)ref.head)->err : "no shared mapping (see above)");
+        child_area_unmap(&ref);
         return 1;
     }
+    const float *ref_out = ref.data;
     result res[1 + MAX_STREAM_COUNTS];
     int ok[1 + MAX_STREAM_COUNTS] = {0};
-    res[0] = *ref.res;
+    res[0] = *(const result *)ref.head;
     ok[0] = 1;
     double ref_max = 0, ref_mean = 0; /* shows the check compares a non-trivial output */
     for (int64_t i = 0; i < out_numel; i++) {
-        double v = fabs((double)ref.out[i]);
+        double v = fabs((double)ref_out[i]);
         ref_mean += v / (double)out_numel;
         if (v > ref_max) ref_max = v;
     }
-    printf("%s backend; %.1f conv GFLOP per run; reference output max|y| %.4g, mean|y| %.4g\n", ref.res->backend,
-           ref.res->stats.conv_gflop, ref_max, ref_mean);
+    printf("%s backend; %.1f conv GFLOP per run; reference output max|y| %.4g, mean|y| %.4g\n", res[0].backend,
+           res[0].stats.conv_gflop, ref_max, ref_mean);
     table_header();
     table_row(&cfgs[0], &res[0], &res[0], -1, 0);
     fflush(stdout);
 
     for (int i = 1; i < n_cfgs; i++) {
-        shared_run sr;
+        child_area sr;
         int code = run_in_child(&o, &cfgs[i], out_numel, &sr);
-        if (!sr.res) {
+        if (!sr.head) {
             printf("%-28s FAIL: no shared mapping for its result (see above)\n", cfgs[i].label);
             continue;
         }
-        res[i] = *sr.res;
+        res[i] = *(const result *)sr.head;
         if (code != 0) {
             printf("%-28s FAIL: %s\n", cfgs[i].label, res[i].err);
         } else {
             double diff, rel;
-            rel_diff(sr.out, ref.out, out_numel, &diff, &rel);
+            rel_diff(sr.data, ref_out, out_numel, &diff, &rel);
             table_row(&cfgs[i], &res[i], &res[0], diff, rel);
             ok[i] = rel <= MATCH_REL_TOL; /* false for NaN too */
             if (!ok[i])
                 printf("%-28s FAIL: output differs from the reference: max|diff| %.3g = %.3g of max|reference| "
                        "(tolerance %.0e)\n", cfgs[i].label, diff, rel, MATCH_REL_TOL);
         }
-        shared_free(&sr);
+        child_area_unmap(&sr);
         fflush(stdout);
     }
-    shared_free(&ref);
+    child_area_unmap(&ref);
 
     printf("\ntargets (scheduled / reference, budget %.4g MiB):\n", (double)o.budget / MIB);
     print_target("peak total", TARGET_TOTAL_RATIO, cfgs, res, ok, n_cfgs, 0);

@@ -17,12 +17,8 @@
 #include <string.h>
 #include <strings.h>
 #include <limits.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +26,7 @@
 #define AUTO_RECOMPUTE_PCT 10  /* --memory auto pays at most this many % more conv FLOPs */
 
 #include "convweave/convweave.h"
+#include "child.h"
 #include "image.h"
 #include "npy.h"
 #include "peer.h"
@@ -754,17 +751,6 @@ done:
     return code;
 }
 
-typedef struct shared_run {
-    run_result *res;
-    float *out;
-    size_t bytes;
-} shared_run;
-
-static void shared_free(shared_run *s) {
-    if (s->res) munmap(s->res, s->bytes);
-    memset(s, 0, sizeof(*s));
-}
-
 /* ---- signals: the parent stops its child and removes its staged files ------------------------- */
 
 static volatile sig_atomic_t g_stop;     /* the signal that asked us to stop, or 0 */
@@ -787,100 +773,58 @@ static void install_stop_handlers(void) {
     sigaction(SIGHUP, &sa, NULL);
 }
 
+/* What the child runs: rc on jb, reporting into the area's head (a run_result) and data. */
+typedef struct child_job {
+    const opts *o;
+    const run_cfg *rc;
+    const job *jb;
+    const child_area *area;
+} child_job;
+
+static int child_main(void *arg) {
+    const child_job *j = arg;
+    return child_run(j->o, j->rc, j->jb, j->area->head, j->area->data);
+}
+
 /* Forks, runs rc in the child, waits (showing elapsed time on a terminal after 1 s) and
- * fills *sr with the child's result and peak RSS. Returns the child's exit code, or -1
- * when a signal asked the parent to stop (the child is then killed and reaped). */
-static int run_in_child(const opts *o, const run_cfg *rc, const job *jb, const char *progress, shared_run *sr) {
-    memset(sr, 0, sizeof(*sr));
-    size_t hdr = (sizeof(run_result) + 63) & ~(size_t)63;
-    sr->bytes = hdr + (size_t)jb->out_numel * sizeof(float);
-    void *p = mmap(NULL, sr->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+ * fills *sr with the child's result (head) and output (data) and its peak RSS. Returns the
+ * child's exit code, or -1 when a signal asked the parent to stop (the child is then killed
+ * and reaped). */
+static int run_in_child(const opts *o, const run_cfg *rc, const job *jb, const char *progress, child_area *sr) {
+    if (child_area_map(sr, sizeof(run_result), (size_t)jb->out_numel * sizeof(float)) != 0) {
         fprintf(stderr, "%s: mmap of %zu bytes for the output: %s\n", prog, sr->bytes, strerror(errno));
         return EXIT_RUN;
     }
-    sr->res = p;
-    sr->out = (float *)((char *)p + hdr);
-    sr->res->exit_code = -1;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t parent = getpid();
-    if (g_stop) return -1;
-    pid_t pid = fork();
-    if (pid < 0) {
-        fprintf(stderr, "%s: fork: %s\n", prog, strerror(errno));
-        shared_free(sr);
+    run_result *res = sr->head;
+    res->exit_code = -1;
+    child_job cj = {o, rc, jb, sr};
+    child_opts co = {0};
+    co.spinner = spinner_on(o);
+    co.label = progress;
+    co.done = &res->tasks_done;
+    co.total = &res->tasks_total;
+    co.pid = &g_child;
+    co.stop = &g_stop;
+    co.die_with_parent = 1;
+    child_status st;
+    child_call(&st, child_main, &cj, &co);
+    if (st.end == CHILD_STOPPED || st.end == CHILD_FAILED) {
+        if (st.end == CHILD_FAILED) fprintf(stderr, "%s: %s\n", prog, st.err);
+        child_area_unmap(sr);
+        return st.end == CHILD_STOPPED ? -1 : EXIT_RUN;
+    }
+    res->peak_rss = st.peak_rss;
+    if (st.end == CHILD_KILLED) {
+        snprintf(res->err, sizeof(res->err), "%s: child killed by signal %d (%s)", rc->label, st.code,
+                 strsignal(st.code));
+        res->exit_code = EXIT_RUN;
         return EXIT_RUN;
     }
-    if (pid == 0) {
-        /* die with the parent, whatever kills it; default signal actions again */
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        signal(SIGHUP, SIG_DFL);
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(EXIT_RUN);
-        int code = child_run(o, rc, jb, sr->res, sr->out);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(code);
+    if (st.code != 0 && res->exit_code <= 0) {
+        snprintf(res->err, sizeof(res->err), "%s: child exited with status %d", rc->label, st.code);
+        res->exit_code = st.code;
     }
-    g_child = pid;
-    if (g_stop) kill(pid, SIGKILL); /* the signal came between fork and here */
-    double t0 = now_ms();
-    int shown = 0, status = 0;
-    struct rusage ru;
-    memset(&ru, 0, sizeof(ru));
-    for (;;) {
-        pid_t r = wait4(pid, &status, spinner_on(o) ? WNOHANG : 0, &ru);
-        if (r == pid) break;
-        if (r < 0 && errno != EINTR) {
-            fprintf(stderr, "%s: wait4: %s\n", prog, strerror(errno));
-            g_child = 0;
-            shared_free(sr);
-            return EXIT_RUN;
-        }
-        if (g_stop) { /* the handler killed the child: reap it */
-            kill(pid, SIGKILL);
-            continue;
-        }
-        double el = (now_ms() - t0) / 1000.0;
-        if (r == 0 && el >= 1.0) {
-            int64_t done = sr->res->tasks_done, total = sr->res->tasks_total;
-            if (total > 0) { /* running: a bar over the plan's tasks */
-                char bar[31];
-                int fill = (int)(30 * done / total);
-                for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
-                bar[30] = '\0';
-                fprintf(stderr, "\r[%s] %3d%% %s: %.1f s\033[K", bar, (int)(100 * done / total), progress, el);
-            } else { /* loading weights, compiling */
-                static const char spin[] = "|/-\\";
-                fprintf(stderr, "\r%c %s: %.1f s\033[K", spin[(int)(el * 5) % 4], progress, el);
-            }
-            shown = 1;
-        }
-        if (r == 0) {
-            struct timespec ts = {0, 100 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-        }
-    }
-    g_child = 0;
-    if (shown) fprintf(stderr, "\r\033[K");
-    if (g_stop) {
-        shared_free(sr);
-        return -1;
-    }
-    sr->res->peak_rss = (int64_t)ru.ru_maxrss * 1024; /* Linux: KiB */
-    if (WIFSIGNALED(status)) {
-        snprintf(sr->res->err, sizeof(sr->res->err), "%s: child killed by signal %d (%s)", rc->label,
-                 WTERMSIG(status), strsignal(WTERMSIG(status)));
-        sr->res->exit_code = EXIT_RUN;
-        return EXIT_RUN;
-    }
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_RUN;
-    if (code != 0 && sr->res->exit_code <= 0) {
-        snprintf(sr->res->err, sizeof(sr->res->err), "%s: child exited with status %d", rc->label, code);
-        sr->res->exit_code = code;
-    }
-    return code;
+    return st.code;
 }
 
 /* ---- tables ------------------------------------------------------------------------------------ */
@@ -1196,20 +1140,20 @@ static int finish_outputs(const opts *o, const float *out, const int64_t dims[4]
     return ret;
 }
 
-static int report_failure(const shared_run *sr) {
-    fprintf(stderr, "%s: %s\n", prog, sr->res->err[0] ? sr->res->err : "run failed");
-    if (sr->res->over_budget && sr->res->min_memory > 0) {
+static int report_failure(const run_result *r) {
+    fprintf(stderr, "%s: %s\n", prog, r->err[0] ? r->err : "run failed");
+    if (r->over_budget && r->min_memory > 0) {
         char b[32];
-        fmt_bytes(b, sizeof(b), sr->res->min_memory);
+        fmt_bytes(b, sizeof(b), r->min_memory);
         fprintf(stderr, "%s: the smallest --memory that works at this --budget is %s (%" PRId64 " bytes): try --memory %" PRId64
-                "\n", prog, b, sr->res->min_memory, sr->res->min_memory);
-    } else if (sr->res->over_budget && sr->res->min_budget > 0) {
+                "\n", prog, b, r->min_memory, r->min_memory);
+    } else if (r->over_budget && r->min_budget > 0) {
         char b[32];
-        fmt_bytes(b, sizeof(b), sr->res->min_budget);
+        fmt_bytes(b, sizeof(b), r->min_budget);
         fprintf(stderr, "%s: the smallest budget that works is %s (%" PRId64 " bytes): try --budget %" PRId64 "\n",
-                prog, b, sr->res->min_budget, sr->res->min_budget);
+                prog, b, r->min_budget, r->min_budget);
     }
-    return sr->res->exit_code > 0 ? sr->res->exit_code : EXIT_RUN;
+    return r->exit_code > 0 ? r->exit_code : EXIT_RUN;
 }
 
 /* ---- the job's size against the machine's memory ------------------------------------------------- */
@@ -1481,19 +1425,19 @@ int main(int argc, char **argv) {
     const char *verb = o.part == VAE_DECODER ? "decoding" : "encoding";
 
     int ret = 0;
-    shared_run final = {0};
+    child_area final = {0}; /* the run whose output is written */
     if (!o.compare && !o.tune) {
         run_cfg r;
         cfg_from_opts(&r, &o);
-        shared_run sr;
+        child_area sr;
         int code = run_in_child(&o, &r, &jb, verb, &sr);
         if (code < 0) stop_now();
         if (code != 0) {
-            ret = sr.res ? report_failure(&sr) : code;
-            shared_free(&sr);
+            ret = sr.head ? report_failure(sr.head) : code;
+            child_area_unmap(&sr);
             goto out;
         }
-        const run_result *res = sr.res;
+        const run_result *res = sr.head;
         if (!o.quiet) {
             char a[32], b[32], c[32], e[32];
             fmt_bytes(a, sizeof(a), res->stats.temp_peak);
@@ -1515,17 +1459,19 @@ int main(int argc, char **argv) {
         /* --compare / --tune: the reference first, then the scheduled configuration(s) */
         run_cfg ref;
         ref_cfg(&ref, &o);
-        shared_run rs;
+        child_area rs;
         int total = o.tune ? 17 : 3; /* --compare: the reference, the scheduled run, diffusers */
         char prog_label[96];
         snprintf(prog_label, sizeof(prog_label), "[1/%d] %s", total, ref.label);
         int code = run_in_child(&o, &ref, &jb, prog_label, &rs);
         if (code < 0) stop_now();
         if (code != 0) {
-            ret = rs.res ? report_failure(&rs) : code;
-            shared_free(&rs);
+            ret = rs.head ? report_failure(rs.head) : code;
+            child_area_unmap(&rs);
             goto out;
         }
+        const run_result *ref_res = rs.head;
+        const float *ref_out = rs.data;
         run_cfg cfgs[16];
         int n = 0;
         if (o.tune) {
@@ -1546,32 +1492,33 @@ int main(int argc, char **argv) {
         run_result results[16];
         int out_cfg = -1;
         for (int i = 0; i < n; i++) {
-            shared_run sr;
+            child_area sr;
             snprintf(prog_label, sizeof(prog_label), "[%d/%d] %s", i + 2, total, cfgs[i].label);
             code = run_in_child(&o, &cfgs[i], &jb, prog_label, &sr);
             if (code < 0) stop_now();
-            if (!sr.res) {
-                shared_free(&rs);
-                shared_free(&final);
+            run_result *res = sr.head;
+            if (!res) {
+                child_area_unmap(&rs);
+                child_area_unmap(&final);
                 ret = code;
                 goto out;
             }
-            if (code == 0) sr.res->max_diff = max_abs_diff(sr.out, rs.out, out_numel);
-            results[i] = *sr.res;
-            if (code != 0 && (!o.tune || sr.res->nonfinite)) {
-                ret = report_failure(&sr);
-                shared_free(&sr);
-                shared_free(&rs);
-                shared_free(&final);
+            if (code == 0) res->max_diff = max_abs_diff(sr.data, ref_out, out_numel);
+            results[i] = *res;
+            if (code != 0 && (!o.tune || res->nonfinite)) {
+                ret = report_failure(res);
+                child_area_unmap(&sr);
+                child_area_unmap(&rs);
+                child_area_unmap(&final);
                 goto out;
             }
             /* outputs get the first scheduled configuration that ran (all agree with the
              * reference within the printed max|diff|) */
-            if (code == 0 && !final.res) {
+            if (code == 0 && !final.head) {
                 final = sr;
                 out_cfg = i;
             } else {
-                shared_free(&sr);
+                child_area_unmap(&sr);
             }
         }
         /* recommended: the lowest peak RSS among the runs within 3% of the fastest, so timing
@@ -1587,7 +1534,7 @@ int main(int argc, char **argv) {
         /* --compare: diffusers on the same config, weights and input, in a Python child */
         peer_result peer;
         memset(&peer, 0, sizeof(peer));
-        if (o.compare && !strcmp(rs.res->backend, "cuda")) {
+        if (o.compare && !strcmp(ref_res->backend, "cuda")) {
             peer.skipped = 1;
             snprintf(peer.note, sizeof(peer.note), "convweave ran on the cuda backend and the diffusers row runs on the cpu");
         } else if (o.compare) {
@@ -1600,16 +1547,16 @@ int main(int argc, char **argv) {
                "peak RSS = ru_maxrss of a separate process per configuration; work mem = its peak resident\n"
                "bytes during the run minus those just before it (model loaded); max|diff| vs convweave's own\n"
                "unscheduled run (no patches, no budget)%s\n",
-               rs.res->backend, o.part == VAE_DECODER ? "decode" : "encode", o.repeat,
+               ref_res->backend, o.part == VAE_DECODER ? "decode" : "encode", o.repeat,
                peer.ran ? "; diffusers = AutoencoderKL on PyTorch, same weights and input" : "");
         table_header();
-        table_row(&ref, rs.res, 0);
+        table_row(&ref, ref_res, 0);
         for (int i = 0; i < n; i++) table_row(&cfgs[i], &results[i], 1);
-        if (peer.ran) peer_row(&peer, rs.out, out_numel);
+        if (peer.ran) peer_row(&peer, ref_out, out_numel);
         if (best < 0) {
             fprintf(stderr, "%s: no configuration fits the budget\n", prog);
             peer_result_free(&peer);
-            shared_free(&rs);
+            child_area_unmap(&rs);
             ret = EXIT_USAGE;
             goto out;
         }
@@ -1618,24 +1565,25 @@ int main(int argc, char **argv) {
             printf("\nrecommended: --streams %d --patches ", cfgs[best].streams);
             if (cfgs[best].policy == CW_PATCHES_AUTO) printf("auto");
             else printf("%d", cfgs[best].patches);
-            printf("  (%.1f ms, %.2fx the unscheduled run's time, %.2fx its peak RSS)\n", b->ms, b->ms / rs.res->ms,
-                   (double)b->peak_rss / (double)rs.res->peak_rss);
+            printf("  (%.1f ms, %.2fx the unscheduled run's time, %.2fx its peak RSS)\n", b->ms, b->ms / ref_res->ms,
+                   (double)b->peak_rss / (double)ref_res->peak_rss);
         } else {
-            printf("\nscheduled / unscheduled: time %.2fx, peak RSS %.2fx, peak total %.2fx\n", b->ms / rs.res->ms,
-                   (double)b->peak_rss / (double)rs.res->peak_rss,
-                   rs.res->stats.total_peak > 0 ? (double)b->stats.total_peak / (double)rs.res->stats.total_peak : 0.0);
-            if (peer.ran) peer_summary(&peer, b, final.out, out_numel);
+            printf("\nscheduled / unscheduled: time %.2fx, peak RSS %.2fx, peak total %.2fx\n", b->ms / ref_res->ms,
+                   (double)b->peak_rss / (double)ref_res->peak_rss,
+                   ref_res->stats.total_peak > 0 ? (double)b->stats.total_peak / (double)ref_res->stats.total_peak : 0.0);
+            if (peer.ran) peer_summary(&peer, b, final.data, out_numel);
             else printf("diffusers: %s%s\n", peer.skipped ? "skipped: " : "", peer.note);
         }
         peer_result_free(&peer);
         if (o.tune && g_n_outs && !o.quiet) printf("output from: %s\n", cfgs[out_cfg].label);
-        shared_free(&rs);
+        child_area_unmap(&rs);
     }
-    if (final.res->nonfinite) /* only with --allow-nonfinite: the child fails otherwise */
-        fprintf(stderr, "%s: warning: %s (written anyway: --allow-nonfinite)\n", prog, final.res->err);
+    const run_result *fres = final.head;
+    if (fres->nonfinite) /* only with --allow-nonfinite: the child fails otherwise */
+        fprintf(stderr, "%s: warning: %s (written anyway: --allow-nonfinite)\n", prog, fres->err);
     fflush(stdout);
-    ret = finish_outputs(&o, final.out, out_dims);
-    shared_free(&final);
+    ret = finish_outputs(&o, final.data, out_dims);
+    child_area_unmap(&final);
 out:
     free_outs();
     free(in);
