@@ -76,7 +76,7 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
     cw_status st = CW_OK;
     for (int attempt = 0; attempt < 16; attempt++) {
         cw_plan *p = NULL;
-        st = cw__plan_build(g, o, sizing, rec_allow, &p);
+        st = cw__plan_build(g, o, sizing, budget, rec_allow, &p);
         if (st != CW_OK) return st;
         p->budget = budget;
         if ((st = cw__plan_bind_constants(p)) != CW_OK) {
@@ -292,8 +292,9 @@ cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_
         return CW_OK;
     }
     /* smallest budget that compiles: compile success is monotone enough in the budget
-     * for a bisection to 1/256 of the range (then rounded up to 4 KiB). */
-    int64_t step = hi / 256 > 4096 ? hi / 256 : 4096;
+     * for a bisection to 1/4096 of the range (then rounded up to 4 KiB): the unlimited
+     * plan's peak can be gigabytes, and a 1/256 step left answers tens of MiB high. */
+    int64_t step = hi / 4096 > 4096 ? hi / 4096 : 4096;
     while (hi - lo > step) {
         int64_t mid = lo + (hi - lo) / 2;
         cw_plan *p = NULL;

@@ -69,8 +69,8 @@ cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user) {
 
 /* ---- enqueueing one task's operations ---------------------------------------------------- */
 /* One attention query chunk of one sample: S = scale * Q^T K, row softmax, O = V S^T (two
- * f32 GEMMs). q, k, v, o: that sample's [1, C, ...] views, f32 (a half-precision graph's
- * lowering stages them in f32). */
+ * f32 GEMMs). k, v: that sample's [1, C, ...] views, f32; q, o: the sample's too, or the
+ * chunk's f32 copies (a half-precision graph's lowering stages them in f32). */
 static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
     const int64_t T = t->u.attn.T, C = t->u.attn.C, t0 = t->u.attn.t0, tc = t->u.attn.t1 - t->u.attn.t0;
     cw__view q = cw__resolve(p, &t->u.attn.q), k = cw__resolve(p, &t->u.attn.k);
@@ -80,8 +80,12 @@ static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *
         if (!cw__desc_is_contiguous(&all[a]->d) || all[a]->d.dtype != CW_F32)
             return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "attention: operands must be contiguous f32 tensors");
     float *qp = q.data, *kp = k.data, *vp = v.data, *op = o.data, *sp = p->ptrs[t->u.attn.s_buf];
-    cw__gemm_params g1 = {1, 0, tc, T, C, t->u.attn.scale, 0.0f, qp + t0, T, kp, T, sp, T, t->threads};
-    cw__gemm_params g2 = {0, 1, C, tc, T, 1.0f, 0.0f, vp, T, sp, T, op + t0, T, t->threads};
+    /* q and o: the whole sample ([C, T], the chunk at token t0) or, in a half graph, the
+     * chunk's own f32 copy ([C, tc]) */
+    const int64_t ldq = cw__desc_numel(&q.d) / C, ldo = cw__desc_numel(&o.d) / C;
+    const int64_t q0 = ldq == T ? t0 : 0, o0 = ldo == T ? t0 : 0;
+    cw__gemm_params g1 = {1, 0, tc, T, C, t->u.attn.scale, 0.0f, qp + q0, ldq, kp, T, sp, T, t->threads};
+    cw__gemm_params g2 = {0, 1, C, tc, T, 1.0f, 0.0f, vp, T, sp, T, op + o0, ldo, t->threads};
     cw_status st = cw__op_gemm(be, s, &g1);
     if (st == CW_OK) st = cw__op_softmax_rows(be, s, sp, tc, T, T);
     if (st == CW_OK) st = cw__op_gemm(be, s, &g2);

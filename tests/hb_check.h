@@ -85,8 +85,12 @@ static int hb_accesses(const cw__task *t, hb_acc *out) {
         if (hb_view(&out[n], &t->u.attn.o, 1)) {
             hb_acc *a = &out[n++];
             a->attn = 1, a->n = t->u.attn.n, a->t0 = t->u.attn.t0, a->t1 = t->u.attn.t1;
-            /* its rows, as the lowering records the chunk's writer (rank 4: tokens are h*W+w) */
-            if (a->v.rank == 4) {
+            /* its rows, as the lowering records the chunk's writer (rank 4: tokens are h*W+w);
+             * a chunk's own f32 output buffer (half graphs) is written whole */
+            int64_t tokens = 1;
+            for (int d = 2; d < a->v.rank; d++) tokens *= a->v.dims[d];
+            if (tokens != t->u.attn.T) a->attn = 0;
+            else if (a->v.rank == 4) {
                 int64_t W = a->v.dims[3];
                 a->v.start[2] += a->t0 / W;
                 a->v.dims[2] = (a->t1 - 1) / W + 1 - a->t0 / W;
