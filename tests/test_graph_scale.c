@@ -8,56 +8,10 @@
 
 #include "conv_ref.h"
 #include "convweave/convweave.h"
+#include "graph_run.h"
 #include "testutil.h"
 
 enum { N = 2, C = 5, H = 9, W = 6, K = 4, G = 5 };
-
-static float *rnd(cw_rng *r, int64_t n, float s, float o) {
-    float *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = o + s * cw_rng_float(r);
-    return v;
-}
-
-static cw_tensor *upload(cw_context *ctx, int rank, const int64_t *dims, const float *h) {
-    cw_tensor_desc d;
-    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
-    cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
-    if (h) ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)cw_tensor_desc_numel(&d) * 4));
-    return t;
-}
-
-static cw_node constant(cw_context *ctx, cw_graph *g, cw_tensor *t) {
-    cw_node n;
-    ASSERT_OK_CTX(ctx, cw_graph_constant(g, &n, "c", t));
-    return n;
-}
-
-/* Compiles g under `policy`, runs it, checks each output against ref[o] within bound[o]. */
-static void run_and_check(cw_context *ctx, cw_graph *g, cw_patch_policy policy, cw_tensor *in, int n_out,
-                          const cw_tensor_desc *od, double *const *ref, const double *bound) {
-    cw_compile_options opt = CW_COMPILE_OPTIONS_INIT;
-    opt.policy = policy;
-    opt.patches = 3;
-    opt.streams = policy == CW_PATCHES_NONE ? 1 : 3;
-    cw_plan *p;
-    ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &opt));
-    cw_tensor *outs[2];
-    for (int o = 0; o < n_out; o++) outs[o] = upload(ctx, od[o].rank, od[o].dims, NULL);
-    ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, outs, n_out));
-    for (int o = 0; o < n_out; o++) {
-        int64_t n = cw_tensor_desc_numel(&od[o]);
-        float *y = malloc((size_t)n * 4);
-        ASSERT_OK_CTX(ctx, cw_tensor_download(outs[o], y, (size_t)n * 4));
-        double err = cw_ref_rel_err(&od[o], y, ref[o]);
-        if (!(err <= bound[o]))
-            fprintf(stderr, "policy %d output %d: relative error %g > bound %g\n", (int)policy, o, err, bound[o]);
-        CHECK(err <= bound[o]);
-        free(y);
-        cw_tensor_destroy(outs[o]);
-    }
-    cw_plan_destroy(p);
-}
 
 /* y0 = scale(x, s); y1 = conv3x3(y0, w) + b (padding 1). */
 static void test_scale_conv(cw_context *ctx, cw_rng *r) {
@@ -65,8 +19,8 @@ static void test_scale_conv(cw_context *ctx, cw_rng *r) {
     const int64_t nx = N * C * H * W;
     float *x = rnd(r, nx, 1.0f, 0.2f), *s = rnd(r, C, 1.5f, 0.0f), *w = rnd(r, K * C * 9, 0.3f, 0.0f);
     float *b = rnd(r, K, 0.1f, 0.0f);
-    cw_tensor *tx = upload(ctx, 4, xdims, x), *ts = upload(ctx, 1, &cdim, s), *tw = upload(ctx, 4, wdims, w);
-    cw_tensor *tb = upload(ctx, 1, &kdim, b);
+    cw_tensor *tx = upload(ctx, CW_F32, 4, xdims, x), *ts = upload(ctx, CW_F32, 1, &cdim, s);
+    cw_tensor *tw = upload(ctx, CW_F32, 4, wdims, w), *tb = upload(ctx, CW_F32, 1, &kdim, b);
     cw_conv_params cp = CW_CONV_PARAMS_INIT;
     cp.pad_pre[0] = cp.pad_post[0] = cp.pad_pre[1] = cp.pad_post[1] = 1;
 
@@ -111,8 +65,8 @@ static void test_scale_gn_3d(cw_context *ctx, cw_rng *r) {
     const int64_t per = D * 7 * 4, nx = C5 * per, cg = C5 / G5;
     float *x = rnd(r, nx, 1.0f, 0.5f), *s = rnd(r, C5, 2.0f, 0.0f), *gm = rnd(r, C5, 0.2f, 1.0f);
     float *bt = rnd(r, C5, 0.2f, 0.0f);
-    cw_tensor *tx = upload(ctx, 5, xdims, x), *ts = upload(ctx, 1, &cdim, s);
-    cw_tensor *tg = upload(ctx, 1, &cdim, gm), *tb = upload(ctx, 1, &cdim, bt);
+    cw_tensor *tx = upload(ctx, CW_F32, 5, xdims, x), *ts = upload(ctx, CW_F32, 1, &cdim, s);
+    cw_tensor *tg = upload(ctx, CW_F32, 1, &cdim, gm), *tb = upload(ctx, CW_F32, 1, &cdim, bt);
     double *ref = malloc((size_t)nx * sizeof *ref);
     for (int64_t gi = 0; gi < G5; gi++) {
         double m = 0, q = 0;
@@ -152,7 +106,7 @@ static void test_badargs(cw_context *ctx) {
     cw_tensor_desc xd, md;
     ASSERT_OK(cw_tensor_desc_make(&xd, CW_F32, 4, xdims));
     ASSERT_OK(cw_tensor_desc_make(&md, CW_F32, 2, mdims));
-    cw_tensor *bad = upload(ctx, 1, vdims, NULL), *good = upload(ctx, 1, &cdim, NULL);
+    cw_tensor *bad = upload(ctx, CW_F32, 1, vdims, NULL), *good = upload(ctx, CW_F32, 1, &cdim, NULL);
     cw_graph *g;
     ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
     cw_node x, m, out, vb, vg;
