@@ -74,4 +74,15 @@ static inline void run_and_check(cw_context *ctx, cw_graph *g, cw_patch_policy p
     cw_plan_destroy(p);
 }
 
+/* A cpu context with chaos (seed 7) and poison: the graph-op tests' scheduling stress. */
+static inline cw_context *chaos_context(void) {
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.flags = CW_FLAG_CHAOS | CW_FLAG_POISON;
+    cfg.chaos_seed = 7;
+    cw_context *ctx;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    return ctx;
+}
+
 #endif

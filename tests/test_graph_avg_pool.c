@@ -225,12 +225,7 @@ static void test_contract(void) {
 
 int main(void) {
     cw_rng r = {cw_test_seed(12)};
-    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
-    cfg.backend = CW_BACKEND_CPU;
-    cfg.flags = CW_FLAG_CHAOS | CW_FLAG_POISON;
-    cfg.chaos_seed = 7;
-    cw_context *ctx;
-    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    cw_context *ctx = chaos_context();
     test_conv_pool_conv(ctx, &r);
     test_pool_gn_3d(ctx, &r, CW_F32);
     test_pool_gn_3d(ctx, &r, CW_F16);

@@ -129,12 +129,7 @@ static void test_badargs(cw_context *ctx) {
 
 int main(void) {
     cw_rng r = {cw_test_seed(11)};
-    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
-    cfg.backend = CW_BACKEND_CPU;
-    cfg.flags = CW_FLAG_CHAOS | CW_FLAG_POISON;
-    cfg.chaos_seed = 7;
-    cw_context *ctx;
-    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    cw_context *ctx = chaos_context();
     test_scale_conv(ctx, &r);
     test_scale_gn_3d(ctx, &r);
     test_badargs(ctx);
