@@ -515,7 +515,7 @@ static cw_status cw__attn_chunk(const cw__lower *L, int64_t T, int64_t C, int64_
     if (L->none || L->budget < 0) return CW_OK;
     const int64_t per = L->heavy * (T * 4 + (kv > 0 ? 8 * C : 0)) + 4096; /* bytes per chunk token */
     int64_t c = (L->budget - CW__SMALL_RESERVE(L->budget) - kv) / per / unit * unit;
-    const int64_t cap = L->p->budget >= 0 ? L->p->budget : L->budget;
+    const int64_t cap = L->p->budget; /* >= L->budget >= 0 here */
     if (c < unit && kv + unit * per > cap - CW__SMALL_RESERVE(cap)) {
         if (kv > 0)
             return cw__error(L->g->ctx, CW_ERR_BUDGET, "compile: attention over %" PRId64 " tokens needs at least %"
