@@ -129,13 +129,22 @@ static int cw__rec_steps(const cw_graph *g, int64_t rec_min[CW__REC_STEPS]) {
     return ns;
 }
 
-/* The climb through the recompute steps: which convs each step lets the planner recompute. */
+/* The climb through the recompute steps: which convs each step lets the planner recompute.
+ * It climbs the size steps twice: first allowing only convs with one reader (a ResNet
+ * block's inner activation: its FLOPs paid once more), then any conv read only by convs (an
+ * upsampler's output, read by the next block's conv1 and shortcut, each recomputing it, and
+ * nested inside the recompute of conv1 itself: its FLOPs paid three or four times more). */
 typedef struct cw__rec_climb {
     int64_t rec_min[CW__REC_STEPS];
     int ns;
+    unsigned char level;  /* the step's allow value: 1 one reader, 2 any (lower.h, rec_allow) */
     unsigned char *allow; /* per graph node: may be recomputed (cw__plan_build) */
     int *fresh;           /* scratch: the convs a step allows first */
 } cw__rec_climb;
+
+/* Steps in the climb: the first pass's ns, then the second's ns - 1 (its step 0 stores
+ * nothing new). */
+static int cw__rec_nsteps(const cw__rec_climb *c) { return 2 * c->ns - 1; }
 
 static cw_status cw__rec_climb_init(cw_graph *g, cw__rec_climb *c) {
     c->ns = cw__rec_steps(g, c->rec_min);
@@ -167,7 +176,7 @@ static cw_status cw__rec_try_store(cw_graph *g, const cw_compile_options *o, int
         return CW_OK;
     }
     cw__plan_free(q);
-    for (int f = lo; f < hi; f++) c->allow[c->fresh[f]] = 1;
+    for (int f = lo; f < hi; f++) c->allow[c->fresh[f]] = c->level;
     return st == CW_ERR_BUDGET ? CW_OK : st;
 }
 
@@ -179,13 +188,15 @@ static cw_status cw__rec_try_store(cw_graph *g, const cw_compile_options *o, int
  * SD decoder at 512², the two same-shape blocks beside the 256->128 one; often none of a
  * step's blocks, hence all at once first). CW_ERR_BUDGET: the step's temporaries do not fit
  * the temp budget (its convs stay allowed for the next steps). */
-static cw_status cw__rec_step(cw_graph *g, const cw_compile_options *o, int64_t budget, cw__rec_climb *c, int k,
+static cw_status cw__rec_step(cw_graph *g, const cw_compile_options *o, int64_t budget, cw__rec_climb *c, int s,
                               cw_plan **out) {
     *out = NULL;
-    int nf = 0;
+    int nf = 0, k = s < c->ns ? s : s - c->ns + 1;
+    c->level = s < c->ns ? 1 : 2;
     for (int i = 0; k > 0 && i < g->n; i++)
-        if (g->nodes[i].kind == CW__N_CONV && !c->allow[i] && cw__desc_bytes(&g->nodes[i].desc) >= c->rec_min[k])
-            c->allow[i] = 1, c->fresh[nf++] = i;
+        if (g->nodes[i].kind == CW__N_CONV && c->allow[i] < c->level &&
+            cw__desc_bytes(&g->nodes[i].desc) >= c->rec_min[k])
+            c->allow[i] = c->level, c->fresh[nf++] = i;
     cw_plan *p = NULL;
     cw_status st = cw__compile_at(g, o, budget, 1, c->allow, &p);
     if (st != CW_OK) return st;
@@ -211,7 +222,7 @@ static cw_status cw__compile_in_memory(cw_graph *g, const cw_compile_options *o,
     int64_t best = -1;
     cw__rec_climb c;
     cw_status st = cw__rec_climb_init(g, &c);
-    for (int k = 0; st == CW_OK && k < c.ns; k++) {
+    for (int k = 0; st == CW_OK && k < cw__rec_nsteps(&c); k++) {
         cw_plan *p = NULL;
         st = cw__rec_step(g, o, budget, &c, k, &p);
         if (st == CW_ERR_BUDGET) { /* its temporaries do not fit the temp budget */
@@ -340,14 +351,14 @@ cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_
                          opt->temp_budget, g->ctx->cfg.temp_budget);
     /* every step's plan, as cw__compile_in_memory builds it; a step is on the ladder when it
      * holds less than every step before it (cw_graph_compile takes the first that fits) */
-    cw_memory_point kept[CW__REC_STEPS];
+    cw_memory_point kept[2 * CW__REC_STEPS];
     cw__rec_climb c;
     int n = 0;
     if ((st = cw__rec_climb_init(g, &c)) != CW_OK) {
         cw__rec_climb_free(&c);
         return st;
     }
-    for (int k = 0; k < c.ns; k++) {
+    for (int k = 0; k < cw__rec_nsteps(&c); k++) {
         cw_plan *p = NULL;
         st = cw__rec_step(g, &o, budget, &c, k, &p);
         if (st == CW_ERR_BUDGET) continue;

@@ -130,35 +130,73 @@ static int cw__rec_x_dies(const cw__lower *L, int x, int addn, int a, int b) {
     return readers == 2;
 }
 
+/* Walks node n's live readers (n is conv a or a fused GN/SiLU link after it): each must take
+ * it as a conv's x (a conv whose bands never come out empty, cw__rec_consumer_ok) or be a
+ * fused GN/SiLU link whose own readers pass the same test; an upsample, an add, attention or
+ * an output read of a's result needs it stored. Counts the conv readers in *convs (their
+ * last in *last) and the GroupNorms on the way in *gns. Returns 1 when every reader passes. */
+static int cw__rec_readers(const cw__lower *L, int n, int *convs, int *last, int *gns) {
+    const cw_graph *g = L->g;
+    if (g->nodes[n].is_output) return 0;
+    for (int j = n + 1; j < g->n; j++) {
+        const cw__node *c = &g->nodes[j];
+        if (!L->nd[j].live) continue;
+        for (int s = 0; s < 4; s++) {
+            if (c->in[s] != n) continue;
+            if (c->kind == CW__N_CONV && s == 0 && cw__rec_consumer_ok(g, c)) {
+                (*convs)++, *last = j;
+            } else if (L->nd[j].fused && s == 0 && (c->kind == CW__N_GN || c->kind == CW__N_SILU)) {
+                *gns += c->kind == CW__N_GN;
+                if (!cw__rec_readers(L, j, convs, last, gns)) return 0;
+            } else {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* Conv a may be recomputed: allowed, not written through an add, and read only by convs
+ * (directly or through fused GN/SiLU links). Where its one reader B adds a's own input x as
+ * its residual, recomputing saves a's result only if B's result then takes x's storage,
+ * band by band, while later bands' recomputes still read x's rows (lower.c orders those
+ * reads before each band's write); without that, the add needs a buffer of its own beside
+ * x and recomputing saves nothing. With several readers that case is not recomputed. */
+static int cw__rec_candidate(const cw__lower *L, int a, int *gns) {
+    const cw_graph *g = L->g;
+    const cw__node *na = &g->nodes[a];
+    int convs = 0, b = -1;
+    *gns = 0;
+    if (na->kind != CW__N_CONV || !L->nd[a].live || L->nd[a].epi_into >= 0 || !L->rec_allow[a] ||
+        !cw__rec_readers(L, a, &convs, &b, gns) || convs == 0 || (convs > 1 && L->rec_allow[a] < 2))
+        return 0;
+    int asrc, ag, as, au;
+    cw__fusion_chain(L, na->in[0], &asrc, &ag, &as, &au);
+    for (int j = a + 1; j < g->n; j++) { /* the readers whose residual is x */
+        int src, gn, silu, up, addn = L->nd[j].epi_into;
+        if (g->nodes[j].kind != CW__N_CONV || !L->nd[j].live || addn < 0) continue;
+        cw__fusion_chain(L, g->nodes[j].in[0], &src, &gn, &silu, &up);
+        const cw__node *an = &g->nodes[addn];
+        if (src != a || (an->in[0] == j ? an->in[1] : an->in[0]) != asrc) continue;
+        if (convs > 1 || !cw__rec_x_dies(L, asrc, addn, a, j)) return 0;
+    }
+    return 1;
+}
+
 void cw__fusion_recompute(cw__lower *L) {
     const cw_graph *g = L->g;
-    for (int i = 0; i < g->n; i++) L->nd[i].rec = 0, L->nd[i].rec_of = -1;
+    for (int i = 0; i < g->n; i++) L->nd[i].rec = L->nd[i].rec_stats = 0, L->nd[i].rec_of = -1;
     if (!L->fuse || L->none || !L->rec_allow) return;
-    for (int b = 0; b < g->n; b++) {
-        const cw__node *nb = &g->nodes[b];
-        if (nb->kind != CW__N_CONV || !L->nd[b].live || !cw__rec_consumer_ok(g, nb)) continue;
-        int a, gn, silu, up;
-        cw__fusion_chain(L, nb->in[0], &a, &gn, &silu, &up);
-        const cw__node *na = &g->nodes[a];
-        if (na->kind != CW__N_CONV || gn < 0 || up != 1 || g->nodes[gn].in[0] != a || na->is_output ||
-            na->n_uses != 1 || g->nodes[gn].n_uses != 1 || L->nd[a].epi_into >= 0 || L->nd[a].rec_of >= 0 ||
-            !L->rec_allow[a])
-            continue;
-        int x = nb->in[0]; /* every link of the chain used once: only B reads A's bands */
-        while (x != a && g->nodes[x].n_uses == 1) x = g->nodes[x].in[0];
-        if (x != a) continue;
-        /* B's residual adds A's own input x: recomputing saves A's result only if B's result
-         * then takes x's storage, band by band, while later bands' recomputes still read x's
-         * rows (lower.c orders those reads before each band's write). Without that, the add
-         * needs a buffer of its own beside x and recomputing saves nothing. */
-        int asrc, ag, as, au;
-        cw__fusion_chain(L, na->in[0], &asrc, &ag, &as, &au);
-        if (L->nd[b].epi_into >= 0) {
-            int addn = L->nd[b].epi_into;
-            const cw__node *an = &g->nodes[addn];
-            if ((an->in[0] == b ? an->in[1] : an->in[0]) == asrc && !cw__rec_x_dies(L, asrc, addn, a, b)) continue;
-        }
+    for (int a = 0; a < g->n; a++) {
+        int gns = 0;
+        if (!cw__rec_candidate(L, a, &gns)) continue;
         L->nd[a].rec = 1;
-        L->nd[b].rec_of = a;
+        L->nd[a].rec_stats = gns > 0;
+    }
+    for (int j = 0; j < g->n; j++) { /* every conv reading a recomputed one recomputes its bands */
+        int src, gn, silu, up;
+        if (g->nodes[j].kind != CW__N_CONV || !L->nd[j].live) continue;
+        cw__fusion_chain(L, g->nodes[j].in[0], &src, &gn, &silu, &up);
+        if (L->nd[src].rec) L->nd[j].rec_of = src;
     }
 }

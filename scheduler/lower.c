@@ -270,55 +270,66 @@ static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q,
     return cw__patch_make(&fa, pt->a, pt->b, ap);
 }
 
-/* Patch q's input rows of a conv that reads a recomputed conv A through GN -> SiLU: A's
- * band for exactly those rows (its own prep, conv into a band buffer), then GN apply +
- * SiLU in place on it. The band buffer is q's prep buffer. Exact: the statistics are A's
- * whole-tensor ones from its first pass. */
-static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
-    const cw_graph *g = L->g;
+static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q);
+
+/* A's band for patch q of unit u, into a band buffer (*ybuf; *conv gets its conv task): a
+ * one-patch unit for A whose input rows come from A's own prep, or -- where A reads a
+ * recomputed conv itself -- from that conv's band, recomputed first (recursively). */
+static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *ybuf, int *conv) {
     const int A = u->rec;
-    const cw__node *na = &g->nodes[A];
-    const cw__patch *pt = &u->cp.patch[q];
+    const cw__node *na = &L->g->nodes[A];
     cw__conv_unit a;
     memset(&a, 0, sizeof a);
-    int64_t bounds[2] = {pt->a, pt->b};
+    int64_t bounds[2] = {u->cp.patch[q].a, u->cp.patch[q].b};
     cw__patch ap;
-    int ws = -1, pbuf = -1, ybuf = -1, ptask = -1, id = -1;
+    int ws = -1, pbuf = -1, ptask = -1;
     a.node = a.outn = A;
-    a.other = a.rec = -1;
+    a.other = -1;
     a.pass1 = 1; /* its conv writes a band buffer */
     cw__fusion_chain(L, na->in[0], &a.src, &a.gn, &a.silu, &a.up);
     a.prep = a.gn >= 0 || a.silu || a.up > 1;
+    a.rec = L->nd[A].rec_of;
     a.cp.patches = 1;
     a.cp.bounds = bounds;
     a.cp.patch = &ap;
-    a.ws = &ws, a.pbuf = &pbuf, a.ybuf = &ybuf, a.prep_task = &ptask;
+    a.ws = &ws, a.pbuf = &pbuf, a.ybuf = ybuf, a.prep_task = &ptask;
     CW__TRY(cw__rec_band(L, u, q, &ap));
     CW__TRY(cw__rec_algo(L, u->node, A, &ap.prob, &a.cp.algo));
     a.cp.ws = a.cp.algo.workspace;
-    CW__TRY(cw__emit_prep(L, &a, 0));
-    CW__TRY(cw__emit_conv(L, &a, 0, &id));
-    if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : id; /* what reads other's rows */
+    CW__TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
+    CW__TRY(cw__emit_conv(L, &a, 0, conv));
+    if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : *conv; /* what reads other's rows */
     L->p->recompute_flop += cw__conv_flops(&ap.prob);
     CW__TRY(cw__release(L, ws));
-    CW__TRY(cw__release(L, pbuf));
-    /* GN apply + SiLU of the band, in place: it becomes q's prep buffer */
+    return cw__release(L, pbuf);
+}
+
+/* Patch q's input rows of a conv that reads a recomputed conv A, directly or through GN
+ * and/or SiLU: A's band for exactly those rows (cw__emit_rec_conv), then GN apply + SiLU in
+ * place on it. The band buffer is q's prep buffer. Exact: the statistics are A's
+ * whole-tensor ones from its first pass. */
+static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
+    const cw__patch *pt = &u->cp.patch[q];
+    int ybuf = -1, id = -1;
+    CW__TRY(cw__emit_rec_conv(L, u, q, &ybuf, &id));
+    u->pbuf[q] = ybuf;
+    u->prep_task[q] = id;
+    if (u->gn < 0 && !u->silu) return CW_OK; /* read as it is */
     const cw__buf *bb = &L->p->bufs[ybuf];
     cw__task *t = NULL;
     int pid = -1;
     CW__TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &pid));
     t->u.prep.src = cw__whole(ybuf, &bb->d);
     t->u.prep.dst = t->u.prep.src;
-    t->u.prep.ss_buf = L->nd[u->gn].gn_ss;
+    t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
     t->u.prep.silu = u->silu;
     t->u.prep.up = 1;
     t->u.prep.dst_row0 = t->u.prep.src_row0 = pt->a;
     t->flops = (double)cw__desc_numel(&bb->d) * 8.0;
-    snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep gn%s L%d patch %d/%d", A, pt->a,
-             pt->b, u->silu ? " silu" : "", u->node, q + 1, u->cp.patches);
+    snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s L%d patch %d/%d", u->rec,
+             pt->a, pt->b, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->node, q + 1, u->cp.patches);
     CW__TRY(cw__dep(L, pid, id));
-    CW__TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
-    u->pbuf[q] = ybuf;
+    if (u->gn >= 0) CW__TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
     u->prep_task[q] = pid;
     return CW_OK;
 }
@@ -689,12 +700,17 @@ static cw_status cw__bind_externals(cw__lower *L) {
     return CW_OK;
 }
 
-/* After a unit: frees what it was the last to read, and the scale/shift of its GN. */
+/* After a unit: frees what it was the last to read, and the scale/shift of its GN. The
+ * last reader of a recomputed conv releases what that conv's recomputes read. */
 static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
     const cw_graph *g = L->g;
     for (int a = 0; a < k; a++) {
         int m = rd[a];
         const cw__node *nm = &g->nodes[m];
+        if (L->nd[m].rec) {
+            if (--L->nd[m].reads == 0) CW__TRY(cw__release_reads(L, L->nd[m].rec_rd, L->nd[m].rec_k));
+            continue;
+        }
         if (--L->nd[m].reads != 0 || nm->kind == CW__N_INPUT || nm->kind == CW__N_CONST || nm->is_output ||
             L->nd[m].moved || L->nd[m].buf < 0 || L->p->bufs[L->nd[m].buf].kind != CW__B_ACT)
             continue;
@@ -706,6 +722,18 @@ static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
     }
     if (rd[3] >= 0 && --L->nd[rd[3]].gn_refs == 0) CW__TRY(cw__release(L, L->nd[rd[3]].gn_ss));
     return CW_OK;
+}
+
+/* How many of node m's reads a unit reading rd[0, k) releases: its own, and those of the
+ * recomputes it is the last reader of (cw__release_reads). */
+static int cw__reads_released(const cw__lower *L, const int rd[4], int k, int m) {
+    int n = 0;
+    for (int a = 0; a < k; a++) {
+        const cw__lnode *r = &L->nd[rd[a]];
+        n += rd[a] == m;
+        if (r->rec && r->reads == 1) n += cw__reads_released(L, r->rec_rd, r->rec_k, m);
+    }
+    return n;
 }
 
 /* The residual operand of ADD node i (whose conv epilogue is unit u) whose storage the
@@ -721,8 +749,8 @@ static int cw__inplace_operand(const cw__lower *L, int i, int u) {
     int m = an->in[0] == u ? an->in[1] : an->in[0];
     const cw__node *nm = &g->nodes[m];
     const cw__lnode *lm = &L->nd[m];
-    int reads = 1, a = L->nd[u].rec_of; /* this unit's read, and the recomputed conv's */
-    for (int k = 0; a >= 0 && k < L->nd[a].rec_k; k++) reads += L->nd[a].rec_rd[k] == m;
+    int rd[4];
+    int reads = cw__reads_released(L, rd, cw__fusion_unit_reads(L, u, rd), m);
     if (L->none || m < 0 || lm->buf < 0 || lm->moved || lm->reads != reads || nm->is_output ||
         L->p->bufs[lm->buf].kind != CW__B_ACT || nm->desc.rank != an->desc.rank || nm->desc.dtype != an->desc.dtype)
         return -1;
@@ -751,9 +779,14 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
     int k = cw__fusion_unit_reads(L, u, rd);
     if (k < 0) return CW_OK;
     if (g->nodes[u].kind == CW__N_CONV && L->nd[u].rec) {
-        /* recomputed: no buffer; its first pass only takes statistics, and what it reads
-         * stays until its consumer's second pass has run */
-        CW__TRY(cw__lower_conv(L, u));
+        /* recomputed: no buffer; its first pass only takes statistics (none without a
+         * GroupNorm reading it: its readers then make its input's scale/shift ready here),
+         * and what it reads stays until its last reader's unit has run */
+        int src, gn, silu, up;
+        cw__fusion_chain(L, g->nodes[u].in[0], &src, &gn, &silu, &up);
+        if (L->nd[u].rec_stats) CW__TRY(cw__lower_conv(L, u));
+        else if (gn >= 0) CW__TRY(cw__gn_ready(L, gn));
+        if (!L->nd[u].rec_stats) L->nd[u].rec_algo.id = -1;
         for (int a = 0; a < 4; a++) L->nd[u].rec_rd[a] = rd[a];
         L->nd[u].rec_k = k;
         return CW_OK;
@@ -773,9 +806,7 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
     if (kind == CW__N_CONV) CW__TRY(cw__lower_conv(L, u));
     else if (kind == CW__N_ATTN) CW__TRY(cw__lower_attention(L, u));
     else CW__TRY(cw__lower_elementwise(L, u));
-    CW__TRY(cw__release_reads(L, rd, k));
-    int a = g->nodes[u].kind == CW__N_CONV ? L->nd[u].rec_of : -1;
-    return a >= 0 ? cw__release_reads(L, L->nd[a].rec_rd, L->nd[a].rec_k) : CW_OK;
+    return cw__release_reads(L, rd, k);
 }
 
 static cw_status cw__lower_init(cw__lower *L, cw_plan *p, cw_graph *g, int64_t budget) {

@@ -29,10 +29,12 @@ typedef struct cw__lnode {
     int gn_fin;         /* GN: its finalize task */
     int gn_stats_first; /* GN: its first stats task */
     int rec;            /* CONV: 1 = recomputed: its result is never stored whole; a first
-                           pass takes its GroupNorm statistics band by band, its one consumer
-                           conv recomputes each band it reads (lower.c) */
+                           pass takes its GroupNorm statistics band by band (rec_stats), and
+                           every conv reading it recomputes each band it reads (lower.c) --
+                           recursively, where that band's own input is recomputed too */
+    int rec_stats;      /* rec: a GroupNorm reads it, so its first pass runs */
     int rec_of;         /* CONV: the recomputed conv whose bands it reads, -1 */
-    int rec_rd[4], rec_k; /* rec: its unit's reads, released after the consumer's unit */
+    int rec_rd[4], rec_k; /* rec: its unit's reads, released after its last reader's unit */
     cw__conv_algo rec_algo; /* rec: the algorithm of its first pass (the second uses it too) */
     cw__wr *wr;         /* tasks writing its rows */
     int n_wr, cap_wr;
@@ -92,10 +94,12 @@ void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, i
 /* The materialised nodes lowering unit i reads, into out (at most 3); out[3] = the GN whose
  * scale/shift it uses, or -1. Returns how many, or -1 when i is no unit of its own. */
 int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]);
-/* Marks ResNet-style pairs (conv A -> GN -> SiLU -> conv B, A's result read only there) whose
- * A is allowed (L->rec_allow): A is recomputed inside B's lowering (nd[].rec, rec_of). Where
- * B's residual is A's own input x, only when x dies there (B's result then takes x's
- * storage, lower.c). */
+/* Marks the allowed convs (L->rec_allow) read only by convs, directly or through fused
+ * GroupNorm/SiLU links (a ResNet block's inner activation; an upsampler's output read by the
+ * next block's conv1 and shortcut): each such conv A is recomputed inside every reader's
+ * lowering (nd[].rec, rec_of), nested where A reads a recomputed conv itself. Where a
+ * reader's residual is A's own input x, only when x dies there (the reader's result then
+ * takes x's storage, lower.c) and A has no other reader. */
 void cw__fusion_recompute(cw__lower *L);
 
 /* ---- gn_lower.c: exact GroupNorm statistics ---- */

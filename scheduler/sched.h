@@ -213,9 +213,10 @@ cw_status cw__plan_place_activations(cw_plan *p);
 const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
 /* lower.c: lowers g into a plan sized under `budget` (< 0 unlimited) that must fit `cap`
  * (the plan's budget, >= budget; the budget search retries with smaller sizing budgets). */
-/* rec_allow (per graph node, may be NULL: none): the convs that may be recomputed where they
- * are the first conv of a ResNet-style block (cw_compile_options.memory_budget, budget.c
- * picks them); the others are stored. */
+/* rec_allow (per graph node, may be NULL: none): the convs that may be recomputed where only
+ * convs read them (cw_compile_options.memory_budget, budget.c picks them): 1 where one conv
+ * reads it (the first conv of a ResNet-style block), 2 also where several do (each then
+ * recomputes it); the others are stored. */
 cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, int64_t cap,
                          const unsigned char *rec_allow, cw_plan **out);
 /* sync.c: the buffers task t touches (weights and biases excepted), into out, which holds

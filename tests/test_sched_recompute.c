@@ -352,22 +352,25 @@ static cw_memory_point least_point(gctx *c, const cw_compile_options *o) {
     return pt;
 }
 
-/* Same-shape blocks, each result written over its input while later bands' recomputes still
- * read the input's halo rows. */
-static void check_same_shape_chain(void) {
-    const int64_t ch[4] = {16, 16, 16, 16}, act = 16 * HW * HW * 4; /* one activation, bytes */
-    const int pre[3] = {1, 1, 0};
-    chain cn = chain_make(ch, pre, 3);
-    float *in = rvec(C0 * HW * HW, 1.0f, 0.0f);
-    double *ref = chain_reference(&cn, in);
+/* What a chain's stored plan and its ladder's least plan must show (-1: not checked). */
+typedef struct expect {
+    int64_t stored_live;           /* stored plan: live activations peak */
+    int least_rec;                 /* least plan: convs recomputed */
+    int64_t least_live, least_act; /* least plan: live activations peak, activation arena */
+} expect;
+
+/* For patches 2, 5, HW and 1-3 streams, with chaos + poison: the stored plan and the ladder's
+ * least plan show w; two runs of each least plan agree with the stored plan and the double
+ * interpreter within 1e-5, and with the 1-stream least plan bit for bit. */
+static void check_least_runs(const chain *cn, const float *in, const double *ref, const expect *w, const char *what) {
     static const int patches[3] = {2, 5, HW};
-    int runs = 0, bitwise = 0, streams_max = 3;
+    int runs = 0, bitwise = 0, streams_max = 3, rec = -1;
     double worst_stored = 0, worst_ref = 0;
     for (int pi = 0; pi < 3; pi++) {
-        float *first = NULL; /* the 1-stream recompute plan's output for these patches */
+        float *first = NULL; /* the 1-stream least plan's output for these patches */
         for (int streams = 1; streams <= streams_max; streams++) {
             gctx c;
-            chain_build(&c, &cn, 7000 + (uint64_t)(10 * pi + streams), CW_FLAG_CHAOS | CW_FLAG_POISON);
+            chain_build(&c, cn, 7000 + (uint64_t)(10 * pi + streams), CW_FLAG_CHAOS | CW_FLAG_POISON);
             cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
             o.policy = CW_PATCHES_FIXED;
             o.patches = patches[pi];
@@ -382,10 +385,11 @@ static void check_same_shape_chain(void) {
             ASSERT_OK(cw_plan_get_stats(ps, &ss));
             ASSERT_OK(cw_plan_get_stats(pr, &sr));
             CHECK_EQ_I(ss.n_recomputed, 0);
-            CHECK_EQ_I(ss.activations_live_peak, 2 * act); /* a block's input and inner activation */
-            CHECK_EQ_I(sr.n_recomputed, 3);
-            CHECK_EQ_I(sr.activations_live_peak, act); /* the input, overwritten by the result */
-            CHECK_EQ_I(sr.activations_peak, act);
+            CHECK_EQ_I(ss.activations_live_peak, w->stored_live);
+            CHECK_EQ_I(sr.n_recomputed, w->least_rec);
+            CHECK_EQ_I(sr.activations_live_peak, w->least_live);
+            if (w->least_act >= 0) CHECK_EQ_I(sr.activations_peak, w->least_act);
+            rec = sr.n_recomputed;
             int64_t n;
             float *ys = run(&c, ps, in, &n);
             CHECK(hb_check(ps) == 0);
@@ -396,8 +400,8 @@ static void check_same_shape_chain(void) {
                 if (ds > worst_stored) worst_stored = ds;
                 if (dr > worst_ref) worst_ref = dr;
                 if (!(ds <= 1e-5) || !(dr <= 1e-5))
-                    fprintf(stderr, "patches %d, %d streams, run %d: vs stored %.3g, vs double %.3g\n", patches[pi],
-                            streams, r, ds, dr);
+                    fprintf(stderr, "%s, patches %d, %d streams, run %d: vs stored %.3g, vs double %.3g\n", what,
+                            patches[pi], streams, r, ds, dr);
                 CHECK(ds <= 1e-5 && dr <= 1e-5);
                 bitwise += memcmp(yr, ys, (size_t)n * 4) == 0;
                 runs++;
@@ -406,8 +410,8 @@ static void check_same_shape_chain(void) {
                     continue;
                 }
                 if (memcmp(yr, first, (size_t)n * 4) != 0) {
-                    fprintf(stderr, "patches %d, %d streams, run %d: bits differ from the 1-stream plan's\n",
-                            patches[pi], streams, r);
+                    fprintf(stderr, "%s, patches %d, %d streams, run %d: bits differ from the 1-stream plan's\n",
+                            what, patches[pi], streams, r);
                     cw_test_failures++;
                 }
                 free(yr);
@@ -418,19 +422,37 @@ static void check_same_shape_chain(void) {
         }
         free(first);
     }
-    printf("same-shape chain: 3 blocks recomputed in place, live activations %" PRId64 " KiB instead of %" PRId64
+    printf("%s: %d convs recomputed, live activations %" PRId64 " KiB instead of %" PRId64
            " KiB; %d runs (patches 2, 5, %d; 1-%d streams; chaos + poison): vs stored <= %.3g (%d bitwise), vs "
            "double <= %.3g\n",
-           act / 1024, 2 * act / 1024, runs, HW, streams_max, worst_stored, bitwise, worst_ref);
+           what, rec, w->least_live / 1024, w->stored_live / 1024, runs, HW, streams_max, worst_stored, bitwise,
+           worst_ref);
+}
+
+/* Same-shape blocks, each result written over its input while later bands' recomputes still
+ * read the input's halo rows. */
+static void check_same_shape_chain(void) {
+    const int64_t ch[4] = {16, 16, 16, 16}, act = 16 * HW * HW * 4; /* one activation, bytes */
+    const int pre[3] = {1, 1, 0};
+    chain cn = chain_make(ch, pre, 3);
+    float *in = rvec(C0 * HW * HW, 1.0f, 0.0f);
+    double *ref = chain_reference(&cn, in);
+    /* stored: a block's input and inner activation; least: the input, overwritten by the
+     * result (conv_in's result is the first block's residual: stored) */
+    const expect w = {2 * act, 3, act, act};
+    check_least_runs(&cn, in, ref, &w, "same-shape chain");
     free(in), free(ref);
     chain_free(&cn);
 }
 
-/* 32->16 with a 1x1 shortcut, then two 16->16 blocks: the first block's input (32 channels),
- * inner activation and shortcut are the peak; recomputing it leaves input + shortcut (3 x 16
- * channels), above any 16->16 block's input + inner activation, so recomputing those saves
- * nothing and the least total recomputes the first block alone. */
-static void check_only_what_lowers(void) {
+/* 32->16 with a 1x1 shortcut, then two 16->16 blocks. conv_in's result (32 channels) is read
+ * by the first block's conv1 (through GN, SiLU) and by its shortcut, so the ladder's first
+ * climb (convs with one reader) leaves it stored: its best point recomputes the first
+ * block's inner activation alone (input + shortcut + one more 16-channel tensor live, 3 x 16
+ * channels). The second climb recomputes conv_in too, in conv1's first pass, in the shortcut
+ * and nested in conv2's recompute of conv1, and with it every block's inner activation: the
+ * least total holds one 16-channel activation, the blocks' results written in place. */
+static void check_cross_block(void) {
     const int64_t ch[4] = {32, 16, 16, 16}, act = 16 * HW * HW * 4;
     const int pre[3] = {1, 1, 1};
     chain cn = chain_make(ch, pre, 3);
@@ -440,25 +462,32 @@ static void check_only_what_lowers(void) {
     chain_build(&c, &cn, 0, 0);
     cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
     o.temp_budget = 96 << 10;
-    cw_memory_point pt = least_point(&c, &o);
-    o.memory_budget = pt.total_bytes;
-    cw_plan *p = NULL;
-    ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &p, &o));
-    cw_plan_stats s;
-    ASSERT_OK(cw_plan_get_stats(p, &s));
-    CHECK_EQ_I(pt.n_recomputed, 1);
-    CHECK_EQ_I(s.n_recomputed, 1);
-    CHECK_EQ_I(s.activations_live_peak, 3 * act);
-    int64_t n;
-    float *y = run(&c, p, in, &n);
-    CHECK(hb_check(p) == 0);
-    CHECK(max_rel(y, ref, n) <= 1e-5);
-    printf("32->16, 16->16, 16->16: the least total (%" PRId64 " bytes) recomputes %d block, live activations %" PRId64
-           " KiB\n",
-           pt.total_bytes, s.n_recomputed, s.activations_live_peak / 1024);
-    free(y), free(in), free(ref);
-    cw_plan_destroy(p);
+    cw_memory_point pts[8];
+    int n = 0, one = -1;
+    ASSERT_OK_CTX(c.ctx, cw_graph_memory_ladder(c.g, pts, &n, 8, &o));
+    for (int i = n - 1; i >= 0; i--)
+        if (pts[i].n_recomputed == 1) one = i;
+    CHECK(one > 0 && pts[0].n_recomputed == 4);
+    if (one > 0) {
+        o.memory_budget = pts[one].total_bytes; /* the first climb's least */
+        cw_plan *p = NULL;
+        ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &p, &o));
+        cw_plan_stats s;
+        ASSERT_OK(cw_plan_get_stats(p, &s));
+        CHECK_EQ_I(s.n_recomputed, 1);
+        CHECK_EQ_I(s.activations_live_peak, 3 * act);
+        int64_t ny;
+        float *y = run(&c, p, in, &ny);
+        CHECK(hb_check(p) == 0);
+        CHECK(max_rel(y, ref, ny) <= 1e-5);
+        free(y);
+        cw_plan_destroy(p);
+    }
     unbuild(&c);
+    /* stored: the first block's input (32 channels: 2 act), inner activation and shortcut */
+    const expect w = {4 * act, 4, act, -1};
+    check_least_runs(&cn, in, ref, &w, "32->16, 16->16, 16->16 across blocks");
+    free(in), free(ref);
     chain_free(&cn);
 }
 
@@ -629,7 +658,7 @@ int main(void) {
 
     /* 6, 7. chains */
     check_same_shape_chain();
-    check_only_what_lowers();
+    check_cross_block();
     free(base), free(yr), free(in), free(ref);
     free_conv(&conv_in), free_conv(&conv_out);
     for (int b = 0; b < 2; b++) {
