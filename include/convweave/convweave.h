@@ -302,7 +302,10 @@ typedef struct cw_compile_options {
      * by band, a second recomputes each band with its halo and feeds the second conv
      * directly. A block whose residual is its own input writes its result into that input's
      * storage. Exact (the statistics are the same); costs the first conv's FLOPs again
-     * (cw_plan_stats.recompute_gflop). */
+     * (cw_plan_stats.recompute_gflop). Below that, a conv read by several convs (an
+     * upsampler's output, read by a block's first conv and its shortcut) is recomputed by
+     * each reader, nested inside the recompute of the first conv: its FLOPs paid 3-4 times
+     * more. */
     int64_t memory_budget;
 } cw_compile_options;
 
