@@ -230,8 +230,8 @@ CW_API int64_t cw_context_get_host_syncs(const cw_context *ctx);
  * and stream, after every use of it finished on the device (the library synchronised
  * first), so the memory may be reused at once on any stream. It is called when cached
  * segments are released: cw_context_empty_cache, cw_context_set_allocator, a pool making
- * room after alloc returned NULL or within its budget, cw_plan_destroy (plans with a pool
- * of their own, activation arenas), cw_context_destroy.
+ * room (a run's start replacing another plan's arena, a retry after alloc returned NULL),
+ * cw_plan_destroy (its arenas), cw_context_destroy.
  *
  * Both run on the thread that made the convweave call, never on a stream's worker thread
  * or a CUDA callback, with the pool's lock held: they must not call convweave, and must be
