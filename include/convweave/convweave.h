@@ -201,6 +201,80 @@ CW_API void cw_context_reset_peak_stats(cw_context *ctx);
 CW_API int64_t cw_context_get_host_syncs(const cw_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
+ * Where the context's memory comes from. Its caching allocators (temporaries under the
+ * budget, and the activation arenas plans hold) take memory in segments and carve their
+ * blocks from them; by default each segment comes from the backend (cudaMalloc; 64-byte
+ * aligned host memory on cpu). A user allocator supplies the segments instead, e.g.
+ * PyTorch's caching allocator (torch.cuda.caching_allocator_alloc), so that the library's
+ * memory and the caller's come from one pool. It only supplies segments: the budget stays
+ * the library's and stays hard (the allocator is never asked for more than temp_budget
+ * bytes of temporaries in all), and cw_memory_stats counts its segments as
+ * num_device_allocs / num_device_frees and reserved bytes. cw_tensor_create's memory and
+ * the backends' own scratch (cuDNN, per-stream buffers) stay the backend's.
+ *
+ * alloc(user, bytes, stream) returns `bytes` bytes of device memory (host memory on cpu)
+ * aligned to CW_ALLOCATOR_ALIGN bytes, or NULL when it has none. It is called when a pool
+ * has no cached block that fits: at cw_graph_compile (a plan's temporary arena and its
+ * activation arena), at the start of cw_plan_run when another plan's arena occupies the
+ * shared pool, and inside a run only in pools without a budget. `stream` is the library
+ * stream in whose order the segment is first used: on cuda a cudaStream_t, on cpu an opaque
+ * identifier of a worker stream (never dereference it). Outside a run it is the context's
+ * stream 0 (the caller's stream where cw_context_set_cuda_stream set one); inside a run the
+ * stream that needs the block. The memory must be usable by work enqueued on `stream` after
+ * alloc returns (stream-ordered, as torch.cuda.caching_allocator_alloc and cudaMallocAsync
+ * give it): the library orders its other streams after that point before they touch it
+ * (every run's streams wait for stream 0 at its start; a segment taken inside a run carries
+ * an event the other streams wait on).
+ *
+ * free(user, ptr, bytes, stream) gets back each segment exactly once, with alloc's bytes
+ * and stream, after every use of it finished on the device (the library synchronised
+ * first), so the memory may be reused at once on any stream. It is called when cached
+ * segments are released: cw_context_empty_cache, cw_context_set_allocator, a pool making
+ * room (a run's start replacing another plan's arena, a retry after alloc returned NULL),
+ * cw_plan_destroy (its arenas), cw_context_destroy.
+ *
+ * Both run on the thread that made the convweave call, never on a stream's worker thread
+ * or a CUDA callback, with the pool's lock held: they must not call convweave, and must be
+ * thread-safe only if the caller uses one context from several threads at once. On cuda
+ * they run with the calling thread's current device: allocate on the context's
+ * (cw_context_get_cuda_device). alloc returning NULL fails the call that needed the memory
+ * with CW_ERR_OUT_OF_MEMORY, as a device out of memory does (first releasing cached
+ * segments and retrying), with a message naming the user allocator and the byte count; a
+ * pointer not aligned to CW_ALLOCATOR_ALIGN goes straight back to free and the call fails
+ * with CW_ERR_INVALID_ARG. Byte counts are int64_t like every other size here. */
+typedef void *(*cw_alloc_fn)(void *user, int64_t bytes, void *stream);
+typedef void (*cw_free_fn)(void *user, void *ptr, int64_t bytes, void *stream);
+
+#define CW_ALLOCATOR_ALIGN 256
+#define CW_ALLOCATOR_VERSION 1
+typedef struct cw_allocator {
+    size_t size;      /* sizeof(cw_allocator) */
+    int version;      /* CW_ALLOCATOR_VERSION */
+    cw_alloc_fn alloc;
+    cw_free_fn free;
+    void *user;       /* passed to both; the caller keeps what it points to alive */
+} cw_allocator;
+
+#define CW_ALLOCATOR_INIT { sizeof(cw_allocator), CW_ALLOCATOR_VERSION, NULL, NULL, NULL }
+
+/* Makes a (copied; NULL: the backend's own) supply the segments of the context's pools
+ * from now on. First waits for the context's streams and returns every cached segment to
+ * the allocator that gave it. If segments are still held after that — a live plan's
+ * activation arena, a plan with a temporary pool of its own (compiled under a budget other
+ * than the context's), a run in progress — returns CW_ERR_INVALID_ARG naming how many and
+ * their bytes, and changes nothing: set the allocator right after cw_context_create, or
+ * destroy those plans first. On CW_OK no segment of the previous allocator is held, so its
+ * state may be freed; plans that survive take their next arena from the new allocator.
+ * Also CW_ERR_INVALID_ARG for an a of the wrong size or version, or with alloc or free NULL.
+ * Must not run concurrently with other calls on ctx. */
+CW_API cw_status cw_context_set_allocator(cw_context *ctx, const cw_allocator *a);
+/* Waits for the context's streams and returns every cached segment of the context's pools
+ * (blocks not in use) to the allocator that gave it, as torch.cuda.empty_cache does; plans
+ * take their arena again at their next run (from the allocator then set). Plans with a pool
+ * of their own keep their arena until destroyed. */
+CW_API cw_status cw_context_empty_cache(cw_context *ctx);
+
+/* ---------------------------------------------------------------------------------------
  * Convolution parameters. Spatial dims: 2 (x: [N, C, H, W]) or 3 (x: [N, C, D, H, W]);
  * index 0 is the outermost spatial dim (D for 3-D, H for 2-D). */
 #define CW_CONV_PARAMS_VERSION 1

@@ -1,9 +1,11 @@
 /* Budgeted caching allocator: device segments split into 512-byte-granular blocks; free
  * blocks are cached (best fit, then lowest address) and reused in stream order through
- * events recorded at free time, never holding more than the budget from the device. */
+ * events recorded at free time, never holding more than the budget from the device. The
+ * segments come from the backend, or from the context's user allocator (cw_allocator). */
 #include <assert.h>
 #include <inttypes.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "alloc/alloc.h"
@@ -49,6 +51,8 @@ typedef struct block {
 struct segment {
     void *ptr;
     int64_t size;
+    cw_allocator src; /* the user allocator that gave it (alloc NULL: the backend) */
+    void *stream;     /* the stream handle src.alloc was given, for src.free */
     int pool;
     int64_t n_live; /* allocated blocks */
     block *first;
@@ -74,6 +78,7 @@ struct cw__allocator {
     int64_t n_block_cache;
     evref *ev_pool;           /* events not referenced by any block, ready to re-record */
     uint64_t seq;
+    int64_t user_null;        /* bytes the user allocator last refused in this request (0: none) */
     block **map;              /* allocated blocks by address: open addressing, linear probing */
     int64_t map_n;
     int map_bits;
@@ -344,9 +349,110 @@ static int64_t largest_free(const cw__allocator *a) {
     return m;
 }
 
+/* ---- where segments come from ---------------------------------------------------------- */
+/* 1 when a takes memory from its context's own backend: only those pools use the context's
+ * user allocator and count towards what it holds (the dry backend's and the tests' fakes'
+ * pools never do). */
+static int on_context(const cw__allocator *a) { return a->ctx && a->be == a->ctx->be; }
+
+static cw_allocator seg_source(const cw__allocator *a) {
+    cw_allocator u;
+    memset(&u, 0, sizeof u);
+    if (!on_context(a)) return u;
+    pthread_mutex_lock(&a->ctx->mu);
+    u = a->ctx->ualloc;
+    pthread_mutex_unlock(&a->ctx->mu);
+    return u;
+}
+
+/* The context's count of held segments (cw_context_set_allocator refuses while any are). */
+static void seg_count(const cw__allocator *a, int64_t n, int64_t bytes) {
+    if (!on_context(a)) return;
+    pthread_mutex_lock(&a->ctx->mu);
+    a->ctx->segs_held += n;
+    a->ctx->seg_bytes_held += bytes;
+    pthread_mutex_unlock(&a->ctx->mu);
+}
+
+/* Memory for g (g->size bytes), first used on s; outside a run (s NULL) the user allocator
+ * is given stream 0, which every run's streams wait for at its start. CW_ERR_OUT_OF_MEMORY
+ * (no message yet) when the device or the user allocator has none. */
+static cw_status seg_obtain(cw__allocator *a, segment *g, cw__stream *s) {
+    cw_status st;
+    g->src = seg_source(a);
+    if (!g->src.alloc) {
+        st = a->be->rt->dev_alloc(a->be, g->size, &g->ptr);
+        if (st == CW_OK && !g->ptr) st = CW_ERR_OUT_OF_MEMORY;
+        if (st != CW_OK && st != CW_ERR_OUT_OF_MEMORY)
+            return cw__error(a->ctx, st, "allocator: dev_alloc of %" PRId64 " bytes failed (%s)", g->size,
+                             cw_status_name(st));
+        return st;
+    }
+    if (!s && (st = cw__context_stream(a->ctx, 0, &s)) != CW_OK) return st;
+    g->stream = cw__stream_handle(a->be, s);
+    g->ptr = g->src.alloc(g->src.user, g->size, g->stream);
+    if (!g->ptr) {
+        a->user_null = g->size;
+        return CW_ERR_OUT_OF_MEMORY;
+    }
+    if ((uintptr_t)g->ptr % CW_ALLOCATOR_ALIGN == 0) return CW_OK;
+    void *p = g->ptr;
+    g->src.free(g->src.user, p, g->size, g->stream);
+    return cw__error(a->ctx, CW_ERR_INVALID_ARG,
+                     "the user allocator (cw_context_set_allocator) returned %p for %" PRId64
+                     " bytes, not aligned to CW_ALLOCATOR_ALIGN (%d bytes); it was given back", p, g->size,
+                     CW_ALLOCATOR_ALIGN);
+}
+
+/* Gives g's memory back to where it came from. */
+static void seg_return(cw__allocator *a, segment *g) {
+    if (g->src.alloc) g->src.free(g->src.user, g->ptr, g->size, g->stream);
+    else a->be->rt->dev_free(a->be, g->ptr);
+}
+
+/* A user allocator's segment taken inside a run is ready in s's order only: an event
+ * recorded on s now, as if s had freed it, makes other streams wait before they use it
+ * (block_order). Without an event, the host waits for s instead. */
+static cw_status seg_order(cw__allocator *a, segment *g, cw__stream *s, evref **out) {
+    *out = NULL;
+    if (!g->src.alloc || !s) return CW_OK;
+    if ((*out = evref_record(a, s)) != NULL) return CW_OK;
+    a->st.host_syncs++;
+    cw_status st = a->be->rt->stream_synchronize(a->be, s);
+    if (st != CW_OK)
+        return cw__error(a->ctx, st, "allocator: no event for a new segment and stream_synchronize failed (%s)",
+                         cw_status_name(st));
+    return CW_OK;
+}
+
+/* Makes g (its memory obtained) one free block of pool pi: *b. */
+static void segment_link(cw__allocator *a, segment *g, int pi, evref *e, block **b) {
+    g->pool = pi;
+    g->next = a->segs;
+    if (a->segs) a->segs->prev = g;
+    a->segs = g;
+    block *nb = block_take(a);
+    nb->addr = (uintptr_t)g->ptr;
+    nb->size = g->size;
+    nb->seg = g;
+    if (e) {
+        nb->pend[0] = e;
+        nb->n_pend = 1;
+    }
+    g->first = nb;
+    pool_insert(&a->pools[pi], nb);
+    a->st.reserved_bytes_current += g->size;
+    if (a->st.reserved_bytes_current > a->st.reserved_bytes_peak)
+        a->st.reserved_bytes_peak = a->st.reserved_bytes_current;
+    a->st.num_device_allocs++;
+    seg_count(a, 1, g->size);
+    *b = nb;
+}
+
 /* Takes a segment of the preferred size for pool pi, or of exactly n bytes when only that
- * fits the cap. *b = NULL without error when nothing fits (*oom: the device said so). */
-static cw_status segment_new(cw__allocator *a, int pi, int64_t n, block **b, int *oom) {
+ * fits the cap, for use on s. *b = NULL without error when nothing fits (*oom: the device
+ * or the user allocator said so). */
+static cw_status segment_new(cw__allocator *a, int pi, int64_t n, cw__stream *s, block **b, int *oom) {
     *b = NULL;
     int64_t pref = pi == POOL_SMALL ? SMALL_SEG : (n + LARGE_GRAN - 1) / LARGE_GRAN * LARGE_GRAN;
     int64_t room = a->budget > 0 ? a->budget - a->st.reserved_bytes_current : INT64_MAX;
@@ -356,35 +462,21 @@ static cw_status segment_new(cw__allocator *a, int pi, int64_t n, block **b, int
         if (sz > room || (k == 1 && sz == pref)) continue;
         segment *g = cw__calloc(1, sizeof *g);
         if (!g) return cw__error(a->ctx, CW_ERR_OUT_OF_MEMORY, "allocator: out of host memory for a segment");
-        void *p = NULL;
-        cw_status st = a->be->rt->dev_alloc(a->be, sz, &p);
-        if (st == CW_OK && !p) st = CW_ERR_OUT_OF_MEMORY;
+        g->size = sz;
+        cw_status st = seg_obtain(a, g, s);
         if (st != CW_OK) {
             cw__free(g);
-            if (st == CW_ERR_OUT_OF_MEMORY) {
-                *oom = 1;
-                continue; /* a smaller segment may still fit on the device */
-            }
-            return cw__error(a->ctx, st, "allocator: dev_alloc of %" PRId64 " bytes failed (%s)", sz,
-                             cw_status_name(st));
+            if (st != CW_ERR_OUT_OF_MEMORY) return st;
+            *oom = 1;
+            continue; /* a smaller segment may still fit on the device */
         }
-        g->ptr = p;
-        g->size = sz;
-        g->pool = pi;
-        g->next = a->segs;
-        if (a->segs) a->segs->prev = g;
-        a->segs = g;
-        block *nb = block_take(a);
-        nb->addr = (uintptr_t)p;
-        nb->size = sz;
-        nb->seg = g;
-        g->first = nb;
-        pool_insert(&a->pools[pi], nb);
-        a->st.reserved_bytes_current += sz;
-        if (a->st.reserved_bytes_current > a->st.reserved_bytes_peak)
-            a->st.reserved_bytes_peak = a->st.reserved_bytes_current;
-        a->st.num_device_allocs++;
-        *b = nb;
+        evref *e;
+        if ((st = seg_order(a, g, s, &e)) != CW_OK) {
+            seg_return(a, g);
+            cw__free(g);
+            return st;
+        }
+        segment_link(a, g, pi, e, b);
         return CW_OK;
     }
     return CW_OK;
@@ -405,7 +497,8 @@ static void segment_free(cw__allocator *a, segment *g) {
         pend_clear(a, b);
         block_give(a, b);
     }
-    a->be->rt->dev_free(a->be, g->ptr);
+    seg_return(a, g);
+    seg_count(a, -1, -g->size);
     if (g->prev) g->prev->next = g->next;
     else a->segs = g->next;
     if (g->next) g->next->prev = g->prev;
@@ -512,10 +605,14 @@ static cw_status fail_locked(cw__allocator *a, cw_status st, int64_t bytes, int6
                          bytes, n, (void *)s, a->budget, a->st.allocated_bytes_current,
                          a->st.reserved_bytes_current, largest_free(a));
     }
+    char who[128] = "device";
+    if (a->user_null)
+        snprintf(who, sizeof who, "user allocator (cw_context_set_allocator) returned NULL for a segment of %" PRId64
+                 " bytes:", a->user_null);
     return cw__error(a->ctx, st,
-                     "device out of memory for an allocation of %" PRId64 " bytes (%" PRId64 " rounded) on stream %p: "
+                     "%s out of memory for an allocation of %" PRId64 " bytes (%" PRId64 " rounded) on stream %p: "
                      "%" PRId64 " bytes in use, %" PRId64 " reserved, largest free block %" PRId64 " bytes",
-                     bytes, n, (void *)s, a->st.allocated_bytes_current, a->st.reserved_bytes_current,
+                     who, bytes, n, (void *)s, a->st.allocated_bytes_current, a->st.reserved_bytes_current,
                      largest_free(a));
 }
 
@@ -530,6 +627,7 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
 
     int pi = n <= SMALL_MAX ? POOL_SMALL : POOL_LARGE;
     int oom = 0, hit = 1;
+    a->user_null = 0;
     cw_status st;
     /* 1. a cached block that is already in order for s */
     block *b = find_block(a, pi, n, s, 1);
@@ -538,7 +636,7 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
     if (!b && (a->flags & CW__ALLOC_PREFER_REUSE)) b = find_block(a, pi, n, s, 0);
     if (!b && (a->flags & CW__ALLOC_PREFER_REUSE)) b = find_block(a, 1 - pi, n, s, 0);
     if (!b) {
-        if ((st = segment_new(a, pi, n, &b, &oom)) != CW_OK) return st;
+        if ((st = segment_new(a, pi, n, s, &b, &oom)) != CW_OK) return st;
         hit = !b;
     }
     /* 3. at the cap: another stream's block (own pool first), with an event wait */
@@ -551,7 +649,7 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
         if (helps) {
             if ((st = release_cached_locked(a)) != CW_OK) return st;
             oom = 0;
-            if ((st = segment_new(a, pi, n, &b, &oom)) != CW_OK) return st;
+            if ((st = segment_new(a, pi, n, s, &b, &oom)) != CW_OK) return st;
             hit = 0;
         }
     }

@@ -121,6 +121,9 @@ typedef struct cw__runtime_i {
     int64_t (*host_syncs)(cw__backend *be);
     /* (optional) default: none. Runs fn(arg) on the host in stream order (trace timing). */
     cw_status (*launch_host)(cw__backend *be, cw__stream *s, cw__host_fn fn, void *arg);
+    /* (optional) default: s itself (cw__stream_handle). The handle a user allocator
+     * (cw_allocator) is given for s: cuda's cudaStream_t. Never fails, never synchronises. */
+    void *(*stream_handle)(cw__backend *be, cw__stream *s);
 
     /* -- device timestamps (a scheduler uses them when present) -- */
     /* (optional) default: none; traces then come from launch_host callbacks. Device
@@ -187,6 +190,11 @@ struct cw__backend {
     cw_context *ctx;   /* for error messages; may be NULL in tests */
     int threads;       /* host threads its ops may use in total (cpu); 0 on device backends */
 };
+
+/* The handle of s a user allocator sees (the optional stream_handle hook, or s). */
+static inline void *cw__stream_handle(cw__backend *be, cw__stream *s) {
+    return be->rt->stream_handle ? be->rt->stream_handle(be, s) : (void *)s;
+}
 
 /* ops.c: the operations as callers use them. Each checks its arguments once (naming the
  * bad one in the context's message; CW_ERR_INVALID_ARG), returns CW_OK without calling the

@@ -156,3 +156,47 @@ void cw_context_reset_peak_stats(cw_context *ctx) {
 int64_t cw_context_get_host_syncs(const cw_context *ctx) {
     return ctx && ctx->be ? ctx->be->rt->host_syncs(ctx->be) : 0;
 }
+
+/* ---- where the pools' segments come from -------------------------------------------------- */
+/* Waits for the context's streams, then gives every cached segment of its pools back to the
+ * allocator that gave it. */
+static cw_status cw__context_release(cw_context *ctx) {
+    cw_status st = cw_context_synchronize(ctx);
+    if (st != CW_OK) return cw__error(ctx, st, "waiting for the context's streams failed (%s)", cw_status_name(st));
+    if ((st = cw__alloc_release_cached(ctx->temp)) != CW_OK) return st;
+    return cw__alloc_release_cached(ctx->act);
+}
+
+cw_status cw_context_empty_cache(cw_context *ctx) {
+    if (!ctx) return CW_ERR_INVALID_ARG;
+    return cw__context_release(ctx);
+}
+
+cw_status cw_context_set_allocator(cw_context *ctx, const cw_allocator *a) {
+    if (!ctx) return CW_ERR_INVALID_ARG;
+    if (a && (a->size != sizeof *a || a->version != CW_ALLOCATOR_VERSION))
+        return cw__error(ctx, CW_ERR_INVALID_ARG,
+                         "cw_context_set_allocator: cw_allocator size %zu / version %d, expected %zu / %d (use "
+                         "CW_ALLOCATOR_INIT)", a->size, a->version, sizeof *a, CW_ALLOCATOR_VERSION);
+    if (a && (!a->alloc || !a->free))
+        return cw__error(ctx, CW_ERR_INVALID_ARG,
+                         "cw_context_set_allocator: alloc is %s and free is %s, both must be set (a NULL allocator "
+                         "restores the backend's own)", a->alloc ? "set" : "NULL", a->free ? "set" : "NULL");
+    cw_status st = cw__context_release(ctx);
+    if (st != CW_OK) return st;
+    pthread_mutex_lock(&ctx->mu);
+    const int64_t n = ctx->segs_held, bytes = ctx->seg_bytes_held;
+    if (n == 0) {
+        memset(&ctx->ualloc, 0, sizeof ctx->ualloc);
+        if (a) ctx->ualloc = *a;
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    if (n)
+        return cw__error(ctx, CW_ERR_INVALID_ARG,
+                         "cw_context_set_allocator: the context still holds %" PRId64 " segment(s) (%" PRId64
+                         " bytes) of its current allocator after releasing its cache: live plans hold their "
+                         "activation arenas (and plans compiled under a budget other than the context's their own "
+                         "pools); destroy them first or set the allocator right after cw_context_create. The "
+                         "allocator is unchanged", n, bytes);
+    return CW_OK;
+}

@@ -29,8 +29,11 @@ struct cw_context {
     cw__allocator *temp;  /* budgeted: workspaces, patch buffers, attention chunks */
     cw__allocator *act;   /* unbudgeted: activations between stages, user tensors */
     cw__stream *streams[CW__MAX_STREAMS]; /* created lazily by cw__context_stream */
-    pthread_mutex_t mu;   /* guards streams[] and err */
+    pthread_mutex_t mu;   /* guards streams[], err, ualloc and the segment counts */
     char err[CW__ERR_LEN];
+    cw_allocator ualloc;  /* cw_context_set_allocator's; alloc NULL: the backend's own */
+    int64_t segs_held;    /* segments held by pools on this context's backend, any source */
+    int64_t seg_bytes_held;
 };
 
 /* Records a message as the context's last error, logs it at debug, returns st.

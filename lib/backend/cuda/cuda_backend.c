@@ -305,6 +305,13 @@ static void cuda_destroy(cw__backend *be) {
     cw__free(cb);
 }
 
+/* A user allocator (cw_allocator) is given the CUDA stream itself: the caller's stream
+ * where cw_context_set_cuda_stream set one, which PyTorch's allocator knows. */
+static void *cuda_stream_handle(cw__backend *be, cw__stream *s) {
+    (void)be;
+    return (void *)s->cs;
+}
+
 static const cw__runtime_i cw__cuda_rt = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -325,6 +332,7 @@ static const cw__runtime_i cw__cuda_rt = {
     .stream_synchronize = cuda_stream_synchronize,
     .host_syncs = cuda_host_syncs,
     .launch_host = cuda_launch_host,
+    .stream_handle = cuda_stream_handle,
     .timer_create = cuda_timer_create,
     .timer_destroy = cuda_timer_destroy,
     .timer_mark = cuda_timer_mark,

@@ -5,14 +5,17 @@ under a hard cap on temporary memory, with the same results.
     convweave.diffusers.enable(vae, budget="256MiB")   # vae.decode(z), vae.encode(x) now run convweave
 
 convweave.torch.conv2d / conv3d mirror torch.nn.functional with a budget= argument;
-convweave.conv2d / conv3d take NumPy arrays too. Errors raise convweave.Error."""
+convweave.conv2d / conv3d take NumPy arrays too. Errors raise convweave.Error. A context's
+memory can come from PyTorch's CUDA allocator (convweave.torch.use_torch_allocator, or
+enable(..., torch_allocator=True)) or any Python allocator (Context.set_allocator)."""
 import importlib
 
+from ._alloc import HostAllocator
 from ._core import Context, Error, Graph, Plan, format_bytes, parse_bytes, status_string, version
 from ._conv import conv2d, conv3d, default_context
 
-__all__ = ["Context", "Error", "Graph", "Plan", "conv2d", "conv3d", "default_context", "format_bytes",
-           "parse_bytes", "status_string", "version", "torch", "diffusers"]
+__all__ = ["Context", "Error", "Graph", "HostAllocator", "Plan", "conv2d", "conv3d", "default_context",
+           "format_bytes", "parse_bytes", "status_string", "version", "torch", "diffusers"]
 __version__ = "0.1.0"
 
 

@@ -6,6 +6,7 @@ import re
 import threading
 
 from . import _lib as C
+from ._alloc import _Hook
 from ._lib import lib
 
 
@@ -123,9 +124,10 @@ def as_view(x):
 # ---- context ---------------------------------------------------------------------------------
 class Context:
     """One cw_context: a backend, its streams and the budgeted temporary allocator.
-    Calls on it are serialised (the library's last-error message is per context)."""
+    Calls on it are serialised (the library's last-error message is per context).
+    allocator: where its memory comes from (see set_allocator); None: the backend's own."""
 
-    def __init__(self, backend="auto", device=0, budget=None, streams=2, threads=0, flags=0):
+    def __init__(self, backend="auto", device=0, budget=None, streams=2, threads=0, flags=0, allocator=None):
         cfg = C.cw_context_config()
         cfg.backend = {"auto": C.CW_BACKEND_AUTO, "cpu": C.CW_BACKEND_CPU, "cuda": C.CW_BACKEND_CUDA}[backend]
         cfg.device = device
@@ -139,6 +141,7 @@ class Context:
         self.streams = streams
         self.flags = flags
         self._cuda_stream = None
+        self._hook = None  # the user allocator's trampolines: alive until the context is destroyed
         self._owned = {}
         self._destroy = lib.cw_context_destroy
         h = ctypes.c_void_p()
@@ -148,6 +151,12 @@ class Context:
                         f"streams={streams}) failed (the library logged why)")
         self.handle = h
         self.backend = lib.cw_context_get_backend_name(h).decode()
+        if allocator is not None:
+            try:
+                self.set_allocator(allocator)
+            except BaseException:
+                self.close()
+                raise
 
     # The context owns the handles made on it (tensors, graphs, plans) and frees those still
     # alive before itself: Python may finalise a context before the objects that use it
@@ -170,22 +179,53 @@ class Context:
             for ptr, (_, destroy) in sorted(owned.items(), key=lambda kv: kv[1][0]):
                 destroy(ctypes.c_void_p(ptr))
             owned.clear()
-            self._destroy(h)
+            self._destroy(h)  # gives every segment back: the allocator's free runs now
+            self._hook = None
 
     __del__ = close
 
     def last_error(self):
         return lib.cw_context_get_last_error(self.handle).decode(errors="replace")
 
+    def error(self, st, what=""):
+        """Error for a failed status, with the library's message; where the user allocator's
+        alloc raised during the call, that exception is its __cause__ and named in it."""
+        err = Error(status_name(st), self.last_error() or what or "(no message)")
+        cause = self._hook.take_error() if self._hook else None
+        if cause is not None:
+            err = Error(err.status, f"{err.message} (the allocator raised {type(cause).__name__}: {cause})")
+            err.__cause__ = cause
+        return err
+
     def check(self, st, what=""):
-        """Raises Error with the library's message for a failed status."""
+        """Raises Error with the library's message for a failed status (and forgets what the
+        allocator raised in a call that succeeded all the same)."""
         if st:
-            msg = self.last_error() or what or "(no message)"
-            raise Error(status_name(st), msg)
+            raise self.error(st, what)
+        if self._hook:
+            self._hook.take_error()
 
     def call(self, fn, *args):
         with self.lock:
             self.check(fn(*args), fn.__name__)
+
+    def set_allocator(self, allocator):
+        """Makes allocator supply the context's memory from now on (cw_context_set_allocator):
+        an object with alloc(nbytes, stream) -> address and free(ptr, nbytes, stream) (see
+        convweave.HostAllocator; convweave.torch.use_torch_allocator for PyTorch's on cuda);
+        None restores the backend's own. Cached segments go back to the previous allocator
+        first. Raises Error CW_ERR_INVALID_ARG, changing nothing, while a live plan still
+        holds memory (its activation arena): set it before compiling. Returns allocator."""
+        hook = None if allocator is None else _Hook(allocator)
+        with self.lock:
+            self.check(lib.cw_context_set_allocator(self.handle, ctypes.byref(hook.struct) if hook else None))
+            self._hook = hook
+        return allocator
+
+    def empty_cache(self):
+        """Gives every cached segment (memory not in use) back to where it came from, as
+        torch.cuda.empty_cache() does; plans take their arena again at their next run."""
+        self.call(lib.cw_context_empty_cache, self.handle)
 
     def synchronize(self):
         self.call(lib.cw_context_synchronize, self.handle)
@@ -376,13 +416,14 @@ class Graph:
         with self.ctx.lock:
             st = lib.cw_graph_compile(self.handle, ctypes.byref(h), ctypes.byref(o))
             if st:
-                err = Error(status_name(st), self.ctx.last_error())
+                err = self.ctx.error(st)
                 if err.status == "CW_ERR_BUDGET":
                     try:
                         err.min_budget = self.min_budget(**opts)
                     except Error:
                         pass
                 raise err
+            self.ctx.check(st)
         return Plan(self, h)
 
 

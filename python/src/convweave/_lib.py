@@ -23,6 +23,8 @@ cw_status cw_context_synchronize(cw_context *ctx);
 cw_status cw_context_get_memory_stats(cw_context *ctx, cw_memory_stats *out);
 void cw_context_reset_peak_stats(cw_context *ctx);
 cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *cuda_stream);
+cw_status cw_context_set_allocator(cw_context *ctx, const cw_allocator *a);
+cw_status cw_context_empty_cache(cw_context *ctx);
 cw_status cw_tensor_wrap(cw_tensor **out, cw_context *ctx, const cw_tensor_desc *desc, void *data);
 void cw_tensor_destroy(cw_tensor *t);
 cw_status cw_graph_create(cw_graph **out, cw_context *ctx);
@@ -61,12 +63,16 @@ CW_NODE_NONE = -1
 CW_CONTEXT_CONFIG_VERSION = 1
 CW_CONV_PARAMS_VERSION = 1
 CW_COMPILE_OPTIONS_VERSION = 2
+CW_ALLOCATOR_VERSION = 1
+CW_ALLOCATOR_ALIGN = 256
 # names of cw_plan_stats.stage_ms's entries (CW_STAGE_*), in index order
 STAGES = ("conv", "prep", "epilogue", "stats", "attention", "other")
 PLAN_STAGE_COUNT = 6
 PLAN_STREAM_COUNT = 8
 
 cw_log_fn = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
+cw_alloc_fn = ctypes.CFUNCTYPE(c_void_p, c_void_p, c_int64, c_void_p)  # (user, bytes, stream) -> ptr
+cw_free_fn = ctypes.CFUNCTYPE(None, c_void_p, c_void_p, c_int64, c_void_p)  # (user, ptr, bytes, stream)
 
 
 class cw_context_config(ctypes.Structure):
@@ -77,6 +83,15 @@ class cw_context_config(ctypes.Structure):
     def __init__(self):  # CW_CONTEXT_CONFIG_INIT
         super().__init__(ctypes.sizeof(self), CW_CONTEXT_CONFIG_VERSION, CW_BACKEND_AUTO, 0, 0, 2, 0, 0, 0,
                          cw_log_fn(), None, CW_LOG_WARN)
+
+
+class cw_allocator(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("version", c_int), ("alloc", cw_alloc_fn), ("free", cw_free_fn),
+                ("user", c_void_p)]
+
+    def __init__(self, alloc=None, free=None):  # CW_ALLOCATOR_INIT, then the two functions
+        super().__init__(ctypes.sizeof(self), CW_ALLOCATOR_VERSION, alloc or cw_alloc_fn(), free or cw_free_fn(),
+                         None)
 
 
 class cw_tensor_desc(ctypes.Structure):
@@ -126,8 +141,8 @@ class cw_memory_point(ctypes.Structure):
                 ("n_recomputed", c_int), ("recompute_gflop", c_double)]
 
 
-STRUCTS = (cw_context_config, cw_tensor_desc, cw_memory_stats, cw_conv_params, cw_compile_options, cw_plan_stats,
-           cw_memory_point)
+STRUCTS = (cw_context_config, cw_allocator, cw_tensor_desc, cw_memory_stats, cw_conv_params, cw_compile_options,
+           cw_plan_stats, cw_memory_point)
 
 # ---- C type spelling -> ctypes type, for the prototypes above ------------------------------
 _HANDLES = {"cw_context", "cw_tensor", "cw_graph", "cw_plan", "void"}

@@ -191,11 +191,12 @@ class _Shared:
     temporaries (a plan re-primes the pool with its own arena when it runs after the other
     part's), one set of streams and threads. Made on first use, again if the device changes."""
 
-    def __init__(self, budget, streams, timing, threads):
+    def __init__(self, budget, streams, timing, threads, torch_allocator=False):
         self.budget = parse_bytes(budget)
         self.streams = streams
         self.timing = timing
         self.threads = threads
+        self.torch_allocator = torch_allocator
         self.ctx = None
         self.lock = threading.Lock()
 
@@ -203,9 +204,12 @@ class _Shared:
         want = ("cuda" if device.type == "cuda" else "cpu", device.index or 0)
         with self.lock:
             if self.ctx is None or (self.ctx.backend, self.ctx.device) != want:
-                self.ctx = Context(backend=want[0], device=want[1], budget=self.budget if self.budget > 0 else None,
-                                   streams=self.streams, threads=self.threads,
-                                   flags=C.CW_FLAG_TIMING if self.timing else 0)
+                ctx = Context(backend=want[0], device=want[1], budget=self.budget if self.budget > 0 else None,
+                              streams=self.streams, threads=self.threads, flags=C.CW_FLAG_TIMING if self.timing else 0)
+                if self.torch_allocator and ctx.backend == "cuda":  # before any plan: nothing held yet
+                    from .torch import use_torch_allocator
+                    use_torch_allocator(ctx)
+                self.ctx = ctx
             return self.ctx
 
 
@@ -370,7 +374,7 @@ def _check_layout(vae, part, mod):
 
 
 def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timing=True, patches=None, threads=0,
-           fuse=True, memory=None):
+           fuse=True, memory=None, torch_allocator=False):
     """Makes vae.decode(z) and vae.encode(x) (vae: a diffusers AutoencoderKL, or its .decoder
     or .encoder alone) run convweave: at most `budget` of temporary memory (bytes, '256MiB',
     or None for no cap; one budget for both parts, which share a context) on `streams`
@@ -382,7 +386,11 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
     on activations + temporaries of each plan (like budget); where storing every activation
     needs more, blocks recompute their inner activation band by band (exact; stats() counts
     the cost); "auto" ("auto:PCT"): the least memory the memory ladder gives for at most 10
-    (PCT) % more conv FLOPs, as cw-vae's default. Returns the ConvweaveDecoder attached to the decoder (the ConvweaveEncoder
+    (PCT) % more conv FLOPs, as cw-vae's default. torch_allocator=True (a CUDA vae): convweave's
+    memory (temporaries within the budget, activations) comes from PyTorch's caching
+    allocator, so torch.cuda.memory_allocated() counts it and the two share cached memory
+    (convweave.torch.use_torch_allocator); raises Error CW_ERR_UNSUPPORTED for a vae on cpu.
+    Returns the ConvweaveDecoder attached to the decoder (the ConvweaveEncoder
     where only the encoder is wrapped): .last_plan has describe(), stats(), write_trace()."""
     found = _parts_of(vae)
     want = {"decoder": decoder, "encoder": encoder}
@@ -395,7 +403,13 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
         raise ValueError("convweave.diffusers: encoder=False and decoder=False: nothing to wrap")
     if memory is not None and memory_auto_pct(memory) is None:
         parse_bytes(memory)  # a bad size raises here, before anything is wrapped
-    shared = _Shared(budget, streams, timing, threads)
+    if torch_allocator:
+        devices = {p.device.type for m in found.values() for p in m.parameters()}
+        if devices != {"cuda"}:
+            raise _unsupported(type(vae).__name__, f"torch_allocator=True takes PyTorch's CUDA caching allocator, "
+                               f"the vae's parameters are on {', '.join(sorted(devices)) or 'no device'} (move it to "
+                               "CUDA first)")
+    shared = _Shared(budget, streams, timing, threads, torch_allocator)
     states = {}
     for part in PARTS:  # every check before any change
         if not want[part]:
