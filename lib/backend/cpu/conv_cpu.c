@@ -22,16 +22,8 @@
 
 #include "backend/cpu/cpu.h"
 
-/* ---- geometry: 2-D is treated as 3-D with D = 1 ---------------------------------------- */
-typedef struct cv_geom {
-    int64_t n, c, k, g, cg, kg;       /* batch, in/out channels, groups, per-group C and K */
-    int64_t in[3], out[3], ks[3];     /* D, H, W extents */
-    int64_t st[3], dl[3], pp[3];      /* stride, dilation, pad_pre */
-    int64_t xs[5], ys[5], wsd[5];     /* strides in elements: n/k, c, d, h, w (d = 0 in 2-D) */
-    int has_bias;
-    cw_dtype dt;                      /* x, w, bias and y */
-    size_t es;                        /* bytes per element */
-} cv_geom;
+/* ---- geometry: 2-D is treated as 3-D with D = 1 (cw__cpu_geom, cpu.h) ------------------- */
+typedef cw__cpu_geom cv_geom;
 
 /* Element off (in elements) of p, whose elements are es bytes. */
 static inline void *elem_at(const void *p, int64_t off, size_t es) { return (char *)p + off * (int64_t)es; }
@@ -68,7 +60,7 @@ static void cv_expand(const cw_tensor_desc *d, int sp, int64_t *dims5, int64_t *
     }
 }
 
-static void cv_geom_make(const cw__conv_problem *p, cv_geom *g) {
+void cw__cpu_geom_make(const cw__conv_problem *p, cw__cpu_geom *g) {
     int sp = p->spatial;
     int64_t xd[5], yd[5], wd[5];
     cv_expand(&p->x, sp, xd, g->xs);
@@ -493,7 +485,7 @@ int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
     if (algo == CW__CPU_ALGO_DNNL) return dnnl_workspace(p);
     if (algo != CW__CPU_ALGO_GEMM) return 0;
     cv_geom g;
-    cv_geom_make(p, &g);
+    cw__cpu_geom_make(p, &g);
     return gemm_workspace(&g);
 }
 
@@ -512,7 +504,7 @@ static void conv_run(const cw__conv_problem *p, int algo, const void *x, const v
         return;
     }
     cv_geom g;
-    cv_geom_make(p, &g);
+    cw__cpu_geom_make(p, &g);
     if (algo == CW__CPU_ALGO_GEMM) {
         assert(gemm_supported(&g));
         if (g.dt == CW_F32) conv_gemm(&g, x, w, b, y, ws, threads);
@@ -584,7 +576,7 @@ static double cost_dnnl(const cv_geom *g, const cw__dnnl_info *info) {
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
     cw_status st = CW_OK;
     cv_geom g;
-    cv_geom_make(p, &g);
+    cw__cpu_geom_make(p, &g);
     double flops = 2.0 * (double)g.n * (double)g.k * (double)(g.out[0] * g.out[1] * g.out[2]) * (double)g.cg *
                    (double)(g.ks[0] * g.ks[1] * g.ks[2]);
     cw__conv_algo list[CW__CPU_ALGO_COUNT];
@@ -699,7 +691,7 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
     if (!x) /* ops.c lets an empty x be NULL; the cpu algorithms index it all the same */
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: x is NULL");
     cv_geom g;
-    cv_geom_make(p, &g);
+    cw__cpu_geom_make(p, &g);
     if (algo->id == CW__CPU_ALGO_GEMM && !gemm_supported(&g))
         return cw__error(ctx, CW_ERR_UNSUPPORTED,
                          "cpu conv_forward: cpu_im2col_gemm needs y's W stride 1 and contiguous weights");
