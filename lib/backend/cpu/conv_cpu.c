@@ -483,9 +483,10 @@ static int64_t dnnl_workspace(const cw__conv_problem *p) {
 
 int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
     if (algo == CW__CPU_ALGO_DNNL) return dnnl_workspace(p);
-    if (algo != CW__CPU_ALGO_GEMM) return 0;
+    if (algo == CW__CPU_ALGO_DIRECT) return 0;
     cv_geom g;
     cw__cpu_geom_make(p, &g);
+    if (algo == CW__CPU_ALGO_WINOGRAD) return cw__cpu_wino_supported(&g) ? cw__cpu_wino_workspace(&g) : -1;
     return gemm_workspace(&g);
 }
 
@@ -509,6 +510,9 @@ static void conv_run(const cw__conv_problem *p, int algo, const void *x, const v
         assert(gemm_supported(&g));
         if (g.dt == CW_F32) conv_gemm(&g, x, w, b, y, ws, threads);
         else conv_gemm_half(&g, x, w, b, y, ws, threads);
+    } else if (algo == CW__CPU_ALGO_WINOGRAD) {
+        assert(cw__cpu_wino_supported(&g));
+        cw__cpu_wino_run(&g, x, w, b, y, ws, threads);
     } else {
         direct_arg da = {&g, x, w, b, y};
         const int64_t rows = g.out[0] * g.out[1];
@@ -573,6 +577,28 @@ static double cost_dnnl(const cv_geom *g, const cw__dnnl_info *info) {
     return 0.72 * (info->flops / rate + 0.1 * (double)info->moved_bytes + 1e4 * (double)info->subbands);
 }
 
+/* Winograd F(2x2,3x3), fitted to bench_conv_algos (grid and --sd, one thread, each row the
+ * best of 5 runs of best-of-3; load average 1.6-2.6 on the 2-core AVX2 machine, 25 shapes,
+ * C 3..512, K 3..512, W 64..1024) by non-negative least squares on the relative error:
+ *   ns = 32 tiles K (C + 8) / 82.5      the 16 GEMMs at 82.5 GFLOP/s, C + 8 for their
+ *                                       per-call and packing overheads
+ *      + 0.61 x 16 tiles (C + K)        the transforms: V and M written and read
+ *      + 2.96 x 16 C K                  U made every call
+ * (tiles: 2x2 output tiles). It is within 0.76-1.24x of every measurement (rms 10 %); it
+ * overestimates C >= 64 by at most 5 % and errs most for C <= 4 or K = 3. The same runs
+ * measured oneDNN at 0.93-1.46 (median 1.34) of what cost_dnnl predicts, so the sum is
+ * scaled by 1.34 into cost_dnnl's units. Measured (ms): 512->512 8x256 67.3 vs oneDNN's
+ * 102.8, 256->256 8x512 35.2 vs 51.0, 128->128 8x1024 19.6 vs 26.3, 64->64 16x1024 12.3
+ * vs 14.4, 32->32 32x1024 9.0 vs 7.8, 16->16 3.6 vs 2.6, 8->8 1.6 vs 1.0, 3->32 3.8 vs 1.0,
+ * 128->3 16x1024 7.4 vs 7.9 (direct 8.8): `auto` picks Winograd for 3x3 convs from about
+ * 64 channels on, oneDNN below, and it picked the faster of the two on every fitted shape
+ * (bench/RESULTS.md has the table). */
+static double cost_wino(const cv_geom *g) {
+    const double tiles = (double)g->n * (double)g->out[0] * (double)((g->out[1] + 1) / 2) * (double)((g->out[2] + 1) / 2);
+    const double c = (double)g->c, k = (double)g->k;
+    return 1.34 * (32.0 * tiles * k * (c + 8.0) / 82.5 + 0.61 * 16.0 * tiles * (c + k) + 2.96 * 16.0 * c * k);
+}
+
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
     cw_status st = CW_OK;
     cv_geom g;
@@ -608,6 +634,14 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
         snprintf(a->name, sizeof a->name, "%s", gemm_direct_b(&g) ? "cpu_gemm_1x1" : "cpu_im2col_gemm");
         a->workspace = gemm_workspace(&g);
         a->cost = cost_gemm(&g, flops);
+    }
+    if (cw__cpu_wino_supported(&g)) {
+        cw__conv_algo *a = &list[cnt++];
+        memset(a, 0, sizeof *a);
+        a->id = CW__CPU_ALGO_WINOGRAD;
+        snprintf(a->name, sizeof a->name, "%s", "cpu_winograd_2x3");
+        a->workspace = cw__cpu_wino_workspace(&g);
+        a->cost = cost_wino(&g);
     }
     {
         cw__conv_algo *a = &list[cnt++];
@@ -695,8 +729,14 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
     if (algo->id == CW__CPU_ALGO_GEMM && !gemm_supported(&g))
         return cw__error(ctx, CW_ERR_UNSUPPORTED,
                          "cpu conv_forward: cpu_im2col_gemm needs y's W stride 1 and contiguous weights");
+    if (algo->id == CW__CPU_ALGO_WINOGRAD && !cw__cpu_wino_supported(&g))
+        return cw__error(ctx, CW_ERR_UNSUPPORTED,
+                         "cpu conv_forward: cpu_winograd_2x3 needs a 3x3 kernel (depth 1), stride 1, dilation 1 "
+                         "and groups 1");
     cw__dnnl_plan *plan = NULL;
-    int64_t need = algo->id == CW__CPU_ALGO_GEMM ? gemm_workspace(&g) : 0;
+    int64_t need = algo->id == CW__CPU_ALGO_GEMM       ? gemm_workspace(&g)
+                   : algo->id == CW__CPU_ALGO_WINOGRAD ? cw__cpu_wino_workspace(&g)
+                                                       : 0;
     if (algo->id == CW__CPU_ALGO_DNNL) {
         /* found in the plan cache (made when the algorithm was listed) */
         st = cw__cpu_dnnl_plan_get(ctx, p, &plan);

@@ -43,8 +43,15 @@ void cw__cpu_fill_nan(void *p, cw_dtype dt, int64_t i);
 /* Tests: 1 makes the f16 rows use the scalar functions instead of F16C (process-wide). */
 void cw__cpu_cvt_force_scalar(int on);
 
-/* cpu conv algorithm ids (DNNL is listed only when built with oneDNN) */
-enum { CW__CPU_ALGO_GEMM = 0, CW__CPU_ALGO_DIRECT = 1, CW__CPU_ALGO_DNNL = 2, CW__CPU_ALGO_COUNT };
+/* cpu conv algorithm ids (DNNL is listed only when built with oneDNN, WINOGRAD only for
+ * the problems cw__cpu_wino_supported accepts) */
+enum {
+    CW__CPU_ALGO_GEMM = 0,
+    CW__CPU_ALGO_DIRECT = 1,
+    CW__CPU_ALGO_DNNL = 2,
+    CW__CPU_ALGO_WINOGRAD = 3,
+    CW__CPU_ALGO_COUNT
+};
 
 /* conv_cpu.c: a problem's geometry as the cpu algorithms read it. 2-D is 3-D with D = 1;
  * extents and strides are in elements, in (D, H, W) or (n/k, c, d, h, w) order. */
@@ -74,6 +81,21 @@ void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const void *x, const 
 /* Workspace bytes of algorithm id for p; -1 when the algorithm cannot be planned for p
  * (DNNL: built without oneDNN, or oneDNN failed). */
 int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo);
+
+/* conv_winograd.c: Winograd F(2x2,3x3) for 3x3, stride 1, dilation 1, ungrouped convs (3-D
+ * with a kernel depth of 1), any paddings and strided views, f32/f16/bf16 storage with f32
+ * arithmetic. The output's tiles are cut into blocks of a size fixed by the shape; each
+ * block's 16 products are single-threaded OpenBLAS calls, so the bits never depend on the
+ * thread count. */
+int cw__cpu_wino_supported(const cw__cpu_geom *g);
+/* Tiles per block (a function of the shape only) and the workspace bytes the run uses:
+ * the transformed weights [16][K][C] plus one block's transformed input [16][C][T] and
+ * products [16][K][T], f32. */
+int64_t cw__cpu_wino_block(const cw__cpu_geom *g);
+int64_t cw__cpu_wino_workspace(const cw__cpu_geom *g);
+/* y = conv(x, w) + b on `threads` threads (bits independent of it); ws: the workspace. */
+void cw__cpu_wino_run(const cw__cpu_geom *g, const void *x, const void *w, const void *b, void *y, void *ws,
+                      int threads);
 
 /* conv_dnnl.c: oneDNN convolution on blocked layouts (CONVWEAVE_DNNL; stubs without). A
  * plan is one patch problem's sub-bands, primitives and workspace layout, made once and
