@@ -584,15 +584,18 @@ static double cost_dnnl(const cv_geom *g, const cw__dnnl_info *info) {
  *                                       per-call and packing overheads
  *      + 0.61 x 16 tiles (C + K)        the transforms: V and M written and read
  *      + 2.96 x 16 C K                  U made every call
- * (tiles: 2x2 output tiles). It is within 0.76-1.24x of every measurement (rms 10 %); it
- * overestimates C >= 64 by at most 5 % and errs most for C <= 4 or K = 3. The same runs
- * measured oneDNN at 0.93-1.46 (median 1.34) of what cost_dnnl predicts, so the sum is
- * scaled by 1.34 into cost_dnnl's units. Measured (ms): 512->512 8x256 67.3 vs oneDNN's
- * 102.8, 256->256 8x512 35.2 vs 51.0, 128->128 8x1024 19.6 vs 26.3, 64->64 16x1024 12.3
- * vs 14.4, 32->32 32x1024 9.0 vs 7.8, 16->16 3.6 vs 2.6, 8->8 1.6 vs 1.0, 3->32 3.8 vs 1.0,
- * 128->3 16x1024 7.4 vs 7.9 (direct 8.8): `auto` picks Winograd for 3x3 convs from about
- * 64 channels on, oneDNN below, and it picked the faster of the two on every fitted shape
- * (bench/RESULTS.md has the table). */
+ * (tiles: 2x2 output tiles). It is within 0.76-1.24x of every measurement (rms 10 %), and
+ * within 0.78-1.20x of a second set of 5 runs (load average 3); it errs most for C <= 4
+ * and K = 3. The same runs measured oneDNN at 0.92-1.46 (median 1.34, then 1.32) of what
+ * cost_dnnl predicts, so the sum is scaled by 1.34 into cost_dnnl's units. Measured (ms,
+ * Winograd vs oneDNN): 512->512 8x256 67.3 vs 102.8, 256->256 8x512 35.2 vs 51.0,
+ * 128->128 8x1024 19.6 vs 26.3, 64->64 16x1024 12.3 vs 14.4, 32->32 32x1024 9.0 vs 7.8,
+ * 16->16 3.6 vs 2.6, 8->8 1.6 vs 1.0, 3->32 3.8 vs 1.0, 128->3 16x1024 7.4 vs 7.9 (direct
+ * 8.8). So `auto` picks Winograd for 3x3 convs from 64 channels on and oneDNN below; of the
+ * 25 fitted shapes it picks the fastest algorithm for every one but 32->3 32x1024, where
+ * it takes direct (4.0 ms) over Winograd (2.6-3.0 ms). f16/bf16 use the same cost: they
+ * ran at 0.95-1.15x f32's time (bench_half), and their other algorithm, im2col, at 1.6-1.9x
+ * Winograd's. bench/RESULTS.md has the tables. */
 static double cost_wino(const cv_geom *g) {
     const double tiles = (double)g->n * (double)g->out[0] * (double)((g->out[1] + 1) / 2) * (double)((g->out[2] + 1) / 2);
     const double c = (double)g->c, k = (double)g->k;
