@@ -3,6 +3,7 @@
  * its predicted cost. This is the data the cost model is fitted to.
  *
  *   bench_conv_algos                   the fitting grid (C = K in 8..512, k 1/3, W 64..1024)
+ *   bench_conv_algos --sd              the SD VAE decoder's 3x3 convs (4..512 channels, W 64..1024)
  *   bench_conv_algos --case C,K,k,H,W  one shape (N = 1, stride 1, "same" padding)
  *   --threads T                        threads per call (default 1)
  * Output: one line per (shape, algorithm): ms (best of 3), GFLOP/s, workspace, cost. */
@@ -23,6 +24,15 @@ static const shape grid[] = {
     {512, 512, 1, 16, 256, 1}, {3, 32, 3, 32, 1024, 1},   {32, 3, 3, 32, 1024, 1},   {128, 3, 3, 16, 1024, 1},
     {32, 32, 3, 32, 1024, 32}, {64, 64, 3, 16, 1024, 4},  {32, 32, 5, 32, 1024, 1},  {32, 32, 7, 32, 1024, 1},
     {256, 128, 1, 16, 512, 1}, {512, 256, 3, 8, 256, 1},
+};
+
+/* The SD decoder's 3x3 convs at its widths for 512^2 and 1024^2 images (conv_in, the
+ * 512/256/128-channel ResNet and upsample convs, conv_out), a few rows each. */
+static const shape sd[] = {
+    {4, 512, 3, 32, 64, 1},     {4, 512, 3, 32, 128, 1},    {512, 512, 3, 32, 64, 1},   {512, 512, 3, 16, 128, 1},
+    {512, 512, 3, 16, 256, 1},  {512, 512, 3, 8, 512, 1},   {512, 256, 3, 8, 512, 1},   {256, 256, 3, 8, 512, 1},
+    {256, 256, 3, 8, 1024, 1},  {256, 128, 3, 8, 1024, 1},  {128, 128, 3, 8, 512, 1},   {128, 128, 3, 8, 1024, 1},
+    {128, 3, 3, 16, 512, 1},    {128, 3, 3, 16, 1024, 1},
 };
 
 static float *rnd(int64_t n) {
@@ -79,10 +89,12 @@ static void run_shape(const shape *s, int threads) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 1, ncase = 0;
+    int threads = 1, ncase = 0, use_sd = 0;
     shape cases[16];
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+        if (!strcmp(argv[i], "--sd")) {
+            use_sd = 1;
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--case") && i + 1 < argc && ncase < 16) {
             shape s = {0, 0, 0, 0, 0, 1};
@@ -95,12 +107,14 @@ int main(int argc, char **argv) {
             s.c = v[0], s.k = v[1], s.ks = v[2], s.h = v[3], s.w = v[4], s.groups = v[5];
             cases[ncase++] = s;
         } else {
-            fprintf(stderr, "usage: %s [--case C,K,k,H,W[,groups]]... [--threads T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sd] [--case C,K,k,H,W[,groups]]... [--threads T]\n", argv[0]);
             return 2;
         }
     }
     cw__cpu_blas_single();
-    if (ncase == 0)
+    if (use_sd)
+        for (size_t i = 0; i < sizeof sd / sizeof sd[0]; i++) run_shape(&sd[i], threads);
+    else if (ncase == 0)
         for (size_t i = 0; i < sizeof grid / sizeof grid[0]; i++) run_shape(&grid[i], threads);
     for (int i = 0; i < ncase; i++) run_shape(&cases[i], threads);
     return 0;

@@ -1,8 +1,10 @@
 /* Property test of the cpu convolution: random 2-D/3-D convs (kernel 1-7, stride 1-3,
  * dilation 1-3, independent pads 0-3, groups incl. depthwise, strided x/y views) with every
- * algorithm (im2col+GEMM, direct, and oneDNN when built with it) against the naive double
- * reference, and each cut into random height patches (views into the same tensors, no
- * copies) against the unpatched result; in f32, then a few hundred in f16 and in bf16
+ * algorithm (im2col+GEMM, direct, Winograd where it applies, and oneDNN when built with it)
+ * against the naive double reference, and each cut into random height patches (views into
+ * the same tensors, no copies) against the unpatched result; then as many shapes again that
+ * Winograd F(2x2,3x3) takes (3x3, stride 1, dilation 1, groups 1; kernel depth 1 in 3-D),
+ * which random parameters almost never give; in f32, then a few hundred in f16 and in bf16
  * storage (f32 arithmetic) with bounds derived from the dtype's unit roundoff. */
 #include <cblas.h>
 
@@ -108,8 +110,19 @@ static int64_t make_view(cw_rng *r, cw_tensor_desc *d, int64_t *off, int allow_w
     return s;
 }
 
-/* Random problem with a bounded reference cost. */
-static void gen_case(cw_rng *r, conv_case *cc) {
+/* 1 when Winograd F(2x2,3x3) applies to the case (the cpu backend must list it then). */
+static int wino_eligible(const conv_case *cc) {
+    const cw_conv_params *p = &cc->p;
+    const int sp = p->spatial, h = sp - 2; /* H's index in the params */
+    if (p->groups != 1 || (sp == 3 && cc->w.dims[2] != 1)) return 0;
+    for (int i = h; i < sp; i++)
+        if (cc->w.dims[2 + i] != 3 || p->stride[i] != 1 || p->dilation[i] != 1) return 0;
+    return 1;
+}
+
+/* Random problem with a bounded reference cost; wino: one Winograd takes (H and W: kernel
+ * 3, stride 1, dilation 1; D: kernel 1; groups 1; up to 8 channels in and out). */
+static void gen_case_kind(cw_rng *r, conv_case *cc, int wino) {
     for (;;) {
         memset(cc, 0, sizeof *cc);
         cw_conv_params p = CW_CONV_PARAMS_INIT;
@@ -124,6 +137,7 @@ static void gen_case(cw_rng *r, conv_case *cc) {
         } else { /* grouped */
             G = cw_rng_range(r, 2, 3), Cg = cw_rng_range(r, 1, 3), Kg = cw_rng_range(r, 1, 3);
         }
+        if (wino) G = 1, Cg = cw_rng_range(r, 1, 8), Kg = cw_rng_range(r, 1, 8);
         p.groups = G;
         int64_t in[3], ks[3], out[3];
         const int wide = cw_rng_range(r, 0, 19) == 0;
@@ -135,6 +149,10 @@ static void gen_case(cw_rng *r, conv_case *cc) {
             p.dilation[i] = cw_rng_range(r, 1, 3);
             p.pad_pre[i] = cw_rng_range(r, 0, 3);
             p.pad_post[i] = cw_rng_range(r, 0, 3);
+            if (wino) {
+                ks[i] = depth ? 1 : 3;
+                if (!depth) p.stride[i] = p.dilation[i] = 1;
+            }
             int64_t eff = p.dilation[i] * (ks[i] - 1) + 1;
             int64_t lo = eff - p.pad_pre[i] - p.pad_post[i];
             if (lo < 1) lo = 1;
@@ -167,6 +185,8 @@ static void gen_case(cw_rng *r, conv_case *cc) {
         return;
     }
 }
+
+static void gen_case(cw_rng *r, conv_case *cc) { gen_case_kind(r, cc, 0); }
 
 static int64_t numel(const cw_tensor_desc *d) {
     int64_t n = 1;
@@ -226,6 +246,8 @@ typedef struct stats {
     int64_t cases, runs[NA], patched_runs[NA], bitwise[NA], empty_patches, views, patches;
     int64_t dnnl_listed; /* cases where oneDNN was listed (a kernel, not only cpu_direct fallback) */
     double max_err[NA], max_patch_err[NA];
+    double max_bound[NA];    /* largest |error| / derived bound of an unpatched element */
+    double max_contract[NA]; /* the same against the contract's gamma(R+1) S bound */
 } stats;
 
 /* Workspace of exactly `bytes` followed by a canary tail: an algorithm that uses more than
@@ -247,6 +269,78 @@ static void ws_check_free(float *ws, int64_t bytes, int algo) {
             break;
         }
     free(ws);
+}
+
+/* Winograd's scale S_w (docs/determinism.md): its f32 result for an output is within
+ * gamma(C + 11) S_w of the exact value, where S_w sums the absolute values of every term
+ * of A^T [(G g G^T) . (B^T d B)] A expanded: |b| + sum over c, kernel taps (kh, kw) and the
+ * 4x4 tile's inputs (m, n) of P[a][kh][m] P[e][kw][n] |g| |d|, with
+ * P[o][k][m] = sum_i |A^T[o][i]| |G[i][k]| |B^T[i][m]| and (a, e) the output's place in its
+ * 2x2 tile. Tiles start on output rows of parity `par` (a patch's tiles start at its first
+ * row) and on even columns. Computed here from the matrices, in double. */
+static void wino_scale(const conv_case *cc, const float *ax, const float *aw, const float *ab, int par,
+                       double *out) {
+    static const double AT[2][4] = {{1, 1, 1, 0}, {0, 1, -1, -1}};
+    static const double G[4][3] = {{1, 0, 0}, {.5, .5, .5}, {.5, -.5, .5}, {0, 0, 1}};
+    static const double BT[4][4] = {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
+    double P[2][3][4] = {{{0}}};
+    for (int o = 0; o < 2; o++)
+        for (int k = 0; k < 3; k++)
+            for (int m = 0; m < 4; m++)
+                for (int i = 0; i < 4; i++) P[o][k][m] += fabs(AT[o][i]) * fabs(G[i][k]) * fabs(BT[i][m]);
+    const int sp = cc->p.spatial, rk = cc->y.rank;
+    const int64_t K = cc->y.dims[1], C = cc->x.dims[1], Hi = cc->x.dims[rk - 2], Wi = cc->x.dims[rk - 1];
+    const int64_t ph = cc->p.pad_pre[sp - 2], pw = cc->p.pad_pre[sp - 1];
+    int64_t xs[5] = {0}, one[5] = {0};
+    for (int i = 0; i < rk; i++) one[i] = 1, xs[i] = cw_ref_offset(&cc->x, one), one[i] = 0;
+    /* wp[k][c][a][e][m][q] = sum over taps of P[a][kh][m] P[e][kw][q] |g[k][c][kh][kw]| */
+    double *wp = calloc((size_t)(K * C * 64), sizeof(double));
+    ASSERT_TRUE(wp);
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t c = 0; c < C; c++)
+            for (int kh = 0; kh < 3; kh++)
+                for (int kw = 0; kw < 3; kw++) {
+                    int64_t wi[5] = {k, c, 0, 0, 0};
+                    wi[rk - 2] = kh, wi[rk - 1] = kw;
+                    const double g = aw[cw_ref_offset(&cc->w, wi)];
+                    for (int ae = 0; ae < 4; ae++)
+                        for (int mq = 0; mq < 16; mq++)
+                            wp[(k * C + c) * 64 + ae * 16 + mq] += P[ae >> 1][kh][mq >> 2] * P[ae & 1][kw][mq & 3] * g;
+                }
+    int64_t idx[5] = {0};
+    for (int64_t o = 0, n = numel(&cc->y); o < n; o++) {
+        const int64_t k = idx[1], oh = idx[rk - 2], ow = idx[rk - 1], a = (oh - par) & 1, e = ow & 1;
+        const int64_t id = sp == 3 ? idx[2] * cc->p.stride[0] - cc->p.pad_pre[0] : 0;
+        double sum = ab ? ab[k] : 0.0;
+        for (int64_t c = 0; c < C && (sp == 2 || (id >= 0 && id < cc->x.dims[2])); c++) {
+            const int64_t xc = idx[0] * xs[0] + c * xs[1] + (sp == 3 ? id * xs[2] : 0);
+            const double *wv = wp + (k * C + c) * 64 + (a * 2 + e) * 16;
+            for (int m = 0; m < 4; m++)
+                for (int q = 0; q < 4; q++) {
+                    const int64_t ih = oh - a - ph + m, iw = ow - e - pw + q;
+                    if (ih >= 0 && ih < Hi && iw >= 0 && iw < Wi) sum += wv[m * 4 + q] * ax[xc + ih * xs[rk - 2] + iw * xs[rk - 1]];
+                }
+        }
+        out[o] = sum;
+        for (int j = rk - 1; j >= 0; j--) {
+            if (++idx[j] < cc->y.dims[j]) break;
+            idx[j] = 0;
+        }
+    }
+    free(wp);
+}
+
+/* An output's derived bounds: the contract's gamma(R+1) S for every algorithm but Winograd,
+ * whose own is gamma(C + 11) S_w (S_w for tiles starting on even or odd rows). In f16/bf16
+ * the rounding to the dtype is added: ud (|exact| + gamma S) + tiny. */
+typedef struct bounds_of {
+    double gamma, gamma_w, ud, tiny;
+    const double *scale, *sw[2];
+} bounds_of;
+
+static double bound_at(const bounds_of *bo, int algo, int64_t o, int par, double exact) {
+    const double e = algo == CW__CPU_ALGO_WINOGRAD ? bo->gamma_w * bo->sw[par][o] : bo->gamma * bo->scale[o];
+    return e + bo->ud * (fabs(exact) + e) + bo->tiny;
 }
 
 /* Runs one case through every algorithm, unpatched and patched. */
@@ -287,12 +381,23 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     for (int64_t i = 0; i < nw; i++) aw[i] = fabsf(w[i]);
     for (int64_t i = 0; i < nb; i++) ab[i] = fabsf(b[i]);
     cw_ref_conv(&cc->x, ax + cc->x_off, &cc->w, aw, cc->has_bias ? ab : NULL, &cc->p, &cc->y, scale);
-    free(ax), free(aw), free(ab);
     const double nterms = (double)(nw / cc->w.dims[0]) + 1.0, u = ldexp(1.0, -24);
     const double gamma = nterms * u / (1.0 - nterms * u);
     const double ud = g_dt == CW_F16 ? ldexp(1.0, -11) : g_dt == CW_BF16 ? ldexp(1.0, -8) : 0.0;
     const double tiny = g_dt == CW_F16 ? ldexp(1.0, -25) : g_dt == CW_BF16 ? ldexp(1.0, -134) : 0.0;
     const double in_rel = (2 * ud + ud * ud) / ((1 - ud) * (1 - ud));
+    const double nw_terms = (double)cc->x.dims[1] + 11.0; /* Winograd: C + 11 roundings per term */
+    bounds_of bnd = {gamma, nw_terms * u / (1.0 - nw_terms * u), ud, tiny, scale, {NULL, NULL}};
+    double *sw = NULL;
+    if (wino_eligible(cc)) {
+        sw = malloc(2 * (size_t)ny * sizeof(double));
+        ASSERT_TRUE(sw);
+        for (int par = 0; par < 2; par++) {
+            wino_scale(cc, ax + cc->x_off, aw, cc->has_bias ? ab : NULL, par, sw + par * ny);
+            bnd.sw[par] = sw + par * ny;
+        }
+    }
+    free(ax), free(aw), free(ab);
 
     cw_tensor_desc yexp;
     ASSERT_OK(cw__conv_validate(NULL, &cc->x, &cc->w, cc->has_bias ? &cc->b : NULL, &cc->y, &cc->p, &yexp));
@@ -302,10 +407,11 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     cw__conv_algo algos[4];
     int na = 0;
     ASSERT_OK(cw__cpu_conv_algos(NULL, &prob, algos, 4, &na));
-    int has_gemm = 0, has_direct = 0;
+    int has_gemm = 0, has_direct = 0, has_wino = 0;
     for (int i = 0; i < na; i++) {
         has_gemm |= algos[i].id == CW__CPU_ALGO_GEMM;
         has_direct |= algos[i].id == CW__CPU_ALGO_DIRECT;
+        has_wino |= algos[i].id == CW__CPU_ALGO_WINOGRAD;
         stt->dnnl_listed += algos[i].id == CW__CPU_ALGO_DNNL;
         ASSERT_EQ_I(algos[i].workspace, cw__cpu_conv_workspace(&prob, algos[i].id));
     }
@@ -313,11 +419,13 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     /* GEMM is listed exactly when y's W stride is 1; in f16/bf16 always (y is written from
      * an f32 block) */
     CHECK(has_gemm == (half || cc->y_w_unit));
+    CHECK(has_wino == wino_eligible(cc)); /* Winograd: exactly the shapes it takes */
 
     const int hd = prob.spatial;
     const int64_t h_out = cc->y.dims[hd];
     for (int algo = 0; algo < CW__CPU_ALGO_COUNT; algo++) {
         if (algo == CW__CPU_ALGO_GEMM && !has_gemm) continue;
+        if (algo == CW__CPU_ALGO_WINOGRAD && !has_wino) continue;
         /* oneDNN runs every problem, listed or not (sub-bands it has no kernel for run
          * cpu_direct inside its plan), so the random patches below all go through it */
         if (algo == CW__CPU_ALGO_DNNL && !cw__cpu_dnnl_compiled()) continue;
@@ -332,19 +440,23 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
         stt->runs[algo]++;
         if (e > stt->max_err[algo]) stt->max_err[algo] = e;
         int64_t over1 = 0;
-        if (half) { /* element by element: the derived bounds */
+        { /* element by element: the derived bounds (f32: ud = tiny = 0; half: also against
+           * the inputs before their rounding to the dtype) */
             int64_t idx[5] = {0};
             for (int64_t o = 0; o < ny; o++) {
                 double got = y1f[cc->y_off + cw_ref_offset(&cc->y, idx)];
-                double t = gamma * scale[o] + ud * (fabs(ref[o]) + gamma * scale[o]) + tiny;
-                if (!(fabs(got - ref[o]) <= t) || !(fabs(got - ref_o[o]) <= t + in_rel * scale[o])) over1++;
+                double t = bound_at(&bnd, algo, o, 0, ref[o]), tc = bound_at(&bnd, -1, o, 0, ref[o]);
+                if (t > 0 && fabs(got - ref[o]) / t > stt->max_bound[algo]) stt->max_bound[algo] = fabs(got - ref[o]) / t;
+                if (tc > 0 && fabs(got - ref[o]) / tc > stt->max_contract[algo])
+                    stt->max_contract[algo] = fabs(got - ref[o]) / tc;
+                if (!(fabs(got - ref[o]) <= t) || (half && !(fabs(got - ref_o[o]) <= t + in_rel * scale[o]))) over1++;
                 for (int j = cc->y.rank - 1; j >= 0; j--) {
                     if (++idx[j] < cc->y.dims[j]) break;
                     idx[j] = 0;
                 }
             }
         }
-        if (half ? over1 > 0 : !(e <= TOL)) {
+        if (over1 > 0 || (!half && !(e <= TOL))) {
             fprintf(stderr, "%s unpatched algo %d: rel err %.3g, %lld elements beyond the bound\n",
                     cw__dtype_name(g_dt), algo, e, (long long)over1);
             print_case(cc, algo, 1);
@@ -380,21 +492,21 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
             ws_check_free(ws2, wsb2, algo);
         }
         CHECK(rows == h_out);
-        free(bounds);
         decode(y2, cc->y_len, y2f);
         double e2 = cw_ref_rel_err(&cc->y, y2f + cc->y_off, ref);
         /* patched vs unpatched on the same algorithm: both strided views of equal layout */
         double maxd = 0, maxr = 0;
         int bitwise = 1;
         int64_t idx[5] = {0}, over = 0;
-        for (int64_t o = 0; o < ny; o++) {
+        for (int64_t o = 0, band = 0; o < ny; o++) {
             int64_t off = cc->y_off + cw_ref_offset(&cc->y, idx);
             double d = fabs((double)y2f[off] - (double)y1f[off]);
             if (isnan(d)) d = INFINITY;
-            /* each side's rounding to the dtype adds ud * (|exact| + gamma S) + tiny */
-            double rnd = ud * (fabs(ref[o]) + gamma * scale[o]) + tiny;
-            if (!(d <= 2.0 * gamma * scale[o] + 2 * rnd) || !(fabs((double)y2f[off] - ref[o]) <= gamma * scale[o] + rnd))
-                over++;
+            /* the patched element's bound: Winograd's tiles start on its band's first row */
+            band = 0;
+            while (bounds[band + 1] <= idx[hd]) band++;
+            const double t1 = bound_at(&bnd, algo, o, 0, ref[o]), t2 = bound_at(&bnd, algo, o, (int)(bounds[band] & 1), ref[o]);
+            if (!(d <= t1 + t2) || !(fabs((double)y2f[off] - ref[o]) <= t2)) over++;
             if (d > maxd) maxd = d;
             if (fabs((double)y1f[off]) > maxr) maxr = fabs((double)y1f[off]);
             if (raw(y2, off) != raw(y1, off)) bitwise = 0;
@@ -403,6 +515,7 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
                 idx[j] = 0;
             }
         }
+        free(bounds);
         double ep = maxd / (maxr > 1e-30 ? maxr : 1e-30);
         stt->patched_runs[algo]++;
         stt->bitwise[algo] += bitwise;
@@ -418,7 +531,7 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     }
     if (cc->x_strided || cc->y_strided) stt->views++;
     free(xt), free(wt), free(bt), free(y1), free(y2), free(y1f), free(y2f);
-    free(xb), free(w), free(b), free(xo), free(wo), free(bo), free(ref), free(ref_o), free(scale);
+    free(xb), free(w), free(b), free(xo), free(wo), free(bo), free(ref), free(ref_o), free(scale), free(sw);
 }
 
 /* The asynchronous hook: closures on a real cpu stream, results after synchronize, and
@@ -576,6 +689,7 @@ static void check_thread_bits(const conv_case *cc, cw_rng *r) {
     for (int algo = 0; algo < CW__CPU_ALGO_COUNT; algo++) {
         if (algo == CW__CPU_ALGO_DNNL && !cw__cpu_dnnl_compiled()) continue;
         if (algo == CW__CPU_ALGO_GEMM && g_dt == CW_F32 && !cc->y_w_unit) continue;
+        if (algo == CW__CPU_ALGO_WINOGRAD && !wino_eligible(cc)) continue;
         int64_t wsb = cw__cpu_conv_workspace(&prob, algo);
         void *ws = wsb > 0 ? malloc((size_t)wsb) : NULL;
         for (int t = 0; t < 3; t++) {
@@ -593,11 +707,13 @@ static void check_thread_bits(const conv_case *cc, cw_rng *r) {
     free(x), free(w), free(b), free(y[0]), free(y[1]), free(y[2]);
 }
 
-/* Convs big enough that im2col and direct split their loops across helper threads. */
+/* Convs big enough that im2col and direct split their loops across helper threads, and
+ * that Winograd (shapes 0 and 3, the latter 3-D with kernel depth 1) runs a team over
+ * several tile blocks. */
 static void test_threaded(cw_rng *r) {
     g_threads = 2; /* im2col rows, GEMM blocks and direct rows split over 2 threads */
-    const int64_t shapes[3][5] = {{1, 16, 70, 300, 0}, {2, 8, 6, 40, 50}, {1, 12, 33, 257, 0}};
-    for (int t = 0; t < 3; t++) {
+    const int64_t shapes[4][5] = {{1, 16, 70, 300, 0}, {2, 8, 6, 40, 50}, {1, 12, 33, 257, 0}, {1, 16, 3, 30, 64}};
+    for (int t = 0; t < 4; t++) {
         conv_case cc;
         memset(&cc, 0, sizeof cc);
         cw_conv_params p = CW_CONV_PARAMS_INIT;
@@ -605,7 +721,7 @@ static void test_threaded(cw_rng *r) {
         for (int i = 0; i < p.spatial; i++) p.pad_pre[i] = 1, p.pad_post[i] = (int64_t)t;
         if (t == 2) p.groups = 3, p.stride[1] = 2;
         int rank = p.spatial + 2;
-        int64_t xd[5], wd[5] = {shapes[t][1], shapes[t][1] / p.groups, 3, 3, 3};
+        int64_t xd[5], wd[5] = {shapes[t][1], shapes[t][1] / p.groups, t == 3 ? 1 : 3, 3, 3};
         for (int i = 0; i < rank; i++) xd[i] = shapes[t][i];
         ASSERT_OK(cw_tensor_desc_make(&cc.x, g_dt, rank, xd));
         ASSERT_OK(cw_tensor_desc_make(&cc.w, g_dt, rank, wd));
@@ -622,8 +738,10 @@ static void test_threaded(cw_rng *r) {
         memset(&st, 0, sizeof st);
         run_case(r, &cc, &st);
         check_thread_bits(&cc, r);
-        fprintf(stderr, "%s threaded conv %d (%.1f M MACs): gemm rel err %.3g, direct %.3g, dnnl %.3g\n",
-                cw__dtype_name(g_dt), t, st.macs * 1e-6, st.max_err[0], st.max_err[1], st.max_err[2]);
+        fprintf(stderr, "%s threaded conv %d (%.1f M MACs): gemm rel err %.3g, direct %.3g, dnnl %.3g, winograd %s%.3g\n",
+                cw__dtype_name(g_dt), t, st.macs * 1e-6, st.max_err[0], st.max_err[1], st.max_err[2],
+                st.runs[CW__CPU_ALGO_WINOGRAD] ? "" : "(not listed) ", st.max_err[CW__CPU_ALGO_WINOGRAD]);
+        CHECK(st.runs[CW__CPU_ALGO_WINOGRAD] == wino_eligible(&cc));
     }
 }
 
@@ -669,6 +787,33 @@ static void test_1x1(cw_rng *r) {
     fprintf(stderr, "1x1 convs: %d cases, %d read x in place (no workspace)\n", n_cases, n_zero);
 }
 
+/* n shapes Winograd takes, through every algorithm: all of them are within the contract's
+ * element bound of the reference (run_case), and Winograd is listed for every one. */
+static void test_winograd_cases(cw_rng *r, int n) {
+    stats st;
+    memset(&st, 0, sizeof st);
+    int64_t t0 = cw__now_ns();
+    for (int i = 0; i < n; i++) {
+        conv_case cc;
+        gen_case_kind(r, &cc, 1);
+        CHECK(wino_eligible(&cc));
+        run_case(r, &cc, &st);
+        st.cases++;
+    }
+    const int W = CW__CPU_ALGO_WINOGRAD;
+    fprintf(stderr,
+            "%s: %lld convs Winograd takes (%lld with strided views), %.2f s\n"
+            "  winograd: %lld runs, max rel err %.3g, largest error / its bound gamma(C+11) S_w %.3g (/ the other "
+            "algorithms' gamma(R+1) S: %.3g); patched %lld runs, max rel err vs unpatched %.3g\n"
+            "  direct:   %lld runs, max rel err %.3g, largest error / gamma(R+1) S %.3g\n",
+            cw__dtype_name(g_dt), (long long)st.cases, (long long)st.views, (double)(cw__now_ns() - t0) * 1e-9,
+            (long long)st.runs[W], st.max_err[W], st.max_bound[W], st.max_contract[W], (long long)st.patched_runs[W],
+            st.max_patch_err[W], (long long)st.runs[CW__CPU_ALGO_DIRECT], st.max_err[CW__CPU_ALGO_DIRECT],
+            st.max_bound[CW__CPU_ALGO_DIRECT]);
+    CHECK(st.runs[W] == n && st.patched_runs[W] == n);
+    CHECK(st.bitwise[CW__CPU_ALGO_DIRECT] == st.patched_runs[CW__CPU_ALGO_DIRECT]);
+}
+
 int main(void) {
     cw_rng r = {cw_test_seed(0xC0FFEE11ull)};
     const int n_cases = 2000; /* ~0.2 s in Release, ~1 s under ASan: no need to shrink */
@@ -701,6 +846,7 @@ int main(void) {
         CHECK(st.runs[2] == n_cases);
         CHECK(st.dnnl_listed >= n_cases / 2);    /* most random shapes get a oneDNN kernel */
     }
+    test_winograd_cases(&r, cw_test_quick() ? 500 : n_cases); /* sanitizer builds: fewer */
     test_forward_hook(&r, 100);
     test_threaded(&r);
     test_1x1(&r);
@@ -728,6 +874,7 @@ int main(void) {
         CHECK(st.runs[1] == n_half);
         CHECK(st.bitwise[1] == st.patched_runs[1]);
         if (cw__cpu_dnnl_compiled()) CHECK(st.runs[2] == n_half);
+        test_winograd_cases(&r, n_half);
         test_forward_hook_half(&r, 40);
         test_threaded(&r);
     }

@@ -22,16 +22,8 @@
 
 #include "backend/cpu/cpu.h"
 
-/* ---- geometry: 2-D is treated as 3-D with D = 1 ---------------------------------------- */
-typedef struct cv_geom {
-    int64_t n, c, k, g, cg, kg;       /* batch, in/out channels, groups, per-group C and K */
-    int64_t in[3], out[3], ks[3];     /* D, H, W extents */
-    int64_t st[3], dl[3], pp[3];      /* stride, dilation, pad_pre */
-    int64_t xs[5], ys[5], wsd[5];     /* strides in elements: n/k, c, d, h, w (d = 0 in 2-D) */
-    int has_bias;
-    cw_dtype dt;                      /* x, w, bias and y */
-    size_t es;                        /* bytes per element */
-} cv_geom;
+/* ---- geometry: 2-D is treated as 3-D with D = 1 (cw__cpu_geom, cpu.h) ------------------- */
+typedef cw__cpu_geom cv_geom;
 
 /* Element off (in elements) of p, whose elements are es bytes. */
 static inline void *elem_at(const void *p, int64_t off, size_t es) { return (char *)p + off * (int64_t)es; }
@@ -68,7 +60,7 @@ static void cv_expand(const cw_tensor_desc *d, int sp, int64_t *dims5, int64_t *
     }
 }
 
-static void cv_geom_make(const cw__conv_problem *p, cv_geom *g) {
+void cw__cpu_geom_make(const cw__conv_problem *p, cw__cpu_geom *g) {
     int sp = p->spatial;
     int64_t xd[5], yd[5], wd[5];
     cv_expand(&p->x, sp, xd, g->xs);
@@ -491,9 +483,10 @@ static int64_t dnnl_workspace(const cw__conv_problem *p) {
 
 int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
     if (algo == CW__CPU_ALGO_DNNL) return dnnl_workspace(p);
-    if (algo != CW__CPU_ALGO_GEMM) return 0;
+    if (algo == CW__CPU_ALGO_DIRECT) return 0;
     cv_geom g;
-    cv_geom_make(p, &g);
+    cw__cpu_geom_make(p, &g);
+    if (algo == CW__CPU_ALGO_WINOGRAD) return cw__cpu_wino_supported(&g) ? cw__cpu_wino_workspace(&g) : -1;
     return gemm_workspace(&g);
 }
 
@@ -512,11 +505,14 @@ static void conv_run(const cw__conv_problem *p, int algo, const void *x, const v
         return;
     }
     cv_geom g;
-    cv_geom_make(p, &g);
+    cw__cpu_geom_make(p, &g);
     if (algo == CW__CPU_ALGO_GEMM) {
         assert(gemm_supported(&g));
         if (g.dt == CW_F32) conv_gemm(&g, x, w, b, y, ws, threads);
         else conv_gemm_half(&g, x, w, b, y, ws, threads);
+    } else if (algo == CW__CPU_ALGO_WINOGRAD) {
+        assert(cw__cpu_wino_supported(&g));
+        cw__cpu_wino_run(&g, x, w, b, y, ws, threads);
     } else {
         direct_arg da = {&g, x, w, b, y};
         const int64_t rows = g.out[0] * g.out[1];
@@ -581,10 +577,35 @@ static double cost_dnnl(const cv_geom *g, const cw__dnnl_info *info) {
     return 0.72 * (info->flops / rate + 0.1 * (double)info->moved_bytes + 1e4 * (double)info->subbands);
 }
 
+/* Winograd F(2x2,3x3), fitted to bench_conv_algos (grid and --sd, one thread, each row the
+ * best of 5 runs of best-of-3; load average 1.6-2.6 on the 2-core AVX2 machine, 25 shapes,
+ * C 3..512, K 3..512, W 64..1024) by non-negative least squares on the relative error:
+ *   ns = 32 tiles K (C + 8) / 82.5      the 16 GEMMs at 82.5 GFLOP/s, C + 8 for their
+ *                                       per-call and packing overheads
+ *      + 0.61 x 16 tiles (C + K)        the transforms: V and M written and read
+ *      + 2.96 x 16 C K                  U made every call
+ * (tiles: 2x2 output tiles). It is within 0.76-1.24x of every measurement (rms 10 %), and
+ * within 0.78-1.20x of a second set of 5 runs (load average 3); it errs most for C <= 4
+ * and K = 3. The same runs measured oneDNN at 0.92-1.46 (median 1.34, then 1.32) of what
+ * cost_dnnl predicts, so the sum is scaled by 1.34 into cost_dnnl's units. Measured (ms,
+ * Winograd vs oneDNN): 512->512 8x256 67.3 vs 102.8, 256->256 8x512 35.2 vs 51.0,
+ * 128->128 8x1024 19.6 vs 26.3, 64->64 16x1024 12.3 vs 14.4, 32->32 32x1024 9.0 vs 7.8,
+ * 16->16 3.6 vs 2.6, 8->8 1.6 vs 1.0, 3->32 3.8 vs 1.0, 128->3 16x1024 7.4 vs 7.9 (direct
+ * 8.8). So `auto` picks Winograd for 3x3 convs from 64 channels on and oneDNN below; of the
+ * 25 fitted shapes it picks the fastest algorithm for every one but 32->3 32x1024, where
+ * it takes direct (4.0 ms) over Winograd (2.6-3.0 ms). f16/bf16 use the same cost: they
+ * ran at 0.95-1.15x f32's time (bench_half), and their other algorithm, im2col, at 1.6-1.9x
+ * Winograd's. bench/RESULTS.md has the tables. */
+static double cost_wino(const cv_geom *g) {
+    const double tiles = (double)g->n * (double)g->out[0] * (double)((g->out[1] + 1) / 2) * (double)((g->out[2] + 1) / 2);
+    const double c = (double)g->c, k = (double)g->k;
+    return 1.34 * (32.0 * tiles * k * (c + 8.0) / 82.5 + 0.61 * 16.0 * tiles * (c + k) + 2.96 * 16.0 * c * k);
+}
+
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
     cw_status st = CW_OK;
     cv_geom g;
-    cv_geom_make(p, &g);
+    cw__cpu_geom_make(p, &g);
     double flops = 2.0 * (double)g.n * (double)g.k * (double)(g.out[0] * g.out[1] * g.out[2]) * (double)g.cg *
                    (double)(g.ks[0] * g.ks[1] * g.ks[2]);
     cw__conv_algo list[CW__CPU_ALGO_COUNT];
@@ -616,6 +637,14 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
         snprintf(a->name, sizeof a->name, "%s", gemm_direct_b(&g) ? "cpu_gemm_1x1" : "cpu_im2col_gemm");
         a->workspace = gemm_workspace(&g);
         a->cost = cost_gemm(&g, flops);
+    }
+    if (cw__cpu_wino_supported(&g)) {
+        cw__conv_algo *a = &list[cnt++];
+        memset(a, 0, sizeof *a);
+        a->id = CW__CPU_ALGO_WINOGRAD;
+        snprintf(a->name, sizeof a->name, "%s", "cpu_winograd_2x3");
+        a->workspace = cw__cpu_wino_workspace(&g);
+        a->cost = cost_wino(&g);
     }
     {
         cw__conv_algo *a = &list[cnt++];
@@ -699,12 +728,18 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
     if (!x) /* ops.c lets an empty x be NULL; the cpu algorithms index it all the same */
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: x is NULL");
     cv_geom g;
-    cv_geom_make(p, &g);
+    cw__cpu_geom_make(p, &g);
     if (algo->id == CW__CPU_ALGO_GEMM && !gemm_supported(&g))
         return cw__error(ctx, CW_ERR_UNSUPPORTED,
                          "cpu conv_forward: cpu_im2col_gemm needs y's W stride 1 and contiguous weights");
+    if (algo->id == CW__CPU_ALGO_WINOGRAD && !cw__cpu_wino_supported(&g))
+        return cw__error(ctx, CW_ERR_UNSUPPORTED,
+                         "cpu conv_forward: cpu_winograd_2x3 needs a 3x3 kernel (depth 1), stride 1, dilation 1 "
+                         "and groups 1");
     cw__dnnl_plan *plan = NULL;
-    int64_t need = algo->id == CW__CPU_ALGO_GEMM ? gemm_workspace(&g) : 0;
+    int64_t need = algo->id == CW__CPU_ALGO_GEMM       ? gemm_workspace(&g)
+                   : algo->id == CW__CPU_ALGO_WINOGRAD ? cw__cpu_wino_workspace(&g)
+                                                       : 0;
     if (algo->id == CW__CPU_ALGO_DNNL) {
         /* found in the plan cache (made when the algorithm was listed) */
         st = cw__cpu_dnnl_plan_get(ctx, p, &plan);

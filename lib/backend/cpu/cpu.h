@@ -17,6 +17,14 @@ int cw__cpu_blas_threads(cw__backend *be);
  * contiguous ranges (the caller runs the first); results must not depend on the cut. */
 typedef void (*cw__range_fn)(void *arg, int64_t lo, int64_t hi);
 void cw__cpu_parallel(int threads, int64_t n, cw__range_fn fn, void *arg);
+/* A team: fn(arg, team, rank, n) on n threads at once (the caller is rank 0; n <= threads,
+ * fewer when a helper thread cannot be started), all finished when cw__cpu_team_run
+ * returns. Members split work by rank; results must not depend on n. */
+typedef struct cw__cpu_team cw__cpu_team;
+typedef void (*cw__team_fn)(void *arg, cw__cpu_team *t, int rank, int n);
+void cw__cpu_team_run(int threads, cw__team_fn fn, void *arg);
+/* Returns once every member of t has called it as often as the caller has. */
+void cw__cpu_team_barrier(cw__cpu_team *t);
 /* Sets OpenBLAS's process-wide thread count to 1 unless it already is. */
 void cw__cpu_blas_single(void);
 /* The block grid cw__cpu_sgemm cuts an m x n product into: a function of (m, n) only. */
@@ -35,8 +43,28 @@ void cw__cpu_fill_nan(void *p, cw_dtype dt, int64_t i);
 /* Tests: 1 makes the f16 rows use the scalar functions instead of F16C (process-wide). */
 void cw__cpu_cvt_force_scalar(int on);
 
-/* cpu conv algorithm ids (DNNL is listed only when built with oneDNN) */
-enum { CW__CPU_ALGO_GEMM = 0, CW__CPU_ALGO_DIRECT = 1, CW__CPU_ALGO_DNNL = 2, CW__CPU_ALGO_COUNT };
+/* cpu conv algorithm ids (DNNL is listed only when built with oneDNN, WINOGRAD only for
+ * the problems cw__cpu_wino_supported accepts) */
+enum {
+    CW__CPU_ALGO_GEMM = 0,
+    CW__CPU_ALGO_DIRECT = 1,
+    CW__CPU_ALGO_DNNL = 2,
+    CW__CPU_ALGO_WINOGRAD = 3,
+    CW__CPU_ALGO_COUNT
+};
+
+/* conv_cpu.c: a problem's geometry as the cpu algorithms read it. 2-D is 3-D with D = 1;
+ * extents and strides are in elements, in (D, H, W) or (n/k, c, d, h, w) order. */
+typedef struct cw__cpu_geom {
+    int64_t n, c, k, g, cg, kg;       /* batch, in/out channels, groups, per-group C and K */
+    int64_t in[3], out[3], ks[3];     /* D, H, W extents */
+    int64_t st[3], dl[3], pp[3];      /* stride, dilation, pad_pre */
+    int64_t xs[5], ys[5], wsd[5];     /* strides: n/k, c, d, h, w (d = 0 in 2-D) */
+    int has_bias;
+    cw_dtype dt;                      /* x, w, bias and y */
+    size_t es;                        /* bytes per element */
+} cw__cpu_geom;
+void cw__cpu_geom_make(const cw__conv_problem *p, cw__cpu_geom *g);
 
 /* conv_cpu.c: the backend hooks, and the synchronous math they run (tests use it). */
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
@@ -53,6 +81,21 @@ void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const void *x, const 
 /* Workspace bytes of algorithm id for p; -1 when the algorithm cannot be planned for p
  * (DNNL: built without oneDNN, or oneDNN failed). */
 int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo);
+
+/* conv_winograd.c: Winograd F(2x2,3x3) for 3x3, stride 1, dilation 1, ungrouped convs (3-D
+ * with a kernel depth of 1), any paddings and strided views, f32/f16/bf16 storage with f32
+ * arithmetic. The output's tiles are cut into blocks of a size fixed by the shape; each
+ * block's 16 products are single-threaded OpenBLAS calls, so the bits never depend on the
+ * thread count. */
+int cw__cpu_wino_supported(const cw__cpu_geom *g);
+/* Tiles per block (a function of the shape only) and the workspace bytes the run uses:
+ * the transformed weights [16][K][C] plus one block's transformed input [16][C][T] and
+ * products [16][K][T], f32. */
+int64_t cw__cpu_wino_block(const cw__cpu_geom *g);
+int64_t cw__cpu_wino_workspace(const cw__cpu_geom *g);
+/* y = conv(x, w) + b on `threads` threads (bits independent of it); ws: the workspace. */
+void cw__cpu_wino_run(const cw__cpu_geom *g, const void *x, const void *w, const void *b, void *y, void *ws,
+                      int threads);
 
 /* conv_dnnl.c: oneDNN convolution on blocked layouts (CONVWEAVE_DNNL; stubs without). A
  * plan is one patch problem's sub-bands, primitives and workspace layout, made once and

@@ -44,6 +44,76 @@ void cw__cpu_parallel(int threads, int64_t n, cw__range_fn fn, void *arg) {
     }
 }
 
+/* ---- a team of threads with barriers (conv_winograd.c's phases) --------------------------
+ * The helpers are started first and wait on `go`; once the caller knows how many started,
+ * it publishes n (so the barrier counts only members that exist) and releases them. */
+struct cw__cpu_team {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n, go, arrived;
+    unsigned gen;
+    cw__team_fn fn;
+    void *arg;
+};
+
+typedef struct team_member {
+    cw__cpu_team *t;
+    int rank;
+} team_member;
+
+static void *team_main(void *p) {
+    team_member *m = p;
+    cw__cpu_team *t = m->t;
+    pthread_mutex_lock(&t->mu);
+    while (!t->go) pthread_cond_wait(&t->cv, &t->mu);
+    const int n = t->n;
+    pthread_mutex_unlock(&t->mu);
+    t->fn(t->arg, t, m->rank, n);
+    return NULL;
+}
+
+void cw__cpu_team_run(int threads, cw__team_fn fn, void *arg) {
+    if (threads > CW__PAR_MAX_THREADS) threads = CW__PAR_MAX_THREADS;
+    cw__cpu_team t = {.n = 1, .fn = fn, .arg = arg};
+    if (threads <= 1) {
+        fn(arg, &t, 0, 1);
+        return;
+    }
+    pthread_mutex_init(&t.mu, NULL);
+    pthread_cond_init(&t.cv, NULL);
+    pthread_t th[CW__PAR_MAX_THREADS];
+    team_member mem[CW__PAR_MAX_THREADS];
+    int helpers = 0;
+    while (helpers + 1 < threads) {
+        mem[helpers] = (team_member){&t, helpers + 1};
+        if (pthread_create(&th[helpers], NULL, team_main, &mem[helpers]) != 0) break;
+        helpers++;
+    }
+    pthread_mutex_lock(&t.mu);
+    t.n = helpers + 1;
+    t.go = 1;
+    pthread_cond_broadcast(&t.cv);
+    pthread_mutex_unlock(&t.mu);
+    fn(arg, &t, 0, helpers + 1);
+    for (int i = 0; i < helpers; i++) pthread_join(th[i], NULL);
+    pthread_cond_destroy(&t.cv);
+    pthread_mutex_destroy(&t.mu);
+}
+
+void cw__cpu_team_barrier(cw__cpu_team *t) {
+    if (t->n == 1) return;
+    pthread_mutex_lock(&t->mu);
+    const unsigned gen = t->gen;
+    if (++t->arrived == t->n) {
+        t->arrived = 0;
+        t->gen++;
+        pthread_cond_broadcast(&t->cv);
+    } else {
+        while (gen == t->gen) pthread_cond_wait(&t->cv, &t->mu);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
 /* OpenBLAS runs single-threaded for every call convweave makes. Re-checked before each
  * GEMM (a cheap read) in case the application changed the process-wide count. */
 static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -1,0 +1,299 @@
+/* Winograd F(2x2,3x3) as a cpu patch algorithm (cpu_winograd_2x3).
+ * 1. Budget: 2-D and 3-D (kernel depth 1) 3x3 conv graphs at 128 channels, where `auto`
+ *    picks Winograd once its workspace (the transformed weights and one tile block's
+ *    operands) fits, compiled under budgets from the smallest that works to loose ones:
+ *    the allocator never holds more temporary memory than the budget, and the output is
+ *    within 1e-5 of the double reference's scale.
+ * 2. Determinism (docs/determinism.md): a fixed-patch Winograd plan on 1-3 streams with
+ *    1-3 threads per task, under chaos + poison, gives the first plan's bits on every run;
+ *    one Winograd patch (pre/post padding, several tile blocks, a strided output view) run
+ *    directly on 1-4 threads gives identical bits, in f32 and f16.
+ * 3. The conv_forward hook refuses Winograd for a problem it does not apply to. */
+#include "backend/cpu/cpu.h"
+#include "conv_ref.h"
+#include "convweave/convweave.h"
+#include "testutil.h"
+
+static cw_context *ctx;
+static cw_tensor *consts[16];
+static float *const_host[16];
+static int n_consts;
+static cw_rng rng;
+
+static cw_node konst(cw_graph *g, int rank, const int64_t *dims, float scale) {
+    cw_tensor_desc d;
+    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
+    int64_t n = cw_tensor_desc_numel(&d);
+    float *h = malloc((size_t)n * sizeof *h);
+    ASSERT_TRUE(h);
+    for (int64_t i = 0; i < n; i++) h[i] = scale * cw_rng_float(&rng);
+    cw_tensor *t;
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)n * 4));
+    const_host[n_consts] = h;
+    consts[n_consts++] = t;
+    cw_node c;
+    ASSERT_OK_CTX(ctx, cw_graph_constant(g, &c, "c", t));
+    return c;
+}
+
+static void free_consts(void) {
+    for (int i = 0; i < n_consts; i++) cw_tensor_destroy(consts[i]), free(const_host[i]);
+    n_consts = 0;
+}
+
+static cw_conv_params conv_params(int sp) {
+    cw_conv_params p = CW_CONV_PARAMS_INIT;
+    p.spatial = sp;
+    for (int i = 0; i < sp; i++) p.pad_pre[i] = p.pad_post[i] = 1;
+    if (sp == 3) p.pad_pre[0] = p.pad_post[0] = 0; /* kernel depth 1 */
+    return p;
+}
+
+/* conv 3x3 (depth 1 in 3-D) "same", C -> C, twice; consts[0..3] = w1, b1, w2, b2. */
+static cw_graph *make_graph(int sp, const int64_t *xd, cw_tensor_desc *d) {
+    cw_graph *g;
+    ASSERT_OK(cw_graph_create(&g, ctx));
+    ASSERT_OK(cw_tensor_desc_make(d, CW_F32, sp + 2, xd));
+    cw_node x, h;
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", d));
+    h = x;
+    const int64_t c = xd[1];
+    for (int l = 0; l < 2; l++) {
+        int64_t wd[5] = {c, c, 3, 3, 3};
+        if (sp == 3) wd[2] = 1;
+        cw_conv_params p = conv_params(sp);
+        cw_node w = konst(g, sp + 2, wd, 0.05f), b = konst(g, 1, &c, 0.1f);
+        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, h, w, b, &p));
+    }
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, h, "y"));
+    return g;
+}
+
+/* The graph's output in double: the reference conv twice (the middle rounded to f32). */
+static double *reference(int sp, const cw_tensor_desc *d, const float *x) {
+    const int64_t n = cw_tensor_desc_numel(d), c = d->dims[1];
+    int64_t wd[5] = {c, c, 3, 3, 3};
+    if (sp == 3) wd[2] = 1;
+    cw_tensor_desc dw;
+    ASSERT_OK(cw_tensor_desc_make(&dw, CW_F32, sp + 2, wd));
+    cw_conv_params p = conv_params(sp);
+    double *mid = malloc((size_t)n * sizeof(double)), *out = malloc((size_t)n * sizeof(double));
+    float *midf = malloc((size_t)n * sizeof(float));
+    ASSERT_TRUE(mid && out && midf);
+    cw_ref_conv(d, x, &dw, const_host[0], const_host[1], &p, d, mid);
+    for (int64_t i = 0; i < n; i++) midf[i] = (float)mid[i];
+    cw_ref_conv(d, midf, &dw, const_host[2], const_host[3], &p, d, out);
+    free(mid), free(midf);
+    return out;
+}
+
+static int describes(const cw_plan *p, const char *algo) {
+    char *s = NULL;
+    ASSERT_OK(cw_plan_describe(p, &s, 0));
+    int yes = strstr(s, algo) != NULL;
+    cw_free(s);
+    return yes;
+}
+
+static double max_rel_diff(const float *a, const double *r, size_t n) {
+    double md = 0, mr = 0;
+    for (size_t e = 0; e < n; e++) {
+        double dd = fabs((double)a[e] - r[e]);
+        if (!(dd <= md)) md = isnan(dd) ? INFINITY : dd;
+        if (fabs(r[e]) > mr) mr = fabs(r[e]);
+    }
+    return md / (mr > 0 ? mr : 1);
+}
+
+/* Part 1: budgets from the minimum up; temp_peak never above the budget. */
+static void test_budget(int sp, const int64_t *xd) {
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.threads = 2;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    cw_tensor_desc d;
+    cw_graph *g = make_graph(sp, xd, &d);
+    cw_tensor *in, *out;
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &d));
+    const size_t n = (size_t)cw_tensor_desc_numel(&d), bytes = n * 4;
+    float *hx = malloc(bytes), *ho = malloc(bytes);
+    ASSERT_TRUE(hx && ho);
+    for (size_t i = 0; i < n; i++) hx[i] = cw_rng_float(&rng);
+    ASSERT_OK(cw_tensor_upload(in, hx, bytes));
+    double *ref = reference(sp, &d, hx);
+
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.streams = 3;
+    int64_t minb = 0;
+    ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &minb, &o));
+    const int64_t mib = 1 << 20;
+    const int64_t budgets[9] = {minb, 1 * mib, 2 * mib, 4 * mib, 6 * mib, 8 * mib, 12 * mib, 16 * mib, 64 * mib};
+    int n_wino = 0, last_wino = 0;
+    for (int b = 0; b < 9; b++) {
+        o.temp_budget = budgets[b];
+        cw_plan *p;
+        ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
+        ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, &out, 1));
+        ASSERT_OK(cw_tensor_download(out, ho, bytes));
+        cw_plan_stats st;
+        ASSERT_OK(cw_plan_get_stats(p, &st));
+        last_wino = describes(p, "cpu_winograd_2x3");
+        n_wino += last_wino;
+        ASSERT_LE_I(st.temp_peak, budgets[b]);
+        double e = max_rel_diff(ho, ref, n);
+        fprintf(stderr, "%d-D budget %8.3f MiB: %lld patches, temp peak %8.3f MiB (predicted %8.3f), winograd %s, rel err %.3g\n",
+                sp, (double)budgets[b] / mib, (long long)st.n_patches, (double)st.temp_peak / mib,
+                (double)st.temp_predicted / mib, last_wino ? "yes" : "no", e);
+        CHECK(e <= 1e-5);
+        cw_plan_destroy(p);
+    }
+    CHECK(n_wino >= 2); /* Winograd is the fastest algorithm for these shapes once it fits */
+    CHECK(last_wino);
+    free(hx), free(ho), free(ref);
+    cw_tensor_destroy(in), cw_tensor_destroy(out);
+    cw_graph_destroy(g);
+    free_consts();
+    cw_context_destroy(ctx);
+}
+
+/* One fixed-patch plan on `streams` streams and `threads` threads per task, run twice; the
+ * output of each run into out (n floats). */
+static void run_fixed(int streams, int threads, const int64_t *xd, float *out1, float *out2, size_t n) {
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.threads = threads * (streams > 1 ? streams - 1 : 1); /* per-task threads = `threads` */
+    cfg.flags = CW_FLAG_POISON | CW_FLAG_CHAOS;
+    cfg.chaos_seed = (uint64_t)(10 * streams + threads);
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    cw_tensor_desc d;
+    cw_graph *g = make_graph(2, xd, &d);
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.policy = CW_PATCHES_FIXED;
+    o.patches = 3;
+    o.streams = streams;
+    o.temp_budget = -1;
+    cw_plan *p;
+    ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
+    CHECK(describes(p, "cpu_winograd_2x3"));
+    cw_tensor *in, *out;
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &d));
+    float *hx = malloc(n * 4);
+    ASSERT_TRUE(hx);
+    for (size_t i = 0; i < n; i++) hx[i] = cw_rng_float(&rng);
+    ASSERT_OK(cw_tensor_upload(in, hx, n * 4));
+    for (int k = 0; k < 2; k++) {
+        ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, &out, 1));
+        ASSERT_OK(cw_tensor_download(out, k == 0 ? out1 : out2, n * 4));
+    }
+    free(hx);
+    cw_tensor_destroy(in), cw_tensor_destroy(out);
+    cw_plan_destroy(p);
+    cw_graph_destroy(g);
+    free_consts();
+    cw_context_destroy(ctx);
+}
+
+/* Part 2a: fixed patches on 1-3 streams and 1-3 threads: every run gives the same bits. */
+static void test_streams_threads(void) {
+    const uint64_t seed = rng.s;
+    const int64_t xd[4] = {1, 128, 40, 36};
+    const size_t n = 128 * 40 * 36;
+    float *first = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+    ASSERT_TRUE(first && a && b);
+    int plans = 0;
+    for (int streams = 1; streams <= 3; streams++)
+        for (int threads = 1; threads <= 3; threads++) {
+            rng.s = seed;
+            run_fixed(streams, threads, xd, plans == 0 ? first : a, b, n);
+            if ((plans > 0 && memcmp(a, first, n * 4) != 0) || memcmp(b, first, n * 4) != 0) {
+                fprintf(stderr, "streams %d threads %d (CONVWEAVE_CHAOS_SEED=%d): bits differ from the first plan's\n",
+                        streams, threads, 10 * streams + threads);
+                cw_test_failures++;
+            }
+            plans++;
+        }
+    free(first), free(a), free(b);
+    fprintf(stderr, "%d fixed-patch Winograd plans (1-3 streams x 1-3 threads per task) x 2 runs: identical bits\n",
+            plans);
+}
+
+/* Part 2b: one Winograd patch (pre/post padding, 9 tile blocks, y a view with a padded
+ * row) on 1-4 threads, in f32 and f16. */
+static void test_direct_threads(cw_dtype dt) {
+    cw__conv_problem p;
+    memset(&p, 0, sizeof p);
+    p.spatial = 2;
+    p.groups = 1;
+    p.has_bias = 1;
+    for (int i = 0; i < 3; i++) p.stride[i] = p.dilation[i] = 1;
+    p.pad_pre[0] = 2, p.pad_post[0] = 0, p.pad_pre[1] = p.pad_post[1] = 1;
+    const int64_t C = 40, K = 36, H = 45, W = 50, Ho = H + 2 - 2, ld = W + 3; /* y's row stride */
+    int64_t xd[4] = {1, C, H, W}, wd[4] = {K, C, 3, 3}, yd[4] = {1, K, Ho, W};
+    ASSERT_OK(cw_tensor_desc_make(&p.x, dt, 4, xd));
+    ASSERT_OK(cw_tensor_desc_make(&p.w, dt, 4, wd));
+    ASSERT_OK(cw_tensor_desc_make(&p.y, dt, 4, yd));
+    p.y.strides[0] = K * Ho * ld, p.y.strides[1] = Ho * ld, p.y.strides[2] = ld, p.y.strides[3] = 1;
+    const int64_t nx = C * H * W, nw = K * C * 9, ny = K * Ho * ld;
+    const size_t es = cw_dtype_size(dt);
+    char *x = malloc((size_t)nx * es), *w = malloc((size_t)nw * es), *b = malloc((size_t)K * es);
+    char *y0 = calloc((size_t)ny, es), *y = calloc((size_t)ny, es);
+    ASSERT_TRUE(x && w && b && y0 && y);
+    float f;
+    for (int64_t i = 0; i < nx; i++) f = cw_rng_float(&rng), cw_dtype_convert(x + i * es, dt, &f, CW_F32, 1);
+    for (int64_t i = 0; i < nw; i++) f = cw_rng_float(&rng), cw_dtype_convert(w + i * es, dt, &f, CW_F32, 1);
+    for (int64_t i = 0; i < K; i++) f = cw_rng_float(&rng), cw_dtype_convert(b + i * es, dt, &f, CW_F32, 1);
+    int64_t wsb = cw__cpu_conv_workspace(&p, CW__CPU_ALGO_WINOGRAD);
+    ASSERT_TRUE(wsb > 0);
+    float *ws = malloc((size_t)wsb);
+    ASSERT_TRUE(ws);
+    for (int t = 1; t <= 4; t++) {
+        cw__cpu_conv_run(&p, CW__CPU_ALGO_WINOGRAD, x, w, b, t == 1 ? y0 : y, ws, t);
+        if (t > 1 && memcmp(y, y0, (size_t)ny * es) != 0) {
+            fprintf(stderr, "%s Winograd patch: %d threads give other bits than 1\n", cw__dtype_name(dt), t);
+            cw_test_failures++;
+        }
+    }
+    free(x), free(w), free(b), free(y0), free(y), free(ws);
+}
+
+/* Part 3: the hook refuses Winograd where it does not apply (a 5x5 kernel). */
+static void test_refused(void) {
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    cw__stream *s;
+    ASSERT_OK_CTX(ctx, cw__context_stream(ctx, 0, &s));
+    cw__conv_problem p;
+    memset(&p, 0, sizeof p);
+    p.spatial = 2;
+    p.groups = 1;
+    for (int i = 0; i < 3; i++) p.stride[i] = p.dilation[i] = 1;
+    int64_t xd[4] = {1, 4, 8, 8}, wd[4] = {4, 4, 5, 5}, yd[4] = {1, 4, 4, 4};
+    ASSERT_OK(cw_tensor_desc_make(&p.x, CW_F32, 4, xd));
+    ASSERT_OK(cw_tensor_desc_make(&p.w, CW_F32, 4, wd));
+    ASSERT_OK(cw_tensor_desc_make(&p.y, CW_F32, 4, yd));
+    cw__conv_algo a;
+    memset(&a, 0, sizeof a);
+    a.id = CW__CPU_ALGO_WINOGRAD;
+    snprintf(a.name, sizeof a.name, "cpu_winograd_2x3");
+    float x[256] = {0}, w[400] = {0}, y[64] = {0}, ws[64];
+    ASSERT_STATUS(cw__op_conv_forward(ctx->be, s, &p, &a, x, w, NULL, y, ws, sizeof ws), CW_ERR_UNSUPPORTED);
+    CHECK(strstr(cw_context_get_last_error(ctx), "winograd") != NULL);
+    CHECK(cw__cpu_conv_workspace(&p, CW__CPU_ALGO_WINOGRAD) < 0);
+    cw_context_destroy(ctx);
+}
+
+int main(void) {
+    rng.s = cw_test_seed(0x3163A77ull);
+    const int64_t x2[4] = {1, 128, 32, 30}, x3[5] = {1, 128, 3, 20, 18};
+    test_budget(2, x2);
+    test_budget(3, x3);
+    test_streams_threads();
+    test_direct_threads(CW_F32);
+    test_direct_threads(CW_F16);
+    test_refused();
+    TEST_DONE();
+}
