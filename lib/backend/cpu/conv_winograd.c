@@ -266,7 +266,8 @@ void cw__cpu_wino_run(const cw__cpu_geom *g, const void *x, const void *w, const
     r.v = r.u + 16 * g->k * g->c;
     r.m = r.v + 16 * g->c * r.T;
     cw__cpu_blas_single();
-    /* a team costs ~50-100 us to start and ~10 us per barrier: not under ~20 MFLOP */
+    /* a helper thread took 0.1-0.2 ms to start and join on the loaded 2-core machine, and
+     * each block adds two barriers: no team under ~20 MFLOP (~0.25 ms of GEMMs) */
     const double flops = 32.0 * (double)r.tiles * (double)g->c * (double)g->k;
     cw__cpu_team_run(flops >= 2e7 ? threads : 1, wino_team, &r);
 }
