@@ -10,72 +10,12 @@
  *    that followed the thread count would fail this on any CPU whose kernels' bits follow
  *    the split. */
 #include "backend/cpu/cpu.h"
-#include "convweave/convweave.h"
-#include "testutil.h"
+#include "conv_algo_run.h"
 
-static cw_context *ctx;
-static cw_tensor *consts[16];
-static int n_consts;
-static cw_rng rng;
-
-static cw_node konst(cw_graph *g, int rank, const int64_t *dims, float scale) {
-    cw_tensor_desc d;
-    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
-    int64_t n = cw_tensor_desc_numel(&d);
-    float *h = malloc((size_t)n * sizeof *h);
-    ASSERT_TRUE(h);
-    for (int64_t i = 0; i < n; i++) h[i] = scale * cw_rng_float(&rng);
-    cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
-    ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)n * 4));
-    free(h);
-    consts[n_consts++] = t;
-    cw_node c;
-    ASSERT_OK_CTX(ctx, cw_graph_constant(g, &c, "c", t));
-    return c;
-}
-
-/* conv k3 "same" C -> C, twice (2-D: [1, C, H, W]; 3-D: [1, C, D, H, W]). */
-static cw_graph *make_graph(int sp, const int64_t *xd, cw_tensor_desc *d) {
-    cw_graph *g;
-    ASSERT_OK(cw_graph_create(&g, ctx));
-    ASSERT_OK(cw_tensor_desc_make(d, CW_F32, sp + 2, xd));
-    cw_node x, h;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", d));
-    h = x;
-    const int64_t c = xd[1];
-    for (int l = 0; l < 2; l++) {
-        int64_t wd[5] = {c, c, 3, 3, 3};
-        cw_conv_params p = CW_CONV_PARAMS_INIT;
-        p.spatial = sp;
-        for (int i = 0; i < sp; i++) p.pad_pre[i] = p.pad_post[i] = 1;
-        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, h, konst(g, sp + 2, wd, 0.2f), konst(g, 1, &c, 0.1f), &p));
-    }
-    ASSERT_OK_CTX(ctx, cw_graph_output(g, h, "y"));
+/* 3x3x3 in 3-D */
+static conv_graph_spec spec(int sp) {
+    conv_graph_spec g = {sp, 3, 0.2f};
     return g;
-}
-
-static void free_consts(void) {
-    for (int i = 0; i < n_consts; i++) cw_tensor_destroy(consts[i]);
-    n_consts = 0;
-}
-
-static int describes_dnnl(const cw_plan *p) {
-    char *s = NULL;
-    ASSERT_OK(cw_plan_describe(p, &s, 0));
-    int yes = strstr(s, "cpu_dnnl") != NULL;
-    cw_free(s);
-    return yes;
-}
-
-static double max_rel_diff(const float *a, const float *b, size_t n) {
-    double md = 0, mr = 0;
-    for (size_t e = 0; e < n; e++) {
-        double dd = fabs((double)a[e] - (double)b[e]);
-        if (!(dd <= md)) md = isnan(dd) ? INFINITY : dd;
-        if (fabs((double)b[e]) > mr) mr = fabs((double)b[e]);
-    }
-    return md / (mr > 0 ? mr : 1);
 }
 
 /* Part 1: budgets from the minimum up; temp_peak never above the budget. */
@@ -85,7 +25,8 @@ static void test_budget(int sp, const int64_t *xd) {
     cfg.threads = 2;
     ASSERT_OK(cw_context_create(&ctx, &cfg));
     cw_tensor_desc d;
-    cw_graph *g = make_graph(sp, xd, &d);
+    const conv_graph_spec gs = spec(sp);
+    cw_graph *g = make_graph(&gs, xd, &d);
     cw_compile_options r = CW_COMPILE_OPTIONS_INIT;
     r.policy = CW_PATCHES_NONE;
     cw_plan *pr;
@@ -101,6 +42,9 @@ static void test_budget(int sp, const int64_t *xd) {
     ASSERT_OK(cw_tensor_upload(in, hx, bytes));
     ASSERT_OK_CTX(ctx, cw_plan_run(pr, &in, 1, &ref, 1));
     ASSERT_OK(cw_tensor_download(ref, hr, bytes));
+    double *hrd = malloc(n * sizeof *hrd); /* the unscheduled plan's output, to compare against */
+    ASSERT_TRUE(hrd);
+    for (size_t i = 0; i < n; i++) hrd[i] = hr[i];
 
     cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
     o.streams = 3;
@@ -118,10 +62,10 @@ static void test_budget(int sp, const int64_t *xd) {
         ASSERT_OK(cw_tensor_download(out, ho, bytes));
         cw_plan_stats st;
         ASSERT_OK(cw_plan_get_stats(p, &st));
-        int dn = describes_dnnl(p);
+        int dn = describes(p, "cpu_dnnl");
         n_dnnl += dn;
         ASSERT_LE_I(st.temp_peak, budgets[b]);
-        double e = max_rel_diff(ho, hr, n);
+        double e = max_rel_diff(ho, hrd, n);
         fprintf(stderr, "%d-D budget %8.3f MiB: %lld patches, temp peak %8.3f MiB (predicted %8.3f), dnnl %s, rel diff %.3g\n",
                 sp, (double)budgets[b] / (1 << 20), (long long)st.n_patches, (double)st.temp_peak / (1 << 20),
                 (double)st.temp_predicted / (1 << 20), dn ? "yes" : "no", e);
@@ -129,7 +73,7 @@ static void test_budget(int sp, const int64_t *xd) {
         cw_plan_destroy(p);
     }
     CHECK(n_dnnl >= 2); /* oneDNN is the fastest algorithm for these shapes once it fits */
-    free(hx), free(hr), free(ho);
+    free(hx), free(hr), free(ho), free(hrd);
     cw_tensor_destroy(in), cw_tensor_destroy(out), cw_tensor_destroy(ref);
     cw_plan_destroy(pr);
     cw_graph_destroy(g);
@@ -139,62 +83,9 @@ static void test_budget(int sp, const int64_t *xd) {
 
 /* Part 2a: fixed patches on 1-3 streams and 1-3 threads: every run gives the same bits. */
 static void test_streams_threads(void) {
-    const uint64_t seed = rng.s;
     const int64_t xd[4] = {1, 32, 80, 72};
-    float *h1 = NULL;
-    int plans = 0;
-    for (int streams = 1; streams <= 3; streams++) {
-        for (int threads = 1; threads <= 3; threads++) {
-            rng.s = seed;
-            cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
-            cfg.backend = CW_BACKEND_CPU;
-            cfg.threads = threads * (streams > 1 ? streams - 1 : 1); /* per-task threads = `threads` */
-            cfg.flags = CW_FLAG_POISON | CW_FLAG_CHAOS;
-            cfg.chaos_seed = (uint64_t)(10 * streams + threads);
-            ASSERT_OK(cw_context_create(&ctx, &cfg));
-            cw_tensor_desc d;
-            cw_graph *g = make_graph(2, xd, &d);
-            cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
-            o.policy = CW_PATCHES_FIXED;
-            o.patches = 3;
-            o.streams = streams;
-            o.temp_budget = -1;
-            cw_plan *p;
-            ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
-            CHECK(describes_dnnl(p));
-            cw_tensor *in, *out;
-            ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
-            ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &d));
-            const size_t n = (size_t)cw_tensor_desc_numel(&d), bytes = n * 4;
-            float *hx = malloc(bytes), *ho = malloc(bytes);
-            ASSERT_TRUE(hx && ho);
-            for (size_t i = 0; i < n; i++) hx[i] = cw_rng_float(&rng);
-            ASSERT_OK(cw_tensor_upload(in, hx, bytes));
-            for (int k = 0; k < 2; k++) {
-                ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, &out, 1));
-                ASSERT_OK(cw_tensor_download(out, ho, bytes));
-                if (!h1) {
-                    h1 = malloc(bytes);
-                    ASSERT_TRUE(h1);
-                    memcpy(h1, ho, bytes);
-                }
-                if (memcmp(ho, h1, bytes) != 0) {
-                    fprintf(stderr, "streams %d threads %d run %d (CONVWEAVE_CHAOS_SEED=%d): bits differ from the first plan's\n",
-                            streams, threads, k, 10 * streams + threads);
-                    cw_test_failures++;
-                }
-            }
-            plans++;
-            free(hx), free(ho);
-            cw_tensor_destroy(in), cw_tensor_destroy(out);
-            cw_plan_destroy(p);
-            cw_graph_destroy(g);
-            free_consts();
-            cw_context_destroy(ctx);
-        }
-    }
-    free(h1);
-    fprintf(stderr, "%d fixed-patch plans (1-3 streams x 1-3 threads per task) x 2 runs: identical bits\n", plans);
+    const conv_graph_spec gs = spec(2);
+    check_streams_threads(&gs, xd, "cpu_dnnl");
 }
 
 /* Part 2b: one oneDNN patch (with pre/post padding, several sub-bands) on 1-4 threads. */

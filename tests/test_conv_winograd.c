@@ -10,63 +10,12 @@
  *    directly on 1-4 threads gives identical bits, in f32 and f16.
  * 3. The conv_forward hook refuses Winograd for a problem it does not apply to. */
 #include "backend/cpu/cpu.h"
+#include "conv_algo_run.h"
 #include "conv_ref.h"
-#include "convweave/convweave.h"
-#include "testutil.h"
 
-static cw_context *ctx;
-static cw_tensor *consts[16];
-static float *const_host[16];
-static int n_consts;
-static cw_rng rng;
-
-static cw_node konst(cw_graph *g, int rank, const int64_t *dims, float scale) {
-    cw_tensor_desc d;
-    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
-    int64_t n = cw_tensor_desc_numel(&d);
-    float *h = malloc((size_t)n * sizeof *h);
-    ASSERT_TRUE(h);
-    for (int64_t i = 0; i < n; i++) h[i] = scale * cw_rng_float(&rng);
-    cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
-    ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)n * 4));
-    const_host[n_consts] = h;
-    consts[n_consts++] = t;
-    cw_node c;
-    ASSERT_OK_CTX(ctx, cw_graph_constant(g, &c, "c", t));
-    return c;
-}
-
-static void free_consts(void) {
-    for (int i = 0; i < n_consts; i++) cw_tensor_destroy(consts[i]), free(const_host[i]);
-    n_consts = 0;
-}
-
-static cw_conv_params conv_params(int sp) {
-    cw_conv_params p = CW_CONV_PARAMS_INIT;
-    p.spatial = sp;
-    for (int i = 0; i < sp; i++) p.pad_pre[i] = p.pad_post[i] = 1;
-    if (sp == 3) p.pad_pre[0] = p.pad_post[0] = 0; /* kernel depth 1 */
-    return p;
-}
-
-/* conv 3x3 (depth 1 in 3-D) "same", C -> C, twice; consts[0..3] = w1, b1, w2, b2. */
-static cw_graph *make_graph(int sp, const int64_t *xd, cw_tensor_desc *d) {
-    cw_graph *g;
-    ASSERT_OK(cw_graph_create(&g, ctx));
-    ASSERT_OK(cw_tensor_desc_make(d, CW_F32, sp + 2, xd));
-    cw_node x, h;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", d));
-    h = x;
-    const int64_t c = xd[1];
-    for (int l = 0; l < 2; l++) {
-        int64_t wd[5] = {c, c, 3, 3, 3};
-        if (sp == 3) wd[2] = 1;
-        cw_conv_params p = conv_params(sp);
-        cw_node w = konst(g, sp + 2, wd, 0.05f), b = konst(g, 1, &c, 0.1f);
-        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, h, w, b, &p));
-    }
-    ASSERT_OK_CTX(ctx, cw_graph_output(g, h, "y"));
+/* 3x3 convs, depth 1 in 3-D */
+static conv_graph_spec spec(int sp) {
+    conv_graph_spec g = {sp, 1, 0.05f};
     return g;
 }
 
@@ -77,7 +26,8 @@ static double *reference(int sp, const cw_tensor_desc *d, const float *x) {
     if (sp == 3) wd[2] = 1;
     cw_tensor_desc dw;
     ASSERT_OK(cw_tensor_desc_make(&dw, CW_F32, sp + 2, wd));
-    cw_conv_params p = conv_params(sp);
+    const conv_graph_spec gs = spec(sp);
+    cw_conv_params p = conv_params(&gs);
     double *mid = malloc((size_t)n * sizeof(double)), *out = malloc((size_t)n * sizeof(double));
     float *midf = malloc((size_t)n * sizeof(float));
     ASSERT_TRUE(mid && out && midf);
@@ -88,24 +38,6 @@ static double *reference(int sp, const cw_tensor_desc *d, const float *x) {
     return out;
 }
 
-static int describes(const cw_plan *p, const char *algo) {
-    char *s = NULL;
-    ASSERT_OK(cw_plan_describe(p, &s, 0));
-    int yes = strstr(s, algo) != NULL;
-    cw_free(s);
-    return yes;
-}
-
-static double max_rel_diff(const float *a, const double *r, size_t n) {
-    double md = 0, mr = 0;
-    for (size_t e = 0; e < n; e++) {
-        double dd = fabs((double)a[e] - r[e]);
-        if (!(dd <= md)) md = isnan(dd) ? INFINITY : dd;
-        if (fabs(r[e]) > mr) mr = fabs(r[e]);
-    }
-    return md / (mr > 0 ? mr : 1);
-}
-
 /* Part 1: budgets from the minimum up; temp_peak never above the budget. */
 static void test_budget(int sp, const int64_t *xd) {
     cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
@@ -113,7 +45,8 @@ static void test_budget(int sp, const int64_t *xd) {
     cfg.threads = 2;
     ASSERT_OK(cw_context_create(&ctx, &cfg));
     cw_tensor_desc d;
-    cw_graph *g = make_graph(sp, xd, &d);
+    const conv_graph_spec gs = spec(sp);
+    cw_graph *g = make_graph(&gs, xd, &d);
     cw_tensor *in, *out;
     ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
     ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &d));
@@ -158,66 +91,11 @@ static void test_budget(int sp, const int64_t *xd) {
     cw_context_destroy(ctx);
 }
 
-/* One fixed-patch plan on `streams` streams and `threads` threads per task, run twice; the
- * output of each run into out (n floats). */
-static void run_fixed(int streams, int threads, const int64_t *xd, float *out1, float *out2, size_t n) {
-    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
-    cfg.backend = CW_BACKEND_CPU;
-    cfg.threads = threads * (streams > 1 ? streams - 1 : 1); /* per-task threads = `threads` */
-    cfg.flags = CW_FLAG_POISON | CW_FLAG_CHAOS;
-    cfg.chaos_seed = (uint64_t)(10 * streams + threads);
-    ASSERT_OK(cw_context_create(&ctx, &cfg));
-    cw_tensor_desc d;
-    cw_graph *g = make_graph(2, xd, &d);
-    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
-    o.policy = CW_PATCHES_FIXED;
-    o.patches = 3;
-    o.streams = streams;
-    o.temp_budget = -1;
-    cw_plan *p;
-    ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
-    CHECK(describes(p, "cpu_winograd_2x3"));
-    cw_tensor *in, *out;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
-    ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &d));
-    float *hx = malloc(n * 4);
-    ASSERT_TRUE(hx);
-    for (size_t i = 0; i < n; i++) hx[i] = cw_rng_float(&rng);
-    ASSERT_OK(cw_tensor_upload(in, hx, n * 4));
-    for (int k = 0; k < 2; k++) {
-        ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, &out, 1));
-        ASSERT_OK(cw_tensor_download(out, k == 0 ? out1 : out2, n * 4));
-    }
-    free(hx);
-    cw_tensor_destroy(in), cw_tensor_destroy(out);
-    cw_plan_destroy(p);
-    cw_graph_destroy(g);
-    free_consts();
-    cw_context_destroy(ctx);
-}
-
 /* Part 2a: fixed patches on 1-3 streams and 1-3 threads: every run gives the same bits. */
 static void test_streams_threads(void) {
-    const uint64_t seed = rng.s;
     const int64_t xd[4] = {1, 128, 40, 36};
-    const size_t n = 128 * 40 * 36;
-    float *first = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
-    ASSERT_TRUE(first && a && b);
-    int plans = 0;
-    for (int streams = 1; streams <= 3; streams++)
-        for (int threads = 1; threads <= 3; threads++) {
-            rng.s = seed;
-            run_fixed(streams, threads, xd, plans == 0 ? first : a, b, n);
-            if ((plans > 0 && memcmp(a, first, n * 4) != 0) || memcmp(b, first, n * 4) != 0) {
-                fprintf(stderr, "streams %d threads %d (CONVWEAVE_CHAOS_SEED=%d): bits differ from the first plan's\n",
-                        streams, threads, 10 * streams + threads);
-                cw_test_failures++;
-            }
-            plans++;
-        }
-    free(first), free(a), free(b);
-    fprintf(stderr, "%d fixed-patch Winograd plans (1-3 streams x 1-3 threads per task) x 2 runs: identical bits\n",
-            plans);
+    const conv_graph_spec gs = spec(2);
+    check_streams_threads(&gs, xd, "cpu_winograd_2x3");
 }
 
 /* Part 2b: one Winograd patch (pre/post padding, 9 tile blocks, y a view with a padded
