@@ -365,6 +365,13 @@ class Graph:
     def upsample2x(self, x):
         return self._node(lib.cw_graph_upsample2x, x)
 
+    def scale(self, x, s):
+        """x * s[c]: s a float32 constant node of dims [C]."""
+        return self._node(lib.cw_graph_scale, x, s)
+
+    def avg_pool2(self, x):
+        return self._node(lib.cw_graph_avg_pool2, x)
+
     def attention(self, q, k, v, scale):
         return self._node(lib.cw_graph_attention, q, k, v, scale)
 

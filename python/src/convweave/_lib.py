@@ -36,6 +36,8 @@ cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamm
 cw_status cw_graph_silu(cw_graph *g, cw_node *out, cw_node x);
 cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b);
 cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
+cw_status cw_graph_scale(cw_graph *g, cw_node *out, cw_node x, cw_node s);
+cw_status cw_graph_avg_pool2(cw_graph *g, cw_node *out, cw_node x);
 cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
 cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);

@@ -2,6 +2,11 @@
 
     y = convweave.torch.conv2d(x, w, b, stride=2, padding="same", budget="64MiB")
 
+any conv-heavy nn.Module through torch.export, under a budget:
+
+    dec = convweave.torch.wrap(vae.decoder, (z,), budget="128MiB", memory="auto")
+    image = dec(z)
+
 and PyTorch's CUDA caching allocator as the source of a context's memory:
 
     ctx = convweave.Context("cuda", budget="256MiB")
@@ -12,7 +17,37 @@ import torch
 from ._conv import conv2d, conv3d
 from ._core import Error
 
-__all__ = ["conv2d", "conv3d", "use_torch_allocator", "TorchAllocator"]
+__all__ = ["conv2d", "conv3d", "use_torch_allocator", "TorchAllocator", "wrap"]
+
+
+def wrap(module, example_inputs, *, memory=None, budget=None, streams=2, dtype=None, fallback=True, patches=None,
+         fuse=True, keep_memory=False, max_plans=4, threads=0, timing=False):
+    """An nn.Module whose forward gives module(*inputs)'s result (same output structure),
+    with its convolutions, norms, activations, upsampling and attention run by convweave.
+
+    module is exported with torch.export (strict=False) for example_inputs' shapes and dtypes
+    (a tensor or a tuple of forward's positional arguments), its ATen graph lowered into
+    convweave graphs and compiled into plans now, so what cannot run raises here. A call with
+    new shapes or dtypes exports and compiles once more; the last max_plans signatures stay
+    cached (least recently used dropped). Parameters are read in place; float32 copies are
+    made only where convweave needs them (GroupNorm's vectors of a half model), counted in
+    describe()["copied_bytes"]. Every call checks the parameters are still those compiled
+    against (storage, dtype, device; the version of those copied) and recompiles otherwise.
+
+    budget: cap on temporaries (bytes, "256MiB"; None: none); memory: cap on activations +
+    temporaries of each plan, or "auto"; streams: 1 in order, N = N-1 heavy + 1 light.
+    dtype: floating inputs are cast to it before each call. fallback: nodes convweave does not
+    run (describe()["fallbacks"]: op, shape, bytes, reason, source line) run in PyTorch
+    between convweave segments; fallback=False raises convweave.Error naming the first one.
+    keep_memory: keep plans' activation and temporary memory between calls (faster repeat
+    calls); by default nothing is held. Under grad mode with parameters or inputs requiring
+    grad, the module's own forward runs instead (warned once), so autograd stays whole:
+    call it under torch.no_grad() or torch.inference_mode(). A module in training mode, an
+    export failure or a mutating forward raise convweave.Error."""
+    from .front import Wrapped
+    return Wrapped(module, example_inputs, memory=memory, budget=budget, streams=streams, dtype=dtype,
+                   fallback=fallback, patches=patches, fuse=fuse, keep_memory=keep_memory, max_plans=max_plans,
+                   threads=threads, timing=timing)
 
 
 class TorchAllocator:

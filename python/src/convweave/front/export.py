@@ -1,0 +1,54 @@
+"""torch.export for the lowering: the module's ATen graph for one set of input shapes, and
+what each of its placeholders is (a parameter or buffer read in place, a user input)."""
+import torch
+
+from .._core import Error
+from .values import Const, Torch
+
+
+def export(module, args, kwargs):
+    """The module's decomposed ATen graph for these inputs (static shapes). Errors name the
+    module and what torch.export said."""
+    name = type(module).__name__
+    if module.training:
+        raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: {name} is in training mode (dropout, batch "
+                    "statistics): call .eval() first")
+    try:
+        ep = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+        ep = ep.run_decompositions({})
+    except Exception as e:  # torch.export raises many types; each becomes one Error
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: torch.export failed on {name}: "
+                    f"{type(e).__name__}: {first}") from e
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind.name != "USER_OUTPUT":
+            raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: {name}'s forward mutates "
+                        f"{spec.target or spec.arg.name} ({spec.kind.name}); convweave runs pure forwards")
+    return ep
+
+
+def placeholders(ep, module):
+    """{placeholder name: Const (a parameter, buffer or lifted constant, the module's own
+    tensor) or Torch (a user input)}, and the user inputs' names in call order (None for a
+    non-tensor input, which export fixed)."""
+    vals, users = {}, []
+    metas = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
+    for spec in ep.graph_signature.input_specs:
+        kind, arg = spec.kind.name, spec.arg
+        if kind == "USER_INPUT":
+            tensor = isinstance(metas.get(getattr(arg, "name", None)), torch.Tensor)
+            users.append(arg.name if tensor else None)
+            if tensor:
+                vals[arg.name] = Torch(arg.name, metas[arg.name])
+            continue
+        if kind == "PARAMETER":
+            t = module.get_parameter(spec.target)
+        elif kind == "BUFFER":
+            t = module.get_buffer(spec.target)
+        elif kind == "CONSTANT_TENSOR":
+            t = ep.constants[spec.target]
+        else:
+            raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: input {arg.name} of kind {kind}")
+        t = t.detach()
+        vals[arg.name] = Const(t, (t,))
+    return vals, users

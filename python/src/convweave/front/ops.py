@@ -1,0 +1,315 @@
+"""The op table: one entry per ATen op the lowering knows, each turning the node into
+convweave graph nodes (or into a regrouping of its input, for layout ops). An entry raises
+Unsupported where its case is not one convweave runs (a replicate pad, a channel split into
+heads, a mask); the partitioner then runs that node in PyTorch. Entries check everything
+before they add a node, so a refused node leaves nothing behind."""
+import math
+import operator
+
+import torch
+
+from .._core import conv_params
+from .layout import Layout, Unsupported
+from .values import Const, Cw, Pad, is_tensor
+
+aten = torch.ops.aten
+TABLE = {}
+
+
+def op(*targets):
+    def reg(fn):
+        for t in targets:
+            TABLE[t] = fn
+        return fn
+    return reg
+
+
+def _out_shape(node):
+    return tuple(node.meta["val"].shape)
+
+
+def _scalar(v):
+    """A Python number, or a 0-d constant's value; else None."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, Const) and v.tensor.dim() == 0:
+        return float(v.tensor.item())
+    return None
+
+
+def _ints(v, n):
+    v = [v] if isinstance(v, int) else list(v)
+    return v * n if len(v) == 1 else v
+
+
+# ---- layout: regroup the node's dims, nothing runs ------------------------------------------
+@op(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
+    aten.squeeze.default, aten.unsqueeze.default, aten.flatten.using_ints, aten.unflatten.int)
+def reshape(L, node, x, *args):
+    return _regroup(x, lambda lay: lay.reshape(_out_shape(node)))
+
+
+@op(aten.permute.default)
+def permute(L, node, x, dims):
+    return _regroup(x, lambda lay: lay.permute(dims))
+
+
+@op(aten.transpose.int)
+def transpose(L, node, x, a, b):
+    def f(lay):
+        perm = list(range(len(lay.groups)))
+        a2, b2 = a % len(perm), b % len(perm)
+        perm[a2], perm[b2] = perm[b2], perm[a2]
+        return lay.permute(perm)
+    return _regroup(x, f)
+
+
+@op(aten.t.default)
+def t(L, node, x):
+    return _regroup(x, lambda lay: lay.permute(list(range(len(lay.groups)))[::-1]))
+
+
+@op(aten.expand.default, aten.slice.Tensor, aten.select.int)
+def same_elements(L, node, x, *args):
+    """expand to the same shape, a slice over a whole dim, a select of a size-1 dim: the
+    same elements in the same order."""
+    if not isinstance(x, Cw) or math.prod(_out_shape(node)) != math.prod(x.layout.shape):
+        raise Unsupported("expand, slice or select that changes the elements")
+    if node.target == aten.slice.Tensor:
+        dim, start, end = (list(args) + [0, None, None, 1])[:3]
+        step = args[3] if len(args) > 3 else 1
+        if step != 1 or (start or 0) != 0:
+            raise Unsupported("a strided or offset slice")
+    return _regroup(x, lambda lay: lay.reshape(_out_shape(node)))
+
+
+@op(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
+    aten.contiguous.default)
+def identity(L, node, x, *args, **kwargs):
+    if not isinstance(x, Cw):
+        raise Unsupported("a copy of a value convweave does not hold")
+    return x
+
+
+@op(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout)
+def to_copy(L, node, x, *args, **kwargs):
+    val = node.meta["val"]
+    if not isinstance(x, Cw) or val.dtype != x.dtype or val.device != L.device:
+        raise Unsupported("a cast to another dtype or device")
+    return x
+
+
+@op(aten.dropout.default)
+def dropout(L, node, x, p, train):
+    if train and p > 0:
+        raise Unsupported("dropout in training mode")
+    return _regroup(x, lambda lay: lay)
+
+
+def _regroup(x, fn):
+    if not isinstance(x, Cw):
+        raise Unsupported("a layout op on a value convweave does not hold")
+    return Cw(x.seg, x.node, fn(x.layout), x.dtype)
+
+
+@op(aten._assert_tensor_metadata.default)
+def assert_metadata(L, node, *args, **kwargs):
+    return None
+
+
+@op(operator.getitem)
+def getitem(L, node, tup, i):
+    if not isinstance(tup, tuple) or tup[i] is None:
+        raise Unsupported("an output convweave does not compute")
+    return tup[i]
+
+
+# ---- element-wise ----------------------------------------------------------------------------
+@op(aten.silu.default)
+def silu(L, node, x):
+    nx, lay = L.act(x)
+    return L.new(L.g.silu(nx), lay)
+
+
+@op(aten.add.Tensor)
+def add(L, node, a, b, alpha=1):
+    if _scalar(b) == 0.0 and isinstance(a, Cw):
+        return a
+    if alpha != 1 or not (is_tensor(a) and is_tensor(b)) or _scalar(a) is not None or _scalar(b) is not None:
+        raise Unsupported("add with alpha or a scalar")
+    if tuple(a.shape) != tuple(b.shape):
+        raise Unsupported("add with broadcasting")
+    lay_a, lay_b = L.layout_of(a), L.layout_of(b)
+    if lay_a != lay_b:
+        raise Unsupported("add of two values laid out differently")
+    na, _ = L.act(a)
+    nb, _ = L.act(b)
+    return L.new(L.g.add(na, nb), lay_a)
+
+
+@op(aten.mul.Tensor, aten.div.Tensor)
+def scale(L, node, x, s):
+    if node.target == aten.mul.Tensor and _scalar(x) is not None:
+        x, s = s, x
+    f = _scalar(s)
+    if f is None or not isinstance(x, Cw):
+        raise Unsupported("mul or div of two tensors")
+    if node.target == aten.div.Tensor:
+        f = 1.0 / f
+    if f == 1.0:
+        return x
+    nx, lay = L.act(x)
+    c = lay.udims[1]
+    return L.new(L.g.scale(nx, L.const_f32(torch.full((c,), f, dtype=torch.float32), "scale")), lay)
+
+
+# ---- convolution -----------------------------------------------------------------------------
+@op(aten.constant_pad_nd.default)
+def constant_pad(L, node, x, pad, value=0.0):
+    """A zero pad read only by convs folds into their padding (the conv entry takes it)."""
+    if value != 0 or not L.pad_folds(node) or not is_tensor(x) or isinstance(x, (Const, Pad)):
+        raise Unsupported("a pad that is not a conv's zero padding")
+    rank = len(x.shape)
+    if len(pad) % 2 or len(pad) // 2 > rank - 2 or any(p < 0 for p in pad):
+        raise Unsupported("a pad of the batch or channel dims, or a crop")
+    pre, post = [0] * (rank - 2), [0] * (rank - 2)
+    for i in range(len(pad) // 2):  # pad lists the last dim first
+        pre[rank - 3 - i], post[rank - 3 - i] = pad[2 * i], pad[2 * i + 1]
+    return Pad(x, tuple(pre), tuple(post), _out_shape(node))
+
+
+@op(aten.conv2d.default, aten.conv3d.default, aten.conv2d.padding, aten.conv3d.padding, aten.convolution.default)
+def conv(L, node, x, w, b=None, stride=1, padding=0, dilation=1, *rest):
+    if node.target == aten.convolution.default:
+        transposed, _, groups = rest
+        if transposed:
+            raise Unsupported("a transposed conv")
+    else:
+        groups = rest[0] if rest else 1
+    if not isinstance(w, Const) or (b is not None and not isinstance(b, Const)):
+        raise Unsupported("a conv whose weights are computed at run time")
+    spatial = w.tensor.dim() - 2
+    if spatial not in (2, 3):
+        raise Unsupported(f"conv{spatial}d")
+    stride, dilation = _ints(stride, spatial), _ints(dilation, spatial)
+    k = list(w.tensor.shape[2:])
+    if isinstance(padding, str):
+        if padding == "valid":
+            pre = post = [0] * spatial
+        else:  # 'same' (stride 1): the odd row after, as torch does
+            tot = [d * (kk - 1) for d, kk in zip(dilation, k)]
+            pre, post = [t // 2 for t in tot], [t - t // 2 for t in tot]
+    else:
+        pre = post = _ints(padding, spatial)
+    if isinstance(x, Pad):
+        pre = [a + p for a, p in zip(pre, x.pre)]
+        post = [a + p for a, p in zip(post, x.post)]
+        x = x.base
+    if L.layout_of(x) != Layout.identity(tuple(x.shape)):
+        raise Unsupported("a conv over a permuted view")
+    nx, lay = L.act(x)
+    p = conv_params(spatial, stride, dilation, pre, post, groups)
+    nw = L.const(w, "weight")
+    nb = L.const(b, "bias") if b is not None else None
+    y = L.g.conv(nx, nw, nb, p)
+    return L.new(y, Layout.identity(L.g.shape(y)))
+
+
+@op(aten.linear.default)
+def linear(L, node, x, w, b=None):
+    """nn.Linear over the channels of a [B, tokens, C] view of a [B, C, H, W] node: a 1x1
+    conv (the weight viewed [out, in, 1, 1], not copied)."""
+    if not isinstance(w, Const) or (b is not None and not isinstance(b, Const)) or not isinstance(x, Cw):
+        raise Unsupported("a linear whose input or weights convweave does not hold")
+    lay = x.layout
+    if lay.groups[-1] != (1,) or len(lay.udims) not in (4, 5):
+        raise Unsupported("a linear over other dims than a node's channels")
+    out_f = w.tensor.shape[0]
+    spatial = len(lay.udims) - 2
+    nx, lay = L.act(x)
+    wv = Const(w.tensor.view(out_f, -1, *([1] * spatial)), w.roots, w.copied)
+    y = L.g.conv(nx, L.const(wv, "weight"), L.const(b, "bias") if b is not None else None,
+                 conv_params(spatial, [1] * spatial, [1] * spatial, [0] * spatial, [0] * spatial, 1))
+    return L.new(y, lay.with_channels(out_f))
+
+
+# ---- norms, resampling, attention ------------------------------------------------------------
+def _gn_layout_ok(lay):
+    g = lay.groups
+    return len(g) >= 2 and g[1] == (1,) and g[0] in ((0,), ()) and (g[0] == (0,) or lay.udims[0] == 1)
+
+
+@op(aten.group_norm.default)
+def group_norm(L, node, x, groups, w=None, b=None, eps=1e-5, cudnn_enabled=True):
+    return _group_norm(L, x, groups, w, b, eps)
+
+
+@op(aten.native_group_norm.default)
+def native_group_norm(L, node, x, w, b, n, c, hw, groups, eps):
+    if any(u.target != operator.getitem or u.args[1] != 0 for u in node.users):
+        raise Unsupported("GroupNorm whose mean or rstd is read")
+    return (_group_norm(L, x, groups, w, b, eps), None, None)
+
+
+def _group_norm(L, x, groups, w, b, eps):
+    if (w is not None and not isinstance(w, Const)) or (b is not None and not isinstance(b, Const)):
+        raise Unsupported("GroupNorm with computed affine vectors")
+    lay = L.layout_of(x)
+    if not _gn_layout_ok(lay):
+        raise Unsupported("GroupNorm over a view whose dim 1 is not the node's channels")
+    c = lay.udims[1]
+    gamma = w.tensor if w is not None else torch.ones(c)
+    beta = b.tensor if b is not None else torch.zeros(c)
+    nx, lay = L.act(x)
+    ng = L.const_f32(gamma, "gamma", w.roots if w is not None else ())
+    nb = L.const_f32(beta, "beta", b.roots if b is not None else ())
+    return L.new(L.g.group_norm(nx, ng, nb, int(groups), float(eps)), lay)
+
+
+@op(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
+    aten._upsample_nearest_exact2d.default, aten.upsample_nearest3d.vec, aten.upsample_nearest3d.default,
+    aten._upsample_nearest_exact3d.vec, aten._upsample_nearest_exact3d.default)
+def upsample(L, node, x, *args):
+    """Nearest (or nearest-exact: the same at an integer factor) x2 in H and W."""
+    shape, out = tuple(x.shape), _out_shape(node)
+    want = shape[:-2] + (shape[-2] * 2, shape[-1] * 2)
+    if out != want or L.layout_of(x) != Layout.identity(shape):
+        raise Unsupported(f"nearest upsampling {list(shape)} -> {list(out)} (only x2 in H and W)")
+    nx, lay = L.act(x)
+    return L.new(L.g.upsample2x(nx), Layout.identity(out))
+
+
+@op(aten.avg_pool2d.default)
+def avg_pool2d(L, node, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor=None):
+    if _ints(kernel, 2) != [2, 2] or _ints(stride or kernel, 2) != [2, 2] or _ints(padding, 2) != [0, 0] \
+            or divisor is not None or L.layout_of(x) != Layout.identity(tuple(x.shape)) \
+            or any(s % 2 for s in x.shape[-2:]):
+        raise Unsupported("an average pool other than 2x2, stride 2, over even H and W")
+    nx, lay = L.act(x)
+    return L.new(L.g.avg_pool2(nx), Layout.identity(_out_shape(node)))
+
+
+def _tokens_layout(lay):
+    """q, k, v of attention: [..., tokens, C] over a node [N, C, spatial...]: the last group is
+    the channels, the one before holds every spatial dim, the others are the batch or size 1."""
+    g, r = lay.groups, len(lay.udims)
+    if len(g) < 3 or g[-1] != (1,) or sorted(g[-2]) != list(range(2, r)) or lay.udims[1] == 1:
+        return False
+    rest = [d for grp in g[:-2] for d in grp]
+    return rest in ([0], []) and (rest == [0] or lay.udims[0] == 1)
+
+
+@op(aten.scaled_dot_product_attention.default)
+def sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if attn_mask is not None or dropout_p or is_causal:
+        raise Unsupported("attention with a mask, dropout or causal")
+    if not all(isinstance(t, Cw) for t in (q, k, v)):
+        raise Unsupported("attention over values convweave does not hold")
+    if not all(_tokens_layout(t.layout) for t in (q, k, v)) or k.layout != v.layout or \
+            q.layout.udims != k.layout.udims:
+        raise Unsupported("attention other than single-head over a node's spatial positions")
+    s = float(scale) if scale is not None else 1.0 / math.sqrt(q.layout.udims[1])
+    nq, lay = L.act(q)
+    nk, _ = L.act(k)
+    nv, _ = L.act(v)
+    return L.new(L.g.attention(nq, nk, nv, s), lay)

@@ -1,0 +1,251 @@
+"""The runner: convweave.torch.wrap's module. It compiles a Program per input signature
+(shapes, dtypes, devices; a bounded least-recently-used cache), checks on every call that
+the parameters it reads are the ones it compiled (same storage, dtype, device; the version
+of those it copied), and runs the steps: convweave segments as plans, the rest in PyTorch.
+Between calls it holds no activation or temporary memory unless keep_memory=True."""
+import collections
+import threading
+import warnings
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .._core import Context, Error, format_bytes, parse_bytes
+from .. import _lib as C
+from .export import export, placeholders
+from .partition import Lowering, _tensors, _walk
+from .values import Const, Cw, Pad, Torch
+
+_OPTS = ("memory", "budget", "streams", "patches", "fuse")
+
+
+class Program:
+    """One compiled signature: the steps, their segments' plans, and what it read."""
+
+    def __init__(self, wrapper, flat, spec):
+        mod = wrapper.module
+        self.device = next((t.device for t in flat if isinstance(t, torch.Tensor)), torch.device("cpu"))
+        self.ctx = wrapper._context(self.device)
+        args, kwargs = pytree.tree_unflatten(flat, spec)
+        ep = export(mod, args, kwargs)
+        self.out_spec = ep.call_spec.out_spec
+        vals, self.users = placeholders(ep, mod)
+        L = Lowering(self.ctx, self.device, wrapper.fallback)
+        out = None
+        for node in ep.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                out = _walk(node.args[0], lambda a: vals[a.name] if isinstance(a, torch.fx.Node) else a)
+                break
+            if node.op == "get_attr":
+                t = getattr(ep.graph_module, node.target).detach()
+                vals[node.name] = Const(t, (t,))
+                continue
+            a, k = _walk((node.args, node.kwargs), lambda x: vals[x.name] if isinstance(x, torch.fx.Node) else x)
+            vals[node.name] = L.lower(node, a, k)
+        L.finish(out)
+        self.outputs, self.steps, self.L = out, L.steps, L
+        opts = {k: wrapper.options[k] for k in _OPTS}
+        for kind, seg in (s[:2] for s in self.steps):
+            if kind == "seg":
+                seg.plan = seg.g.compile(budget=opts["budget"], streams=opts["streams"], patches=opts["patches"],
+                                         fuse=opts["fuse"], memory=opts["memory"])
+                seg.out_shapes = [seg.g.shape(n) for n in seg.outputs]
+        roots = {id(t): t for v in vals.values() if isinstance(v, Const) for t in v.roots}
+        self.roots = [(t, t.data_ptr(), t.dtype, t.device) for t in roots.values()]
+        self.versions = [(t, t._version) for t in L.copy_roots.values()]
+        self._last_uses()
+
+    # ---- reading values at run time ---------------------------------------------------------
+    def _fetch(self, env, seg, node):
+        """The tensor that fills node's dims: an output the segment wrote, or the value an
+        input or constant node of the segment takes."""
+        if node in seg.origin:
+            o = seg.origin[node]
+            return self._fetch(env, o.seg, o.node) if isinstance(o, Cw) else self._value(env, o)
+        return env[("seg", seg.idx, node)]
+
+    def _value(self, env, v):
+        if isinstance(v, Const):
+            return v.tensor
+        if isinstance(v, Torch):
+            return env[v.name] if not isinstance(v.name, tuple) else env[v.name[0]][v.name[1]]
+        if isinstance(v, Cw):
+            return v.layout.to_torch(self._fetch(env, v.seg, v.node))
+        if isinstance(v, Pad):
+            pad = [p for pre, post in zip(reversed(v.pre), reversed(v.post)) for p in (pre, post)]
+            return torch.nn.functional.pad(self._value(env, v.base), pad)
+        return v
+
+    def _keys(self, v):
+        """The env entries reading v touches."""
+        if isinstance(v, Torch):
+            return [v.name if not isinstance(v.name, tuple) else v.name[0]]
+        if isinstance(v, Pad):
+            return self._keys(v.base)
+        if isinstance(v, Cw):
+            if v.node in v.seg.origin:
+                o = v.seg.origin[v.node]
+                return self._keys(o if not isinstance(o, Cw) else Cw(o.seg, o.node, None, None))
+            return [("seg", v.seg.idx, v.node)]
+        return []
+
+    def _last_uses(self):
+        last = {}
+        for i, step in enumerate(self.steps):
+            reads = _tensors(step[2:]) if step[0] == "torch" else [step[1].origin[n] for n in step[1].inputs]
+            for v in reads:
+                for k in self._keys(v):
+                    last[k] = i
+        for v in _tensors(self.outputs):
+            for k in self._keys(v):
+                last[k] = len(self.steps)
+        self.free_after = collections.defaultdict(list)
+        for k, i in last.items():
+            self.free_after[i].append(k)
+
+    def valid(self):
+        """Whether the parameters are still the ones compiled against."""
+        return all(t.data_ptr() == p and t.dtype == d and t.device == dev for t, p, d, dev in self.roots) and \
+            all(t._version == v for t, v in self.versions)
+
+    def run(self, flat, keep_memory):
+        env = {name: t.detach() for name, t in zip(self.users, flat) if name is not None}
+        if self.device.type == "cuda":
+            self.ctx.use_cuda_stream(torch.cuda.current_stream(self.device).cuda_stream)
+        for i, step in enumerate(self.steps):
+            if step[0] == "torch":
+                _, node, args, kwargs = step
+                a, k = _walk((args, kwargs), lambda v: self._value(env, v))
+                env[node.name] = node.target(*a, **k)
+            else:
+                self._run_segment(env, step[1], keep_memory)
+            for k in self.free_after.get(i, ()):
+                env.pop(k, None)
+        flat_out = _walk(self.outputs, lambda v: self._value(env, v))
+        return pytree.tree_unflatten(list(flat_out), self.out_spec)
+
+    def _run_segment(self, env, seg, keep_memory):
+        ins = [self._fetch(env, seg, n).contiguous() for n in seg.inputs]
+        outs = [torch.empty(s, dtype=seg.dtype, device=self.device) for s in seg.out_shapes]
+        seg.plan.run(ins, outs)
+        if not keep_memory and hasattr(seg.plan, "release"):
+            seg.plan.release()
+        for n, t in zip(seg.outputs, outs):
+            env[("seg", seg.idx, n)] = t
+
+    def describe(self):
+        segs = [s[1] for s in self.steps if s[0] == "seg"]
+        return {
+            "segments": [{"nodes": s.n_nodes, "inputs": len(s.inputs), "outputs": len(s.outputs),
+                          "dtype": str(s.dtype).replace("torch.", ""), "plan": s.plan.stats()} for s in segs],
+            "nodes_convweave": self.L.n_cw, "nodes_folded": self.L.n_folded,
+            "nodes_fallback": len(self.L.fallbacks),
+            "fallbacks": [{"node": f.node, "op": f.op, "shape": f.shape, "bytes": f.bytes, "reason": f.reason,
+                           "where": f.where} for f in self.L.fallbacks],
+            "copied_bytes": self.L.copied,
+        }
+
+
+class Wrapped(torch.nn.Module):
+    """convweave.torch.wrap's result: forward(*args, **kwargs) gives module's result."""
+
+    def __init__(self, module, example_inputs, *, memory=None, budget=None, streams=2, dtype=None, fallback=True,
+                 patches=None, fuse=True, keep_memory=False, max_plans=4, threads=0, timing=False):
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: module is a {type(module).__name__}, not an "
+                        "nn.Module")
+        if not isinstance(max_plans, int) or isinstance(max_plans, bool) or max_plans < 1:
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: max_plans={max_plans!r} must be an int >= 1")
+        if dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: dtype={dtype!r}: None, torch.float32, "
+                        "float16 or bfloat16")
+        for name, v in (("budget", budget), ("memory", memory)):
+            if v is not None and not (isinstance(v, str) and v.startswith("auto") and name == "memory"):
+                try:
+                    parse_bytes(v)
+                except ValueError as e:
+                    raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: {name}={v!r}: {e}") from None
+        self.module = module
+        self.options = {"memory": memory, "budget": budget, "streams": streams, "patches": patches, "fuse": fuse}
+        self.dtype, self.fallback, self.keep_memory, self.max_plans = dtype, fallback, keep_memory, max_plans
+        self.threads, self.timing = threads, timing
+        self._programs = collections.OrderedDict()
+        self._contexts = {}
+        self._lock = threading.Lock()
+        self._warned = False
+        self.last_program = None
+        args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        self._program(*self._flatten(args, {}))  # compile now: what cannot run raises here
+
+    def _context(self, device):
+        key = (device.type, device.index or 0)
+        if key not in self._contexts:
+            if device.type not in ("cpu", "cuda"):
+                raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: inputs on {device}: convweave runs on cpu "
+                            "and cuda tensors")
+            self._contexts[key] = Context(backend=device.type, device=key[1], budget=self.options["budget"],
+                                          streams=self.options["streams"], threads=self.threads,
+                                          flags=C.CW_FLAG_TIMING if self.timing else 0)
+        return self._contexts[key]
+
+    def _flatten(self, args, kwargs):
+        if self.dtype is not None:
+            args, kwargs = pytree.tree_map(lambda t: t.to(self.dtype) if isinstance(t, torch.Tensor) and
+                                           t.is_floating_point() else t, (args, kwargs))
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        for t in flat:
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                raise Error("CW_ERR_INVALID_ARG", "convweave.torch.wrap: a meta tensor has no data to run on")
+        return flat, spec
+
+    def _program(self, flat, spec):
+        key = (str(spec), tuple((tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else repr(t)
+                                for t in flat))
+        with self._lock:
+            prog = self._programs.get(key)
+            if prog is not None and not prog.valid():
+                del self._programs[key]
+                prog = None
+            if prog is None:
+                prog = Program(self, flat, spec)
+                self._programs[key] = prog
+                while len(self._programs) > self.max_plans:
+                    self._programs.popitem(last=False)
+            self._programs.move_to_end(key)
+            self.last_program = prog
+            return prog
+
+    @torch.compiler.disable
+    def forward(self, *args, **kwargs):
+        flat, spec = self._flatten(args, kwargs)
+        if torch.is_grad_enabled() and (any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat) or
+                                        any(p.requires_grad for p in self.module.parameters())):
+            if not self._warned:
+                warnings.warn("convweave.torch.wrap: grad mode is on and parameters or inputs require grad: the "
+                              "module's own forward runs, so autograd stays whole (use torch.no_grad() or "
+                              "torch.inference_mode() for convweave)", stacklevel=2)
+                self._warned = True
+            return self.module(*args, **kwargs)
+        prog = self._program(flat, spec)
+        with torch.no_grad():
+            return prog.run(flat, self.keep_memory)
+
+    def describe(self):
+        """The last compiled signature: segments and their plans' statistics, nodes run by
+        convweave, folded and fallen back (each with op, shape, bytes, reason and source),
+        and the bytes of constants convweave copied."""
+        return self.last_program.describe() if self.last_program else None
+
+    def plans(self):
+        """The plans of the last signature's convweave segments, in run order."""
+        return [s[1].plan for s in self.last_program.steps if s[0] == "seg"] if self.last_program else []
+
+    def __repr__(self):
+        d = self.describe()
+        b = self.options["budget"]
+        return (f"convweave.Wrapped({type(self.module).__name__}, budget={b if b is None else format_bytes(parse_bytes(b))}, "
+                f"{len(self._programs)} signature(s), last: {len(d['segments'])} segment(s), "
+                f"{d['nodes_fallback']} node(s) in PyTorch)" if d else "convweave.Wrapped(uncompiled)")

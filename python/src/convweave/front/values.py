@@ -1,0 +1,57 @@
+"""What the lowering knows of each value of the exported graph: a constant (a parameter,
+buffer or something folded from them), a tensor PyTorch makes at run time, a convweave node
+seen through a Layout, or a zero pad waiting for the conv that folds it."""
+
+
+class Const:
+    """A tensor known when compiling. roots: the module's tensors it reads (their version
+    is checked on every call); copied: bytes convweave made for it (0: it is a root, or a
+    view of one, read in place)."""
+    __slots__ = ("tensor", "roots", "copied")
+
+    def __init__(self, tensor, roots=(), copied=0):
+        self.tensor, self.roots, self.copied = tensor, tuple(roots), copied
+
+    @property
+    def shape(self):
+        return tuple(self.tensor.shape)
+
+    @property
+    def dtype(self):
+        return self.tensor.dtype
+
+
+class Torch:
+    """A tensor PyTorch computes at run time: a user input or a fallen-back node's output."""
+    __slots__ = ("name", "shape", "dtype")
+
+    def __init__(self, name, val):
+        self.name, self.shape, self.dtype = name, tuple(val.shape), val.dtype
+
+
+class Cw:
+    """Node `node` of segment `seg`'s graph, seen through `layout`."""
+    __slots__ = ("seg", "node", "layout", "dtype")
+
+    def __init__(self, seg, node, layout, dtype):
+        self.seg, self.node, self.layout, self.dtype = seg, node, layout, dtype
+
+    @property
+    def shape(self):
+        return self.layout.shape
+
+
+class Pad:
+    """constant_pad_nd(base, 0) read only by convs: per spatial dim, rows before and after."""
+    __slots__ = ("base", "pre", "post", "shape")
+
+    def __init__(self, base, pre, post, shape):
+        self.base, self.pre, self.post, self.shape = base, pre, post, shape
+
+    @property
+    def dtype(self):
+        return self.base.dtype
+
+
+def is_tensor(v):
+    return isinstance(v, (Const, Torch, Cw, Pad))
