@@ -20,6 +20,13 @@ def export(module, args, kwargs):
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: torch.export failed on {name}: "
                     f"{type(e).__name__}: {first}") from e
+    for node in ep.graph.nodes:  # static shapes only: a symbol is a data-dependent size
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else (val,)
+        if any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and
+               not all(isinstance(d, int) for d in v.shape)) for v in vals):
+            raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: {name}: node {node.name} ({node.target}) has "
+                        "a data-dependent shape; convweave plans fixed shapes")
     for spec in ep.graph_signature.output_specs:
         if spec.kind.name != "USER_OUTPUT":
             raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: {name}'s forward mutates "
@@ -29,9 +36,10 @@ def export(module, args, kwargs):
 
 def placeholders(ep, module):
     """{placeholder name: Const (a parameter, buffer or lifted constant, the module's own
-    tensor) or Torch (a user input)}, and the user inputs' names in call order (None for a
-    non-tensor input, which export fixed)."""
-    vals, users = {}, []
+    tensor) or Torch (a user input)}, the user inputs' names in call order (None for a
+    non-tensor input, which export fixed), and the module's tensors read: (kind, target,
+    tensor) for every parameter and buffer."""
+    vals, users, read = {}, [], []
     metas = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
     for spec in ep.graph_signature.input_specs:
         kind, arg = spec.kind.name, spec.arg
@@ -49,6 +57,16 @@ def placeholders(ep, module):
             t = ep.constants[spec.target]
         else:
             raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: input {arg.name} of kind {kind}")
+        if kind != "CONSTANT_TENSOR":
+            read.append((kind, spec.target, t))
         t = t.detach()
         vals[arg.name] = Const(t, (t,))
-    return vals, users
+    return vals, users, read
+
+
+def current(module, kind, target):
+    """The module's tensor at target now (a parameter may have been replaced)."""
+    try:
+        return module.get_parameter(target) if kind == "PARAMETER" else module.get_buffer(target)
+    except AttributeError:
+        return None

@@ -10,7 +10,7 @@ import torch
 
 from .._core import conv_params
 from .layout import Layout, Unsupported
-from .values import Const, Cw, Pad, is_tensor
+from .values import Const, Cw, Pad, Torch, is_tensor
 
 aten = torch.ops.aten
 TABLE = {}
@@ -46,12 +46,12 @@ def _ints(v, n):
 @op(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
     aten.squeeze.default, aten.unsqueeze.default, aten.flatten.using_ints, aten.unflatten.int)
 def reshape(L, node, x, *args):
-    return _regroup(x, lambda lay: lay.reshape(_out_shape(node)))
+    return _regroup(L, x, lambda lay: lay.reshape(_out_shape(node)))
 
 
 @op(aten.permute.default)
 def permute(L, node, x, dims):
-    return _regroup(x, lambda lay: lay.permute(dims))
+    return _regroup(L, x, lambda lay: lay.permute(dims))
 
 
 @op(aten.transpose.int)
@@ -61,12 +61,12 @@ def transpose(L, node, x, a, b):
         a2, b2 = a % len(perm), b % len(perm)
         perm[a2], perm[b2] = perm[b2], perm[a2]
         return lay.permute(perm)
-    return _regroup(x, f)
+    return _regroup(L, x, f)
 
 
 @op(aten.t.default)
 def t(L, node, x):
-    return _regroup(x, lambda lay: lay.permute(list(range(len(lay.groups)))[::-1]))
+    return _regroup(L, x, lambda lay: lay.permute(list(range(len(lay.groups)))[::-1]))
 
 
 @op(aten.expand.default, aten.slice.Tensor, aten.select.int)
@@ -80,7 +80,7 @@ def same_elements(L, node, x, *args):
         step = args[3] if len(args) > 3 else 1
         if step != 1 or (start or 0) != 0:
             raise Unsupported("a strided or offset slice")
-    return _regroup(x, lambda lay: lay.reshape(_out_shape(node)))
+    return _regroup(L, x, lambda lay: lay.reshape(_out_shape(node)))
 
 
 @op(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
@@ -103,10 +103,14 @@ def to_copy(L, node, x, *args, **kwargs):
 def dropout(L, node, x, p, train):
     if train and p > 0:
         raise Unsupported("dropout in training mode")
-    return _regroup(x, lambda lay: lay)
+    return _regroup(L, x, lambda lay: lay)
 
 
-def _regroup(x, fn):
+def _regroup(L, x, fn):
+    """A new view of x's node; a PyTorch tensor becomes an input of the open segment first."""
+    if isinstance(x, Torch):
+        node, lay = L.act(x)
+        x = Cw(L.current(), node, lay, x.dtype)
     if not isinstance(x, Cw):
         raise Unsupported("a layout op on a value convweave does not hold")
     return Cw(x.seg, x.node, fn(x.layout), x.dtype)
@@ -164,10 +168,12 @@ def scale(L, node, x, s):
 
 
 # ---- convolution -----------------------------------------------------------------------------
-@op(aten.constant_pad_nd.default)
-def constant_pad(L, node, x, pad, value=0.0):
+@op(aten.constant_pad_nd.default, aten.pad.default)
+def constant_pad(L, node, x, pad, *args):
     """A zero pad read only by convs folds into their padding (the conv entry takes it)."""
-    if value != 0 or not L.pad_folds(node) or not is_tensor(x) or isinstance(x, (Const, Pad)):
+    mode, value = (args[0] if args else "constant", args[1] if len(args) > 1 else 0.0) \
+        if node.target == aten.pad.default else ("constant", args[0] if args else 0.0)
+    if mode != "constant" or (value or 0) != 0 or not L.pad_folds(node) or not is_tensor(x) or isinstance(x, (Const, Pad)):
         raise Unsupported("a pad that is not a conv's zero padding")
     rank = len(x.shape)
     if len(pad) % 2 or len(pad) // 2 > rank - 2 or any(p < 0 for p in pad):

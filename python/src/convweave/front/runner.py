@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 
 from .._core import Context, Error, format_bytes, parse_bytes
 from .. import _lib as C
-from .export import export, placeholders
+from .export import current, export, placeholders
 from .partition import Lowering, _tensors, _walk
 from .values import Const, Cw, Pad, Torch
 
@@ -29,7 +29,8 @@ class Program:
         args, kwargs = pytree.tree_unflatten(flat, spec)
         ep = export(mod, args, kwargs)
         self.out_spec = ep.call_spec.out_spec
-        vals, self.users = placeholders(ep, mod)
+        vals, self.users, read = placeholders(ep, mod)
+        self.module = mod
         L = Lowering(self.ctx, self.device, wrapper.fallback)
         out = None
         for node in ep.graph.nodes:
@@ -52,8 +53,7 @@ class Program:
                 seg.plan = seg.g.compile(budget=opts["budget"], streams=opts["streams"], patches=opts["patches"],
                                          fuse=opts["fuse"], memory=opts["memory"])
                 seg.out_shapes = [seg.g.shape(n) for n in seg.outputs]
-        roots = {id(t): t for v in vals.values() if isinstance(v, Const) for t in v.roots}
-        self.roots = [(t, t.data_ptr(), t.dtype, t.device) for t in roots.values()]
+        self.read = [(kind, target, t, t.data_ptr(), t.dtype, t.device) for kind, target, t in read]
         self.versions = [(t, t._version) for t in L.copy_roots.values()]
         self._last_uses()
 
@@ -107,8 +107,11 @@ class Program:
 
     def valid(self):
         """Whether the parameters are still the ones compiled against."""
-        return all(t.data_ptr() == p and t.dtype == d and t.device == dev for t, p, d, dev in self.roots) and \
-            all(t._version == v for t, v in self.versions)
+        for kind, target, t, ptr, dtype, dev in self.read:
+            now = current(self.module, kind, target)
+            if now is not t and (now is None or now.data_ptr() != ptr or now.dtype != dtype or now.device != dev):
+                return False
+        return all(t._version == v for t, v in self.versions)
 
     def run(self, flat, keep_memory):
         env = {name: t.detach() for name, t in zip(self.users, flat) if name is not None}
