@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 """Working memory and time of vae.decode(z) (or, with --part encoder, of vae.encode(x)) in
-diffusers, unwrapped and with convweave.diffusers.enable(vae, budget=...), each in its own
-fresh process.
+diffusers, unwrapped ("diffusers"), with convweave.diffusers.enable(vae, budget=...)
+("convweave", the hand mapping) and with the part replaced by convweave.torch.wrap(part,
+...) ("wrap", the generic torch.export front), each in its own fresh process.
 
-Working memory = peak RSS during the call minus RSS just before it (the peak is reset
-through /proc/self/clear_refs before each call, so model construction never counts).
+Working memory = peak RSS during the call minus RSS after the model was built and the code
+loaded, before convweave was enabled or wrapped, so what convweave holds between calls
+(compiled plans, contexts, arenas) counts (the peak is reset through /proc/self/clear_refs
+before each call).
 Random-weight AutoencoderKL from a config (tools/make_fixtures.py; no hub). Prints one line per configuration,
 the ratios, and the largest difference between the two outputs relative to max|ref|.
 
   python bench/bench_python_vae.py --config sd --latent 64 --budget 128MiB --repeat 2
   python bench/bench_python_vae.py --config sd --latent 16 --json      # what the test runs
   python bench/bench_python_vae.py --part encoder --config sd --latent 64 --budget 128MiB  # encode 512x512
+  python bench/bench_python_vae.py --latent 64 --modes diffusers,convweave,wrap --memory auto
 """
 import argparse
 import json
@@ -47,15 +51,30 @@ def child(args):
         side = 8 * args.latent
         inp = torch.rand(args.batch, 3, side, side, generator=gen) * 2 - 1
         call = lambda: vae.encode(inp).latent_dist.parameters  # noqa: E731
+    memory = None if args.memory == "none" else args.memory
+    # Code is loaded before the baseline in every mode (convweave's library, torch.export's
+    # modules, through one trivial export): what enable() and wrap() build and keep (plans,
+    # contexts, arenas) counts, the Python and C code they run does not.
+    import convweave.diffusers
+    import convweave.torch
+    convweave.version()
+    torch.export.export(torch.nn.Identity(), (torch.zeros(1),), strict=False).run_decompositions({})
+    base = _kib("VmRSS")
+    wrapped = None
     if args.mode == "convweave":
-        import convweave.diffusers
-        convweave.diffusers.enable(vae, budget=args.budget, streams=args.streams, threads=args.threads)
+        convweave.diffusers.enable(vae, budget=args.budget, streams=args.streams, threads=args.threads, memory=memory)
+    elif args.mode == "wrap":
+        part = getattr(vae, args.part)
+        example = inp if args.part == "encoder" else torch.empty_like(inp)  # post_quant_conv keeps the shape
+        wrapped = convweave.torch.wrap(part, (example,), budget=args.budget, streams=args.streams,
+                                       threads=args.threads, memory=memory)
+        setattr(vae, args.part, wrapped)
     runs = []
     with torch.no_grad():
         for _ in range(args.repeat):
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # VmHWM := VmRSS
-            before = _kib("VmRSS")
+            before = base
             t0 = time.perf_counter()
             out = call()
             dt = time.perf_counter() - t0
@@ -65,12 +84,18 @@ def child(args):
     if args.mode == "convweave":
         res["stats"] = {k: v for k, v in convweave.diffusers.last_plan(vae, args.part).stats().items()
                         if k in ("temp_peak", "activations_peak", "weights_bytes", "wall_ms", "n_patches")}
+    if wrapped is not None:
+        d = wrapped.describe()
+        res["wrap"] = {"segments": len(d["segments"]), "nodes_convweave": d["nodes_convweave"],
+                       "nodes_fallback": d["nodes_fallback"], "copied_bytes": d["copied_bytes"]}
+        res["stats"] = {k: sum(s["plan"][k] for s in d["segments"]) for k in
+                        ("temp_peak", "activations_peak", "weights_bytes", "wall_ms", "n_patches")}
     print(json.dumps(res))
 
 
 def run_mode(args, mode, out):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--out", out]
-    for k in ("part", "config", "latent", "batch", "budget", "streams", "threads", "repeat"):
+    for k in ("part", "config", "latent", "batch", "budget", "streams", "threads", "repeat", "memory"):
         cmd += [f"--{k}", str(getattr(args, k))]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
@@ -89,24 +114,33 @@ def main():
     ap.add_argument("--streams", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeat", type=int, default=1, help="calls per process; time: best, memory: max")
+    ap.add_argument("--memory", default="none", help="convweave's memory= (a size, 'auto'; 'none': no cap)")
+    ap.add_argument("--modes", default="diffusers,convweave",
+                    help="comma list of diffusers, convweave (enable: the hand mapping), wrap (convweave.torch.wrap)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    ap.add_argument("--child", choices=("diffusers", "convweave"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("diffusers", "convweave", "wrap"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         args.mode = args.child
         return child(args)
     import torch
+    modes = args.modes.split(",")
+    if not modes or modes[0] != "diffusers" or not set(modes) <= {"diffusers", "convweave", "wrap"}:
+        sys.exit(f"--modes {args.modes}: diffusers first, then convweave and/or wrap")
     with tempfile.TemporaryDirectory() as tmp:
-        res = {m: run_mode(args, m, os.path.join(tmp, f"{m}.pt")) for m in ("diffusers", "convweave")}
-        ref, out = (torch.load(os.path.join(tmp, f"{m}.pt")) for m in ("diffusers", "convweave"))
-    rel = ((out - ref).abs().max() / ref.abs().max()).item()
-    for r in res.values():
+        res = {m: run_mode(args, m, os.path.join(tmp, f"{m}.pt")) for m in modes}
+        outs = {m: torch.load(os.path.join(tmp, f"{m}.pt")) for m in modes}
+    ref = outs["diffusers"]
+    for m in modes:
+        r = res[m]
         r["working_bytes"] = max(x["working_bytes"] for x in r["runs"])
         r["seconds"] = min(x["seconds"] for x in r["runs"])
+        r["max_rel_diff"] = ((outs[m] - ref).abs().max() / ref.abs().max()).item()
     summary = {"part": args.part, "config": args.config, "latent": args.latent, "batch": args.batch,
-               "budget": args.budget, "streams": args.streams, "threads": args.threads, "repeat": args.repeat,
-               "image": args.latent * 8, "max_rel_diff": rel, **res}
+               "budget": args.budget, "memory": args.memory, "streams": args.streams, "threads": args.threads,
+               "repeat": args.repeat, "image": args.latent * 8,
+               "max_rel_diff": max(res[m]["max_rel_diff"] for m in modes), **res}
     if args.json:
         print(json.dumps(summary))
         return
@@ -118,16 +152,21 @@ def main():
     else:
         print(f"{args.config} VAE encode, image {args.batch}x3x{shapes[1]} -> moments of {shapes[0]}, "
               f"{args.threads} threads, repeat {args.repeat}")
-    print(f"{'configuration':40s} {'time s':>8s} {'working MiB':>12s}")
-    d, c = res["diffusers"], res["convweave"]
-    print(f"{'diffusers (torch ' + torch.__version__ + ')':40s} {d['seconds']:8.2f} {d['working_bytes'] / mib:12.1f}")
-    label = f"convweave, {args.streams} streams, budget {args.budget}"
-    print(f"{label:40s} {c['seconds']:8.2f} {c['working_bytes'] / mib:12.1f}")
-    print(f"convweave / diffusers: time {c['seconds'] / d['seconds']:.2f}x, working memory "
-          f"{c['working_bytes'] / d['working_bytes']:.2f}x; max|diff| / max|ref| = {rel:.2e}")
-    s = c["stats"]
-    print(f"convweave plan: temp peak {s['temp_peak'] / mib:.1f} MiB, activations peak "
-          f"{s['activations_peak'] / mib:.1f} MiB, {s['n_patches']} conv patches")
+    print(f"{'configuration':52s} {'time s':>8s} {'working MiB':>12s} {'time':>6s} {'memory':>7s} {'max|diff|/max':>14s}")
+    d = res["diffusers"]
+    labels = {"diffusers": f"diffusers (torch {torch.__version__})",
+              "convweave": f"enable (hand mapping), budget {args.budget}, memory {args.memory}",
+              "wrap": f"torch.wrap (export), budget {args.budget}, memory {args.memory}"}
+    for m in modes:
+        r = res[m]
+        print(f"{labels[m]:52s} {r['seconds']:8.2f} {r['working_bytes'] / mib:12.1f} "
+              f"{r['seconds'] / d['seconds']:5.2f}x {r['working_bytes'] / d['working_bytes']:6.2f}x "
+              f"{r['max_rel_diff']:14.2e}")
+    for m in modes[1:]:
+        s = res[m]["stats"]
+        extra = f", {res[m]['wrap']}" if "wrap" in res[m] else ""
+        print(f"{m} plan(s): temp peak {s['temp_peak'] / mib:.1f} MiB, activations peak "
+              f"{s['activations_peak'] / mib:.1f} MiB, {s['n_patches']} conv patches{extra}")
 
 
 if __name__ == "__main__":
