@@ -74,6 +74,14 @@ def test_norms_activations_resampling():
     check_module(Fn(f, gn=gn, c=conv), (rand(2, 8, 6, 4),), fallback=False)
 
 
+def test_per_channel_scale_from_a_parameter():
+    """x * w[:, None, None] and x / w.view(1, C, 1, 1): cw_graph_scale with the vector."""
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    mod = Fn(lambda s, x: s.c(x) * s.c.bias[:, None, None] / (s.c.bias.view(1, 4, 1, 1) + 3.0), c=conv)
+    w, _, _ = check_module(mod, (rand(2, 3, 5, 5),), fallback=False)
+    assert w.describe()["nodes_folded"] >= 2  # the bias's views and the + 3.0, at compile time
+
+
 def test_group_norm_without_affine_and_3d_upsample():
     gn = nn.GroupNorm(2, 4, affine=False)
 

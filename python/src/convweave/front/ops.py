@@ -151,20 +151,37 @@ def add(L, node, a, b, alpha=1):
     return L.new(L.g.add(na, nb), lay_a)
 
 
+def _per_channel(lay, c):
+    """The [C] vector a constant broadcast against a value of layout lay varies along, where
+    it varies only along the node's channel dim (a [C, 1, 1] bias or scale); else None."""
+    t = c.tensor
+    shape = (1,) * (len(lay.groups) - t.dim()) + tuple(t.shape)
+    if len(shape) != len(lay.groups):
+        return None
+    dims = [i for i, n in enumerate(shape) if n != 1]
+    if len(dims) != 1 or lay.groups[dims[0]] != (1,) or shape[dims[0]] != lay.udims[1]:
+        return None
+    return t.reshape(-1)
+
+
 @op(aten.mul.Tensor, aten.div.Tensor)
 def scale(L, node, x, s):
-    if node.target == aten.mul.Tensor and _scalar(x) is not None:
+    if node.target == aten.mul.Tensor and not isinstance(x, Cw) and isinstance(s, Cw):
         x, s = s, x
-    f = _scalar(s)
-    if f is None or not isinstance(x, Cw):
-        raise Unsupported("mul or div of two tensors")
-    if node.target == aten.div.Tensor:
-        f = 1.0 / f
-    if f == 1.0:
-        return x
+    if not isinstance(x, Cw):
+        raise Unsupported("mul or div of values convweave does not hold")
+    f = _scalar(s) if not (isinstance(s, Const) and s.tensor.numel() == 1) else float(s.tensor.reshape(()).item())
+    div = node.target == aten.div.Tensor
+    if f is not None:
+        if (1.0 / f if div else f) == 1.0:
+            return x
+        vec, roots = torch.full((x.layout.udims[1],), 1.0 / f if div else f, dtype=torch.float32), ()
+    elif isinstance(s, Const) and (vec := _per_channel(x.layout, s)) is not None:
+        vec, roots = (1.0 / vec.double() if div else vec), s.roots
+    else:
+        raise Unsupported("mul or div of two activations, or by a constant that is not per channel")
     nx, lay = L.act(x)
-    c = lay.udims[1]
-    return L.new(L.g.scale(nx, L.const_f32(torch.full((c,), f, dtype=torch.float32), "scale")), lay)
+    return L.new(L.g.scale(nx, L.const_f32(vec, "scale", roots)), lay)
 
 
 # ---- convolution -----------------------------------------------------------------------------

@@ -129,12 +129,12 @@ class Lowering:
         return seg.consts[key]
 
     def const_f32(self, t, name, roots=()):
-        """A float32 vector (GroupNorm's gamma and beta, a scale): read in place where it is
-        float32 already, else copied (counted in describe())."""
-        if t.dtype != torch.float32:
-            t = t.float()
+        """A float32 vector (GroupNorm's gamma and beta, a scale): a module's float32 vector is
+        read in place; one convweave made or converted is counted in describe()."""
+        if t.dtype != torch.float32 or not t.is_contiguous() or not roots:
+            t = t.to(torch.float32).contiguous()
             self._copied(t, roots)
-        return self.current().g.constant(name, t.contiguous())
+        return self.current().g.constant(name, t)
 
     def _copied(self, t, roots):
         self.copied += t.numel() * t.element_size()
