@@ -64,9 +64,9 @@ def placeholders(ep, module):
     return vals, users, read
 
 
-def current(module, kind, target):
-    """The module's tensor at target now (a parameter may have been replaced)."""
-    try:
-        return module.get_parameter(target) if kind == "PARAMETER" else module.get_buffer(target)
-    except AttributeError:
-        return None
+def slot(module, kind, target):
+    """(the dict holding the tensor at target, its key): reading it again later is one dict
+    lookup, and sees a replaced parameter or buffer."""
+    path, _, name = target.rpartition(".")
+    owner = module.get_submodule(path) if path else module
+    return (owner._parameters if kind == "PARAMETER" else owner._buffers), name

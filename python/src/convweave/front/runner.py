@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 
 from .._core import Context, Error, format_bytes, parse_bytes
 from .. import _lib as C
-from .export import current, export, placeholders
+from .export import export, placeholders, slot
 from .partition import Lowering, _tensors, _walk
 from .values import Const, Cw, Pad, Torch
 
@@ -30,7 +30,6 @@ class Program:
         ep = export(mod, args, kwargs)
         self.out_spec = ep.call_spec.out_spec
         vals, self.users, read = placeholders(ep, mod)
-        self.module = mod
         L = Lowering(self.ctx, self.device, wrapper.fallback)
         out = None
         for node in ep.graph.nodes:
@@ -53,7 +52,7 @@ class Program:
                 seg.plan = seg.g.compile(budget=opts["budget"], streams=opts["streams"], patches=opts["patches"],
                                          fuse=opts["fuse"], memory=opts["memory"])
                 seg.out_shapes = [seg.g.shape(n) for n in seg.outputs]
-        self.read = [(kind, target, t, t.data_ptr(), t.dtype, t.device) for kind, target, t in read]
+        self.read = [(*slot(mod, kind, target), t, t.data_ptr(), t.dtype, t.device) for kind, target, t in read]
         self.versions = [(t, t._version) for t in L.copy_roots.values()]
         self._last_uses()
 
@@ -107,8 +106,8 @@ class Program:
 
     def valid(self):
         """Whether the parameters are still the ones compiled against."""
-        for kind, target, t, ptr, dtype, dev in self.read:
-            now = current(self.module, kind, target)
+        for holder, key, t, ptr, dtype, dev in self.read:
+            now = holder.get(key)
             if now is not t and (now is None or now.data_ptr() != ptr or now.dtype != dtype or now.device != dev):
                 return False
         return all(t._version == v for t, v in self.versions)
