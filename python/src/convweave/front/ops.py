@@ -8,7 +8,8 @@ import operator
 
 import torch
 
-from .._core import conv_params
+from .. import _lib as C
+from .._core import Graph, conv_params
 from .layout import Layout, Unsupported
 from .values import Const, Cw, Pad, Torch, is_tensor
 
@@ -26,15 +27,6 @@ def op(*targets):
 
 def _out_shape(node):
     return tuple(node.meta["val"].shape)
-
-
-def _scalar(v):
-    """A Python number, or a 0-d constant's value; else None."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    if isinstance(v, Const) and v.tensor.dim() == 0:
-        return float(v.tensor.item())
-    return None
 
 
 def _ints(v, n):
@@ -135,25 +127,20 @@ def silu(L, node, x):
     return L.new(L.g.silu(nx), lay)
 
 
-@op(aten.add.Tensor)
-def add(L, node, a, b, alpha=1):
-    if _scalar(b) == 0.0 and isinstance(a, Cw):
-        return a
-    if alpha != 1 or not (is_tensor(a) and is_tensor(b)) or _scalar(a) is not None or _scalar(b) is not None:
-        raise Unsupported("add with alpha or a scalar")
-    if tuple(a.shape) != tuple(b.shape):
-        raise Unsupported("add with broadcasting")
-    lay_a, lay_b = L.layout_of(a), L.layout_of(b)
-    if lay_a != lay_b:
-        raise Unsupported("add of two values laid out differently")
-    na, _ = L.act(a)
-    nb, _ = L.act(b)
-    return L.new(L.g.add(na, nb), lay_a)
+def _num(v):
+    """A Python number, or a one-element constant's value; else None."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, Const) and v.tensor.numel() == 1:
+        return float(v.tensor.reshape(()).item())
+    return None
 
 
 def _per_channel(lay, c):
     """The [C] vector a constant broadcast against a value of layout lay varies along, where
     it varies only along the node's channel dim (a [C, 1, 1] bias or scale); else None."""
+    if not isinstance(c, Const):
+        return None
     t = c.tensor
     shape = (1,) * (len(lay.groups) - t.dim()) + tuple(t.shape)
     if len(shape) != len(lay.groups):
@@ -164,24 +151,135 @@ def _per_channel(lay, c):
     return t.reshape(-1)
 
 
-@op(aten.mul.Tensor, aten.div.Tensor)
-def scale(L, node, x, s):
-    if node.target == aten.mul.Tensor and not isinstance(x, Cw) and isinstance(s, Cw):
+def _has(method):
+    if not hasattr(Graph, method):
+        raise Unsupported(f"this build of the library has no Graph.{method}")
+
+
+def _affine(L, x, a, b):
+    """a * x + b (nothing for 1, 0)."""
+    if a == 1.0 and b == 0.0:
+        return x
+    _has("unary")
+    nx, lay = L.act(x)
+    return L.new(L.g.unary(nx, C.CW_UNARY_AFFINE, a, b), lay)
+
+
+def _two(L, a, b, what):
+    """Two activations of one shape and layout, as nodes of the open segment."""
+    if tuple(a.shape) != tuple(b.shape):
+        raise Unsupported(f"{what} with broadcasting")
+    lay = L.layout_of(a)
+    if lay != L.layout_of(b):
+        raise Unsupported(f"{what} of two values laid out differently")
+    na, _ = L.act(a)
+    nb, _ = L.act(b)
+    return na, nb, lay
+
+
+@op(aten.add.Tensor, aten.sub.Tensor, aten.add.Scalar, aten.sub.Scalar, aten.rsub.Scalar, aten.rsub.Tensor)
+def add_sub(L, node, a, b, alpha=1):
+    """a + alpha b, a - alpha b, b - alpha a (rsub): activations of one layout, or an
+    activation and a scalar (an affine op) or a per-channel constant (a shift)."""
+    name = str(node.target)
+    alpha = float(alpha)
+    if ".rsub." in name:  # b - alpha a
+        a, b, sa, sb = b, a, 1.0, -alpha
+    else:
+        sa, sb = 1.0, alpha if ".add." in name else -alpha
+    if not isinstance(a, Cw) and isinstance(b, Cw):
+        a, b, sa, sb = b, a, sb, sa
+    if is_tensor(a) and is_tensor(b) and _num(a) is None and _num(b) is None and \
+            not isinstance(a, Const) and not isinstance(b, Const):
+        if sa == 1.0 and sb == 1.0:
+            na, nb, lay = _two(L, a, b, "add")
+            return L.new(L.g.add(na, nb), lay)
+        if sa == 1.0 and sb == -1.0:
+            _has("binary")
+            na, nb, lay = _two(L, a, b, "sub")
+            return L.new(L.g.binary(na, nb, C.CW_BINARY_SUB), lay)
+        raise Unsupported("add or sub with alpha of two activations")
+    if not isinstance(a, Cw):
+        raise Unsupported("add or sub of values convweave does not hold")
+    f = _num(b)
+    if f is not None:
+        return _affine(L, a, sa, sb * f)
+    vec = _per_channel(a.layout, b)
+    if vec is None:
+        raise Unsupported("add or sub of a constant that is not per channel")
+    _has("shift")
+    if sa != 1.0:
+        a = _affine(L, a, sa, 0.0)
+    nx, lay = L.act(a)
+    return L.new(L.g.shift(nx, L.const_f32(sb * vec.double() if sb != 1.0 else vec, "shift", b.roots)), lay)
+
+
+@op(aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar)
+def mul_div(L, node, x, s):
+    div = ".div." in str(node.target)
+    if not div and not isinstance(x, Cw) and isinstance(s, Cw):
         x, s = s, x
     if not isinstance(x, Cw):
         raise Unsupported("mul or div of values convweave does not hold")
-    f = _scalar(s) if not (isinstance(s, Const) and s.tensor.numel() == 1) else float(s.tensor.reshape(()).item())
-    div = node.target == aten.div.Tensor
+    f = _num(s)
     if f is not None:
         if (1.0 / f if div else f) == 1.0:
             return x
         vec, roots = torch.full((x.layout.udims[1],), 1.0 / f if div else f, dtype=torch.float32), ()
-    elif isinstance(s, Const) and (vec := _per_channel(x.layout, s)) is not None:
+    elif (vec := _per_channel(x.layout, s)) is not None:
         vec, roots = (1.0 / vec.double() if div else vec), s.roots
+    elif is_tensor(s) and not isinstance(s, Const):
+        _has("binary")
+        na, nb, lay = _two(L, x, s, "mul or div")
+        return L.new(L.g.binary(na, nb, C.CW_BINARY_DIV if div else C.CW_BINARY_MUL), lay)
     else:
-        raise Unsupported("mul or div of two activations, or by a constant that is not per channel")
+        raise Unsupported("mul or div by a constant that is not per channel")
     nx, lay = L.act(x)
     return L.new(L.g.scale(nx, L.const_f32(vec, "scale", roots)), lay)
+
+
+@op(aten.maximum.default, aten.minimum.default)
+def max_min(L, node, a, b):
+    _has("binary")
+    na, nb, lay = _two(L, a, b, "maximum or minimum")
+    return L.new(L.g.binary(na, nb, C.CW_BINARY_MAX if "maximum" in str(node.target) else C.CW_BINARY_MIN), lay)
+
+
+_UNARY = {aten.relu.default: "RELU", aten.tanh.default: "TANH", aten.sigmoid.default: "SIGMOID"}
+
+
+@op(*_UNARY)
+def unary(L, node, x):
+    _has("unary")
+    nx, lay = L.act(x)
+    return L.new(L.g.unary(nx, getattr(C, "CW_UNARY_" + _UNARY[node.target])), lay)
+
+
+@op(aten.gelu.default)
+def gelu(L, node, x, approximate="none"):
+    _has("unary")
+    nx, lay = L.act(x)
+    return L.new(L.g.unary(nx, C.CW_UNARY_GELU if approximate == "none" else C.CW_UNARY_GELU_TANH), lay)
+
+
+@op(aten.neg.default)
+def neg(L, node, x):
+    return _affine(L, x, -1.0, 0.0)
+
+
+@op(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default)
+def clamp(L, node, x, lo=None, hi=None):
+    name = str(node.target)
+    if "clamp_max" in name:
+        lo, hi = None, lo
+    elif "hardtanh" in name:
+        lo, hi = (-1.0 if lo is None else lo), (1.0 if hi is None else hi)
+    if any(v is not None and _num(v) is None for v in (lo, hi)):
+        raise Unsupported("clamp to tensors")
+    _has("unary")
+    nx, lay = L.act(x)
+    return L.new(L.g.unary(nx, C.CW_UNARY_CLAMP, -math.inf if lo is None else _num(lo),
+                           math.inf if hi is None else _num(hi)), lay)
 
 
 # ---- convolution -----------------------------------------------------------------------------
@@ -293,15 +391,21 @@ def _group_norm(L, x, groups, w, b, eps):
     aten._upsample_nearest_exact2d.default, aten.upsample_nearest3d.vec, aten.upsample_nearest3d.default,
     aten._upsample_nearest_exact3d.vec, aten._upsample_nearest_exact3d.default)
 def upsample(L, node, x, *args):
-    """Nearest (or nearest-exact: the same at an integer factor) x2 in H and W."""
+    """Nearest (or nearest-exact: the same at an integer factor) by integer factors: x2 in H
+    and W is cw_graph_upsample2x, which fuses into the next conv's prep; others
+    cw_graph_upsample_nearest."""
     shape, out = tuple(x.shape), _out_shape(node)
     if out == shape and isinstance(x, Cw):  # a factor of 1 everywhere
         return x
-    want = shape[:-2] + (shape[-2] * 2, shape[-1] * 2)
-    if out != want or L.layout_of(x) != Layout.identity(shape):
-        raise Unsupported(f"nearest upsampling {list(shape)} -> {list(out)} (only x2 in H and W)")
+    if L.layout_of(x) != Layout.identity(shape) or len(out) != len(shape) or out[:2] != shape[:2] or \
+            any(o % i for o, i in zip(out[2:], shape[2:])):
+        raise Unsupported(f"nearest upsampling {list(shape)} -> {list(out)} (integer factors only)")
+    factors = [o // i for o, i in zip(out[2:], shape[2:])]
     nx, lay = L.act(x)
-    return L.new(L.g.upsample2x(nx), Layout.identity(out))
+    if factors[-2:] == [2, 2] and all(f == 1 for f in factors[:-2]):
+        return L.new(L.g.upsample2x(nx), Layout.identity(out))
+    _has("upsample_nearest")
+    return L.new(L.g.upsample_nearest(nx, ([1] * (3 - len(factors)) + factors)), Layout.identity(out))
 
 
 @op(aten.avg_pool2d.default)
