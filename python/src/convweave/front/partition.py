@@ -3,6 +3,7 @@ the op table into the open convweave segment (one cw graph, compiled into one pl
 nodes that read only constants, and running in PyTorch the nodes the table does not take
 (torch-tensorrt's model). A PyTorch node that reads the open segment closes it: the segment
 runs just before that node. The result is a Program: steps in order, what each reads."""
+import collections
 import operator
 
 import torch
@@ -25,6 +26,10 @@ class Segment:
         self.origin, self.imports, self.inputs, self.outputs = {}, {}, [], []
         self.consts = {}
         self.dtype, self.plan, self.n_nodes = None, None, 0
+
+
+class Call(collections.namedtuple("Call", "name target")):
+    """A node PyTorch runs, without the exported graph it came from (not kept)."""
 
 
 class Fallback:
@@ -188,7 +193,7 @@ class Lowering:
         if self.seg is not None and any(isinstance(t, Cw) and t.seg is self.seg
                                         for t in _tensors((args, kwargs))):
             self.close()
-        self.steps.append(("torch", node, args, kwargs))
+        self.steps.append(("torch", Call(node.name, node.target), args, kwargs))
         val = node.meta.get("val")
         if isinstance(val, (list, tuple)):
             return tuple(Torch((node.name, i), t) if isinstance(t, torch.Tensor) else None

@@ -45,7 +45,11 @@ class Program:
             a, k = _walk((node.args, node.kwargs), lambda x: vals[x.name] if isinstance(x, torch.fx.Node) else x)
             vals[node.name] = L.lower(node, a, k)
         L.finish(out)
-        self.outputs, self.steps, self.L = out, L.steps, L
+        self.outputs, self.steps = out, L.steps
+        self.summary = {"nodes_convweave": L.n_cw, "nodes_folded": L.n_folded, "nodes_fallback": len(L.fallbacks),
+                        "fallbacks": [{"node": f.node, "op": f.op, "shape": f.shape, "bytes": f.bytes,
+                                       "reason": f.reason, "where": f.where} for f in L.fallbacks],
+                        "copied_bytes": L.copied}
         opts = {k: wrapper.options[k] for k in _OPTS}
         for kind, seg in (s[:2] for s in self.steps):
             if kind == "seg":
@@ -142,12 +146,7 @@ class Program:
         return {
             "segments": [{"nodes": s.n_nodes, "inputs": len(s.inputs), "outputs": len(s.outputs),
                           "dtype": str(s.dtype).replace("torch.", ""), "plan": s.plan.stats()} for s in segs],
-            "nodes_convweave": self.L.n_cw, "nodes_folded": self.L.n_folded,
-            "nodes_fallback": len(self.L.fallbacks),
-            "fallbacks": [{"node": f.node, "op": f.op, "shape": f.shape, "bytes": f.bytes, "reason": f.reason,
-                           "where": f.where} for f in self.L.fallbacks],
-            "copied_bytes": self.L.copied,
-        }
+            **self.summary}
 
 
 class Wrapped(torch.nn.Module):
