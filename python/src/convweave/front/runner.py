@@ -16,21 +16,21 @@ from .export import export, placeholders, slot
 from .partition import Lowering, _tensors, _walk
 from .values import Const, Cw, Pad, Torch
 
-_OPTS = ("memory", "budget", "streams", "patches", "fuse")
 
 
 class Program:
     """One compiled signature: the steps, their segments' plans, and what it read."""
 
-    def __init__(self, wrapper, flat, spec):
-        mod = wrapper.module
+    def __init__(self, mod, flat, spec, context, fallback=True, **opts):
+        """mod exported for the inputs flat (spec: their pytree), lowered and compiled on
+        context(device) with compile options opts (memory, budget, streams, patches, fuse)."""
         self.device = next((t.device for t in flat if isinstance(t, torch.Tensor)), torch.device("cpu"))
-        self.ctx = wrapper._context(self.device)
+        self.ctx = context(self.device)
         args, kwargs = pytree.tree_unflatten(flat, spec)
         ep = export(mod, args, kwargs)
         self.out_spec = ep.call_spec.out_spec
         vals, self.users, read = placeholders(ep, mod)
-        L = Lowering(self.ctx, self.device, wrapper.fallback)
+        L = Lowering(self.ctx, self.device, fallback)
         out = None
         for node in ep.graph.nodes:
             if node.op == "placeholder":
@@ -50,7 +50,7 @@ class Program:
                         "fallbacks": [{"node": f.node, "op": f.op, "shape": f.shape, "bytes": f.bytes,
                                        "reason": f.reason, "where": f.where} for f in L.fallbacks],
                         "copied_bytes": L.copied}
-        opts = {k: wrapper.options[k] for k in _OPTS}
+        opts = dict(dict(memory=None, budget=0, streams=0, patches=None, fuse=True), **opts)  # 0: the context's
         for kind, seg in (s[:2] for s in self.steps):
             if kind == "seg":
                 seg.plan = seg.g.compile(budget=opts["budget"], streams=opts["streams"], patches=opts["patches"],
@@ -211,7 +211,7 @@ class Wrapped(torch.nn.Module):
                 del self._programs[key]
                 prog = None
             if prog is None:
-                prog = Program(self, flat, spec)
+                prog = Program(self.module, flat, spec, self._context, self.fallback, **self.options)
                 self._programs[key] = prog
                 while len(self._programs) > self.max_plans:
                     self._programs.popitem(last=False)
