@@ -61,6 +61,16 @@ CW_API const char *cw_status_string(cw_status s);
 /* Returns the status's symbolic name ("CW_ERR_BUDGET"); "CW_UNKNOWN" else. */
 CW_API const char *cw_status_name(cw_status s);
 
+/* Parses a byte size, the one grammar of every budget the library's users take (cw-vae's
+ * --budget and --memory, the Python package's budget=): a decimal number (digits with an
+ * optional fraction and exponent: "256", "1.5", "1e9") then an optional unit, any case: B,
+ * KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024); spaces may
+ * surround the number and precede the unit. "unlimited" and "none" (any case) give -1.
+ * Sets *out_bytes to the size rounded to whole bytes (>= 0) and returns CW_OK; anything
+ * else (a sign, hex, inf, an unknown unit, 2^63 bytes or more, s NULL) returns
+ * CW_ERR_INVALID_ARG and leaves *out_bytes unchanged. Locale-independent; no context. */
+CW_API cw_status cw_parse_size(const char *s, int64_t *out_bytes);
+
 /* ---------------------------------------------------------------------------------------
  * Logging. */
 typedef enum cw_log_level {
