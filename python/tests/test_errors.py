@@ -12,6 +12,13 @@ import convweave.torch as ct
 from convweave import _core
 
 
+@pytest.fixture(autouse=True)
+def _inference():
+    """As a pipeline decodes: grad mode off (with it on, a wrapped vae runs PyTorch's forward)."""
+    with torch.no_grad():
+        yield
+
+
 def raises(status, match):
     return pytest.raises(convweave.Error, match=rf"^{status}: .*{match}")
 

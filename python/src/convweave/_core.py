@@ -570,7 +570,7 @@ class Plan:
         try:
             ia = (ctypes.c_void_p * max(1, len(ins)))(*[t.handle.value for t in ins])
             oa = (ctypes.c_void_p * max(1, len(outs)))(*[t.handle.value for t in outs])
-            ctx.call(lib.cw_plan_run, self.handle, ia, len(ins), oa, len(outs))
+            ctx.call(lib.cw_plan_run, self._h(), ia, len(ins), oa, len(outs))
         finally:
             for t in ins + outs:
                 t.close()
@@ -579,18 +579,24 @@ class Plan:
         """The plan as text (per conv: patches, rows, halos, algorithm, workspace; the
         predicted peak temp), or as a dict with json_format=True."""
         out = ctypes.c_void_p()
-        self.ctx.call(lib.cw_plan_describe, self.handle, ctypes.byref(out), int(bool(json_format)))
+        self.ctx.call(lib.cw_plan_describe, self._h(), ctypes.byref(out), int(bool(json_format)))
         try:
             text = ctypes.string_at(out.value).decode()
         finally:
             lib.cw_free(out)
         return json.loads(text) if json_format else text
 
+    def _h(self):
+        if not getattr(self, "handle", None):
+            raise Error("CW_ERR_INVALID_ARG", "convweave.Plan: the plan is closed (its part was disabled, or its "
+                        "context closed)")
+        return self.handle
+
     def stats(self):
         """Statistics of the last run. Memory entries use torch.cuda.memory_stats() names
         (bytes; 'all' pools), the others cw_plan_stats's."""
         s = C.cw_plan_stats()
-        self.ctx.call(lib.cw_plan_get_stats, self.handle, ctypes.byref(s))
+        self.ctx.call(lib.cw_plan_get_stats, self._h(), ctypes.byref(s))
         m = self.ctx.memory_stats()
         return {
             # temporaries (workspaces, patch buffers, attention chunks), under the budget
@@ -631,7 +637,7 @@ class Plan:
         """Writes a Chrome/Perfetto trace of the last run (needs timing=True on enable or
         the context)."""
         import os
-        self.ctx.call(lib.cw_plan_write_trace, self.handle, os.fsencode(path))
+        self.ctx.call(lib.cw_plan_write_trace, self._h(), os.fsencode(path))
 
 
 def _quiet_close(obj):
