@@ -86,8 +86,9 @@ class _ConvPlan:
 
     def close(self):
         try:
-            self.plan.close()
-            self.graph.close()
+            with self.ctx.lock:  # not while another thread runs it
+                self.plan.close()
+                self.graph.close()
         except BaseException:
             pass
 
@@ -115,12 +116,15 @@ def _desc_of(shape, strides, dtype):
 _wrap, _destroy, _run = lib.cw_tensor_wrap, lib.cw_tensor_destroy, lib.cw_plan_run
 
 
-def _run_cached(cp, xptr, yptr):
+def _run_cached(cp, xptr, yptr, keep_memory):
     """Binds the input and output pointers to the cached plan and runs it: two
-    cw_tensor_wrap calls, cw_plan_run, two cw_tensor_destroy calls."""
+    cw_tensor_wrap calls, cw_plan_run, two cw_tensor_destroy calls, then (unless
+    keep_memory) cw_plan_release. False where the plan was closed meanwhile."""
     ctx = cp.ctx
     pxt, pxd, pyt, pyd = cp.args
     with ctx.lock:
+        if not cp.plan.handle:  # evicted and closed by another thread since it was looked up
+            return False
         st = _wrap(pxt, ctx.handle, pxd, xptr)
         if not st:
             st = _wrap(pyt, ctx.handle, pyd, yptr)
@@ -130,6 +134,9 @@ def _run_cached(cp, xptr, yptr):
         _destroy(cp.xt)
         cp.xt.value = cp.yt.value = None
         ctx.check(st)
+        if not keep_memory:
+            cp.plan.release()
+    return True
 
 
 def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, spatial, budget=None,
@@ -175,10 +182,10 @@ def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
             if cp.yshape[0] > 0:
                 if input.device.type == "cuda":
                     cp.ctx.use_cuda_stream(torch.cuda.current_stream(input.device).cuda_stream)
-                _run_cached(cp, input.data_ptr(), y.data_ptr())
-                if not keep_memory:
-                    cp.plan.release()
-            return y
+                if not _run_cached(cp, input.data_ptr(), y.data_ptr(), keep_memory):
+                    cp = None  # closed under us: compile again below
+            if cp is not None:
+                return y
     else:
         key = None
     return _conv_slow(input, weight, bias, stride, padding, dilation, groups, spatial, budget, streams, patches,
@@ -266,9 +273,7 @@ def _conv_slow(input, weight, bias, stride, padding, dilation, groups, spatial, 
         import torch
         ctx.use_cuda_stream(torch.cuda.current_stream(xv.device_index).cuda_stream)
     try:
-        _run_cached(cp, xv.ptr, yv.ptr)
-        if not keep_memory:
-            plan.release()
+        _run_cached(cp, xv.ptr, yv.ptr, keep_memory)
     except BaseException:
         cp.close()
         raise

@@ -259,11 +259,16 @@ class Context:
         self._owned[handle.value] = (self._ORDER[kind], destroy)
 
     def release(self, handle):
-        """Frees one owned handle (once; a no-op after the context closed)."""
+        """Frees one owned handle (once; a no-op after the context closed), under the
+        context's lock: a plan or tensor freed by the garbage collector on one thread must
+        not race a run on another."""
         owned = getattr(self, "_owned", None)
-        entry = owned.pop(handle.value, None) if handle and owned is not None else None
-        if entry:
-            entry[1](handle)
+        if not handle or owned is None:
+            return
+        with self.lock:
+            entry = owned.pop(handle.value, None)
+            if entry:
+                entry[1](handle)
 
     def close(self):
         """Frees every handle made on the context, then the context. Idempotent."""

@@ -403,9 +403,15 @@ class _ConvweavePart:
             out = torch.empty(entry.out_shape, dtype=sample.dtype, device=sample.device)
             try:
                 entry.plan.run([sample.detach().contiguous()], [out])
-            finally:
-                if not self.keep_memory:  # nothing held between calls: arenas back to the allocator
-                    entry.plan.release()
+            except BaseException:
+                if not self.keep_memory:
+                    try:
+                        entry.plan.release()
+                    except Error:  # the run's error is the one to report
+                        pass
+                raise
+            if not self.keep_memory:  # nothing held between calls: arenas back to the allocator
+                entry.plan.release()
         return out
 
     def __repr__(self):
