@@ -79,6 +79,35 @@ def test_force_upcast_path(make_vae):
             vae.decoder(z)  # a true error: torch refuses it too
 
 
+def _outcome(f):
+    try:
+        return f()
+    except RuntimeError as e:
+        return e
+
+
+def test_partial_upcast_runs_in_pytorch(make_vae):
+    """Older diffusers' upcast_vae: vae.to(float32), then post_quant_conv, decoder.conv_in and
+    decoder.mid_block back to float16 (older Decoder.forward cast before the up blocks). One
+    graph has one dtype, so PyTorch runs it (warned once): diffusers' values, or diffusers'
+    own error where this diffusers' Decoder refuses mixed dtypes."""
+    vae = make_vae("tiny", 5).to(torch.float16)
+    z = torch.randn(1, 4, 8, 8).half()
+    cd.enable(vae, budget="8MiB")
+    decode(vae, z)
+    vae.to(torch.float32)
+    for m in (vae.post_quant_conv, vae.decoder.conv_in, vae.decoder.mid_block):
+        m.to(torch.float16)
+    with pytest.warns(RuntimeWarning, match=r"several dtypes \(decoder\.up_blocks"):
+        got = _outcome(lambda: decode(vae, z))
+    cd.disable(vae)
+    ref = _outcome(lambda: decode(vae, z))
+    if isinstance(ref, Exception):
+        assert type(got) is type(ref) and str(got) == str(ref)
+    else:
+        assert torch.equal(got, ref)
+
+
 def test_gradients_flow_through_pytorch(make_vae):
     vae = make_vae("tiny", 1)
     ref_vae = make_vae("tiny", 1)

@@ -29,6 +29,10 @@ PARTS = ("decoder", "encoder")  # the order enable() checks and wraps them in
 _HALF = (torch.float16, torch.bfloat16)
 
 
+class _Mixed(Error):
+    """Parameters of several dtypes (enable() refuses them; a call runs PyTorch)."""
+
+
 def _unsupported(where, what):
     return Error("CW_ERR_UNSUPPORTED", f"convweave.diffusers: {where}: {what}")
 
@@ -272,12 +276,12 @@ class _ConvweavePart:
         self.plans = collections.OrderedDict()  # (shape, dtype, device, parameter pointers) -> _Entry
         self.last_plan = None
         self.lock = threading.RLock()
-        self.warned_grad = False
+        self.warned = set()  # reasons already warned about (PyTorch ran instead)
 
     # deepcopy / pickle / torch.save of an enabled vae: the options travel, the plans and the
     # context (library handles, device memory) do not; the copy compiles its own on first use
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("ctx", "plans", "last_plan", "lock", "warned_grad")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("ctx", "plans", "last_plan", "lock", "warned")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -293,7 +297,7 @@ class _ConvweavePart:
     def _params_state(self):
         """(dtype, device, pointers, versions, parameters) of the module's parameters now,
         checking that they share one dtype (a graph has one element type: float32, float16
-        or bfloat16) and sit on cpu or cuda."""
+        or bfloat16) and sit on cpu or cuda; raises Error naming the first that does not."""
         dtype = device = None
         params = []
         for n, p in self.module.named_parameters():
@@ -303,14 +307,22 @@ class _ConvweavePart:
                                        "float16 or bfloat16")
                 dtype, device = p.dtype, p.device
             elif p.dtype != dtype:
-                raise _unsupported(f"{self.part}.{n}", f"parameters are {p.dtype}, others {dtype}: a "
-                                   "convweave graph has one element type (cast the whole VAE)")
+                raise _Mixed("CW_ERR_UNSUPPORTED", f"convweave.diffusers: {self.part}.{n}: parameters are {p.dtype}, "
+                             f"others {dtype}: a convweave graph has one element type (cast the whole VAE)")
             elif p.device != device:
                 raise _unsupported(f"{self.part}.{n}", f"parameters on {p.device}, others on {device}")
             if p.device.type not in ("cpu", "cuda"):
                 raise _unsupported(f"{self.part}.{n}", f"device {p.device}")
             params.append(p)
         return (dtype, device, tuple(p.data_ptr() for p in params), tuple(p._version for p in params), params)
+
+    def _pytorch(self, why, sample, *extra):
+        """The module's own forward, warned once per reason."""
+        if why not in self.warned:
+            self.warned.add(why)
+            warnings.warn(f"convweave.diffusers: the {self.part} ran in PyTorch, not convweave: {why}. Warned once.",
+                          RuntimeWarning, stacklevel=4)
+        return _module_forward(self.module)(sample, *extra)
 
     def _context(self, device):
         ctx = self.shared.context(device)
@@ -375,18 +387,21 @@ class _ConvweavePart:
         if not isinstance(sample, torch.Tensor) or sample.dim() != 4:
             raise ArgumentError(f"convweave.diffusers: the {self.part} takes a [N, C, h, w] tensor, got "
                                 f"{getattr(sample, 'shape', type(sample).__name__)}")
-        state = self._params_state()
+        try:
+            state = self._params_state()
+        except _Mixed as e:
+            # parameters recast in part after enable() (older diffusers' upcast_vae cast
+            # conv_in and the mid block back to half; Decoder.forward casts between them):
+            # PyTorch runs what one graph dtype cannot
+            return self._pytorch(f"its parameters are in several dtypes ({e.message.split(': ', 1)[1]})",
+                                 sample, *extra)
         dtype, device, params = state[0], state[1], state[4]
         self.dtype = dtype
         if torch.is_grad_enabled() and (sample.requires_grad or any(p.requires_grad for p in params)):
             # autograd: the module's own forward, so gradients are right (convweave is inference only)
-            if not self.warned_grad:
-                self.warned_grad = True
-                warnings.warn(f"convweave.diffusers: the {self.part} ran in PyTorch, not convweave: grad mode is on "
-                              f"and its {self.what} or parameters require grad (convweave computes no gradients). "
-                              "Use torch.no_grad() or torch.inference_mode() for convweave. Warned once.",
-                              RuntimeWarning, stacklevel=3)
-            return _module_forward(self.module)(sample, *extra)
+            return self._pytorch(f"grad mode is on and its {self.what} or parameters require grad (convweave "
+                                 "computes no gradients; use torch.no_grad() or torch.inference_mode() for convweave)",
+                                 sample, *extra)
         if dtype is not None and sample.dtype != dtype:
             raise Error("CW_ERR_INVALID_ARG", f"convweave.diffusers: the {self.what} is {sample.dtype}, the "
                         f"{self.part}'s parameters {dtype} (as torch, convweave takes them in one dtype)")
