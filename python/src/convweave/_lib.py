@@ -199,7 +199,13 @@ def _find_library():
 
 
 def load(path=None):
-    lib = ctypes.CDLL(path or _find_library())
+    path = path or _find_library()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:  # most often a dependency of the build machine missing here
+        raise OSError(f"convweave: cannot load {path}: {e}. The library links the oneDNN, OpenBLAS, cJSON (and "
+                      "CUDA/cuDNN) of the machine it was built on and does not bundle them: install those, or "
+                      "rebuild with 'pip install ./python' here (python/README.md, Wheels)") from e
     for name, restype, argtypes in parse_prototypes():
         fn = getattr(lib, name)
         fn.restype = restype
