@@ -175,6 +175,12 @@ def test_enable_refuses_what_it_cannot_run(make_vae):
         got = asym.encode(x).latent_dist.mean
         cd.disable(asym)
         assert rel_err(got, asym.encode(x).latent_dist.mean) <= 1e-5
+    vae = make_vae("tiny", 0)  # a layout the builder does not foresee: Error, not AttributeError
+    del vae.decoder.mid_block.resnets[0].time_emb_proj
+    with pytest.raises(convweave.Error, match=r"CW_ERR_UNSUPPORTED: .*AutoencoderKL\.decoder: cannot map Decoder "
+                                              r"\(AttributeError: .*time_emb_proj"):
+        cd.enable(vae)
+    assert not cd.is_enabled(vae)
     from diffusers import AutoencoderKLHunyuanVideo
     hv = AutoencoderKLHunyuanVideo(block_out_channels=(8, 8, 8, 8), norm_num_groups=4, layers_per_block=1)
     with pytest.raises(convweave.Error, match=r"CW_ERR_UNSUPPORTED: .*AutoencoderKLHunyuanVideo"):
