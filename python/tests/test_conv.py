@@ -190,6 +190,11 @@ def test_channels_last_in_channels_last_out_and_meta_refused():
         torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
     y = ct.conv2d(x.contiguous(), w, b, padding=1)
     assert y.is_contiguous()
+    x3 = torch.randn(1, 4, 5, 6, 7).contiguous(memory_format=torch.channels_last_3d)
+    w3 = torch.randn(3, 4, 3, 3, 3)
+    y, ref = ct.conv3d(x3, w3, padding=1), F.conv3d(x3, w3, padding=1)
+    assert y.stride() == ref.stride()  # torch's cpu conv3d gives a contiguous result
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(convweave.Error, match="CW_ERR_UNSUPPORTED: .*meta tensor"):
         ct.conv2d(x.to("meta"), w.to("meta"))
 

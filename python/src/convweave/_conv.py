@@ -247,7 +247,8 @@ def _conv_slow(input, weight, bias, stride, padding, dilation, groups, spatial, 
     yshape = [yd.dims[i] for i in range(yd.rank)]
     yshape[0] = xv.shape[0]
     torch_in = type(xv.obj).__module__.startswith("torch")
-    cl = torch_in and (_is_channels_last(xv.obj, spatial) or _is_channels_last(wv.obj, spatial))
+    # channels-last in, channels-last out, as torch's conv2d (its cpu conv3d returns contiguous)
+    cl = torch_in and spatial == 2 and (_is_channels_last(xv.obj, spatial) or _is_channels_last(wv.obj, spatial))
     y = _new_like(xv.obj, tuple(yshape), cl, spatial)
     if bv is not None and bv.dtype != xv.dtype:  # as cw_conv_forward: one dtype for x, w, b and y
         raise Error("CW_ERR_INVALID_ARG", f"conv{spatial}d: bias is {bv.dtype}, input {xv.dtype} (x, w, b and y "
