@@ -483,6 +483,7 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     cw_context *ctx = p->ctx;
     cw_status st = cw__check_bindings(p, inputs, n_inputs, outputs, n_outputs);
     if (st == CW_OK) st = cw__check_attention_operands(p, inputs, outputs);
+    if (st == CW_OK) st = cw__plan_acquire(p); /* after cw_plan_release */
     if (st != CW_OK) return st;
     for (int b = 0; b < p->n_bufs; b++) {
         const cw_tensor *t = cw__bound(&p->bufs[b], inputs, outputs);

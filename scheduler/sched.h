@@ -185,7 +185,8 @@ struct cw_plan {
                                 and each other stream's join back into it */
     int64_t act_bytes;       /* the activation arena: every activation at a fixed offset */
     int64_t act_live_peak;   /* the most activation bytes live at once (act_bytes >= it) */
-    void *act_arena;         /* device memory of act_bytes, from compile to destroy */
+    void *act_arena;         /* device memory of act_bytes, from compile to destroy or
+                                cw_plan_release (NULL until the next run takes it again) */
     cw__timer *timer;        /* device timestamps for traces (backends with timer hooks,
                                 CW_FLAG_TIMING): mark 0 at the fork, 1+2k / 2+2k around task k */
     double conv_gflop, halo_flop;
@@ -230,6 +231,8 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int
                            int64_t *peak_temp, int64_t *peak_allocated);
 /* plan.c */
 void cw__plan_free(cw_plan *p);
+/* Takes the activation arena again after cw_plan_release (a no-op while the plan holds it). */
+cw_status cw__plan_acquire(cw_plan *p);
 /* Primes temp with the plan's arena (one free segment) unless it already holds exactly that. */
 cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp);
 

@@ -202,28 +202,9 @@ static int die_usage(const char *fmt, ...) {
 
 /* ---- option parsing ------------------------------------------------------------------------- */
 
-/* "512MiB", "1.5GiB", "64MB", "1048576", "unlimited" -> bytes (-1 unlimited). */
-static int parse_size(const char *s, int64_t *out) {
-    if (!strcasecmp(s, "unlimited") || !strcasecmp(s, "none")) {
-        *out = -1;
-        return 0;
-    }
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v >= 0) || !isfinite(v)) return -1;
-    static const struct { const char *u; double m; } units[] = {
-        {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-        {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}};
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (strcmp(end, units[i].u)) continue;
-        double b = v * units[i].m;
-        if (b > 9.0e18) return -1;
-        *out = (int64_t)llround(b);
-        return 0;
-    }
-    return -1;
-}
+/* "512MiB", "1.5gib", "64MB", "1e9", "unlimited" -> bytes (-1 unlimited): cw_parse_size's
+ * grammar, the Python package's too. */
+static int parse_size(const char *s, int64_t *out) { return cw_parse_size(s, out) == CW_OK ? 0 : -1; }
 
 static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     char *end = NULL;
@@ -375,13 +356,13 @@ static int parse_args(int argc, char **argv, opts *o) {
             } else if (strcmp(optarg, "none") == 0)
                 o->memory = 0;
             else if (parse_size(optarg, &o->memory) || o->memory <= 0)
-                return die_usage("--memory '%s': expected auto, none or a size like 1GiB (units B, KiB, MiB, GiB, "
-                                 "KB, MB, GB)",
+                return die_usage("--memory '%s': expected auto, none or a size like 1GiB (units B, KiB, MiB, GiB, TiB, "
+                                 "KB, MB, GB, TB, in any case)",
                                  optarg);
             break;
         case OPT_BUDGET:
             if (parse_size(optarg, &o->budget))
-                return die_usage("--budget '%s': expected a size like 512MiB (units B, KiB, MiB, GiB, KB, MB, GB) or 'unlimited'",
+                return die_usage("--budget '%s': expected a size like 512MiB (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB, in any case) or 'unlimited'",
                                  optarg);
             if (o->budget == 0) return die_usage("--budget '%s': must be more than 0 (or 'unlimited')", optarg);
             o->budget_given = 1;

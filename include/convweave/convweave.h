@@ -61,6 +61,16 @@ CW_API const char *cw_status_string(cw_status s);
 /* Returns the status's symbolic name ("CW_ERR_BUDGET"); "CW_UNKNOWN" else. */
 CW_API const char *cw_status_name(cw_status s);
 
+/* Parses a byte size, the one grammar of every budget the library's users take (cw-vae's
+ * --budget and --memory, the Python package's budget=): a decimal number (digits with an
+ * optional fraction and exponent: "256", "1.5", "1e9") then an optional unit, any case: B,
+ * KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024); spaces may
+ * surround the number and precede the unit. "unlimited" and "none" (any case) give -1.
+ * Sets *out_bytes to the size rounded to whole bytes (>= 0) and returns CW_OK; anything
+ * else (a sign, hex, inf, an unknown unit, 2^63 bytes or more, s NULL) returns
+ * CW_ERR_INVALID_ARG and leaves *out_bytes unchanged. Locale-independent; no context. */
+CW_API cw_status cw_parse_size(const char *s, int64_t *out_bytes);
+
 /* ---------------------------------------------------------------------------------------
  * Logging. */
 typedef enum cw_log_level {
@@ -216,7 +226,7 @@ CW_API int64_t cw_context_get_host_syncs(const cw_context *ctx);
  * aligned to CW_ALLOCATOR_ALIGN bytes, or NULL when it has none. It is called when a pool
  * has no cached block that fits: at cw_graph_compile (a plan's temporary arena and its
  * activation arena), at the start of cw_plan_run when another plan's arena occupies the
- * shared pool, and inside a run only in pools without a budget. `stream` is the library
+ * shared pool or after cw_plan_release gave the plan's arenas back, and inside a run only in pools without a budget. `stream` is the library
  * stream in whose order the segment is first used: on cuda a cudaStream_t, on cpu an opaque
  * identifier of a worker stream (never dereference it). Outside a run it is the context's
  * stream 0 (the caller's stream where cw_context_set_cuda_stream set one); inside a run the
@@ -231,7 +241,7 @@ CW_API int64_t cw_context_get_host_syncs(const cw_context *ctx);
  * first), so the memory may be reused at once on any stream. It is called when cached
  * segments are released: cw_context_empty_cache, cw_context_set_allocator, a pool making
  * room (a run's start replacing another plan's arena, a retry after alloc returned NULL),
- * cw_plan_destroy (its arenas), cw_context_destroy.
+ * cw_plan_destroy and cw_plan_release (its arenas), cw_context_destroy.
  *
  * Both run on the thread that made the convweave call, never on a stream's worker thread
  * or a CUDA callback, with the pool's lock held: they must not call convweave, and must be
@@ -271,7 +281,8 @@ CW_API cw_status cw_context_set_allocator(cw_context *ctx, const cw_allocator *a
 /* Waits for the context's streams and returns every cached segment of the context's pools
  * (blocks not in use) to the allocator that gave it, as torch.cuda.empty_cache does; plans
  * take their arena again at their next run (from the allocator then set). Plans with a pool
- * of their own keep their arena until destroyed. */
+ * of their own keep their arena until destroyed, and every live plan keeps its activation
+ * arena (in use, not cached): cw_plan_release gives a plan's back between runs. */
 CW_API cw_status cw_context_empty_cache(cw_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
@@ -423,9 +434,19 @@ typedef struct cw_memory_point {
 CW_API cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
                                         const cw_compile_options *opt);
 CW_API void cw_plan_destroy(cw_plan *p);
+/* Gives back the memory a plan holds between runs: its activation arena and, where the
+ * plan's temporaries come from a pool with no block in use (the context's, or the plan's
+ * own under a budget of its own), that pool's cached segments, to the allocator that gave
+ * them (cw_context_set_allocator's free, or the backend's). The plan stays valid: its next
+ * cw_plan_run takes its arenas again (an allocation at the run's start, which can fail with
+ * CW_ERR_OUT_OF_MEMORY). Call it between runs, not during one on another thread; it waits
+ * for the context's streams first. A no-op for a plan that holds nothing. Returns
+ * CW_ERR_INVALID_ARG for a NULL plan. */
+CW_API cw_status cw_plan_release(cw_plan *p);
 /* Runs the plan: inputs in cw_graph_input order, outputs in cw_graph_output order, each
  * shaped as declared (outputs may be strided views). Enqueues everything on the context's
- * streams and waits once at the end; no host synchronisation in between. */
+ * streams and waits once at the end; no host synchronisation in between (after
+ * cw_plan_release, the run first takes its arenas again). */
 CW_API cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs,
                              int n_outputs);
 

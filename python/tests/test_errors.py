@@ -12,6 +12,13 @@ import convweave.torch as ct
 from convweave import _core
 
 
+@pytest.fixture(autouse=True)
+def _inference():
+    """As a pipeline decodes: grad mode off (with it on, a wrapped vae runs PyTorch's forward)."""
+    with torch.no_grad():
+        yield
+
+
 def raises(status, match):
     return pytest.raises(convweave.Error, match=rf"^{status}: .*{match}")
 
@@ -121,13 +128,19 @@ def test_graph_and_plan_errors(tmp_path):
 
 
 def test_context_errors():
-    with pytest.raises(KeyError):
+    with raises("CW_ERR_INVALID_ARG", "backend='tpu'") as e:
         convweave.Context(backend="tpu")
-    with raises("CW_ERR_INVALID_ARG", "cw_context_create"):
+    assert isinstance(e.value, ValueError)
+    # the reason the library logs (not "the library logged why") is in the message
+    with raises("CW_ERR_INVALID_ARG", r"cw_context_create.*failed: cw_context_config\.streams = 0, must be in 1\.\.8"):
         convweave.Context(backend="cpu", streams=0)
+    with raises("CW_ERR_INVALID_ARG", r"threads=-1"):
+        convweave.Context(backend="cpu", threads=-1)
     if not torch.cuda.is_available():
-        with raises("CW_ERR_NO_DEVICE|CW_ERR_UNSUPPORTED|CW_ERR_BACKEND", "cw_context_create"):
+        with raises("CW_ERR_NO_DEVICE|CW_ERR_UNSUPPORTED|CW_ERR_BACKEND", "cw_context_create") as e:
             convweave.Context(backend="cuda")
+        assert "logged why" not in e.value.message and "failed: " in e.value.message
+        assert len(e.value.message.split("failed: ", 1)[1]) > 10, e.value.message
 
 
 def test_diffusers_unsupported_configs(make_vae):
@@ -249,3 +262,23 @@ def test_encode_under_too_small_a_budget_names_the_minimum(make_vae):
     with torch.no_grad():
         vae.encode(torch.randn(1, 3, 64, 64))
     assert cd.last_plan(vae, "encoder").stats()["temp_peak"] <= e.value.min_budget
+
+
+def test_budgets_one_grammar_and_errors():
+    """Budgets parse with the library's cw_parse_size (cw-vae's grammar): units in any case,
+    exponents; a bad one is a convweave.Error (and a ValueError) naming it."""
+    assert convweave.parse_bytes("256mib") == convweave.parse_bytes("256MiB") == 256 << 20
+    assert convweave.parse_bytes("1e9") == convweave.parse_size("1e9") == 10**9
+    assert convweave.parse_bytes("1.5 gib") == 3 << 29 and convweave.parse_bytes("64mb") == 64 * 10**6
+    assert convweave.parse_bytes("UNLIMITED") == -1 and convweave.parse_size("0") == 0
+    for bad in ("12 parsecs", "-1MiB", "0x10", "inf", "", "0", "256M", 1.5, [1]):
+        with pytest.raises(convweave.Error, match="CW_ERR_INVALID_ARG") as e:
+            convweave.parse_bytes(bad)
+        assert isinstance(e.value, ValueError) and repr(bad) in str(e.value)
+    with raises("CW_ERR_INVALID_ARG", "budget '12 parsecs'"):
+        ct.conv2d(torch.randn(1, 1, 3, 3), torch.randn(1, 1, 1, 1), budget="12 parsecs")
+    with raises("CW_ERR_INVALID_ARG", "budget '1 furlong'"):
+        convweave.Context(backend="cpu", budget="1 furlong")
+    import pickle
+    e = pickle.loads(pickle.dumps(_core.Error("CW_ERR_BUDGET", "too small", min_budget=5)))
+    assert (e.status, e.message, e.min_budget) == ("CW_ERR_BUDGET", "too small", 5)

@@ -15,6 +15,7 @@ int cw_version(void);
 const char *cw_version_string(void);
 const char *cw_status_name(cw_status s);
 const char *cw_status_string(cw_status s);
+cw_status cw_parse_size(const char *s, int64_t *out_bytes);
 cw_status cw_context_create(cw_context **out, const cw_context_config *cfg);
 void cw_context_destroy(cw_context *ctx);
 const char *cw_context_get_last_error(const cw_context *ctx);
@@ -45,6 +46,7 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
 cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_options *opt);
 cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points, const cw_compile_options *opt);
 void cw_plan_destroy(cw_plan *p);
+cw_status cw_plan_release(cw_plan *p);
 cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs, int n_outputs);
 cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
 cw_status cw_plan_describe(const cw_plan *p, char **out, int json);
@@ -199,7 +201,13 @@ def _find_library():
 
 
 def load(path=None):
-    lib = ctypes.CDLL(path or _find_library())
+    path = path or _find_library()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:  # most often a dependency of the build machine missing here
+        raise OSError(f"convweave: cannot load {path}: {e}. The library links the oneDNN, OpenBLAS, cJSON (and "
+                      "CUDA/cuDNN) of the machine it was built on and does not bundle them: install those, or "
+                      "rebuild with 'pip install ./python' here (python/README.md, Wheels)") from e
     for name, restype, argtypes in parse_prototypes():
         fn = getattr(lib, name)
         fn.restype = restype
