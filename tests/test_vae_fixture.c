@@ -1,5 +1,5 @@
 /* cw-vae end to end on the committed tiny diffusers fixtures (tests/fixtures/tiny_*): the
- * decode via vae.c (the CLI's code path) against diffusers' float64 output, scheduled runs
+ * decode via vae_model.c (the CLI's code path) against diffusers' float64 output, scheduled runs
  * against the unscheduled reference, legacy key names, and bad-weight messages. */
 #include <cjson/cJSON.h>
 #include <unistd.h>
