@@ -14,12 +14,13 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0 n=0
 
-# expect STATUS PATTERN -- args...: exit status and a stderr line matching PATTERN
+# expect STATUS PATTERN -- args...: exit status and a stderr line matching PATTERN, within
+# $expect_timeout seconds (default 120: a hang fails with status 124)
 expect() {
     local want=$1 pat=$2
     shift 3
     n=$((n + 1))
-    "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+    timeout "${expect_timeout:-120}" "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
     local got=$?
     if [ "$got" != "$want" ] || ! grep -qE -- "$pat" "$tmp/err"; then
         echo "FAIL: cw-vae $* -> status $got (want $want), stderr:" >&2
@@ -405,6 +406,85 @@ if [ -x "$venv_py" ]; then
 else
     echo "note: no venv at $venv_py: --compare against diffusers not tested"
 fi
+
+# 11. misuse (issue 25): nothing silently wrong, no hang, no crash
+# safetensors as the reference implementation reads them: a key with a NUL inside is not the
+# key before it, and the tensors tile the data section (no hole, no leading gap, no trailing
+# bytes, no appended ZIP)
+python3 - "$w" "$tmp" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h, data = json.loads(b[8:8 + n]), b[8 + n:]
+def save(name, hdr, d):
+    js = json.dumps(hdr).encode()
+    js += b' ' * (-len(js) % 8)
+    open(sys.argv[2] + '/' + name, 'wb').write(struct.pack('<Q', len(js)) + js + d)
+nul = dict(h)
+nul['decoder.conv_in.bias\0junk'] = nul.pop('decoder.conv_in.bias')
+save('nul.safetensors', nul, data)
+save('trail.safetensors', h, data + b'\0' * 16)
+save('zip.safetensors', h, data + b'PK\x05\x06' + b'\0' * 18)
+lead = {k: (dict(v, data_offsets=[v['data_offsets'][0] + 8, v['data_offsets'][1] + 8]) if k != '__metadata__' else v)
+        for k, v in h.items()}
+save('lead.safetensors', lead, b'\0' * 8 + data)
+# a hole: the last tensor in the file moved 8 bytes on
+last = max((k for k in h if k != '__metadata__'), key=lambda k: h[k]['data_offsets'][0])
+a, e = h[last]['data_offsets']
+hole = dict(h)
+hole[last] = dict(h[last], data_offsets=[a + 8, e + 8])
+save('hole.safetensors', hole, data[:a] + b'\0' * 8 + data[a:e])
+PY
+expect 2 "nul.safetensors.*NUL"                      -- --preset tiny --weights "$tmp/nul.safetensors" --size 64
+expect 2 "trail.safetensors.*16 bytes follow"        -- --preset tiny --weights "$tmp/trail.safetensors" --size 64
+expect 2 "zip.safetensors.*22 bytes follow"          -- --preset tiny --weights "$tmp/zip.safetensors" --size 64
+expect 2 "lead.safetensors.*data section's start"    -- --preset tiny --weights "$tmp/lead.safetensors" --size 64
+expect 2 "hole.safetensors.*hole"                    -- --preset tiny --weights "$tmp/hole.safetensors" --size 64
+# non-regular inputs are refused before they are opened (a FIFO's open blocks), and a
+# .npy's size is checked against its header before its data is read
+mkfifo "$tmp/fifo.safetensors" "$tmp/fifo.npy" "$tmp/fifo.png"
+expect_timeout=10 expect 2 "fifo.safetensors: is a FIFO"   -- --preset tiny --weights "$tmp/fifo.safetensors" --size 64
+expect_timeout=10 expect 2 "fifo.npy: is a FIFO"           -- --preset tiny --random-weights --latent "$tmp/fifo.npy"
+expect_timeout=10 expect 2 "fifo.png: is a FIFO"           -- --preset tiny --random-weights --encode "$tmp/fifo.png" --latent-out "$tmp/x.npy"
+expect_timeout=10 expect 2 "/dev/zero: is a character device" -- --preset tiny --random-weights --latent /dev/zero
+expect 2 "is a folder"                   -- --preset tiny --weights "$tmp" --size 64
+cp "$fx/tiny_latent.npy" "$tmp/junk.npy"
+truncate -s +3G "$tmp/junk.npy"
+expect 2 "junk.npy: npy: data at byte .* need" -- --preset tiny --random-weights --latent "$tmp/junk.npy"
+n=$((n + 1))
+base=$( { /usr/bin/time -f "%M" "$bin" --preset tiny --random-weights --size 100 2>&1 >/dev/null; } | tail -1)
+peak=$( { /usr/bin/time -f "%M" "$bin" --preset tiny --random-weights --latent "$tmp/junk.npy" 2>&1 >/dev/null; } | tail -1)
+[ "${peak:-99999999}" -lt $((${base:-0} + 102400)) ] ||
+    { echo "FAIL: junk.npy: peak RSS ${peak} KiB (${base} KiB without it): the trailing junk was read" >&2; fail=$((fail + 1)); }
+rm -f "$tmp/junk.npy" "$tmp"/fifo.*
+# a PNG's gAMA (and other colour-space chunks) is ignored, as PIL (diffusers) does
+python3 - "$fx/tiny_image0.png" "$tmp/gama.png" <<'PY'
+import struct, sys, zlib
+b = open(sys.argv[1], 'rb').read()
+ihdr_end = 8 + 8 + 13 + 4
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+open(sys.argv[2], 'wb').write(b[:ihdr_end] + chunk(b'gAMA', struct.pack('>I', 100000)) + b[ihdr_end:])
+PY
+encg=(--preset tiny --weights "$fx/tiny_enc.safetensors" --backend cpu -q)
+"$bin" "${encg[@]}" --encode "$fx/tiny_image0.png" --latent-out "$tmp/g0.npy" 2>"$tmp/err" &&
+"$bin" "${encg[@]}" --encode "$tmp/gama.png" --latent-out "$tmp/g1.npy" 2>>"$tmp/err" ||
+    { echo "FAIL: encode with gAMA: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+npyclose "$tmp/g1.npy" "$tmp/g0.npy" 0
+# a 16384x16384 PNG (an all-zero grey one is 260 KiB) fails at once, before decoding
+python3 - "$tmp/bomb.png" <<'PY'
+import struct, sys, zlib
+w = h = 16384
+c = zlib.compressobj(9)
+row = b'\0' * (w + 1)
+idat = b''.join(c.compress(row) for _ in range(h)) + c.flush()
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+open(sys.argv[1], 'wb').write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 0, 0, 0, 0)) +
+                              chunk(b'IDAT', idat) + chunk(b'IEND', b''))
+PY
+expect_timeout=10 expect 2 "bomb.png: 16384x16384 .*refused before decoding" -- --preset tiny --random-weights --encode "$tmp/bomb.png" --latent-out "$tmp/x.npy"
+rm -f "$tmp/bomb.png"
 
 echo "$((n - fail)) passed, $fail failed"
 [ "$fail" -eq 0 ]

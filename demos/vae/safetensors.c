@@ -7,6 +7,9 @@
 #endif
 #include "safetensors.h"
 
+#include <setjmp.h>
+#include <signal.h>
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +22,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sys.h"
+
 struct st_file {
     uint8_t *buf;          /* whole file */
     size_t len;
@@ -30,6 +35,7 @@ struct st_file {
     const st_tensor **by_name; /* t sorted by name, for st_find */
     char **meta;           /* key, value, key, value ... */
     size_t nmeta;
+    char *path;            /* st_open's path, for messages (NULL from st_parse) */
 };
 
 int st_errf(char *err, size_t errlen, const char *fmt, ...) {
@@ -181,6 +187,55 @@ static int parse_metadata(st_file *f, const cJSON *m, char *err, size_t errlen) 
     return 0;
 }
 
+/* A NUL inside the header (raw, or the escape \u0000 in a string) would cut a key short in
+ * C: "decoder.conv_in.bias\u0000junk" read as decoder.conv_in.bias. Returns 0 or -1 with the
+ * file byte. */
+static int header_nul(const uint8_t *js, uint64_t hl, char *err, size_t errlen) {
+    int in_str = 0;
+    for (uint64_t i = 0; i < hl; i++) {
+        if (js[i] == 0) return st_errf(err, errlen, "header has a NUL byte at file byte %" PRIu64, i + 8);
+        if (!in_str) {
+            in_str = js[i] == '"';
+            continue;
+        }
+        if (js[i] == '"') {
+            in_str = 0;
+        } else if (js[i] == '\\' && i + 1 < hl) {
+            if (js[i + 1] == 'u' && i + 5 < hl && !memcmp(js + i + 2, "0000", 4))
+                return st_errf(err, errlen, "header string has an escaped NUL (\\u0000) at file byte %" PRIu64
+                               ": a key with a NUL inside is refused", i + 8);
+            i++; /* the escaped character */
+        }
+    }
+    return 0;
+}
+
+/* The reference implementation's rule: sorted by offset, the tensors tile the data section
+ * exactly: no overlap, no hole, nothing before the first or after the last (an appended ZIP,
+ * trailing junk). Expects f->by_name sorted by (begin, end). */
+static int check_tiling(const st_file *f, char *err, size_t errlen) {
+    uint64_t at = 0, base = (uint64_t)(f->data - f->buf);
+    for (size_t i = 0; i < f->n; i++) {
+        const st_tensor *b = f->by_name[i];
+        if (b->begin < at)
+            return st_errf(err, errlen, "tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64
+                           ") overlap", f->by_name[i - 1]->name, f->by_name[i - 1]->begin, f->by_name[i - 1]->end,
+                           b->name, b->begin, b->end);
+        if (b->begin > at)
+            return st_errf(err, errlen, "tensor '%s' begins at data byte %" PRIu64 " (file byte %" PRIu64 "), %"
+                           PRIu64 " bytes after %s: the data section has a hole (unused bytes at file bytes %"
+                           PRIu64 "-%" PRIu64 ")", b->name, b->begin, base + b->begin, b->begin - at,
+                           i ? "the previous tensor's end" : "the data section's start", base + at,
+                           base + b->begin - 1);
+        at = b->end;
+    }
+    if (at != f->data_len)
+        return st_errf(err, errlen, "%" PRIu64 " bytes follow the last tensor's data (file bytes %" PRIu64 "-%" PRIu64
+                       " of %zu): trailing bytes or an appended file are refused", f->data_len - at, base + at,
+                       base + f->data_len - 1, f->len);
+    return 0;
+}
+
 /* Validates f->buf / f->len and fills the tensor table. */
 static int parse_buffer(st_file *f, char *err, size_t errlen) {
     if (f->len < 8)
@@ -197,6 +252,7 @@ static int parse_buffer(st_file *f, char *err, size_t errlen) {
     f->data = f->buf + 8 + hl;
     f->data_len = f->len - 8 - hl;
 
+    if (header_nul(f->buf + 8, hl, err, errlen)) return -1;
     const char *js = (const char *)f->buf + 8, *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(js, (size_t)hl, &end, 0);
     if (!root) {
@@ -240,17 +296,9 @@ static int parse_buffer(st_file *f, char *err, size_t errlen) {
     }
 
     for (size_t i = 0; i < f->n; i++) f->by_name[i] = &f->t[i];
-    /* overlap: sorted by (begin, end), each tensor must start at or after the previous end */
+    /* sorted by (begin, end), the tensors must tile the data section */
     qsort(f->by_name, f->n, sizeof(st_tensor *), cmp_offset);
-    for (size_t i = 1; i < f->n; i++) {
-        const st_tensor *a = f->by_name[i - 1], *b = f->by_name[i];
-        if (b->begin < a->end) {
-            st_errf(err, errlen,
-                   "tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64 ") overlap", a->name,
-                   a->begin, a->end, b->name, b->begin, b->end);
-            goto out;
-        }
-    }
+    if (check_tiling(f, err, errlen)) goto out;
     qsort(f->by_name, f->n, sizeof(st_tensor *), cmp_name);
     for (size_t i = 1; i < f->n; i++) {
         if (!strcmp(f->by_name[i - 1]->name, f->by_name[i]->name)) {
@@ -284,42 +332,89 @@ int st_parse(st_file **out, const uint8_t *buf, size_t len, char *err, size_t er
     return 0;
 }
 
-int st_open(st_file **out, const char *path, char *err, size_t errlen) {
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return st_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return st_errf(err, errlen, "%s: not a regular file", path);
+/* A mapped file truncated by another process while it is read raises SIGBUS on the first
+ * page past its new end. guarded() runs fn with a SIGBUS handler that jumps back, so that
+ * becomes an error naming the file. One guard at a time: cw-vae reads weights on one thread. */
+static sigjmp_buf bus_jmp;
+static volatile sig_atomic_t bus_armed;
+
+static void on_sigbus(int sig) {
+    if (bus_armed) siglongjmp(bus_jmp, 1);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* fn(arg) with SIGBUS turned into -2 (not guarded when f is not a mapping). */
+static int guarded(const st_file *f, int (*fn)(void *), void *arg) {
+    if (!f->mapped) return fn(arg);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &old);
+    int rc = -2;
+    if (sigsetjmp(bus_jmp, 1) == 0) {
+        bus_armed = 1;
+        rc = fn(arg);
     }
-    st_file *f = calloc(1, sizeof *f);
-    if (!f) {
-        close(fd);
-        return st_errf(err, errlen, "%s: out of memory", path);
-    }
-    f->len = (size_t)sb.st_size;
+    bus_armed = 0;
+    sigaction(SIGBUS, &old, NULL);
+    return rc;
+}
+
+typedef struct parse_args {
+    st_file *f;
+    char *err;
+    size_t errlen;
+} parse_args;
+
+static int parse_call(void *arg) {
+    parse_args *p = arg;
+    return parse_buffer(p->f, p->err, p->errlen);
+}
+
+/* Maps the file (or reads it whole where it cannot be mapped). */
+static int load_file(st_file *f, int fd, const char *path, char *err, size_t errlen) {
     void *m = f->len ? mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
     if (m != MAP_FAILED) {
         f->buf = m;
         f->mapped = 1;
-    } else { /* no mmap (or an empty file): read it whole */
-        f->buf = malloc(f->len ? f->len : 1);
-        size_t got = 0;
-        while (f->buf && got < f->len) {
-            ssize_t r = read(fd, f->buf + got, f->len - got);
-            if (r <= 0) break;
-            got += (size_t)r;
-        }
-        if (!f->buf || got != f->len) {
-            close(fd);
-            st_close(f);
-            return st_errf(err, errlen, "%s: cannot read %zu bytes", path, (size_t)sb.st_size);
-        }
+        return 0;
     }
-    close(fd);
+    f->buf = malloc(f->len ? f->len : 1); /* no mmap (or an empty file): read it whole */
+    size_t got = 0;
+    while (f->buf && got < f->len) {
+        ssize_t r = read(fd, f->buf + got, f->len - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    if (!f->buf || got != f->len) return st_errf(err, errlen, "%s: cannot read %zu bytes", path, f->len);
+    return 0;
+}
+
+int st_open(st_file **out, const char *path, char *err, size_t errlen) {
+    *out = NULL;
+    struct stat sb;
     char msg[512];
-    if (parse_buffer(f, msg, sizeof msg)) {
+    int fd = sys_open_regular(path, &sb, msg, sizeof(msg)); /* a FIFO is refused before any open */
+    if (fd < 0) return st_errf(err, errlen, "%s", msg);
+    st_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        close(fd);
+        return st_errf(err, errlen, "%s: out of memory", path);
+    }
+    f->len = (size_t)sb.st_size;
+    int rc = load_file(f, fd, path, err, errlen);
+    close(fd);
+    if (rc) {
+        st_close(f);
+        return -1;
+    }
+    parse_args pa = {f, msg, sizeof msg};
+    rc = guarded(f, parse_call, &pa);
+    if (rc == -2) snprintf(msg, sizeof(msg), "truncated while being read (SIGBUS in its header)");
+    if (rc) {
         st_close(f);
         return st_errf(err, errlen, "%s: %s", path, msg);
     }
@@ -336,6 +431,7 @@ void st_close(st_file *f) {
     free(f->by_name);
     if (f->mapped) munmap(f->buf, f->len);
     else free(f->buf);
+    free(f->path);
     free(f);
 }
 
@@ -367,14 +463,24 @@ const char *st_metadata(const st_file *f, const char *key) {
 
 static cw_dtype st_cw_dtype(st_dtype dt) { return dt == ST_F16 ? CW_F16 : dt == ST_BF16 ? CW_BF16 : CW_F32; }
 
-int st_read(const st_file *f, const st_tensor *t, st_dtype as, void *dst, size_t n, char *err, size_t errlen) {
-    if (!f || !t) return st_errf(err, errlen, "st_read: NULL file or tensor");
-    if (t < f->t || t >= f->t + f->n) return st_errf(err, errlen, "st_read: tensor is not from this file");
-    if (st_dtype_size(as) == 0) return st_errf(err, errlen, "st_read: unknown destination dtype %d", (int)as);
-    if ((uint64_t)n != (uint64_t)t->numel)
-        return st_errf(err, errlen, "tensor '%s' has %" PRId64 " elements, the destination holds %zu", t->name,
-                      t->numel, n);
-    if (n && !dst) return st_errf(err, errlen, "tensor '%s': NULL destination", t->name);
+typedef struct read_args {
+    const st_tensor *t;
+    st_dtype as;
+    void *dst;
+    size_t n;
+    char *err;
+    size_t errlen;
+} read_args;
+
+/* Copies (and converts) t's elements from the file's bytes. */
+static int read_call(void *arg) {
+    const read_args *r = arg;
+    const st_tensor *t = r->t;
+    st_dtype as = r->as;
+    void *dst = r->dst;
+    size_t n = r->n;
+    char *err = r->err;
+    size_t errlen = r->errlen;
     const size_t es = st_dtype_size(t->dtype), eo = st_dtype_size(as);
     const uint8_t *p = t->data;
     enum { CHUNK = 1024 };
@@ -396,6 +502,23 @@ int st_read(const st_file *f, const st_tensor *t, st_dtype as, void *dst, size_t
             return st_errf(err, errlen, "tensor '%s': conversion failed", t->name);
     }
     return 0;
+}
+
+int st_read(const st_file *f, const st_tensor *t, st_dtype as, void *dst, size_t n, char *err, size_t errlen) {
+    if (!f || !t) return st_errf(err, errlen, "st_read: NULL file or tensor");
+    if (t < f->t || t >= f->t + f->n) return st_errf(err, errlen, "st_read: tensor is not from this file");
+    if (st_dtype_size(as) == 0) return st_errf(err, errlen, "st_read: unknown destination dtype %d", (int)as);
+    if ((uint64_t)n != (uint64_t)t->numel)
+        return st_errf(err, errlen, "tensor '%s' has %" PRId64 " elements, the destination holds %zu", t->name,
+                      t->numel, n);
+    if (n && !dst) return st_errf(err, errlen, "tensor '%s': NULL destination", t->name);
+    read_args ra = {t, as, dst, n, err, errlen};
+    int rc = guarded(f, read_call, &ra);
+    if (rc == -2)
+        return st_errf(err, errlen, "%s: tensor '%s' (file bytes %" PRIu64 "-%" PRIu64 "): the file was truncated "
+                       "while being read (SIGBUS)", f->path ? f->path : "(buffer)", t->name,
+                       (uint64_t)(f->data - f->buf) + t->begin, (uint64_t)(f->data - f->buf) + t->end);
+    return rc;
 }
 
 int st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n, char *err, size_t errlen) {
