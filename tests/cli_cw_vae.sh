@@ -486,5 +486,22 @@ PY
 expect_timeout=10 expect 2 "bomb.png: 16384x16384 .*refused before decoding" -- --preset tiny --random-weights --encode "$tmp/bomb.png" --latent-out "$tmp/x.npy"
 rm -f "$tmp/bomb.png"
 
+# the latent scaling: a factor a float32 latent cannot be scaled by is refused up front, and a
+# scaled latent that overflows float32 is not written (it was written as -Inf with status 0)
+expect 2 "scaling-factor '1e300': too large"          -- --preset tiny --random-weights --size 64 --scaled-latent --scaling-factor 1e300
+expect 2 "scaling-factor '1e-320': subnormal, too small" -- --preset tiny --random-weights --size 64 --scaled-latent --scaling-factor 1e-320
+expect 2 "latent-out .*sl.npy.*Inf at .*does not fit float32" -- --preset tiny --weights "$fx/tiny_enc.safetensors" --encode "$fx/tiny_image0.png" --backend cpu -q --latent-out "$tmp/sl.npy" --scaled-latent --scaling-factor 3e38
+absent "$tmp/sl.npy"
+nostaged
+# genuine diffusers configs: '_' keys ignored, omitted keys are AutoencoderKL's class defaults
+# (here layers_per_block 1, latent_channels 4, ...: the tiny model), unknown public keys refused
+mkdir -p "$tmp/gm"
+ln -sf "$(cd "$fx" && pwd)/tiny_vae.safetensors" "$tmp/gm/diffusion_pytorch_model.safetensors"
+printf '{"_class_name": "AutoencoderKL", "_diffusers_version": "0.21.0", "_use_default_values": ["shift_factor"], "_name_or_path": "x", "block_out_channels": [8, 16, 32, 32], "norm_num_groups": 4}' >"$tmp/gm/config.json"
+"$bin" --model "$tmp/gm" --latent "$fx/tiny_latent.npy" --backend cpu -q --raw "$tmp/gm.npy" 2>"$tmp/err" ||
+    { echo "FAIL: a config with '_' keys and omitted keys: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+npyclose "$tmp/gm.npy" "$fx/tiny_out.npy" 1e-4
+printf '{"_class_name": "AutoencoderKL", "block_out_channels": [8, 16, 32, 32], "norm_num_groups": 4, "new_knob": 1}' >"$tmp/gm/config.json"
+expect 2 "config.json: unknown key 'new_knob'" -- --model "$tmp/gm" --latent "$fx/tiny_latent.npy"
 echo "$((n - fail)) passed, $fail failed"
 [ "$fail" -eq 0 ]

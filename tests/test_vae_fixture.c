@@ -250,8 +250,31 @@ static void check_config_json(void) {
     ASSERT_EQ_I(c.post_quant_conv, 1);
     ASSERT_EQ_I(c.mid_attention, 1);
     CHECK(c.shift_factor == 0.0 && fabs(c.scaling_factor - 0.18215) < 1e-12);
+    /* a genuine diffusers config: '_' keys ignored, every omitted key diffusers' AutoencoderKL
+     * class default (0.42.1), not the preset it was read over */
+    vae_config d;
+    ASSERT_EQ_I(vae_preset(&d, "sd3", err, sizeof(err)), 0);
+    const char *minimal = "{\"_class_name\": \"AutoencoderKL\", \"_use_default_values\": [\"shift_factor\"], "
+                          "\"_diffusers_version\": \"0.21.0\", \"_private_knob\": 1}";
+    rc = vae_config_parse_json(&d, minimal, strlen(minimal), "config.json", err, sizeof(err));
+    if (rc) fprintf(stderr, "minimal config: %s\n", err);
+    ASSERT_EQ_I(rc, 0);
+    ASSERT_EQ_I(d.n_blocks, 1);
+    ASSERT_EQ_I(d.block_out[0], 64);
+    ASSERT_EQ_I(d.layers_per_block, 1);
+    ASSERT_EQ_I(d.latent_channels, 4);
+    ASSERT_EQ_I(d.in_channels, 3);
+    ASSERT_EQ_I(d.out_channels, 3);
+    ASSERT_EQ_I(d.groups, 32);
+    ASSERT_EQ_I(d.quant_conv, 1);
+    ASSERT_EQ_I(d.post_quant_conv, 1);
+    ASSERT_EQ_I(d.mid_attention, 1);
+    ASSERT_EQ_I(d.force_upcast, 1);
+    CHECK(d.shift_factor == 0.0 && d.scaling_factor == 0.18215);
     static const char *const bad[][2] = {
         {"{\"norm_num_groups\": 3.5}", "norm_num_groups"},
+        {"{\"scaling_factor\": 1e300}", "scaling_factor"},
+        {"{\"scaling_factor\": 1e-320}", "scaling_factor"},
         {"{\"layers_per_block\": \"2\"}", "layers_per_block"},
         {"{\"up_block_types\": [\"UpDecoderBlock2D\", \"AttnUpDecoderBlock2D\", \"x\", \"y\"]}", "AttnUpDecoderBlock2D"},
         {"{\"_class_name\": \"AutoencoderTiny\"}", "AutoencoderTiny"},

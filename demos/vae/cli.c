@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -212,6 +213,25 @@ static const struct option longopts[] = {
         return die_usage("%s '%s': expected an integer in [%lld, %lld]", flag, optarg, (long long)(lo), (long long)(hi)); \
     return 0
 
+/* --scaling-factor: a latent (float32) times it must stay finite and non-zero, so the value
+ * lies in [1 / FLT_MAX, FLT_MAX]; the message says which way it is out. */
+static int parse_scaling(const char *arg, arch_flags *af) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(arg, &end);
+    if (end == arg || *end || isnan(v) || (v <= 0 && errno != ERANGE))
+        return die_usage("--scaling-factor '%s': expected a positive number", arg);
+    if (v <= 0) return die_usage("--scaling-factor '%s': underflows to 0, too small: expected a positive number", arg);
+    if (!vae_scaling_factor_ok(v))
+        return die_usage("--scaling-factor '%s': %s: expected a number in [%g, %g], so that a float32 latent "
+                         "scaled by it stays finite and non-zero", arg,
+                         v < DBL_MIN ? "subnormal, too small" : v < 1 ? "too small" : isinf(v) ? "overflows" : "too large",
+                         1.0 / FLT_MAX, (double)FLT_MAX);
+    af->scaling = v;
+    af->has_scaling = 1;
+    return 0;
+}
+
 /* The architecture's flags (applied over the preset or config.json later). Returns 0,
  * EXIT_USAGE, or -1 when c is not one of them. */
 static int parse_arch_opt(int c, arch_flags *af, const char **preset, opts *o) {
@@ -227,13 +247,11 @@ static int parse_arch_opt(int c, arch_flags *af, const char **preset, opts *o) {
     case OPT_QC: INT_OPT("--quant-conv", 0, 1, af->qc);
     case OPT_PQC: INT_OPT("--post-quant-conv", 0, 1, af->pqc);
     case OPT_MIDATT: INT_OPT("--mid-attention", 0, 1, af->midatt);
-    case OPT_SCALING:
-        if (parse_double(optarg, &af->scaling) || !(af->scaling > 0))
-            return die_usage("--scaling-factor '%s': expected a positive number", optarg);
-        af->has_scaling = 1;
-        return 0;
+    case OPT_SCALING: return parse_scaling(optarg, af);
     case OPT_SHIFT:
-        if (parse_double(optarg, &af->shift)) return die_usage("--shift-factor '%s': expected a number", optarg);
+        if (parse_double(optarg, &af->shift) || fabs(af->shift) > FLT_MAX)
+            return die_usage("--shift-factor '%s': expected a number within float32's range (|x| <= %g)", optarg,
+                             (double)FLT_MAX);
         af->has_shift = 1;
         return 0;
     default: return -1;

@@ -6,6 +6,7 @@
 #endif
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -13,8 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "safetensors.h"
+#include "sys.h"
 #include "vae.h"
 
 static void preset_sd_like(vae_config *c, const char *name, int latent, int qc, double sf, double shift) {
@@ -104,9 +107,9 @@ int vae_config_validate(const vae_config *c, char *err, size_t errlen) {
         if (c->block_out[i] < 1 || c->block_out[i] > (1 << 20) || c->block_out[i] % c->groups)
             return st_errf(err, errlen, "block channels %" PRId64 " (block %d) not a positive multiple of %d groups",
                            c->block_out[i], i, c->groups);
-    if (!(c->scaling_factor > 0.0) || !isfinite(c->scaling_factor) || !isfinite(c->shift_factor))
-        return st_errf(err, errlen, "scaling factor %g must be finite and > 0 and shift %g finite", c->scaling_factor,
-                       c->shift_factor);
+    if (!vae_scaling_factor_ok(c->scaling_factor) || !isfinite(c->shift_factor) || fabs(c->shift_factor) > FLT_MAX)
+        return st_errf(err, errlen, "scaling factor %g must be in [%g, %g] and shift %g a finite float32",
+                       c->scaling_factor, 1.0 / FLT_MAX, (double)FLT_MAX, c->shift_factor);
     if (!(c->eps > 0.0f) || !isfinite(c->eps)) return st_errf(err, errlen, "norm eps %g must be > 0", (double)c->eps);
     return 0;
 }
@@ -147,9 +150,34 @@ static int json_blocks(const cJSON *v, const char *path, const char *key, const 
     return 0;
 }
 
+/* diffusers' AutoencoderKL.__init__ defaults (0.42.1): what a config.json that omits a key
+ * means, as diffusers fills it from the class's signature. */
+static void class_defaults(vae_config *c) {
+    memset(c, 0, sizeof(*c));
+    c->in_channels = 3;
+    c->out_channels = 3;
+    c->n_blocks = 1;
+    c->block_out[0] = 64;
+    c->layers_per_block = 1;
+    c->latent_channels = 4;
+    c->groups = 32;
+    c->eps = 1e-6f;
+    c->scaling_factor = 0.18215;
+    c->shift_factor = 0.0; /* None */
+    c->force_upcast = 1;
+    c->quant_conv = 1;
+    c->post_quant_conv = 1;
+    c->mid_attention = 1;
+}
+
+/* A latent scaling factor x a float32 latent must stay finite and non-zero: 1 / FLT_MAX
+ * .. FLT_MAX (a subnormal or larger factor silently gives inf or 0). */
+int vae_scaling_factor_ok(double s) { return isfinite(s) && s >= 1.0 / FLT_MAX && s <= FLT_MAX; }
+
 int vae_config_parse_json(vae_config *cfg, const char *text, size_t len, const char *path, char *err,
                           size_t errlen) {
-    vae_config c = *cfg;
+    vae_config c;
+    class_defaults(&c);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!j) {
@@ -185,8 +213,9 @@ int vae_config_parse_json(vae_config *cfg, const char *text, size_t len, const c
                         cJSON_IsString(it) ? "'" : "");
                 goto out;
             }
-        } else if (!strcmp(k, "_diffusers_version") || !strcmp(k, "_name_or_path") || !strcmp(k, "sample_size")) {
-            /* informational */
+        } else if (k[0] == '_' || !strcmp(k, "sample_size")) {
+            /* diffusers' private keys (_diffusers_version, _use_default_values, _name_or_path, ...)
+             * and the sample size do not change the model: diffusers ignores them too */
         } else if (!strcmp(k, "in_channels")) {
             if (json_int(it, path, k, 1, 4096, &v, err, errlen)) goto out;
             c.in_channels = (int)v;
@@ -228,8 +257,9 @@ int vae_config_parse_json(vae_config *cfg, const char *text, size_t len, const c
                 goto out;
             }
         } else if (!strcmp(k, "scaling_factor")) {
-            if (!cJSON_IsNumber(it) || !(it->valuedouble > 0) || !isfinite(it->valuedouble)) {
-                st_errf(err, errlen, "%s: 'scaling_factor' must be a positive number", path);
+            if (!cJSON_IsNumber(it) || !vae_scaling_factor_ok(it->valuedouble)) {
+                st_errf(err, errlen, "%s: 'scaling_factor' must be a number in [%g, %g] (a float32 latent times it "
+                        "stays finite and non-zero)", path, 1.0 / FLT_MAX, (double)FLT_MAX);
                 goto out;
             }
             c.scaling_factor = it->valuedouble;
@@ -276,20 +306,21 @@ out:
 }
 
 int vae_config_load(vae_config *cfg, const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return st_errf(err, errlen, "%s: %s", path, strerror(errno));
-    char *buf = malloc(1 << 20);
-    if (!buf) {
-        fclose(f);
-        return st_errf(err, errlen, "%s: out of memory", path);
+    struct stat sb;
+    char msg[320];
+    int fd = sys_open_regular(path, &sb, msg, sizeof msg); /* a FIFO is refused before any open */
+    if (fd < 0) return st_errf(err, errlen, "%s", msg);
+    if (sb.st_size > (1 << 20)) {
+        close(fd);
+        return st_errf(err, errlen, "%s: larger than 1 MiB, not a model config", path);
     }
-    size_t n = fread(buf, 1, 1 << 20, f);
-    int bad = ferror(f), more = !bad && n == (1 << 20) && fgetc(f) != EOF;
-    fclose(f);
+    char *buf = malloc((size_t)sb.st_size + 1);
+    ssize_t n = buf ? read(fd, buf, (size_t)sb.st_size) : -1;
+    close(fd);
     int rc;
-    if (bad) rc = st_errf(err, errlen, "%s: read error", path);
-    else if (more) rc = st_errf(err, errlen, "%s: larger than 1 MiB, not a model config", path);
-    else rc = vae_config_parse_json(cfg, buf, n, path, err, errlen);
+    if (!buf) rc = st_errf(err, errlen, "%s: out of memory", path);
+    else if (n != (ssize_t)sb.st_size) rc = st_errf(err, errlen, "%s: read error", path);
+    else rc = vae_config_parse_json(cfg, buf, (size_t)n, path, err, errlen);
     free(buf);
     return rc;
 }

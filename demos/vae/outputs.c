@@ -152,6 +152,21 @@ int outputs_stage(void) {
     return 0;
 }
 
+/* --scaled-latent on --latent-out: (z - shift) * scaling must stay finite in float32.
+ * Returns 0, or -1 after a message naming the flag and where. */
+static int latent_scale(const opts *o, float *z, const int64_t zd[4]) {
+    int64_t n = zd[0] * zd[1] * zd[2] * zd[3];
+    vae_latent_scale(&o->cfg, z, (size_t)n);
+    int64_t bad = vae_find_nonfinite(z, n);
+    if (bad < 0) return 0;
+    char where[160];
+    vae_index_str(where, sizeof(where), z, bad, 4, zd);
+    fprintf(stderr, "%s: --latent-out %s: --scaled-latent with scaling factor %g and shift %g gives %s: the latent "
+            "does not fit float32 (nothing written)\n", prog, o->latent_out, o->cfg.scaling_factor,
+            o->cfg.shift_factor, where);
+    return -1;
+}
+
 static void write_out_error(const out_file *f, const char *err) {
     fprintf(stderr, "%s: %s %s: %s\n", prog, f->flag, f->path, err);
 }
@@ -181,7 +196,11 @@ int outputs_finish(const opts *o, const float *out, const int64_t dims[4]) {
                     fprintf(stderr, "%s: out of memory for the latents\n", prog);
                     return EXIT_RUN;
                 }
-                if (o->scaled_latent) vae_latent_scale(&o->cfg, z, (size_t)(n * zd[1] * zd[2] * zd[3]));
+                if (o->scaled_latent && latent_scale(o, z, zd)) {
+                    free(z);
+                    unstage_all();
+                    return EXIT_USAGE;
+                }
             }
             size_t L = strlen(f->path);
             if (L > 12 && !strcmp(f->path + L - 12, ".safetensors")) {
