@@ -15,12 +15,12 @@ trap 'rm -rf "$tmp"' EXIT
 fail=0 n=0
 
 # expect STATUS PATTERN -- args...: exit status and a stderr line matching PATTERN, within
-# $expect_timeout seconds (default 120: a hang fails with status 124)
+# $expect_timeout seconds (default 120: a hang fails with status 124), stdout to $expect_stdout
 expect() {
     local want=$1 pat=$2
     shift 3
     n=$((n + 1))
-    timeout "${expect_timeout:-120}" "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+    timeout "${expect_timeout:-120}" "$bin" "$@" >"${expect_stdout:-$tmp/out}" 2>"$tmp/err"
     local got=$?
     if [ "$got" != "$want" ] || ! grep -qE -- "$pat" "$tmp/err"; then
         echo "FAIL: cw-vae $* -> status $got (want $want), stderr:" >&2
@@ -503,5 +503,51 @@ printf '{"_class_name": "AutoencoderKL", "_diffusers_version": "0.21.0", "_use_d
 npyclose "$tmp/gm.npy" "$fx/tiny_out.npy" 1e-4
 printf '{"_class_name": "AutoencoderKL", "block_out_channels": [8, 16, 32, 32], "norm_num_groups": 4, "new_knob": 1}' >"$tmp/gm/config.json"
 expect 2 "config.json: unknown key 'new_knob'" -- --model "$tmp/gm" --latent "$fx/tiny_latent.npy"
+# stdout that cannot be written (/dev/full) is a failure: --plan lost, or the summary lost
+# before the outputs are renamed (they are not then)
+expect_stdout=/dev/full expect 1 "--plan: writing to stdout: No space left" -- --preset tiny --random-weights --size 64 --backend cpu -q --plan
+n=$((n + 1))
+"$bin" --preset tiny --random-weights --size 64 --backend cpu --raw "$tmp/full.npy" >/dev/full 2>"$tmp/err"
+st=$?
+[ $st = 1 ] && grep -q "writing to stdout: No space left on device (nothing written)" "$tmp/err" ||
+    { echo "FAIL: summary to /dev/full: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+absent "$tmp/full.npy"
+nostaged
+# a child killed by any signal (SIGKILL as the OOM killer sends) fails the run, --tune's too,
+# and the outputs stay as they were
+for mode in single tune; do
+    echo "old" >"$tmp/k.png"
+    extra=()
+    [ $mode = tune ] && extra=(--tune)
+    "$bin" --preset sd --random-weights --size 128 --backend cpu --threads 1 -q "${extra[@]}" -o "$tmp/k.png" \
+        >/dev/null 2>"$tmp/err" &
+    pid=$!
+    first="" victim=""
+    for _ in $(seq 300); do
+        k=$(cat /proc/$pid/task/*/children 2>/dev/null | tr -d ' ')
+        if [ -n "$k" ] && { [ $mode = single ] || { [ -n "$first" ] && [ "$k" != "$first" ]; }; }; then
+            victim=$k
+            break
+        fi
+        [ -n "$k" ] && first=$k
+        sleep 0.05
+    done
+    sleep 0.2
+    [ -n "$victim" ] && kill -KILL "$victim"
+    wait $pid
+    st=$?
+    n=$((n + 1))
+    [ -n "$victim" ] && [ $st = 1 ] && grep -q "child killed by signal 9" "$tmp/err" ||
+        { echo "FAIL: $mode: child $victim killed: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+    same "$tmp/k.png" "old"
+done
+nostaged
+# under ulimit -v 1G: a clean error before the run (OpenBLAS retries its buffers forever once
+# the address space is out) or a clean run where the libraries leave room; never a hang
+n=$((n + 1))
+(ulimit -v 1048576 && exec timeout 60 "$bin" --preset tiny --random-weights --size 64 --backend cpu -q) 2>"$tmp/err"
+st=$?
+[ $st = 0 ] || { [ $st = 2 ] && grep -q "ulimit -v" "$tmp/err"; } ||
+    { echo "FAIL: ulimit -v 1G: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
 echo "$((n - fail)) passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -76,6 +76,7 @@ typedef struct run_result {
     volatile int64_t tasks_done, tasks_total; /* the child's decode progress, for the bar */
     double max_diff;        /* filled by the parent: vs the reference */
     int nonfinite;          /* the output holds NaN/Inf (err says where) */
+    int killed_by;          /* filled by the parent: the signal that ended the child, or 0 */
 } run_result;
 
 /* The input of every run: [n, c, h, w] f32 on the host. */

@@ -17,20 +17,9 @@
 
 #include "cli.h"
 #include "image.h"
+#include "sys.h"
 
 /* ---- the job's size against the machine's memory ------------------------------------------------- */
-
-static int64_t machine_memory(void) {
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
-    int64_t m = pages > 0 && psz > 0 ? (int64_t)pages * psz : INT64_MAX;
-    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r"); /* a container's limit */
-    if (f) {
-        long long v;
-        if (fscanf(f, "%lld", &v) == 1 && v > 0 && v < m) m = v;
-        fclose(f);
-    }
-    return m;
-}
 
 /* Largest activation of the graph, elements: every level's widest tensor. */
 static int64_t largest_activation(const vae_config *c, int part, int64_t n, int64_t h, int64_t w) {
@@ -53,6 +42,26 @@ static int64_t largest_activation(const vae_config *c, int part, int64_t n, int6
     return best;
 }
 
+/* OpenBLAS maps a 128 MiB buffer per thread and, when the address space (ulimit -v) refuses
+ * it, retries forever: the run hangs instead of failing. So under a finite RLIMIT_AS the job
+ * must leave room for them (128 MiB + 8 KiB each, one per thread and one for the caller). */
+static int address_space_check(const opts *o, double need) {
+    int64_t left = sys_address_space_left();
+    if (left == INT64_MAX) return 0;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = o->threads > 0 ? o->threads : cpus > 0 ? (int)cpus : 1;
+    double blas = (double)(threads + 1) * (double)((128 << 20) + (8 << 10));
+    if (need + blas <= (double)left) return 0;
+    char a[32], b[32], c[32];
+    fmt_bytes(a, sizeof(a), left);
+    fmt_bytes(b, sizeof(b), (int64_t)fmin(need, 9e18));
+    fmt_bytes(c, sizeof(c), (int64_t)blas);
+    die_usage("the address-space limit (ulimit -v) leaves %s, and the job needs at least %s plus %s for the BLAS "
+              "buffers of %d threads (OpenBLAS hangs without them): raise ulimit -v, or give fewer --threads",
+              a, b, c, threads);
+    return -1;
+}
+
 /* Refuses a job that cannot fit before anything big exists. Returns 0 or EXIT_USAGE. */
 static int check_memory(const opts *o, int64_t n, int64_t cin, int64_t h, int64_t w, int64_t out_numel) {
     if (o->no_mem_check) return 0;
@@ -64,7 +73,8 @@ static int check_memory(const opts *o, int64_t n, int64_t cin, int64_t h, int64_
     int host_act = o->backend == CW_BACKEND_CPU || (o->backend == CW_BACKEND_AUTO && stat("/dev/nvidiactl", &s) != 0);
     double act_b = host_act ? 2.0 * (double)largest_activation(&o->cfg, o->part, n, h, w) * (double)cw_dtype_size(o->dtype) : 0;
     double need = in_b + out_b + wt_b + act_b;
-    int64_t have = machine_memory();
+    if (address_space_check(o, need)) return EXIT_USAGE;
+    int64_t have = sys_memory_available();
     if (need <= (double)have) return 0;
     char a[32], b[32], c1[32], d[32], e[32], f[32];
     fmt_bytes(a, sizeof(a), (int64_t)fmin(need, 9e18));
@@ -309,7 +319,9 @@ static int run_scheduled(const opts *o, const job *jb, const run_cfg *cfgs, int 
         }
         if (code == 0) res->max_diff = max_abs_diff(sr.data, ref_out, jb->out_numel);
         results[i] = *res;
-        if (code != 0 && (!o->tune || res->nonfinite)) {
+        /* --tune keeps going past a configuration over budget, but not past a child killed by
+         * a signal (the OOM killer, a crash): that is a failure of the run, as in a single run */
+        if (code != 0 && (!o->tune || res->nonfinite || res->killed_by)) {
             int ret = report_failure(res);
             child_area_unmap(&sr);
             child_area_unmap(final);
@@ -429,6 +441,15 @@ static int run_many(const opts *o, const job *jb, const plan_io *io, child_area 
     return 0;
 }
 
+/* Tables, --plan and summaries go to stdout: a write error there (a full disk, /dev/full,
+ * a closed pipe) is a failure, not a silent loss. Returns 0, or -1 after a message. */
+static int stdout_check(const char *then) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+    int e = errno;
+    if (then) fprintf(stderr, "%s: writing to stdout: %s (%s)\n", prog, strerror(e), then);
+    return -1;
+}
+
 int main(int argc, char **argv) {
     opts o;
     int rc = cli_parse_args(argc, argv, &o);
@@ -446,10 +467,10 @@ int main(int argc, char **argv) {
         const run_result *fres = final.head;
         if (fres->nonfinite) /* only with --allow-nonfinite: the child fails otherwise */
             fprintf(stderr, "%s: warning: %s (written anyway: --allow-nonfinite)\n", prog, fres->err);
-        fflush(stdout);
-        ret = outputs_finish(&o, final.data, io.out_dims);
+        ret = stdout_check("nothing written") ? EXIT_RUN : outputs_finish(&o, final.data, io.out_dims);
         child_area_unmap(&final);
     }
+    if (stdout_check(ret ? NULL : "outputs written") && !ret) ret = EXIT_RUN;
     outputs_free();
     free(io.in);
     if (g_stop) stop_now();

@@ -235,7 +235,11 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
         if (cw_plan_describe(plan, &text, 0) == CW_OK) printf("plan (%s):\n%s\n", rc->label, text);
         cw_free(text);
         print_ladder(m, plan, &co);
-        fflush(stdout);
+        if (fflush(stdout) != 0 || ferror(stdout)) { /* --plan is the output asked for: its loss is a failure */
+            snprintf(res->err, sizeof(res->err), "--plan: writing to stdout: %s", strerror(errno));
+            code = EXIT_RUN;
+            goto done;
+        }
     }
     if ((st = run_repeats(o, m, plan, jb, res, out)) != CW_OK) goto fail;
     if (rc->trace && jb->trace_tmp && (st = cw_plan_write_trace(plan, jb->trace_tmp)) != CW_OK) {
@@ -340,6 +344,7 @@ int run_in_child(const opts *o, const run_cfg *rc, const job *jb, const char *pr
         snprintf(res->err, sizeof(res->err), "%s: child killed by signal %d (%s)", rc->label, st.code,
                  strsignal(st.code));
         res->exit_code = EXIT_RUN;
+        res->killed_by = st.code;
         return EXIT_RUN;
     }
     if (st.code != 0 && res->exit_code <= 0) {
