@@ -8,7 +8,7 @@
 # weights and latent (skipped with a note when no Python has torch + diffusers).
 # usage: cli_cw_vae.sh CW_VAE_BINARY SOURCE_DIR
 set -u
-bin=$1 src=$2
+bin=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") src=$2
 fx=$src/tests/fixtures
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -243,8 +243,9 @@ nostaged
 # late failures are early ones now
 expect 2 "needs at least .* memory" -- --preset sd --random-weights --size 200000
 expect 2 "patches none.*budget"    -- --preset tiny --random-weights --patches none --budget 16MiB
-# SIGTERM / SIGINT: the child dies with the parent and no output appears
-for sig in TERM INT KILL; do
+# SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ (each removes what was staged) and SIGKILL
+# (it cannot be caught: staged files may stay): the child dies with the parent, no output appears
+for sig in TERM INT HUP QUIT PIPE XFSZ KILL; do
     "$bin" --preset sd --random-weights --size 192 --backend cpu --threads 1 -q -o "$tmp/sig.png" --raw "$tmp/sig.npy" \
         >/dev/null 2>&1 &
     pid=$!
@@ -549,5 +550,48 @@ n=$((n + 1))
 st=$?
 [ $st = 0 ] || { [ $st = 2 ] && grep -q "ulimit -v" "$tmp/err"; } ||
     { echo "FAIL: ulimit -v 1G: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+# outputs all or nothing: a --raw target that cannot be replaced (immutable) fails before -o
+# is replaced (it used to be renamed first)
+echo "old" >"$tmp/imm.png"
+echo "old raw" >"$tmp/imm.npy"
+if chattr +i "$tmp/imm.npy" 2>/dev/null; then
+    expect 1 "--raw .*imm.npy: cannot be replaced" -- --preset tiny --random-weights --size 64 --backend cpu -q -o "$tmp/imm.png" --raw "$tmp/imm.npy"
+    chattr -i "$tmp/imm.npy"
+    same "$tmp/imm.png" "old"
+    same "$tmp/imm.npy" "old raw"
+    nostaged
+else
+    echo "note: chattr +i is not available here: the immutable --raw case is not tested"
+fi
+# a real SIGXFSZ (ulimit -f) and SIGPIPE (stdout a pipe nobody reads) while outputs are
+# staged: no staged file left, no output, death by that signal
+n=$((n + 1))
+(ulimit -f 8 && exec "$bin" --preset tiny --random-weights --size 64 --backend cpu -q -o "$tmp/xf.png" --raw "$tmp/xf.npy") 2>/dev/null
+st=$?
+[ $st = $((128 + $(kill -l XFSZ))) ] || { echo "FAIL: ulimit -f: status $st, want death by SIGXFSZ" >&2; fail=$((fail + 1)); }
+absent "$tmp/xf.png" "$tmp/xf.npy"
+nostaged
+n=$((n + 1))
+python3 - "$bin" "$tmp/pp.png" <<'PY' || fail=$((fail + 1))
+import os, signal, subprocess, sys
+r, w = os.pipe()
+os.close(r)  # nobody reads: the first write raises SIGPIPE
+p = subprocess.run([sys.argv[1], '--preset', 'tiny', '--random-weights', '--size', '64', '--backend', 'cpu',
+                    '-o', sys.argv[2]], stdout=w, stderr=subprocess.DEVNULL, restore_signals=True)
+if p.returncode != -signal.SIGPIPE:
+    print('FAIL: stdout a closed pipe: returncode %d, want death by SIGPIPE' % p.returncode, file=sys.stderr)
+    sys.exit(1)
+PY
+absent "$tmp/pp.png"
+nostaged
+# a relative -o from a working folder that was deleted: refused, nothing touched
+mkdir "$tmp/gone"
+echo "keep" >"$tmp/keep2.png"
+n=$((n + 1))
+(cd "$tmp/gone" && rmdir "$tmp/gone" && exec "$bin" --preset tiny --random-weights --size 64 --backend cpu -q -o ../keep2.png) 2>"$tmp/err"
+st=$?
+[ $st = 2 ] && grep -q "working folder no longer exists" "$tmp/err" ||
+    { echo "FAIL: deleted working folder: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+same "$tmp/keep2.png" "keep"
 echo "$((n - fail)) passed, $fail failed"
 [ "$fail" -eq 0 ]

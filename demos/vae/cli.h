@@ -102,6 +102,8 @@ int die_usage(const char *fmt, ...);
 /* ---- run.c: one configuration in a forked child, and the signals that stop it */
 extern volatile sig_atomic_t g_stop;   /* the signal that asked us to stop, or 0 */
 extern volatile pid_t g_child;         /* the running child, or 0 */
+#define N_STOP_SIGNALS 6
+extern const int stop_signals[N_STOP_SIGNALS]; /* SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ */
 void install_stop_handlers(void);
 /* A progress display only on a terminal, and not with --quiet. */
 int spinner_on(const opts *o);

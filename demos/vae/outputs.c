@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,6 +51,8 @@ void stop_now(void) {
     outputs_free();
     int sig = g_stop;
     fflush(stdout);
+    struct rlimit none = {0, 0}; /* SIGQUIT/SIGXFSZ: the user stopped us, no core file beside the outputs */
+    setrlimit(RLIMIT_CORE, &none);
     signal(sig, SIG_DFL);
     raise(sig);
     _exit(128 + sig);
@@ -86,6 +89,9 @@ static int canon_path(const char *flag, const char *path, char *buf, size_t len)
     const char *base = slash ? slash + 1 : path;
     if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
         return die_usage("%s %s: names a folder, not a file", flag, path);
+    if (path[0] != '/' && !getcwd(real, sizeof(real)) && errno == ENOENT)
+        return die_usage("%s %s: the working folder no longer exists (deleted): a relative path names nothing; "
+                         "give an absolute one", flag, path);
     if (!slash) snprintf(dir, sizeof(dir), ".");
     else if (slash == path) snprintf(dir, sizeof(dir), "/");
     else snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
@@ -171,6 +177,64 @@ static void write_out_error(const out_file *f, const char *err) {
     fprintf(stderr, "%s: %s %s: %s\n", prog, f->flag, f->path, err);
 }
 
+/* Moves the renamed targets back (or removes the new ones that had no old file). */
+static void roll_back(char **old, int done) {
+    for (int j = 0; j < done; j++) {
+        if (old[j]) rename(old[j], g_outs[j].path);
+        else unlink(g_outs[j].path);
+    }
+}
+
+/* Renames every staged file onto its target, all or nothing: each existing target first gets
+ * a hard link beside it (its staged name + ".old"), so a target that cannot be replaced
+ * (immutable, append-only) fails before anything moved; when a rename still fails, those
+ * done are moved back. The stop signals are held meanwhile. Returns 0 or EXIT_RUN. */
+static int commit_all(const opts *o) {
+    sigset_t block, oldmask;
+    sigemptyset(&block);
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaddset(&block, stop_signals[i]);
+    sigprocmask(SIG_BLOCK, &block, &oldmask);
+    char **old = calloc((size_t)g_n_outs + 1, sizeof(*old));
+    int ret = old ? 0 : EXIT_RUN, done = 0;
+    if (!old) fprintf(stderr, "%s: out of memory\n", prog);
+    for (int i = 0; i < g_n_outs && !ret; i++) {
+        out_file *f = &g_outs[i];
+        struct stat s;
+        if (lstat(f->path, &s) != 0 && errno == ENOENT) continue;
+        size_t len = strlen(f->tmp) + 8;
+        if (!(old[i] = malloc(len))) {
+            ret = EXIT_RUN;
+            break;
+        }
+        snprintf(old[i], len, "%s.old", f->tmp);
+        if (link(f->path, old[i]) != 0) {
+            char why[160];
+            snprintf(why, sizeof(why), "cannot be replaced (keeping a link to it failed: %s): nothing written",
+                     strerror(errno));
+            write_out_error(f, why);
+            free(old[i]);
+            old[i] = NULL;
+            ret = EXIT_RUN;
+        }
+    }
+    for (; done < g_n_outs && !ret; done++)
+        if (rename(g_outs[done].tmp, g_outs[done].path) != 0) {
+            write_out_error(&g_outs[done], strerror(errno));
+            roll_back(old, done);
+            ret = EXIT_RUN;
+        }
+    for (int i = 0; i < g_n_outs; i++) {
+        if (old && old[i]) unlink(old[i]);
+        if (old) free(old[i]);
+        if (!ret && !o->quiet) printf("wrote %s\n", g_outs[i].path);
+        if (!ret) free(g_outs[i].tmp), g_outs[i].tmp = NULL;
+    }
+    free(old);
+    unstage_all();
+    sigprocmask(SIG_SETMASK, &oldmask, NULL);
+    return ret;
+}
+
 /* Writes the results into the staged files, then renames all of them into place. Returns 0
  * or an exit code (nothing renamed then, and every staged file removed). */
 int outputs_finish(const opts *o, const float *out, const int64_t dims[4]) {
@@ -223,28 +287,7 @@ int outputs_finish(const opts *o, const float *out, const int64_t dims[4]) {
     }
     free(z);
     if (g_stop) stop_now();
-    /* every output is complete: rename them all (signals held so none is cut in half) */
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGHUP);
-    sigprocmask(SIG_BLOCK, &block, &old);
-    int ret = 0;
-    for (int i = 0; i < g_n_outs; i++) {
-        out_file *f = &g_outs[i];
-        if (rename(f->tmp, f->path) != 0) {
-            write_out_error(f, strerror(errno));
-            ret = EXIT_RUN;
-            break;
-        }
-        free(f->tmp);
-        f->tmp = NULL;
-        if (!o->quiet) printf("wrote %s\n", f->path);
-    }
-    unstage_all();
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    return ret;
+    return commit_all(o);
 }
 
 /* -o (one per sample of a batch), --raw, --latent-out and --trace. */

@@ -288,15 +288,19 @@ static void on_stop_signal(int sig) {
     if (c > 0) kill(c, SIGKILL);
 }
 
+/* Every signal whose default ends the process and that can be caught: each removes what was
+ * staged before cw-vae dies of it. SIGKILL (and SIGSTOP) cannot be caught: after a SIGKILL
+ * of the parent, staged files (*.cw-*) beside the targets are left (the targets are not
+ * touched); the child dies with the parent (PR_SET_PDEATHSIG). */
+const int stop_signals[N_STOP_SIGNALS] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ};
+
 void install_stop_handlers(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = 0; /* no SA_RESTART: wait4 returns EINTR */
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(stop_signals[i], &sa, NULL);
 }
 
 /* What the child runs: rc on jb, reporting into the area's head (a run_result) and data. */
