@@ -593,5 +593,20 @@ st=$?
 [ $st = 2 ] && grep -q "working folder no longer exists" "$tmp/err" ||
     { echo "FAIL: deleted working folder: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
 same "$tmp/keep2.png" "keep"
+# messages: an empty value names its option; a path with a newline stays on one line
+expect 2 "^cw-vae: --encode '': empty value" -- --preset tiny --random-weights --encode '' --latent-out "$tmp/x.npy"
+expect 2 "^cw-vae: -o '': empty value"       -- --preset tiny --random-weights -o ''
+n=$((n + 1))
+"$bin" --preset tiny --random-weights --latent "$tmp/new
+line.npy" 2>"$tmp/err"
+st=$?
+[ $st = 2 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -qF 'new\nline.npy: cannot open' "$tmp/err" ||
+    { echo "FAIL: a path with a newline: status $st, stderr:" >&2; sed 's/^/    /' "$tmp/err" >&2; fail=$((fail + 1)); }
+# --memory SIZE alone: cw-vae chooses the temporaries' share (the default 512 MiB budget
+# refused 1 MiB); an explicit --budget is still kept
+"$bin" "${tiny[@]}" --memory 1MiB --raw "$tmp/mem1.npy" 2>"$tmp/err" ||
+    { echo "FAIL: --memory 1MiB alone: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+npyclose "$tmp/mem1.npy" "$fx/tiny_out.npy" 1e-4
+expect 2 "smallest --memory that works at this --budget" -- "${tiny[@]}" --memory 1MiB --budget 512MiB
 echo "$((n - fail)) passed, $fail failed"
 [ "$fail" -eq 0 ]

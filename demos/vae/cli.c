@@ -16,6 +16,7 @@
 #include <strings.h>
 
 #include "cli.h"
+#include "sys.h"
 
 const char *prog = "cw-vae";
 
@@ -70,7 +71,8 @@ static void usage(FILE *f) {
             "                        where storing every activation needs more, ResNet blocks' inner\n"
             "                        activations are recomputed band by band (exact; costs FLOPs, printed).\n"
             "                        auto (default): the least memory the ladder (--plan) gives for at\n"
-            "                        most PCT %% (default 10) more conv FLOPs; none: store everything\n"
+            "                        most PCT %% (default 10) more conv FLOPs; none: store everything.\n"
+            "                        SIZE without --budget: cw-vae chooses the temporaries' share of SIZE\n"
             "  --streams N           1 = in order; N = N-1 heavy streams + 1 light (default 2)\n"
             "  --patches auto|N|none row patches per conv: fewest that fit, fixed N, or unscheduled\n"
             "                        (none ignores any budget: giving both is an error)\n"
@@ -109,15 +111,25 @@ static void usage(FILE *f) {
 }
 
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 1, 2)))
-#endif
+/* "prog: MESSAGE" as one line: a path with a newline (or another control byte) in it is
+ * printed escaped (\n), so every message stays one line. */
+static void vsay(const char *fmt, va_list ap) {
+    char msg[2048], esc[4096];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    fprintf(stderr, "%s: %s\n", prog, sys_escape(esc, sizeof(esc), msg));
+}
+
+void say(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsay(fmt, ap);
+    va_end(ap);
+}
+
 int die_usage(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", prog);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsay(fmt, ap);
     va_end(ap);
     return EXIT_USAGE;
 }
@@ -445,12 +457,17 @@ int cli_parse_args(int argc, char **argv, opts *o) {
     set_defaults(o);
     opterr = 0;
     int c, rc;
-    while ((c = getopt_long(argc, argv, ":o:qh", longopts, NULL)) != -1) {
+    int li = -1;
+    while ((c = getopt_long(argc, argv, ":o:qh", longopts, &li)) != -1) {
         if (c == 'h') {
             usage(stdout);
             exit(0);
         }
         if (c == ':') return die_usage("option '%s' needs an argument (see --help)", argv[optind - 1]);
+        if (optarg && !*optarg) /* '' names no file, size or number: say which option got it */
+            return die_usage("%s%s '': empty value (see --help)", c == 'o' ? "-" : "--",
+                             c == 'o' ? "o" : li >= 0 ? longopts[li].name : "?");
+        li = -1;
         if ((rc = parse_arch_opt(c, &af, &preset, o)) >= 0 || (rc = parse_io_opt(c, o)) >= 0 ||
             (rc = parse_sched_opt(c, o)) >= 0 || (rc = parse_measure_opt(c, o)) >= 0) {
             if (rc) return rc;

@@ -77,6 +77,7 @@ typedef struct run_result {
     double max_diff;        /* filled by the parent: vs the reference */
     int nonfinite;          /* the output holds NaN/Inf (err says where) */
     int killed_by;          /* filled by the parent: the signal that ended the child, or 0 */
+    int64_t temp_budget;    /* the temporary budget compiled with (--memory alone chooses it) */
 } run_result;
 
 /* The input of every run: [n, c, h, w] f32 on the host. */
@@ -98,6 +99,11 @@ int cli_parse_args(int argc, char **argv, opts *o);
 __attribute__((format(printf, 1, 2)))
 #endif
 int die_usage(const char *fmt, ...);
+/* The same line without the exit code (control bytes escaped: one line whatever the paths). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+void say(const char *fmt, ...);
 
 /* ---- run.c: one configuration in a forked child, and the signals that stop it */
 extern volatile sig_atomic_t g_stop;   /* the signal that asked us to stop, or 0 */

@@ -99,12 +99,12 @@ static int load_images(const opts *o, float **in, int64_t d[4]) {
         float *x = NULL;
         int64_t xd[4];
         size_t L = strlen(o->images[i]);
-        int bad = L > 4 && !strcmp(o->images[i] + L - 4, ".npy")
-                      ? vae_tensor_load("--encode", o->images[i], &x, xd, err, sizeof(err))
+        int npy = L > 4 && !strcmp(o->images[i] + L - 4, ".npy");
+        int bad = npy ? vae_tensor_load("--encode", o->images[i], &x, xd, err, sizeof(err))
                       : img_read_png(o->images[i], &x, xd, err, sizeof(err));
         if (bad) {
             free(*in);
-            return die_usage("%s", err);
+            return die_usage("%s%s", npy ? "" : "--encode ", err); /* the PNG reader names the file only */
         }
         if (i > 0 && (xd[1] != d[1] || xd[2] != d[2] || xd[3] != d[3])) {
             free(x);
@@ -257,7 +257,8 @@ static void print_banner(const opts *o, const plan_io *io) {
            "x%" PRId64 ", %s weights, %s, budget %s\n",
            cw_version_string(), o->part == VAE_DECODER ? "decode" : "encode", o->model ? "model" : "preset",
            o->model ? o->model : cfg->name, io->d[0], io->d[1], io->d[2], io->d[3], io->out_dims[1], io->out_dims[2],
-           io->out_dims[3], o->weights ? o->weights : "random", dt, o->budget < 0 ? "unlimited" : bud);
+           io->out_dims[3], o->weights ? o->weights : "random", dt,
+           o->memory > 0 && !o->budget_given ? "chosen within --memory" : o->budget < 0 ? "unlimited" : bud);
     if (cfg->force_upcast && o->dtype != CW_F32 && o->model)
         printf("note: %s has force_upcast: diffusers runs this VAE in f32; --dtype %s may overflow\n", o->model_config,
                dt);
@@ -276,7 +277,12 @@ static int run_single(const opts *o, const job *jb, const char *verb, child_area
         child_area_unmap(&sr);
         return ret;
     }
-    if (!o->quiet) report_single(sr.head, &r);
+    const run_result *res = sr.head;
+    if (res->temp_budget != r.budget) { /* --memory alone chose the temporaries' share */
+        r.budget = res->temp_budget;
+        label_for(&r);
+    }
+    if (!o->quiet) report_single(res, &r);
     *final = sr;
     return 0;
 }
@@ -431,7 +437,7 @@ static int run_many(const opts *o, const job *jb, const plan_io *io, child_area 
     print_comparison(o, &ref, ref_res, rs.data, cfgs, results, n, best, &peer, final, jb->out_numel);
     peer_result_free(&peer);
     if (best < 0) {
-        fprintf(stderr, "%s: no configuration fits the budget\n", prog);
+        say("no configuration fits the budget");
         child_area_unmap(&rs);
         child_area_unmap(final);
         return EXIT_USAGE;
@@ -446,7 +452,7 @@ static int run_many(const opts *o, const job *jb, const plan_io *io, child_area 
 static int stdout_check(const char *then) {
     if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
     int e = errno;
-    if (then) fprintf(stderr, "%s: writing to stdout: %s (%s)\n", prog, strerror(e), then);
+    if (then) say("writing to stdout: %s (%s)", strerror(e), then);
     return -1;
 }
 
@@ -466,7 +472,7 @@ int main(int argc, char **argv) {
     if (ret == 0) {
         const run_result *fres = final.head;
         if (fres->nonfinite) /* only with --allow-nonfinite: the child fails otherwise */
-            fprintf(stderr, "%s: warning: %s (written anyway: --allow-nonfinite)\n", prog, fres->err);
+            say("warning: %s (written anyway: --allow-nonfinite)", fres->err);
         ret = stdout_check("nothing written") ? EXIT_RUN : outputs_finish(&o, final.data, io.out_dims);
         child_area_unmap(&final);
     }

@@ -167,14 +167,13 @@ static int latent_scale(const opts *o, float *z, const int64_t zd[4]) {
     if (bad < 0) return 0;
     char where[160];
     vae_index_str(where, sizeof(where), z, bad, 4, zd);
-    fprintf(stderr, "%s: --latent-out %s: --scaled-latent with scaling factor %g and shift %g gives %s: the latent "
-            "does not fit float32 (nothing written)\n", prog, o->latent_out, o->cfg.scaling_factor,
-            o->cfg.shift_factor, where);
+    say("--latent-out %s: --scaled-latent with scaling factor %g and shift %g gives %s: the latent does not fit "
+        "float32 (nothing written)", o->latent_out, o->cfg.scaling_factor, o->cfg.shift_factor, where);
     return -1;
 }
 
 static void write_out_error(const out_file *f, const char *err) {
-    fprintf(stderr, "%s: %s %s: %s\n", prog, f->flag, f->path, err);
+    say("%s %s: %s", f->flag, f->path, err);
 }
 
 /* Moves the renamed targets back (or removes the new ones that had no old file). */
@@ -196,7 +195,7 @@ static int commit_all(const opts *o) {
     sigprocmask(SIG_BLOCK, &block, &oldmask);
     char **old = calloc((size_t)g_n_outs + 1, sizeof(*old));
     int ret = old ? 0 : EXIT_RUN, done = 0;
-    if (!old) fprintf(stderr, "%s: out of memory\n", prog);
+    if (!old) say("out of memory");
     for (int i = 0; i < g_n_outs && !ret; i++) {
         out_file *f = &g_outs[i];
         struct stat s;
@@ -257,7 +256,7 @@ int outputs_finish(const opts *o, const float *out, const int64_t dims[4]) {
                 if (!z || vae_moments_to_latent(out, n, zd[1], zd[2] * zd[3], o->sample, o->seed, z)) {
                     free(z);
                     unstage_all();
-                    fprintf(stderr, "%s: out of memory for the latents\n", prog);
+                    say("out of memory for the latents");
                     return EXIT_RUN;
                 }
                 if (o->scaled_latent && latent_scale(o, z, zd)) {

@@ -147,7 +147,7 @@ void ref_cfg(run_cfg *rc) {
 }
 
 int report_failure(const run_result *r) {
-    fprintf(stderr, "%s: %s\n", prog, r->err[0] ? r->err : "run failed");
+    say("%s", r->err[0] ? r->err : "run failed");
     if (r->over_budget && r->min_memory > 0) {
         char b[32];
         fmt_bytes(b, sizeof(b), r->min_memory);

@@ -161,6 +161,23 @@ static cw_status open_context(const opts *o, const run_cfg *rc, cw_context **ctx
     return CW_OK;
 }
 
+/* --memory SIZE without --budget: the temporaries' share of SIZE is cw-vae's to choose. The
+ * default budget did not fit: halve the temporary budget from SIZE / 2 down to the least that
+ * compiles, and take the first (largest: fewest patches) whose plan fits within SIZE. */
+static cw_status fit_memory(const opts *o, vae_model *m, cw_compile_options *co, cw_plan **plan, run_result *res) {
+    int64_t least = 0;
+    cw_compile_options any = *co;
+    any.memory_budget = 0;
+    if (cw_graph_min_budget(m->graph, &least, &any) != CW_OK || least < 1) least = 1;
+    cw_status st = CW_ERR_BUDGET;
+    for (int64_t b = o->memory / 2; st == CW_ERR_BUDGET; b = b / 2 > least ? b / 2 : least) {
+        co->temp_budget = b > least ? b : least;
+        st = vae_compile(m, co, plan, res->err, sizeof(res->err));
+        if (co->temp_budget == least) break;
+    }
+    return st;
+}
+
 /* Compiles m for rc (and --memory auto); over a budget, res says the smallest that works. */
 static cw_status compile_for(const opts *o, const run_cfg *rc, vae_model *m, cw_compile_options *co, cw_plan **plan,
                              run_result *res) {
@@ -170,6 +187,9 @@ static cw_status compile_for(const opts *o, const run_cfg *rc, vae_model *m, cw_
     co->policy = rc->policy;
     co->patches = rc->patches;
     cw_status st = vae_compile(m, co, plan, res->err, sizeof(res->err));
+    if (st == CW_ERR_BUDGET && o->memory > 0 && !o->budget_given && rc->policy != CW_PATCHES_NONE)
+        st = fit_memory(o, m, co, plan, res);
+    res->temp_budget = co->temp_budget;
     if (st == CW_OK && o->memory == MEMORY_AUTO && rc->policy != CW_PATCHES_NONE && rc->budget > 0)
         st = memory_auto(m, o->auto_pct, co, plan, res->err, sizeof(res->err));
     if (st == CW_ERR_BUDGET) {
@@ -322,7 +342,7 @@ static int child_main(void *arg) {
  * and reaped). */
 int run_in_child(const opts *o, const run_cfg *rc, const job *jb, const char *progress, child_area *sr) {
     if (child_area_map(sr, sizeof(run_result), (size_t)jb->out_numel * sizeof(float)) != 0) {
-        fprintf(stderr, "%s: mmap of %zu bytes for the output: %s\n", prog, sr->bytes, strerror(errno));
+        say("mmap of %zu bytes for the output: %s", sr->bytes, strerror(errno));
         return EXIT_RUN;
     }
     run_result *res = sr->head;
@@ -339,7 +359,7 @@ int run_in_child(const opts *o, const run_cfg *rc, const job *jb, const char *pr
     child_status st;
     child_call(&st, child_main, &cj, &co);
     if (st.end == CHILD_STOPPED || st.end == CHILD_FAILED) {
-        if (st.end == CHILD_FAILED) fprintf(stderr, "%s: %s\n", prog, st.err);
+        if (st.end == CHILD_FAILED) say("%s", st.err);
         child_area_unmap(sr);
         return st.end == CHILD_STOPPED ? -1 : EXIT_RUN;
     }

@@ -24,8 +24,7 @@ static int err_to(char *err, size_t errlen, const char *fmt, const char *a, cons
 }
 
 int sys_open_regular(const char *path, struct stat *sb, char *err, size_t errlen) {
-    char p[320];
-    sys_escape(p, sizeof(p), path);
+    const char *p = path; /* the CLI prints messages escaped (sys_escape) */
     if (stat(path, sb) != 0) return err_to(err, errlen, "%s: cannot open: %s", p, strerror(errno));
     if (!S_ISREG(sb->st_mode)) return err_to(err, errlen, "%s: is %s, not a regular file", p, kind_of(sb->st_mode));
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);

@@ -30,12 +30,19 @@ static int tensor_dims(const int64_t *shape, int rank, int64_t dims[4], const ch
     return 0;
 }
 
+/* "FLAG PATH: reason" from a reader's message, which may already begin with "PATH: ". */
+static int file_err(char *err, size_t errlen, const char *flag, const char *path, const char *msg) {
+    size_t n = strlen(path);
+    if (!strncmp(msg, path, n) && msg[n] == ':') return st_errf(err, errlen, "%s %s", flag, msg);
+    return st_errf(err, errlen, "%s %s: %s", flag, path, msg);
+}
+
 int vae_tensor_load(const char *flag, const char *path, float **out, int64_t dims[4], char *err, size_t errlen) {
     *out = NULL;
     char msg[VAE_ERR_LEN];
     if (vae__ends_with(path, ".npy")) {
         npy_array a;
-        if (npy_read(path, &a, msg, sizeof(msg))) return st_errf(err, errlen, "%s %s: %s", flag, path, msg);
+        if (npy_read(path, &a, msg, sizeof(msg))) return file_err(err, errlen, flag, path, msg);
         if (tensor_dims(a.shape, a.rank, dims, flag, path, err, errlen)) {
             npy_free(&a);
             return -1;
@@ -44,7 +51,7 @@ int vae_tensor_load(const char *flag, const char *path, float **out, int64_t dim
         return 0;
     }
     st_file *f = NULL;
-    if (st_open(&f, path, msg, sizeof(msg))) return st_errf(err, errlen, "%s %s: %s", flag, path, msg);
+    if (st_open(&f, path, msg, sizeof(msg))) return file_err(err, errlen, flag, path, msg);
     if (st_count(f) != 1) {
         st_errf(err, errlen, "%s %s: %zu tensors, expected exactly one", flag, path, st_count(f));
         st_close(f);
