@@ -174,6 +174,109 @@ static void class_defaults(vae_config *c) {
  * .. FLT_MAX (a subnormal or larger factor silently gives inf or 0). */
 int vae_scaling_factor_ok(double s) { return isfinite(s) && s >= 1.0 / FLT_MAX && s <= FLT_MAX; }
 
+/* _class_name, the ignored keys ('_' keys, sample_size: diffusers ignores them too) and the
+ * keys that size the network (channels, blocks, layers, groups). Returns 0, -1 with a
+ * message naming the key, or 1 when k is not one of them. */
+static int parse_size_key(vae_config *c, const cJSON *it, const char *k, const char *path, char *err,
+                          size_t errlen) {
+    int64_t v = 0;
+    if (!strcmp(k, "_class_name")) {
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "AutoencoderKL")) {
+            st_errf(err, errlen, "%s: '_class_name' is %s%s%s, cw-vae implements AutoencoderKL", path,
+                    cJSON_IsString(it) ? "'" : "", cJSON_IsString(it) ? it->valuestring : "not a string",
+                    cJSON_IsString(it) ? "'" : "");
+            return -1;
+        }
+    } else if (k[0] == '_' || !strcmp(k, "sample_size")) {
+        /* diffusers' private keys (_diffusers_version, _use_default_values, _name_or_path, ...)
+         * and the sample size do not change the model: diffusers ignores them too */
+    } else if (!strcmp(k, "in_channels")) {
+        if (json_int(it, path, k, 1, 4096, &v, err, errlen)) return -1;
+        c->in_channels = (int)v;
+    } else if (!strcmp(k, "out_channels")) {
+        if (json_int(it, path, k, 1, 4096, &v, err, errlen)) return -1;
+        c->out_channels = (int)v;
+    } else if (!strcmp(k, "latent_channels")) {
+        if (json_int(it, path, k, 1, 4096, &v, err, errlen)) return -1;
+        c->latent_channels = (int)v;
+    } else if (!strcmp(k, "layers_per_block")) {
+        if (json_int(it, path, k, 0, 64, &v, err, errlen)) return -1;
+        c->layers_per_block = (int)v;
+    } else if (!strcmp(k, "norm_num_groups")) {
+        if (json_int(it, path, k, 1, 1 << 20, &v, err, errlen)) return -1;
+        c->groups = (int)v;
+    } else if (!strcmp(k, "block_out_channels")) {
+        int n = cJSON_IsArray(it) ? cJSON_GetArraySize(it) : -1;
+        if (n < 1 || n > VAE_MAX_BLOCKS) {
+            st_errf(err, errlen, "%s: 'block_out_channels' must be a list of 1 to %d integers", path, VAE_MAX_BLOCKS);
+            return -1;
+        }
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, it) {
+            char what[40];
+            snprintf(what, sizeof(what), "block_out_channels[%d]", i);
+            if (json_int(e, path, what, 1, 1 << 20, &c->block_out[i], err, errlen)) return -1;
+            i++;
+        }
+        for (; i < VAE_MAX_BLOCKS; i++) c->block_out[i] = 0;
+        c->n_blocks = n;
+    } else {
+        return 1;
+    }
+    return 0;
+}
+
+/* Every other key: block types, activation, scaling, switches; an unknown one is refused.
+ * Returns 0, or -1 with a message naming the key. */
+static int parse_other_key(vae_config *c, const cJSON *it, const char *k, const char *path, const cJSON **down,
+                           const cJSON **up, char *err, size_t errlen) {
+    if (!strcmp(k, "down_block_types")) {
+        *down = it;
+    } else if (!strcmp(k, "up_block_types")) {
+        *up = it;
+    } else if (!strcmp(k, "act_fn")) {
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "silu")) {
+            st_errf(err, errlen, "%s: 'act_fn' must be \"silu\" (the only activation cw-vae implements)", path);
+            return -1;
+        }
+    } else if (!strcmp(k, "scaling_factor")) {
+        if (!cJSON_IsNumber(it) || !vae_scaling_factor_ok(it->valuedouble)) {
+            st_errf(err, errlen, "%s: 'scaling_factor' must be a number in [%g, %g] (a float32 latent times it "
+                    "stays finite and non-zero)", path, 1.0 / FLT_MAX, (double)FLT_MAX);
+            return -1;
+        }
+        c->scaling_factor = it->valuedouble;
+    } else if (!strcmp(k, "shift_factor")) {
+        if (cJSON_IsNull(it)) c->shift_factor = 0.0;
+        else if (cJSON_IsNumber(it) && isfinite(it->valuedouble)) c->shift_factor = it->valuedouble;
+        else {
+            st_errf(err, errlen, "%s: 'shift_factor' must be a number or null", path);
+            return -1;
+        }
+    } else if (!strcmp(k, "latents_mean") || !strcmp(k, "latents_std")) {
+        if (cJSON_IsNull(it)) return 0;
+        if (!cJSON_IsArray(it)) {
+            st_errf(err, errlen, "%s: '%s' must be a list or null", path, k);
+            return -1;
+        }
+        c->latents_stats = 1;
+    } else if (!strcmp(k, "force_upcast")) {
+        if (json_bool(it, path, k, &c->force_upcast, err, errlen)) return -1;
+    } else if (!strcmp(k, "use_quant_conv")) {
+        if (json_bool(it, path, k, &c->quant_conv, err, errlen)) return -1;
+    } else if (!strcmp(k, "use_post_quant_conv")) {
+        if (json_bool(it, path, k, &c->post_quant_conv, err, errlen)) return -1;
+    } else if (!strcmp(k, "mid_block_add_attention")) {
+        if (json_bool(it, path, k, &c->mid_attention, err, errlen)) return -1;
+    } else {
+        st_errf(err, errlen, "%s: unknown key '%s' (cw-vae does not know how it changes the model)", path, k);
+        return -1;
+    }
+
+    return 0;
+}
+
 int vae_config_parse_json(vae_config *cfg, const char *text, size_t len, const char *path, char *err,
                           size_t errlen) {
     vae_config c;
@@ -188,7 +291,6 @@ int vae_config_parse_json(vae_config *cfg, const char *text, size_t len, const c
     }
     int rc = -1;
     const cJSON *down = NULL, *up = NULL;
-    int64_t v = 0;
     if (!cJSON_IsObject(j)) {
         st_errf(err, errlen, "%s: not a JSON object", path);
         goto out;
@@ -206,89 +308,8 @@ int vae_config_parse_json(vae_config *cfg, const char *text, size_t len, const c
             st_errf(err, errlen, "%s: key '%s' given twice", path, k);
             goto out;
         }
-        if (!strcmp(k, "_class_name")) {
-            if (!cJSON_IsString(it) || strcmp(it->valuestring, "AutoencoderKL")) {
-                st_errf(err, errlen, "%s: '_class_name' is %s%s%s, cw-vae implements AutoencoderKL", path,
-                        cJSON_IsString(it) ? "'" : "", cJSON_IsString(it) ? it->valuestring : "not a string",
-                        cJSON_IsString(it) ? "'" : "");
-                goto out;
-            }
-        } else if (k[0] == '_' || !strcmp(k, "sample_size")) {
-            /* diffusers' private keys (_diffusers_version, _use_default_values, _name_or_path, ...)
-             * and the sample size do not change the model: diffusers ignores them too */
-        } else if (!strcmp(k, "in_channels")) {
-            if (json_int(it, path, k, 1, 4096, &v, err, errlen)) goto out;
-            c.in_channels = (int)v;
-        } else if (!strcmp(k, "out_channels")) {
-            if (json_int(it, path, k, 1, 4096, &v, err, errlen)) goto out;
-            c.out_channels = (int)v;
-        } else if (!strcmp(k, "latent_channels")) {
-            if (json_int(it, path, k, 1, 4096, &v, err, errlen)) goto out;
-            c.latent_channels = (int)v;
-        } else if (!strcmp(k, "layers_per_block")) {
-            if (json_int(it, path, k, 0, 64, &v, err, errlen)) goto out;
-            c.layers_per_block = (int)v;
-        } else if (!strcmp(k, "norm_num_groups")) {
-            if (json_int(it, path, k, 1, 1 << 20, &v, err, errlen)) goto out;
-            c.groups = (int)v;
-        } else if (!strcmp(k, "block_out_channels")) {
-            int n = cJSON_IsArray(it) ? cJSON_GetArraySize(it) : -1;
-            if (n < 1 || n > VAE_MAX_BLOCKS) {
-                st_errf(err, errlen, "%s: 'block_out_channels' must be a list of 1 to %d integers", path, VAE_MAX_BLOCKS);
-                goto out;
-            }
-            int i = 0;
-            const cJSON *e;
-            cJSON_ArrayForEach(e, it) {
-                char what[40];
-                snprintf(what, sizeof(what), "block_out_channels[%d]", i);
-                if (json_int(e, path, what, 1, 1 << 20, &c.block_out[i], err, errlen)) goto out;
-                i++;
-            }
-            for (; i < VAE_MAX_BLOCKS; i++) c.block_out[i] = 0;
-            c.n_blocks = n;
-        } else if (!strcmp(k, "down_block_types")) {
-            down = it;
-        } else if (!strcmp(k, "up_block_types")) {
-            up = it;
-        } else if (!strcmp(k, "act_fn")) {
-            if (!cJSON_IsString(it) || strcmp(it->valuestring, "silu")) {
-                st_errf(err, errlen, "%s: 'act_fn' must be \"silu\" (the only activation cw-vae implements)", path);
-                goto out;
-            }
-        } else if (!strcmp(k, "scaling_factor")) {
-            if (!cJSON_IsNumber(it) || !vae_scaling_factor_ok(it->valuedouble)) {
-                st_errf(err, errlen, "%s: 'scaling_factor' must be a number in [%g, %g] (a float32 latent times it "
-                        "stays finite and non-zero)", path, 1.0 / FLT_MAX, (double)FLT_MAX);
-                goto out;
-            }
-            c.scaling_factor = it->valuedouble;
-        } else if (!strcmp(k, "shift_factor")) {
-            if (cJSON_IsNull(it)) c.shift_factor = 0.0;
-            else if (cJSON_IsNumber(it) && isfinite(it->valuedouble)) c.shift_factor = it->valuedouble;
-            else {
-                st_errf(err, errlen, "%s: 'shift_factor' must be a number or null", path);
-                goto out;
-            }
-        } else if (!strcmp(k, "latents_mean") || !strcmp(k, "latents_std")) {
-            if (cJSON_IsNull(it)) continue;
-            if (!cJSON_IsArray(it)) {
-                st_errf(err, errlen, "%s: '%s' must be a list or null", path, k);
-                goto out;
-            }
-            c.latents_stats = 1;
-        } else if (!strcmp(k, "force_upcast")) {
-            if (json_bool(it, path, k, &c.force_upcast, err, errlen)) goto out;
-        } else if (!strcmp(k, "use_quant_conv")) {
-            if (json_bool(it, path, k, &c.quant_conv, err, errlen)) goto out;
-        } else if (!strcmp(k, "use_post_quant_conv")) {
-            if (json_bool(it, path, k, &c.post_quant_conv, err, errlen)) goto out;
-        } else if (!strcmp(k, "mid_block_add_attention")) {
-            if (json_bool(it, path, k, &c.mid_attention, err, errlen)) goto out;
-        } else {
-            st_errf(err, errlen, "%s: unknown key '%s' (cw-vae does not know how it changes the model)", path, k);
-            goto out;
-        }
+        int r = parse_size_key(&c, it, k, path, err, errlen);
+        if (r < 0 || (r > 0 && parse_other_key(&c, it, k, path, &down, &up, err, errlen))) goto out;
     }
     if (down && json_blocks(down, path, "down_block_types", "DownEncoderBlock2D", c.n_blocks, err, errlen)) goto out;
     if (up && json_blocks(up, path, "up_block_types", "UpDecoderBlock2D", c.n_blocks, err, errlen)) goto out;
