@@ -291,7 +291,7 @@ static void test_malformed(void) {
         {"{\"x\"#:1}", 0, "header JSON is invalid at header byte 4 (file byte 12)"},
         /* a key with a NUL inside is not the key before the NUL */
         {"{\"w\\u0000junk\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-         "escaped NUL (\\u0000) at file byte 11"},
+         "escaped NUL (U+0000) at file byte 11"},
         /* the tensors tile the data section exactly, as the reference implementation requires */
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
          "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",

@@ -202,7 +202,7 @@ static int header_nul(const uint8_t *js, uint64_t hl, char *err, size_t errlen) 
             in_str = 0;
         } else if (js[i] == '\\' && i + 1 < hl) {
             if (js[i + 1] == 'u' && i + 5 < hl && !memcmp(js + i + 2, "0000", 4))
-                return st_errf(err, errlen, "header string has an escaped NUL (\\u0000) at file byte %" PRIu64
+                return st_errf(err, errlen, "header string has an escaped NUL (U+0000) at file byte %" PRIu64
                                ": a key with a NUL inside is refused", i + 8);
             i++; /* the escaped character */
         }
