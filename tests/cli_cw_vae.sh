@@ -404,6 +404,21 @@ if [ -x "$venv_py" ]; then
         fail=$((fail + 1))
     fi
     npyclose "$tmp/cmp.npy" "$fx/tiny_out.npy" 1e-4
+    # a genuine minimal config (diffusers 0.2x wrote _use_default_values) with AutoencoderKL()'s
+    # own weights: cw-vae fills the class defaults as diffusers does and decodes as it does
+    "$venv_py" -c "import sys; from diffusers import AutoencoderKL; AutoencoderKL().save_pretrained(sys.argv[1])" \
+        "$tmp/dm" 2>"$tmp/err" || { echo "FAIL: AutoencoderKL().save_pretrained: $(tail -1 "$tmp/err")" >&2; fail=$((fail + 1)); }
+    printf '{"_class_name": "AutoencoderKL", "_diffusers_version": "0.21.4", "_use_default_values": ["shift_factor"]}' \
+        >"$tmp/dm/config.json"
+    CONVWEAVE_PYTHON=$venv_py "$bin" --model "$tmp/dm" --size 64 --backend cpu --compare >"$tmp/cmp.txt" 2>"$tmp/err"
+    st=$?
+    rel=$(sed -n 's/^scheduled \/ diffusers: .*max|diff| [^ ]* (\([^ ]*\) of max|diffusers|)$/\1/p' "$tmp/cmp.txt")
+    n=$((n + 1))
+    if [ $st != 0 ] || [ -z "$rel" ] || ! python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= 1e-4 else 1)" "$rel"; then
+        echo "FAIL: AutoencoderKL() with a minimal config: status $st, relative difference '$rel':" >&2
+        cat "$tmp/cmp.txt" "$tmp/err" | sed 's/^/    /' >&2
+        fail=$((fail + 1))
+    fi
 else
     echo "note: no venv at $venv_py: --compare against diffusers not tested"
 fi
