@@ -8,6 +8,7 @@
 #include "image.h"
 #include "npy.h"
 #include "safetensors.h"
+#include "testfiles.h"
 #include "testutil.h"
 #include "vae.h"
 
@@ -328,6 +329,30 @@ static void edit_bad_shape(char *name, size_t len, int64_t *shape, int *rank, in
 }
 
 
+/* Weights truncated by another process while cw-vae maps them (SIGBUS on the pages past the
+ * new end): the weight read fails with a message naming the file and the key, no crash. */
+static void check_truncated_weights(void) {
+    char err[VAE_ERR_LEN];
+    size_t len = 0;
+    uint8_t *b = cw_test_slurp(FIX "tiny_vae.safetensors", &len);
+    ASSERT_TRUE(b != NULL && len > 8192);
+    const char *p = cw_test_path("shrinking_vae.safetensors");
+    FILE *f = fopen(p, "wb");
+    ASSERT_TRUE(f && fwrite(b, 1, len, f) == len && fclose(f) == 0);
+    free(b);
+    vae_weights *w = NULL;
+    ASSERT_EQ_I(vae_weights_open_file(&w, p, err, sizeof(err)), 0);
+    ASSERT_EQ_I(truncate(p, 4096), 0); /* the header stays; every tensor's pages are gone */
+    int64_t shape[4] = {32, 32, 3, 3};
+    float *dst = malloc(32 * 32 * 9 * sizeof(float));
+    ASSERT_EQ_I(vae_weights_get(w, "decoder.up_blocks.0.resnets.0.conv1.weight", 4, shape, dst, err, sizeof(err)), -1);
+    fprintf(stderr, "truncated weights: %s\n", err);
+    CHECK(contains(err, "shrinking_vae.safetensors") && contains(err, "decoder.up_blocks.0.resnets.0.conv1.weight") &&
+          contains(err, "truncated while being read"));
+    free(dst);
+    vae_weights_close(w);
+}
+
 int main(void) {
     uint64_t seed = cw_test_seed(20240611);
     char err[VAE_ERR_LEN];
@@ -556,6 +581,10 @@ int main(void) {
         vae_latent_unscale(&c, zz, 2);
         CHECK(fabsf(zz[0] - (1.0f + 0.0609f)) < 1e-6f && fabsf(zz[1] - 0.0609f) < 1e-7f);
     }
+
+    const char *tmpdir = cw_test_tmpdir("cw_test_vae_");
+    check_truncated_weights();
+    cw_test_rm_tree(tmpdir);
 
     free(r.y);
     free(z);
