@@ -1,8 +1,6 @@
-/* cw-vae: decodes Stable Diffusion / SDXL / SD3 / FLUX latents with the AutoencoderKL
- * decoder (or encodes images with its encoder) under a temporary-memory budget. This file
- * holds the job: its input read and checked, its size against the machine, and the order of
- * the runs (cli.c parses, run.c runs each configuration in a child, outputs.c stages and
- * renames, report.c prints). */
+/* cw-vae's job: the input read and checked, its size against the machine, the runs in order
+ * and the outputs written (cli.c parses, run.c runs a configuration in a child, outputs.c
+ * stages and renames, report.c prints). Decodes/encodes with diffusers' AutoencoderKL. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
