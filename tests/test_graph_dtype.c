@@ -12,7 +12,7 @@
  *    f32 plan's arena offset, op for op.
  * 3. Attention in a half graph: its q, k, v and output staged in f32 (prep conversions
  *    graph dtype -> f32 -> graph dtype); the GEMMs on f32.
- * 4. The SD decoder (demos/vae/vae.c) at a 16x16 latent in f16 and bf16: activation arena
+ * 4. The SD decoder (demos/vae/vae_*.c) at a 16x16 latent in f16 and bf16: activation arena
  *    and every patch's prep and band buffer exactly half the f32 plan's.
  * 5. Mixed graphs are refused, naming the node and both dtypes; nothing is added.
  * 7. The planner sizes a half conv's patch and band buffers in its dtype: the least budget

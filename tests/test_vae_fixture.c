@@ -1,5 +1,5 @@
 /* cw-vae end to end on the committed tiny diffusers fixtures (tests/fixtures/tiny_*): the
- * decode via vae.c (the CLI's code path) against diffusers' float64 output, scheduled runs
+ * decode via vae_model.c (the CLI's code path) against diffusers' float64 output, scheduled runs
  * against the unscheduled reference, legacy key names, and bad-weight messages. */
 #include <cjson/cJSON.h>
 #include <unistd.h>
@@ -8,6 +8,7 @@
 #include "image.h"
 #include "npy.h"
 #include "safetensors.h"
+#include "testfiles.h"
 #include "testutil.h"
 #include "vae.h"
 
@@ -250,8 +251,31 @@ static void check_config_json(void) {
     ASSERT_EQ_I(c.post_quant_conv, 1);
     ASSERT_EQ_I(c.mid_attention, 1);
     CHECK(c.shift_factor == 0.0 && fabs(c.scaling_factor - 0.18215) < 1e-12);
+    /* a genuine diffusers config: '_' keys ignored, every omitted key diffusers' AutoencoderKL
+     * class default (0.42.1), not the preset it was read over */
+    vae_config d;
+    ASSERT_EQ_I(vae_preset(&d, "sd3", err, sizeof(err)), 0);
+    const char *minimal = "{\"_class_name\": \"AutoencoderKL\", \"_use_default_values\": [\"shift_factor\"], "
+                          "\"_diffusers_version\": \"0.21.0\", \"_private_knob\": 1}";
+    rc = vae_config_parse_json(&d, minimal, strlen(minimal), "config.json", err, sizeof(err));
+    if (rc) fprintf(stderr, "minimal config: %s\n", err);
+    ASSERT_EQ_I(rc, 0);
+    ASSERT_EQ_I(d.n_blocks, 1);
+    ASSERT_EQ_I(d.block_out[0], 64);
+    ASSERT_EQ_I(d.layers_per_block, 1);
+    ASSERT_EQ_I(d.latent_channels, 4);
+    ASSERT_EQ_I(d.in_channels, 3);
+    ASSERT_EQ_I(d.out_channels, 3);
+    ASSERT_EQ_I(d.groups, 32);
+    ASSERT_EQ_I(d.quant_conv, 1);
+    ASSERT_EQ_I(d.post_quant_conv, 1);
+    ASSERT_EQ_I(d.mid_attention, 1);
+    ASSERT_EQ_I(d.force_upcast, 1);
+    CHECK(d.shift_factor == 0.0 && d.scaling_factor == 0.18215);
     static const char *const bad[][2] = {
         {"{\"norm_num_groups\": 3.5}", "norm_num_groups"},
+        {"{\"scaling_factor\": 1e300}", "scaling_factor"},
+        {"{\"scaling_factor\": 1e-320}", "scaling_factor"},
         {"{\"layers_per_block\": \"2\"}", "layers_per_block"},
         {"{\"up_block_types\": [\"UpDecoderBlock2D\", \"AttnUpDecoderBlock2D\", \"x\", \"y\"]}", "AttnUpDecoderBlock2D"},
         {"{\"_class_name\": \"AutoencoderTiny\"}", "AutoencoderTiny"},
@@ -304,6 +328,30 @@ static void edit_bad_shape(char *name, size_t len, int64_t *shape, int *rank, in
     }
 }
 
+
+/* Weights truncated by another process while cw-vae maps them (SIGBUS on the pages past the
+ * new end): the weight read fails with a message naming the file and the key, no crash. */
+static void check_truncated_weights(void) {
+    char err[VAE_ERR_LEN];
+    size_t len = 0;
+    uint8_t *b = cw_test_slurp(FIX "tiny_vae.safetensors", &len);
+    ASSERT_TRUE(b != NULL && len > 8192);
+    const char *p = cw_test_path("shrinking_vae.safetensors");
+    FILE *f = fopen(p, "wb");
+    ASSERT_TRUE(f && fwrite(b, 1, len, f) == len && fclose(f) == 0);
+    free(b);
+    vae_weights *w = NULL;
+    ASSERT_EQ_I(vae_weights_open_file(&w, p, err, sizeof(err)), 0);
+    ASSERT_EQ_I(truncate(p, 4096), 0); /* the header stays; every tensor's pages are gone */
+    int64_t shape[4] = {32, 32, 3, 3};
+    float *dst = malloc(32 * 32 * 9 * sizeof(float));
+    ASSERT_EQ_I(vae_weights_get(w, "decoder.up_blocks.0.resnets.0.conv1.weight", 4, shape, dst, err, sizeof(err)), -1);
+    fprintf(stderr, "truncated weights: %s\n", err);
+    CHECK(contains(err, "shrinking_vae.safetensors") && contains(err, "decoder.up_blocks.0.resnets.0.conv1.weight") &&
+          contains(err, "truncated while being read"));
+    free(dst);
+    vae_weights_close(w);
+}
 
 int main(void) {
     uint64_t seed = cw_test_seed(20240611);
@@ -533,6 +581,10 @@ int main(void) {
         vae_latent_unscale(&c, zz, 2);
         CHECK(fabsf(zz[0] - (1.0f + 0.0609f)) < 1e-6f && fabsf(zz[1] - 0.0609f) < 1e-7f);
     }
+
+    const char *tmpdir = cw_test_tmpdir("cw_test_vae_");
+    check_truncated_weights();
+    cw_test_rm_tree(tmpdir);
 
     free(r.y);
     free(z);
