@@ -394,3 +394,21 @@ cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node
     *out = n->desc;
     return CW_OK;
 }
+
+cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if ((int)op < 0 || (int)op >= CW_UNARY_OP_COUNT)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_unary: op = %d is not a cw_unary_op (0..%d)", (int)op,
+                         CW_UNARY_OP_COUNT - 1);
+    if (op == CW_UNARY_CLAMP && (a != a || b != b))
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_unary: CW_UNARY_CLAMP's bounds a = %g, b = %g must not "
+                         "be NaN (-INFINITY or INFINITY leaves a side open)", a, b);
+    if ((st = cw__check_act(g, x, -1, "cw_graph_unary", "x", &nx)) != CW_OK) return st;
+    static const char *const names[CW_UNARY_OP_COUNT] = {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "affine",
+                                                         "clamp"};
+    const cw_op_param pm = {{op}, {a, b}};
+    return cw__op_node(g, out, CW_OP_UNARY, &pm, &x, "cw_graph_unary", names[op]);
+}

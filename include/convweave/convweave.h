@@ -352,6 +352,24 @@ CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 /* Descriptor of a node's result (dims are known at build time). */
 CW_API cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);
 
+/* The unary ops of cw_graph_unary. Append only: plans store the codes. */
+typedef enum cw_unary_op {
+    CW_UNARY_RELU = 0,  /* y = max(x, 0); NaN stays NaN (torch.relu) */
+    CW_UNARY_TANH,      /* y = tanh(x) */
+    CW_UNARY_SIGMOID,   /* y = 1 / (1 + e^-x) */
+    CW_UNARY_GELU,      /* y = x / 2 * (1 + erf(x / sqrt(2))) (F.gelu's default) */
+    CW_UNARY_GELU_TANH, /* y = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) (approximate='tanh') */
+    CW_UNARY_AFFINE,    /* y = a * x + b, one rounding (a fused multiply-add): mul, add, sub and rsub by scalars */
+    CW_UNARY_CLAMP      /* y = min(max(x, a), b): torch.clamp(x, a, b); NaN x gives NaN, a > b gives b;
+                           -INFINITY or INFINITY leaves a side open */
+} cw_unary_op;
+/* y = op(x) elementwise, with the scalar parameters a and b where op uses them (ignored
+ * otherwise). x: [N, C, H, W] or [N, C, D, H, W]; y has x's dims and dtype. In f16/bf16 graphs
+ * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
+ * naming the argument, for an op that is not a cw_unary_op, a NaN a or b for
+ * CW_UNARY_CLAMP, an x of another rank, another dtype than the graph's, or not a node. */
+CW_API cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);
+
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */
     CW_PATCHES_FIXED = 1, /* `patches` bands per conv (capped at its output height) */

@@ -110,6 +110,43 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
     }
 }
 
+/* ---- unary elementwise ops (CW_OP_UNARY) ------------------------------------------- */
+
+/* Codes are the public cw_unary_op (append-only there); the count bounds the shape rule's
+ * check of param.i[0]. */
+#define CW_UNARY_OP_COUNT ((int)CW_UNARY_CLAMP + 1)
+
+/* 1 / (1 + e^-x) with exp taken of -|x| only (no overflow), as cw_silu. NaN propagates. */
+static inline CW_HD float cw_sigmoid(float x) {
+    const float e = cw_exp_neg(fabsf(x)); /* in [0, 1] */
+    return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+/* The unary ops as PyTorch defines them: relu and clamp propagate NaN (torch.relu,
+ * torch.clamp), clamp with a > b gives b, gelu is the erf form (F.gelu's default) or the
+ * tanh form (approximate='tanh'). The gelus are written without PyTorch's cancellation in
+ * 1 + erf(z) and 1 + tanh(z) for negative x (erfc(-z), and 2 sigmoid(2z)), so they stay
+ * accurate to a few ulps where PyTorch's f32 loses digits. affine is one fused multiply-add
+ * (fmaf: one rounding on both backends). */
+static inline CW_HD float cw_unary_elem(int op, float x, float a, float b) {
+    switch (op) {
+    case CW_UNARY_RELU: return x < 0.0f ? 0.0f : x;
+    case CW_UNARY_TANH: return tanhf(x);
+    case CW_UNARY_SIGMOID: return cw_sigmoid(x);
+    case CW_UNARY_GELU: return 0.5f * x * erfcf(x * -0.70710678118654752f);
+    case CW_UNARY_GELU_TANH: {
+        const float k2 = 1.5957691216057308f; /* 2 sqrt(2 / pi) */
+        return x * cw_sigmoid(k2 * (x + 0.044715f * x * x * x));
+    }
+    case CW_UNARY_AFFINE: return fmaf(a, x, b);
+    case CW_UNARY_CLAMP: {
+        const float t = x < a ? a : x; /* NaN x: both compares false, x stays */
+        return t > b ? b : t;
+    }
+    default: return x;
+    }
+}
+
 /* ---- the generic ops: their contract (docs/adding-an-op.md) ------------------------- */
 
 /* An op of the generic form writes one tensor, `out`, from n_in inputs and a small parameter
@@ -121,6 +158,7 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
 typedef enum {
     CW_OP_CHANNEL = 0, /* out[n, c, ...] = cw_channel_elem(param.i[0], in0[n, c, ...], in1[c]) */
     CW_OP_AVG_POOL2,   /* out[.., h, w] = mean of in0[.., 2h + {0, 1}, 2w + {0, 1}] */
+    CW_OP_UNARY,       /* out = cw_unary_elem(param.i[0], in0, param.f[0], param.f[1]) */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -145,6 +183,7 @@ static inline cw_op_info cw_op_get_info(int code) {
     switch (code) {
     case CW_OP_CHANNEL: r.name = "channel", r.n_in = 2, r.f32_in = 1u << 1, r.flops = 1.0; break;
     case CW_OP_AVG_POOL2: r.name = "avg_pool2", r.n_in = 1, r.flops = 4.0; break;
+    case CW_OP_UNARY: r.name = "unary", r.n_in = 1, r.flops = 4.0; break;
     default: break;
     }
     return r;
@@ -172,6 +211,7 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
         out->dims[h] = x->dims[h] / 2, out->dims[w] = x->dims[w] / 2;
         return 1;
     }
+    case CW_OP_UNARY: return pm->i[0] >= 0 && pm->i[0] < CW_UNARY_OP_COUNT;
     default: return 0;
     }
 }

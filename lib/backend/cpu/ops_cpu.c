@@ -535,10 +535,50 @@ static void avg_pool2_run(const cw__op_args *a) {
                 }
 }
 
+/* cw_unary_elem over a tile, the op's switch outside the loop so each loop vectorises
+ * where its math does. */
+static void unary_tile(int op, float *x, int64_t m, float a, float b) {
+    switch (op) {
+    case CW_UNARY_RELU: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_RELU, x[i], a, b); break;
+    case CW_UNARY_SIGMOID: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_SIGMOID, x[i], a, b); break;
+    case CW_UNARY_AFFINE: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_AFFINE, x[i], a, b); break;
+    case CW_UNARY_CLAMP: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_CLAMP, x[i], a, b); break;
+    default: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(op, x[i], a, b); break;
+    }
+}
+
+/* An elementwise op of in[0] into out, equal dims: rows of W
+ * in TILE chunks converted to f32 on load, computed, rounded once on store. Every chunk is
+ * loaded before any of it is stored, so out may alias an input exactly. */
+static void map_run(const cw__op_args *a) {
+    int64_t dim[5], sd[5], sx[5], tmp[5];
+    view_pad5(&a->out, dim, sd);
+    view_pad5(&a->in[0], tmp, sx);
+    const cw_dtype dt = a->out.d.dtype;
+    const size_t es = cw_dtype_size(dt);
+    const int op = (int)a->param.i[0];
+    const float pa = a->param.f[0], pb = a->param.f[1];
+    float fx[TILE];
+    for (int64_t i0 = 0; i0 < dim[0]; i0++)
+        for (int64_t i1 = 0; i1 < dim[1]; i1++)
+            for (int64_t i2 = 0; i2 < dim[2]; i2++)
+                for (int64_t i3 = 0; i3 < dim[3]; i3++) {
+                    const int64_t od = i0 * sd[0] + i1 * sd[1] + i2 * sd[2] + i3 * sd[3];
+                    const int64_t ox = i0 * sx[0] + i1 * sx[1] + i2 * sx[2] + i3 * sx[3];
+                    for (int64_t w0 = 0; w0 < dim[4]; w0 += TILE) {
+                        const int64_t m = dim[4] - w0 < TILE ? dim[4] - w0 : TILE;
+                        cw__cpu_load_f32(fx, elem_at(a->in[0].data, ox + w0 * sx[4], es), dt, m, sx[4]);
+                        unary_tile(op, fx, m, pa, pb);
+                        cw__cpu_store_f32(elem_at(a->out.data, od + w0 * sd[4], es), dt, sd[4], fx, m);
+                    }
+                }
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
     case CW_OP_AVG_POOL2: avg_pool2_run(a); break;
+    case CW_OP_UNARY: map_run(a); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

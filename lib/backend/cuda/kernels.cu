@@ -762,6 +762,32 @@ cudaError_t gn_stats4_launch(cudaStream_t s, const int64_t dims4[4], const V4 &v
     return cudaGetLastError();
 }
 
+/* ---- the elementwise generic ops (CW_OP_UNARY) ----------------------------------------- */
+
+/* Strides of a row-major contiguous tensor: elements then index flat. */
+int view_flat(const View &v) {
+    int64_t s = 1;
+    for (int i = v.rank - 1; i >= 0; i--) {
+        if (v.dims[i] != 1 && v.strides[i] != s) return 0;
+        s *= v.dims[i];
+    }
+    return 1;
+}
+
+/* CW_OP_UNARY: one thread per element, any strides and dtype (flat: every view contiguous,
+ * no coordinates). d may alias x exactly: each element is read before it is written by one
+ * thread. */
+__global__ void __launch_bounds__(kThreads)
+    unary_kernel(int op, float pa, float pb, int flat, const __grid_constant__ View d, void *dp,
+                 const __grid_constant__ View x, const void *xp) {
+    int64_t c[CW_MAX_RANK] = {0};
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = flat ? i : coords(d, i, c);
+        const int64_t ox = flat ? i : offset_of(x, c);
+        store_dt(dp, od, d.dtype, cw_unary_elem(op, load_dt(xp, ox, x.dtype), pa, pb));
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -791,6 +817,14 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
     case CW_OP_AVG_POOL2: {
         View vd = make_view(&a->out), vx = make_view(&a->in[0]);
         avg_pool2_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>(vd, a->out.data, vx, a->in[0].data);
+        return cudaGetLastError();
+    }
+    case CW_OP_UNARY: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        const int flat = view_flat(vd) && view_flat(vx);
+        unary_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], a->param.f[0],
+                                                                           a->param.f[1], flat, vd, a->out.data, vx,
+                                                                           a->in[0].data);
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

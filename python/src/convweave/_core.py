@@ -433,6 +433,11 @@ class Graph:
             self.ctx.check(st)
         return Plan(self, h)
 
+    def unary(self, x, op, a=0.0, b=0.0):
+        """cw_graph_unary: op(x) elementwise, op a CW_UNARY_* code (convweave._lib); a and b
+        are AFFINE's a * x + b and CLAMP's bounds (ignored by the other ops)."""
+        return self._node(lib.cw_graph_unary, x, int(op), float(a), float(b))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""
