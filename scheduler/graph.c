@@ -412,3 +412,24 @@ cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, f
     const cw_op_param pm = {{op}, {a, b}};
     return cw__op_node(g, out, CW_OP_UNARY, &pm, &x, "cw_graph_unary", names[op]);
 }
+
+cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *na = NULL, *nb = NULL;
+    cw_status st;
+    if ((int)op < 0 || (int)op >= CW_BINARY_OP_COUNT)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_binary: op = %d is not a cw_binary_op (0..%d)", (int)op,
+                         CW_BINARY_OP_COUNT - 1);
+    if ((st = cw__check_act(g, a, -1, "cw_graph_binary", "a", &na)) != CW_OK) return st;
+    if ((st = cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_binary", "b", &nb)) != CW_OK) return st;
+    if (!cw__same_dims(&na->desc, &nb->desc)) {
+        char b1[96], b2[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_binary: a %s and b %s differ in shape (no broadcasting)",
+                         cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2));
+    }
+    static const char *const names[CW_BINARY_OP_COUNT] = {"mul", "sub", "div", "max", "min"};
+    const cw_op_param pm = {{op}, {0}};
+    const cw_node in[2] = {a, b};
+    return cw__op_node(g, out, CW_OP_BINARY, &pm, in, "cw_graph_binary", names[op]);
+}

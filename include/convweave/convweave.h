@@ -370,6 +370,22 @@ typedef enum cw_unary_op {
  * CW_UNARY_CLAMP, an x of another rank, another dtype than the graph's, or not a node. */
 CW_API cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);
 
+/* The binary ops of cw_graph_binary. Append only: plans store the codes. */
+typedef enum cw_binary_op {
+    CW_BINARY_MUL = 0, /* y = a * b */
+    CW_BINARY_SUB,     /* y = a - b */
+    CW_BINARY_DIV,     /* y = a / b (IEEE: x / 0 is +-inf, 0 / 0 NaN) */
+    CW_BINARY_MAX,     /* y = max(a, b), NaN if either is (torch.maximum) */
+    CW_BINARY_MIN      /* y = min(a, b), NaN if either is (torch.minimum) */
+} cw_binary_op;
+/* y = op(a, b) elementwise on two activations of equal dims (no broadcasting; cw_graph_add
+ * is the sum, cw_graph_scale and cw_graph_shift broadcast a per-channel vector). a, b:
+ * [N, C, H, W] or [N, C, D, H, W] of the graph's dtype; y has their dims. In f16/bf16 graphs
+ * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
+ * naming the argument, for an op that is not a cw_binary_op, an a or b of another rank or
+ * dtype or not a node, and naming both shapes when they differ. */
+CW_API cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
+
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */
     CW_PATCHES_FIXED = 1, /* `patches` bands per conv (capped at its output height) */

@@ -110,11 +110,12 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
     }
 }
 
-/* ---- unary elementwise ops (CW_OP_UNARY) ------------------------------------------- */
+/* ---- unary and binary elementwise ops (CW_OP_UNARY, CW_OP_BINARY) ------------------ */
 
-/* Codes are the public cw_unary_op (append-only there); the count bounds the shape rule's
- * check of param.i[0]. */
+/* Codes are the public cw_unary_op / cw_binary_op (append-only there); the counts bound
+ * the shape rule's check of param.i[0]. */
 #define CW_UNARY_OP_COUNT ((int)CW_UNARY_CLAMP + 1)
+#define CW_BINARY_OP_COUNT ((int)CW_BINARY_MIN + 1)
 
 /* 1 / (1 + e^-x) with exp taken of -|x| only (no overflow), as cw_silu. NaN propagates. */
 static inline CW_HD float cw_sigmoid(float x) {
@@ -147,6 +148,18 @@ static inline CW_HD float cw_unary_elem(int op, float x, float a, float b) {
     }
 }
 
+/* The binary ops; max and min propagate NaN from either side (torch.maximum/minimum). */
+static inline CW_HD float cw_binary_elem(int op, float a, float b) {
+    switch (op) {
+    case CW_BINARY_MUL: return a * b;
+    case CW_BINARY_SUB: return a - b;
+    case CW_BINARY_DIV: return a / b;
+    case CW_BINARY_MAX: return (a > b || a != a) ? a : b;
+    case CW_BINARY_MIN: return (a < b || a != a) ? a : b;
+    default: return a;
+    }
+}
+
 /* ---- the generic ops: their contract (docs/adding-an-op.md) ------------------------- */
 
 /* An op of the generic form writes one tensor, `out`, from n_in inputs and a small parameter
@@ -159,6 +172,7 @@ typedef enum {
     CW_OP_CHANNEL = 0, /* out[n, c, ...] = cw_channel_elem(param.i[0], in0[n, c, ...], in1[c]) */
     CW_OP_AVG_POOL2,   /* out[.., h, w] = mean of in0[.., 2h + {0, 1}, 2w + {0, 1}] */
     CW_OP_UNARY,       /* out = cw_unary_elem(param.i[0], in0, param.f[0], param.f[1]) */
+    CW_OP_BINARY,      /* out = cw_binary_elem(param.i[0], in0, in1), in1 of in0's dims */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -184,6 +198,7 @@ static inline cw_op_info cw_op_get_info(int code) {
     case CW_OP_CHANNEL: r.name = "channel", r.n_in = 2, r.f32_in = 1u << 1, r.flops = 1.0; break;
     case CW_OP_AVG_POOL2: r.name = "avg_pool2", r.n_in = 1, r.flops = 4.0; break;
     case CW_OP_UNARY: r.name = "unary", r.n_in = 1, r.flops = 4.0; break;
+    case CW_OP_BINARY: r.name = "binary", r.n_in = 2, r.flops = 1.0; break;
     default: break;
     }
     return r;
@@ -212,6 +227,12 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
         return 1;
     }
     case CW_OP_UNARY: return pm->i[0] >= 0 && pm->i[0] < CW_UNARY_OP_COUNT;
+    case CW_OP_BINARY: {
+        if (pm->i[0] < 0 || pm->i[0] >= CW_BINARY_OP_COUNT || in[1]->rank != x->rank) return 0;
+        for (int i = 0; i < x->rank; i++)
+            if (in[1]->dims[i] != x->dims[i]) return 0;
+        return 1;
+    }
     default: return 0;
     }
 }

@@ -547,28 +547,46 @@ static void unary_tile(int op, float *x, int64_t m, float a, float b) {
     }
 }
 
-/* An elementwise op of in[0] into out, equal dims: rows of W
+/* cw_binary_elem over a tile (x <- op(x, y)), the op's switch outside the loop. */
+static void binary_tile(int op, float *x, const float *y, int64_t m) {
+    switch (op) {
+    case CW_BINARY_MUL: for (int64_t i = 0; i < m; i++) x[i] = cw_binary_elem(CW_BINARY_MUL, x[i], y[i]); break;
+    case CW_BINARY_SUB: for (int64_t i = 0; i < m; i++) x[i] = cw_binary_elem(CW_BINARY_SUB, x[i], y[i]); break;
+    case CW_BINARY_DIV: for (int64_t i = 0; i < m; i++) x[i] = cw_binary_elem(CW_BINARY_DIV, x[i], y[i]); break;
+    default: for (int64_t i = 0; i < m; i++) x[i] = cw_binary_elem(op, x[i], y[i]); break;
+    }
+}
+
+/* An elementwise op of in[0] (and in[1] for CW_OP_BINARY) into out, equal dims: rows of W
  * in TILE chunks converted to f32 on load, computed, rounded once on store. Every chunk is
  * loaded before any of it is stored, so out may alias an input exactly. */
 static void map_run(const cw__op_args *a) {
-    int64_t dim[5], sd[5], sx[5], tmp[5];
+    int64_t dim[5], sd[5], sx[5], sy[5], tmp[5];
+    const int binary = a->code == CW_OP_BINARY;
     view_pad5(&a->out, dim, sd);
     view_pad5(&a->in[0], tmp, sx);
+    if (binary) view_pad5(&a->in[1], tmp, sy);
     const cw_dtype dt = a->out.d.dtype;
     const size_t es = cw_dtype_size(dt);
     const int op = (int)a->param.i[0];
     const float pa = a->param.f[0], pb = a->param.f[1];
-    float fx[TILE];
+    float fx[TILE], fy[TILE];
     for (int64_t i0 = 0; i0 < dim[0]; i0++)
         for (int64_t i1 = 0; i1 < dim[1]; i1++)
             for (int64_t i2 = 0; i2 < dim[2]; i2++)
                 for (int64_t i3 = 0; i3 < dim[3]; i3++) {
                     const int64_t od = i0 * sd[0] + i1 * sd[1] + i2 * sd[2] + i3 * sd[3];
                     const int64_t ox = i0 * sx[0] + i1 * sx[1] + i2 * sx[2] + i3 * sx[3];
+                    const int64_t oy = binary ? i0 * sy[0] + i1 * sy[1] + i2 * sy[2] + i3 * sy[3] : 0;
                     for (int64_t w0 = 0; w0 < dim[4]; w0 += TILE) {
                         const int64_t m = dim[4] - w0 < TILE ? dim[4] - w0 : TILE;
                         cw__cpu_load_f32(fx, elem_at(a->in[0].data, ox + w0 * sx[4], es), dt, m, sx[4]);
-                        unary_tile(op, fx, m, pa, pb);
+                        if (binary) {
+                            cw__cpu_load_f32(fy, elem_at(a->in[1].data, oy + w0 * sy[4], es), dt, m, sy[4]);
+                            binary_tile(op, fx, fy, m);
+                        } else {
+                            unary_tile(op, fx, m, pa, pb);
+                        }
                         cw__cpu_store_f32(elem_at(a->out.data, od + w0 * sd[4], es), dt, sd[4], fx, m);
                     }
                 }
@@ -579,6 +597,7 @@ void cw__cpu_op_exec(const cw__op_args *a) {
     case CW_OP_CHANNEL: channel_run(a); break;
     case CW_OP_AVG_POOL2: avg_pool2_run(a); break;
     case CW_OP_UNARY: map_run(a); break;
+    case CW_OP_BINARY: map_run(a); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

@@ -762,7 +762,7 @@ cudaError_t gn_stats4_launch(cudaStream_t s, const int64_t dims4[4], const V4 &v
     return cudaGetLastError();
 }
 
-/* ---- the elementwise generic ops (CW_OP_UNARY) ----------------------------------------- */
+/* ---- the elementwise generic ops (CW_OP_UNARY, CW_OP_BINARY) --------------------------- */
 
 /* Strides of a row-major contiguous tensor: elements then index flat. */
 int view_flat(const View &v) {
@@ -785,6 +785,18 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t od = flat ? i : coords(d, i, c);
         const int64_t ox = flat ? i : offset_of(x, c);
         store_dt(dp, od, d.dtype, cw_unary_elem(op, load_dt(xp, ox, x.dtype), pa, pb));
+    }
+}
+
+/* CW_OP_BINARY: as unary_kernel, of two views of d's dims. */
+__global__ void __launch_bounds__(kThreads)
+    binary_kernel(int op, int flat, const __grid_constant__ View d, void *dp, const __grid_constant__ View x,
+                  const void *xp, const __grid_constant__ View y, const void *yp) {
+    int64_t c[CW_MAX_RANK] = {0};
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = flat ? i : coords(d, i, c);
+        const int64_t ox = flat ? i : offset_of(x, c), oy = flat ? i : offset_of(y, c);
+        store_dt(dp, od, d.dtype, cw_binary_elem(op, load_dt(xp, ox, x.dtype), load_dt(yp, oy, y.dtype)));
     }
 }
 
@@ -825,6 +837,13 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
         unary_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], a->param.f[0],
                                                                            a->param.f[1], flat, vd, a->out.data, vx,
                                                                            a->in[0].data);
+        return cudaGetLastError();
+    }
+    case CW_OP_BINARY: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]), vy = make_view(&a->in[1]);
+        const int flat = view_flat(vd) && view_flat(vx) && view_flat(vy);
+        binary_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], flat, vd, a->out.data, vx,
+                                                                            a->in[0].data, vy, a->in[1].data);
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

@@ -438,6 +438,11 @@ class Graph:
         are AFFINE's a * x + b and CLAMP's bounds (ignored by the other ops)."""
         return self._node(lib.cw_graph_unary, x, int(op), float(a), float(b))
 
+    def binary(self, a, b, op):
+        """cw_graph_binary: op(a, b) elementwise on two nodes of equal shape, op a CW_BINARY_*
+        code (convweave._lib)."""
+        return self._node(lib.cw_graph_binary, a, b, int(op))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""
