@@ -433,3 +433,7 @@ cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_bi
     const cw_node in[2] = {a, b};
     return cw__op_node(g, out, CW_OP_BINARY, &pm, in, "cw_graph_binary", names[op]);
 }
+
+cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v) {
+    return cw__channel(g, out, x, v, CW_CHANNEL_SHIFT, "cw_graph_shift", "v", "shift");
+}

@@ -385,6 +385,11 @@ typedef enum cw_binary_op {
  * naming the argument, for an op that is not a cw_binary_op, an a or b of another rank or
  * dtype or not a node, and naming both shapes when they differ. */
 CW_API cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
+/* y[n, c, ...] = x[n, c, ...] + v[c]: a per-channel shift (a bias broadcast as [C, 1, 1]).
+ * x: [N, C, H, W] or [N, C, D, H, W]; v: a contiguous f32 constant (cw_graph_constant) of
+ * dims [C] in graphs of every dtype; in f16/bf16 graphs the sum is taken in f32 and rounded
+ * once on store. Returns CW_ERR_INVALID_ARG (naming the argument) for any other x or v. */
+CW_API cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */

@@ -101,11 +101,13 @@ static inline CW_HD float cw_prep_elem(float x, float scale, float shift, int ha
  * this switch knows what each computes, so a new per-channel op is one enum entry and one
  * case here (docs/adding-an-op.md). Append only: the codes are stored in plans. */
 enum { CW_CHANNEL_SCALE = 0, /* y = x * v[c] (cw_graph_scale) */
+       CW_CHANNEL_SHIFT,     /* y = x + v[c] (cw_graph_shift) */
        CW_CHANNEL_OP_COUNT };
 
 static inline CW_HD float cw_channel_elem(int op, float x, float v) {
     switch (op) {
     case CW_CHANNEL_SCALE: return x * v;
+    case CW_CHANNEL_SHIFT: return x + v;
     default: return x;
     }
 }

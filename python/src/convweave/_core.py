@@ -443,6 +443,10 @@ class Graph:
         code (convweave._lib)."""
         return self._node(lib.cw_graph_binary, a, b, int(op))
 
+    def shift(self, x, v):
+        """x + v[c]: v a float32 constant node of dims [C]."""
+        return self._node(lib.cw_graph_shift, x, v)
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""

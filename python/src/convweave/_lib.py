@@ -54,6 +54,7 @@ cw_status cw_conv_forward(cw_context *ctx, const cw_tensor *x, const cw_tensor *
 cw_status cw_conv_output_desc(cw_context *ctx, cw_tensor_desc *y, const cw_tensor_desc *x, const cw_tensor_desc *w, const cw_conv_params *p);
 cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);
 cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
+cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v);
 """
 
 # ---- constants and structs of the header ---------------------------------------------------
