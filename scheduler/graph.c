@@ -289,7 +289,7 @@ cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
 static cw_status cw__op_node(cw_graph *g, cw_node *out, int code, const cw_op_param *pm, const cw_node *in,
                              const char *call, const char *name) {
     const cw_op_info info = cw_op_get_info(code);
-    const cw_tensor_desc *ind[CW_OP_MAX_IN];
+    const cw_tensor_desc *ind[CW_OP_MAX_IN] = {NULL}; /* gcc cannot see that the rule reads only n_in */
     for (int k = 0; k < info.n_in; k++) ind[k] = &g->nodes[in[k]].desc;
     cw_tensor_desc d;
     if (!cw_op_out_dims(code, pm, ind, &d)) /* the builder checked what the rule needs */
@@ -436,4 +436,25 @@ cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_bi
 
 cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v) {
     return cw__channel(g, out, x, v, CW_CHANNEL_SHIFT, "cw_graph_shift", "v", "shift");
+}
+
+cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if (!factors) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_upsample_nearest: factors is NULL");
+    if ((st = cw__check_act(g, x, -1, "cw_graph_upsample_nearest", "x", &nx)) != CW_OK) return st;
+    static const char dim_names[3] = {'D', 'H', 'W'};
+    for (int k = 0; k < 3; k++)
+        if (factors[k] < 1 || factors[k] > CW_UPSAMPLE_MAX_FACTOR)
+            return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_upsample_nearest: factors[%d] (%c) = %" PRId64
+                             " must be in 1..%d", k, dim_names[k], factors[k], CW_UPSAMPLE_MAX_FACTOR);
+    if (nx->desc.rank == 4 && factors[0] != 1) {
+        char buf[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_upsample_nearest: factors[0] (D) = %" PRId64
+                         " must be 1 for a 4-D x %s", factors[0], cw__dims_str(&nx->desc, buf, sizeof buf));
+    }
+    const cw_op_param pm = {{factors[0], factors[1], factors[2]}, {0}};
+    return cw__op_node(g, out, CW_OP_UPSAMPLE_NEAREST, &pm, &x, "cw_graph_upsample_nearest", "upsample_nearest");
 }

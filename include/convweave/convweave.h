@@ -390,6 +390,15 @@ CW_API cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b
  * dims [C] in graphs of every dtype; in f16/bf16 graphs the sum is taken in f32 and rounded
  * once on store. Returns CW_ERR_INVALID_ARG (naming the argument) for any other x or v. */
 CW_API cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v);
+/* Nearest-neighbour upsampling by integer factors (PyTorch's interpolate(mode='nearest')
+ * with integer scale factors): y[n, c, d, h, w] = x[n, c, d / fd, h / fh, w / fw] (integer
+ * division), with factors = {fd, fh, fw} for (D, H, W), each 1..8. x: [N, C, D, H, W], or
+ * [N, C, H, W] with factors[0] == 1; y: x's dims with D, H, W multiplied by their factors, of
+ * x's dtype (values copied exactly). The copy is its own task (cw_graph_upsample2x instead
+ * fuses into the next conv's input preparation). Returns CW_ERR_INVALID_ARG, naming the
+ * argument, for a NULL factors, a factor outside 1..8, factors[0] != 1 with a 4-D x, or an x
+ * of another rank or dtype or not a node. */
+CW_API cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */

@@ -118,6 +118,7 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
  * the shape rule's check of param.i[0]. */
 #define CW_UNARY_OP_COUNT ((int)CW_UNARY_CLAMP + 1)
 #define CW_BINARY_OP_COUNT ((int)CW_BINARY_MIN + 1)
+#define CW_UPSAMPLE_MAX_FACTOR 8 /* cw_graph_upsample_nearest's largest factor per dim */
 
 /* 1 / (1 + e^-x) with exp taken of -|x| only (no overflow), as cw_silu. NaN propagates. */
 static inline CW_HD float cw_sigmoid(float x) {
@@ -175,6 +176,7 @@ typedef enum {
     CW_OP_AVG_POOL2,   /* out[.., h, w] = mean of in0[.., 2h + {0, 1}, 2w + {0, 1}] */
     CW_OP_UNARY,       /* out = cw_unary_elem(param.i[0], in0, param.f[0], param.f[1]) */
     CW_OP_BINARY,      /* out = cw_binary_elem(param.i[0], in0, in1), in1 of in0's dims */
+    CW_OP_UPSAMPLE_NEAREST, /* out[.., d, h, w] = in0[.., d / i[0], h / i[1], w / i[2]] */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -201,6 +203,7 @@ static inline cw_op_info cw_op_get_info(int code) {
     case CW_OP_AVG_POOL2: r.name = "avg_pool2", r.n_in = 1, r.flops = 4.0; break;
     case CW_OP_UNARY: r.name = "unary", r.n_in = 1, r.flops = 4.0; break;
     case CW_OP_BINARY: r.name = "binary", r.n_in = 2, r.flops = 1.0; break;
+    case CW_OP_UPSAMPLE_NEAREST: r.name = "upsample_nearest", r.n_in = 1, r.flops = 0.0; break;
     default: break;
     }
     return r;
@@ -233,6 +236,14 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
         if (pm->i[0] < 0 || pm->i[0] >= CW_BINARY_OP_COUNT || in[1]->rank != x->rank) return 0;
         for (int i = 0; i < x->rank; i++)
             if (in[1]->dims[i] != x->dims[i]) return 0;
+        return 1;
+    }
+    case CW_OP_UPSAMPLE_NEAREST: { /* factors (D, H, W) in i[0..2], each 1..8; 4-D: i[0] = 1 */
+        if (x->rank != 4 && x->rank != 5) return 0;
+        for (int k = 0; k < 3; k++)
+            if (pm->i[k] < 1 || pm->i[k] > CW_UPSAMPLE_MAX_FACTOR) return 0;
+        if (x->rank == 4 && pm->i[0] != 1) return 0;
+        for (int k = x->rank == 5 ? 0 : 1; k < 3; k++) out->dims[x->rank - 3 + k] = x->dims[x->rank - 3 + k] * pm->i[k];
         return 1;
     }
     default: return 0;

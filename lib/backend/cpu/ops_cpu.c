@@ -592,12 +592,53 @@ static void map_run(const cw__op_args *a) {
                 }
 }
 
+/* One output row of nearest upsampling along W by fw from its source row, elements of es
+ * bytes (2 or 4) copied as bits: nearest is exact in every dtype. */
+static void up_row(char *d, int64_t dsw, const char *x, int64_t xsw, int64_t wd, int64_t fw, size_t es) {
+    if (es == 4) {
+        uint32_t *o = (uint32_t *)d;
+        const uint32_t *i = (const uint32_t *)x;
+        for (int64_t w = 0; w < wd; w++) o[w * dsw] = i[(w / fw) * xsw];
+    } else {
+        uint16_t *o = (uint16_t *)d;
+        const uint16_t *i = (const uint16_t *)x;
+        for (int64_t w = 0; w < wd; w++) o[w * dsw] = i[(w / fw) * xsw];
+    }
+}
+
+/* Nearest upsampling by (fd, fh, fw): each output row from its source row, and an output
+ * row whose source row is the previous one's copied from it (contiguous rows). */
+static void upsample_nearest_run(const cw__op_args *a) {
+    ncdhw d, x;
+    view_ncdhw(&a->out, &d);
+    view_ncdhw(&a->in[0], &x);
+    const size_t es = cw_dtype_size(a->out.d.dtype);
+    const int64_t fd = a->param.i[0], fh = a->param.i[1], fw = a->param.i[2];
+    char *dp = a->out.data;
+    const char *xp = a->in[0].data;
+    for (int64_t n = 0; n < d.dim[0]; n++)
+        for (int64_t c = 0; c < d.dim[1]; c++)
+            for (int64_t z = 0; z < d.dim[2]; z++) {
+                const char *xs = xp + (n * x.st[0] + c * x.st[1] + (z / fd) * x.st[2]) * (int64_t)es;
+                char *ds = dp + (n * d.st[0] + c * d.st[1] + z * d.st[2]) * (int64_t)es;
+                for (int64_t h = 0; h < d.dim[3]; h++) {
+                    char *drow = ds + h * d.st[3] * (int64_t)es;
+                    if (h % fh && d.st[4] == 1) { /* the row above has the same source row */
+                        memcpy(drow, drow - d.st[3] * (int64_t)es, (size_t)d.dim[4] * es);
+                        continue;
+                    }
+                    up_row(drow, d.st[4], xs + (h / fh) * x.st[3] * (int64_t)es, x.st[4], d.dim[4], fw, es);
+                }
+            }
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
     case CW_OP_AVG_POOL2: avg_pool2_run(a); break;
     case CW_OP_UNARY: map_run(a); break;
     case CW_OP_BINARY: map_run(a); break;
+    case CW_OP_UPSAMPLE_NEAREST: upsample_nearest_run(a); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

@@ -800,6 +800,23 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* CW_OP_UPSAMPLE_NEAREST: one thread per output element, its source element's bits copied
+ * (T: a 2- or 4-byte word; nearest is exact in every dtype). f[0..2]: factors of the last
+ * three dims (D, H, W; 4-D views: f[0] = 1 and dim rank - 3 is C, left as is). */
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    upsample_nearest_kernel(const __grid_constant__ View d, T *dp, const __grid_constant__ View x, const T *xp,
+                            int64_t fd, int64_t fh, int64_t fw) {
+    int64_t c[CW_MAX_RANK];
+    const int r = d.rank;
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        if (r == 5) c[2] /= fd;
+        c[r - 2] /= fh, c[r - 1] /= fw;
+        dp[od] = xp[offset_of(x, c)];
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -844,6 +861,20 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
         const int flat = view_flat(vd) && view_flat(vx) && view_flat(vy);
         binary_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], flat, vd, a->out.data, vx,
                                                                             a->in[0].data, vy, a->in[1].data);
+        return cudaGetLastError();
+    }
+    case CW_OP_UPSAMPLE_NEAREST: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        const unsigned blocks = blocks_for(vd.numel, kThreads);
+        const int64_t *f = a->param.i;
+        if (cw_dtype_size(a->out.d.dtype) == 4)
+            upsample_nearest_kernel<uint32_t><<<blocks, kThreads, 0, s>>>(
+                vd, static_cast<uint32_t *>(a->out.data), vx, static_cast<const uint32_t *>(a->in[0].data), f[0], f[1],
+                f[2]);
+        else
+            upsample_nearest_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(
+                vd, static_cast<uint16_t *>(a->out.data), vx, static_cast<const uint16_t *>(a->in[0].data), f[0], f[1],
+                f[2]);
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

@@ -447,6 +447,15 @@ class Graph:
         """x + v[c]: v a float32 constant node of dims [C]."""
         return self._node(lib.cw_graph_shift, x, v)
 
+    def upsample_nearest(self, x, factors):
+        """cw_graph_upsample_nearest: integer factors (fd, fh, fw), each 1..8 (fd 1 for a 4-D x;
+        a pair (fh, fw) means (1, fh, fw))."""
+        f = tuple(int(v) for v in factors)
+        f = (1,) + f if len(f) == 2 else f
+        if len(f) != 3:
+            raise ValueError(f"convweave: upsample_nearest factors {factors!r}: give (fd, fh, fw) or (fh, fw)")
+        return self._node(lib.cw_graph_upsample_nearest, x, (ctypes.c_int64 * 3)(*f))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""

@@ -55,6 +55,7 @@ cw_status cw_conv_output_desc(cw_context *ctx, cw_tensor_desc *y, const cw_tenso
 cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);
 cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
 cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v);
+cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 """
 
 # ---- constants and structs of the header ---------------------------------------------------
@@ -166,7 +167,7 @@ def _ctype(decl):
     """'const cw_tensor_desc *desc' -> POINTER(cw_tensor_desc); handles become c_void_p."""
     tokens = [t for t in re.findall(r"\w+|\*", decl) if t != "const"]
     words = [t for t in tokens if t != "*"]
-    base, depth = words[0], tokens.count("*")
+    base, depth = words[0], tokens.count("*") + decl.count("[")  # an array parameter is a pointer
     if depth == 0:
         return _VALUES[base]
     if base == "char":
