@@ -302,9 +302,10 @@ typedef struct cw_conv_params {
  * weights w and biases b of its convolutions all have that one dtype; the first input (or the
  * first constant used as an activation) fixes it, and a node of another dtype is refused with
  * CW_ERR_INVALID_ARG naming the node and both dtypes (there is no implicit cast). GroupNorm's
- * gamma and beta and the per-channel ops' vectors (cw_graph_scale's s) are f32 in graphs of
- * every dtype. Inside a plan, activations, patch buffers and band buffers take the graph's
- * dtype; GroupNorm statistics stay double, its scale/shift and attention's scores f32. */
+ * gamma and beta and the per-channel ops' vectors (cw_graph_scale's s, cw_graph_shift's v)
+ * are f32 in graphs of every dtype. Inside a plan, activations, patch buffers and band
+ * buffers take the graph's dtype; GroupNorm statistics stay double, its scale/shift and
+ * attention's scores f32. */
 typedef struct cw_graph cw_graph;
 typedef struct cw_plan cw_plan;
 typedef int32_t cw_node;
