@@ -360,7 +360,7 @@ typedef enum cw_unary_op {
     CW_UNARY_SIGMOID,   /* y = 1 / (1 + e^-x) */
     CW_UNARY_GELU,      /* y = x / 2 * (1 + erf(x / sqrt(2))) (F.gelu's default) */
     CW_UNARY_GELU_TANH, /* y = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) (approximate='tanh') */
-    CW_UNARY_AFFINE,    /* y = a * x + b, one rounding (a fused multiply-add): mul, add, sub and rsub by scalars */
+    CW_UNARY_AFFINE,    /* y = a * x + b (a * x exact, within 1 ulp): mul, add, sub and rsub by scalars */
     CW_UNARY_CLAMP      /* y = min(max(x, a), b): torch.clamp(x, a, b); NaN x gives NaN, a > b gives b;
                            -INFINITY or INFINITY leaves a side open */
 } cw_unary_op;

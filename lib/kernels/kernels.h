@@ -130,8 +130,10 @@ static inline CW_HD float cw_sigmoid(float x) {
  * torch.clamp), clamp with a > b gives b, gelu is the erf form (F.gelu's default) or the
  * tanh form (approximate='tanh'). The gelus are written without PyTorch's cancellation in
  * 1 + erf(z) and 1 + tanh(z) for negative x (erfc(-z), and 2 sigmoid(2z)), so they stay
- * accurate to a few ulps where PyTorch's f32 loses digits. affine is one fused multiply-add
- * (fmaf: one rounding on both backends). */
+ * accurate to a few ulps where PyTorch's f32 loses digits. affine takes a * x exactly in
+ * double (24 + 24 bits) and rounds the sum twice (to double, then to float: off from one
+ * rounding only where the double lands on a float midpoint); the same expression on both
+ * backends, and on the cpu it vectorises where fmaf is a libm call without -mfma. */
 static inline CW_HD float cw_unary_elem(int op, float x, float a, float b) {
     switch (op) {
     case CW_UNARY_RELU: return x < 0.0f ? 0.0f : x;
@@ -142,7 +144,7 @@ static inline CW_HD float cw_unary_elem(int op, float x, float a, float b) {
         const float k2 = 1.5957691216057308f; /* 2 sqrt(2 / pi) */
         return x * cw_sigmoid(k2 * (x + 0.044715f * x * x * x));
     }
-    case CW_UNARY_AFFINE: return fmaf(a, x, b);
+    case CW_UNARY_AFFINE: return (float)((double)a * (double)x + (double)b);
     case CW_UNARY_CLAMP: {
         const float t = x < a ? a : x; /* NaN x: both compares false, x stays */
         return t > b ? b : t;

@@ -541,6 +541,9 @@ static void unary_tile(int op, float *x, int64_t m, float a, float b) {
     switch (op) {
     case CW_UNARY_RELU: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_RELU, x[i], a, b); break;
     case CW_UNARY_SIGMOID: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_SIGMOID, x[i], a, b); break;
+    case CW_UNARY_GELU_TANH:
+        for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_GELU_TANH, x[i], a, b);
+        break;
     case CW_UNARY_AFFINE: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_AFFINE, x[i], a, b); break;
     case CW_UNARY_CLAMP: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_CLAMP, x[i], a, b); break;
     default: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(op, x[i], a, b); break;
@@ -592,17 +595,19 @@ static void map_run(const cw__op_args *a) {
                 }
 }
 
-/* One output row of nearest upsampling along W by fw from its source row, elements of es
- * bytes (2 or 4) copied as bits: nearest is exact in every dtype. */
+/* One output row of nearest upsampling along W by fw from its source row (wd = fw * its
+ * width), elements of es bytes (2 or 4) copied as bits: nearest is exact in every dtype. */
 static void up_row(char *d, int64_t dsw, const char *x, int64_t xsw, int64_t wd, int64_t fw, size_t es) {
     if (es == 4) {
         uint32_t *o = (uint32_t *)d;
         const uint32_t *i = (const uint32_t *)x;
-        for (int64_t w = 0; w < wd; w++) o[w * dsw] = i[(w / fw) * xsw];
+        for (int64_t s = 0, w = 0; w < wd; s++)
+            for (int64_t k = 0; k < fw; k++, w++) o[w * dsw] = i[s * xsw];
     } else {
         uint16_t *o = (uint16_t *)d;
         const uint16_t *i = (const uint16_t *)x;
-        for (int64_t w = 0; w < wd; w++) o[w * dsw] = i[(w / fw) * xsw];
+        for (int64_t s = 0, w = 0; w < wd; s++)
+            for (int64_t k = 0; k < fw; k++, w++) o[w * dsw] = i[s * xsw];
     }
 }
 
