@@ -289,7 +289,7 @@ cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
 static cw_status cw__op_node(cw_graph *g, cw_node *out, int code, const cw_op_param *pm, const cw_node *in,
                              const char *call, const char *name) {
     const cw_op_info info = cw_op_get_info(code);
-    const cw_tensor_desc *ind[CW_OP_MAX_IN];
+    const cw_tensor_desc *ind[CW_OP_MAX_IN] = {NULL}; /* gcc cannot see that the rule reads only n_in */
     for (int k = 0; k < info.n_in; k++) ind[k] = &g->nodes[in[k]].desc;
     cw_tensor_desc d;
     if (!cw_op_out_dims(code, pm, ind, &d)) /* the builder checked what the rule needs */
@@ -393,4 +393,68 @@ cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node
     if (!n) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_get_node_desc: %d is not a node", (int)node);
     *out = n->desc;
     return CW_OK;
+}
+
+cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if ((int)op < 0 || (int)op >= CW_UNARY_OP_COUNT)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_unary: op = %d is not a cw_unary_op (0..%d)", (int)op,
+                         CW_UNARY_OP_COUNT - 1);
+    if (op == CW_UNARY_CLAMP && (a != a || b != b))
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_unary: CW_UNARY_CLAMP's bounds a = %g, b = %g must not "
+                         "be NaN (-INFINITY or INFINITY leaves a side open)", a, b);
+    if ((st = cw__check_act(g, x, -1, "cw_graph_unary", "x", &nx)) != CW_OK) return st;
+    static const char *const names[CW_UNARY_OP_COUNT] = {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "affine",
+                                                         "clamp"};
+    const cw_op_param pm = {{op}, {a, b}};
+    return cw__op_node(g, out, CW_OP_UNARY, &pm, &x, "cw_graph_unary", names[op]);
+}
+
+cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *na = NULL, *nb = NULL;
+    cw_status st;
+    if ((int)op < 0 || (int)op >= CW_BINARY_OP_COUNT)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_binary: op = %d is not a cw_binary_op (0..%d)", (int)op,
+                         CW_BINARY_OP_COUNT - 1);
+    if ((st = cw__check_act(g, a, -1, "cw_graph_binary", "a", &na)) != CW_OK) return st;
+    if ((st = cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_binary", "b", &nb)) != CW_OK) return st;
+    if (!cw__same_dims(&na->desc, &nb->desc)) {
+        char b1[96], b2[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_binary: a %s and b %s differ in shape (no broadcasting)",
+                         cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2));
+    }
+    static const char *const names[CW_BINARY_OP_COUNT] = {"mul", "sub", "div", "max", "min"};
+    const cw_op_param pm = {{op}, {0}};
+    const cw_node in[2] = {a, b};
+    return cw__op_node(g, out, CW_OP_BINARY, &pm, in, "cw_graph_binary", names[op]);
+}
+
+cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v) {
+    return cw__channel(g, out, x, v, CW_CHANNEL_SHIFT, "cw_graph_shift", "v", "shift");
+}
+
+cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if (!factors) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_upsample_nearest: factors is NULL");
+    if ((st = cw__check_act(g, x, -1, "cw_graph_upsample_nearest", "x", &nx)) != CW_OK) return st;
+    static const char dim_names[3] = {'D', 'H', 'W'};
+    for (int k = 0; k < 3; k++)
+        if (factors[k] < 1 || factors[k] > CW_UPSAMPLE_MAX_FACTOR)
+            return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_upsample_nearest: factors[%d] (%c) = %" PRId64
+                             " must be in 1..%d", k, dim_names[k], factors[k], CW_UPSAMPLE_MAX_FACTOR);
+    if (nx->desc.rank == 4 && factors[0] != 1) {
+        char buf[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_upsample_nearest: factors[0] (D) = %" PRId64
+                         " must be 1 for a 4-D x %s", factors[0], cw__dims_str(&nx->desc, buf, sizeof buf));
+    }
+    const cw_op_param pm = {{factors[0], factors[1], factors[2]}, {0}};
+    return cw__op_node(g, out, CW_OP_UPSAMPLE_NEAREST, &pm, &x, "cw_graph_upsample_nearest", "upsample_nearest");
 }

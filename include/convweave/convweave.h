@@ -313,9 +313,10 @@ typedef struct cw_conv_params {
  * weights w and biases b of its convolutions all have that one dtype; the first input (or the
  * first constant used as an activation) fixes it, and a node of another dtype is refused with
  * CW_ERR_INVALID_ARG naming the node and both dtypes (there is no implicit cast). GroupNorm's
- * gamma and beta and the per-channel ops' vectors (cw_graph_scale's s) are f32 in graphs of
- * every dtype. Inside a plan, activations, patch buffers and band buffers take the graph's
- * dtype; GroupNorm statistics stay double, its scale/shift and attention's scores f32. */
+ * gamma and beta and the per-channel ops' vectors (cw_graph_scale's s, cw_graph_shift's v)
+ * are f32 in graphs of every dtype. Inside a plan, activations, patch buffers and band
+ * buffers take the graph's dtype; GroupNorm statistics stay double, its scale/shift and
+ * attention's scores f32. */
 typedef struct cw_graph cw_graph;
 typedef struct cw_plan cw_plan;
 typedef int32_t cw_node;
@@ -362,6 +363,54 @@ CW_API cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_nod
 CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 /* Descriptor of a node's result (dims are known at build time). */
 CW_API cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);
+
+/* The unary ops of cw_graph_unary. Append only: plans store the codes. */
+typedef enum cw_unary_op {
+    CW_UNARY_RELU = 0,  /* y = max(x, 0); NaN stays NaN (torch.relu) */
+    CW_UNARY_TANH,      /* y = tanh(x) */
+    CW_UNARY_SIGMOID,   /* y = 1 / (1 + e^-x) */
+    CW_UNARY_GELU,      /* y = x / 2 * (1 + erf(x / sqrt(2))) (F.gelu's default) */
+    CW_UNARY_GELU_TANH, /* y = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) (approximate='tanh') */
+    CW_UNARY_AFFINE,    /* y = a * x + b (a * x exact, within 1 ulp): mul, add, sub and rsub by scalars */
+    CW_UNARY_CLAMP      /* y = min(max(x, a), b): torch.clamp(x, a, b); NaN x gives NaN, a > b gives b;
+                           -INFINITY or INFINITY leaves a side open */
+} cw_unary_op;
+/* y = op(x) elementwise, with the scalar parameters a and b where op uses them (ignored
+ * otherwise). x: [N, C, H, W] or [N, C, D, H, W]; y has x's dims and dtype. In f16/bf16 graphs
+ * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
+ * naming the argument, for an op that is not a cw_unary_op, a NaN a or b for
+ * CW_UNARY_CLAMP, an x of another rank, another dtype than the graph's, or not a node. */
+CW_API cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);
+
+/* The binary ops of cw_graph_binary. Append only: plans store the codes. */
+typedef enum cw_binary_op {
+    CW_BINARY_MUL = 0, /* y = a * b */
+    CW_BINARY_SUB,     /* y = a - b */
+    CW_BINARY_DIV,     /* y = a / b (IEEE: x / 0 is +-inf, 0 / 0 NaN) */
+    CW_BINARY_MAX,     /* y = max(a, b), NaN if either is (torch.maximum) */
+    CW_BINARY_MIN      /* y = min(a, b), NaN if either is (torch.minimum) */
+} cw_binary_op;
+/* y = op(a, b) elementwise on two activations of equal dims (no broadcasting; cw_graph_add
+ * is the sum, cw_graph_scale and cw_graph_shift broadcast a per-channel vector). a, b:
+ * [N, C, H, W] or [N, C, D, H, W] of the graph's dtype; y has their dims. In f16/bf16 graphs
+ * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
+ * naming the argument, for an op that is not a cw_binary_op, an a or b of another rank or
+ * dtype or not a node, and naming both shapes when they differ. */
+CW_API cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
+/* y[n, c, ...] = x[n, c, ...] + v[c]: a per-channel shift (a bias broadcast as [C, 1, 1]).
+ * x: [N, C, H, W] or [N, C, D, H, W]; v: a contiguous f32 constant (cw_graph_constant) of
+ * dims [C] in graphs of every dtype; in f16/bf16 graphs the sum is taken in f32 and rounded
+ * once on store. Returns CW_ERR_INVALID_ARG (naming the argument) for any other x or v. */
+CW_API cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v);
+/* Nearest-neighbour upsampling by integer factors (PyTorch's interpolate(mode='nearest')
+ * with integer scale factors): y[n, c, d, h, w] = x[n, c, d / fd, h / fh, w / fw] (integer
+ * division), with factors = {fd, fh, fw} for (D, H, W), each 1..8. x: [N, C, D, H, W], or
+ * [N, C, H, W] with factors[0] == 1; y: x's dims with D, H, W multiplied by their factors, of
+ * x's dtype (values copied exactly). The copy is its own task (cw_graph_upsample2x instead
+ * fuses into the next conv's input preparation). Returns CW_ERR_INVALID_ARG, naming the
+ * argument, for a NULL factors, a factor outside 1..8, factors[0] != 1 with a 4-D x, or an x
+ * of another rank or dtype or not a node. */
+CW_API cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */

@@ -544,6 +544,29 @@ class Graph:
             self.ctx.check(st)
         return Plan(self, h)
 
+    def unary(self, x, op, a=0.0, b=0.0):
+        """cw_graph_unary: op(x) elementwise, op a CW_UNARY_* code (convweave._lib); a and b
+        are AFFINE's a * x + b and CLAMP's bounds (ignored by the other ops)."""
+        return self._node(lib.cw_graph_unary, x, int(op), float(a), float(b))
+
+    def binary(self, a, b, op):
+        """cw_graph_binary: op(a, b) elementwise on two nodes of equal shape, op a CW_BINARY_*
+        code (convweave._lib)."""
+        return self._node(lib.cw_graph_binary, a, b, int(op))
+
+    def shift(self, x, v):
+        """x + v[c]: v a float32 constant node of dims [C]."""
+        return self._node(lib.cw_graph_shift, x, v)
+
+    def upsample_nearest(self, x, factors):
+        """cw_graph_upsample_nearest: integer factors (fd, fh, fw), each 1..8 (fd 1 for a 4-D x;
+        a pair (fh, fw) means (1, fh, fw))."""
+        f = tuple(int(v) for v in factors)
+        f = (1,) + f if len(f) == 2 else f
+        if len(f) != 3:
+            raise ValueError(f"convweave: upsample_nearest factors {factors!r}: give (fd, fh, fw) or (fh, fw)")
+        return self._node(lib.cw_graph_upsample_nearest, x, (ctypes.c_int64 * 3)(*f))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""

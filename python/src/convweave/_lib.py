@@ -54,6 +54,10 @@ cw_status cw_plan_write_trace(const cw_plan *p, const char *path);
 void cw_free(void *ptr);
 cw_status cw_conv_forward(cw_context *ctx, const cw_tensor *x, const cw_tensor *w, const cw_tensor *b, cw_tensor *y, const cw_conv_params *p, const cw_compile_options *opt);
 cw_status cw_conv_output_desc(cw_context *ctx, cw_tensor_desc *y, const cw_tensor_desc *x, const cw_tensor_desc *w, const cw_conv_params *p);
+cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);
+cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
+cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v);
+cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 """
 
 # ---- constants and structs of the header ---------------------------------------------------
@@ -73,6 +77,10 @@ CW_ALLOCATOR_ALIGN = 256
 STAGES = ("conv", "prep", "epilogue", "stats", "attention", "other")
 PLAN_STAGE_COUNT = 6
 PLAN_STREAM_COUNT = 8
+# cw_unary_op (cw_graph_unary)
+CW_UNARY_RELU, CW_UNARY_TANH, CW_UNARY_SIGMOID, CW_UNARY_GELU, CW_UNARY_GELU_TANH, CW_UNARY_AFFINE, CW_UNARY_CLAMP = range(7)
+# cw_binary_op (cw_graph_binary)
+CW_BINARY_MUL, CW_BINARY_SUB, CW_BINARY_DIV, CW_BINARY_MAX, CW_BINARY_MIN = range(5)
 
 cw_log_fn = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 cw_alloc_fn = ctypes.CFUNCTYPE(c_void_p, c_void_p, c_int64, c_void_p)  # (user, bytes, stream) -> ptr
@@ -151,7 +159,8 @@ STRUCTS = (cw_context_config, cw_allocator, cw_tensor_desc, cw_memory_stats, cw_
 # ---- C type spelling -> ctypes type, for the prototypes above ------------------------------
 _HANDLES = {"cw_context", "cw_tensor", "cw_graph", "cw_plan", "void"}
 _VALUES = {"void": None, "int": c_int, "float": c_float, "int64_t": c_int64, "size_t": c_size_t,
-           "cw_status": c_int, "cw_node": c_int32, "cw_dtype": c_int, "cw_log_fn": cw_log_fn}
+           "cw_status": c_int, "cw_node": c_int32, "cw_dtype": c_int, "cw_log_fn": cw_log_fn,
+           "cw_unary_op": c_int, "cw_binary_op": c_int}
 _STRUCTS = {s.__name__: s for s in STRUCTS}
 _PROTO = re.compile(r"^(?P<ret>[\w\s\*]+?)\s*\b(?P<name>cw_\w+)\s*\((?P<args>[^)]*)\)\s*;$")
 
@@ -160,7 +169,7 @@ def _ctype(decl):
     """'const cw_tensor_desc *desc' -> POINTER(cw_tensor_desc); handles become c_void_p."""
     tokens = [t for t in re.findall(r"\w+|\*", decl) if t != "const"]
     words = [t for t in tokens if t != "*"]
-    base, depth = words[0], tokens.count("*")
+    base, depth = words[0], tokens.count("*") + decl.count("[")  # an array parameter is a pointer
     if depth == 0:
         return _VALUES[base]
     if base == "char":
