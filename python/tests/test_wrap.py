@@ -266,3 +266,10 @@ def test_elementwise_family():
 def test_upsample_nearest_factors(scale):
     mod = Fn(lambda s, x: s.c(F.interpolate(x, scale_factor=scale, mode="nearest")), c=nn.Conv3d(2, 3, 3, padding=1))
     check_module(mod, (rand(1, 2, 3, 4, 5),), fallback=False)
+
+
+def test_scalar_ops_on_an_input():
+    """1 - x, x * 2, x / 4 on the module's own input (a PyTorch tensor, imported into the
+    segment), as AsymmetricAutoencoderKL's masks and AutoencoderTiny's input scaling do."""
+    mod = Fn(lambda s, x: s.c((1 - x) * 2.0 + x / 4.0), c=nn.Conv2d(2, 3, 3, padding=1))
+    check_module(mod, (rand(1, 2, 6, 6),), fallback=False)
