@@ -16,7 +16,7 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allo
     cw__backend *dry = NULL;
     cw__allocator *temp = NULL;
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
-    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
+    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, NULL, p->budget, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
     if (st == CW_OK) st = cw__plan_execute(p, dry, temp, 1, peak, peak_allocated);
     if (st == CW_OK && dry->rt->host_syncs(dry) > p->n_streams)
         st = cw__error(p->ctx, CW_ERR_BUDGET, "compile: the plan would need a host synchronisation mid-run");
@@ -406,7 +406,10 @@ static cw_status cw__plan_prepare_run(cw_plan *p, int64_t budget) {
     if (!p->events || !p->t0 || !p->t1) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory");
     int64_t ctx_budget = ctx->cfg.temp_budget > 0 ? ctx->cfg.temp_budget : -1;
     if (budget == ctx_budget) p->temp = ctx->temp;
-    else if ((st = cw__alloc_create(&p->temp, ctx, ctx->be, budget, aflags)) == CW_OK) p->own_temp = 1;
+    else {
+        const cw__seg_source src = cw__context_seg_source(ctx);
+        if ((st = cw__alloc_create(&p->temp, ctx, ctx->be, &src, budget, aflags)) == CW_OK) p->own_temp = 1;
+    }
     for (int e = 0; e < p->n_events && st == CW_OK; e++) st = ctx->be->rt->event_create(ctx->be, &p->events[e]);
     /* traces from device timestamps where the backend has them */
     if (st == CW_OK && (ctx->cfg.flags & CW_FLAG_TIMING) && ctx->be->rt->timer_create)

@@ -46,7 +46,7 @@ CW_API cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *cu
 
 /* The cudaStream_t (as void *) behind the context's stream `index`, created on first use.
  * Stays owned by the context (or by the caller who set it). */
-CW_API cw_status cw_context_get_cuda_stream(cw_context *ctx, void **cuda_stream, int index);
+CW_API cw_status cw_context_get_cuda_stream(cw_context *ctx, int index, void **cuda_stream);
 
 /* The CUDA device index the context runs on. */
 CW_API cw_status cw_context_get_cuda_device(const cw_context *ctx, int *device);

@@ -1,7 +1,8 @@
 /* Budgeted caching allocator: device segments split into 512-byte-granular blocks; free
  * blocks are cached (best fit, then lowest address) and reused in stream order through
  * events recorded at free time, never holding more than the budget from the device. The
- * segments come from the backend, or from the context's user allocator (cw_allocator). */
+ * segments come from the backend, or from a segment source (cw__seg_source: the context's
+ * user allocator, cw_allocator). */
 #include <assert.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -65,8 +66,10 @@ typedef struct pool {
 } pool;
 
 struct cw__allocator {
-    cw_context *ctx;
+    cw_context *ctx;          /* error messages only */
     cw__backend *be;
+    cw__seg_source src;       /* self NULL and hooks NULL: dev_alloc only */
+    int has_src;
     int64_t budget; /* 0: unlimited */
     uint32_t flags;
     int skip_waits;
@@ -350,28 +353,16 @@ static int64_t largest_free(const cw__allocator *a) {
 }
 
 /* ---- where segments come from ---------------------------------------------------------- */
-/* 1 when a takes memory from its context's own backend: only those pools use the context's
- * user allocator and count towards what it holds (the dry backend's and the tests' fakes'
- * pools never do). */
-static int on_context(const cw__allocator *a) { return a->ctx && a->be == a->ctx->be; }
-
 static cw_allocator seg_source(const cw__allocator *a) {
     cw_allocator u;
     memset(&u, 0, sizeof u);
-    if (!on_context(a)) return u;
-    pthread_mutex_lock(&a->ctx->mu);
-    u = a->ctx->ualloc;
-    pthread_mutex_unlock(&a->ctx->mu);
+    if (a->has_src) a->src.user_allocator(a->src.self, &u);
     return u;
 }
 
-/* The context's count of held segments (cw_context_set_allocator refuses while any are). */
+/* The source's count of held segments (cw_context_set_allocator refuses while any are). */
 static void seg_count(const cw__allocator *a, int64_t n, int64_t bytes) {
-    if (!on_context(a)) return;
-    pthread_mutex_lock(&a->ctx->mu);
-    a->ctx->segs_held += n;
-    a->ctx->seg_bytes_held += bytes;
-    pthread_mutex_unlock(&a->ctx->mu);
+    if (a->has_src) a->src.held(a->src.self, n, bytes);
 }
 
 /* Memory for g (g->size bytes), first used on s; outside a run (s NULL) the user allocator
@@ -388,7 +379,7 @@ static cw_status seg_obtain(cw__allocator *a, segment *g, cw__stream *s) {
                              cw_status_name(st));
         return st;
     }
-    if (!s && (st = cw__context_stream(a->ctx, 0, &s)) != CW_OK) return st;
+    if (!s && (st = a->src.idle_stream(a->src.self, &s)) != CW_OK) return st;
     g->stream = cw__stream_handle(a->be, s);
     g->ptr = g->src.alloc(g->src.user, g->size, g->stream);
     if (!g->ptr) {
@@ -531,7 +522,8 @@ static cw_status release_cached_locked(cw__allocator *a) {
 }
 
 /* ---- public entry points ------------------------------------------------------------- */
-cw_status cw__alloc_create(cw__allocator **out, cw_context *ctx, cw__backend *be, int64_t budget, uint32_t flags) {
+cw_status cw__alloc_create(cw__allocator **out, cw_context *ctx, cw__backend *be, const cw__seg_source *src,
+                           int64_t budget, uint32_t flags) {
     if (!out) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw__alloc_create: out is NULL");
     *out = NULL;
     if (!be) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw__alloc_create: backend is NULL");
@@ -543,6 +535,10 @@ cw_status cw__alloc_create(cw__allocator **out, cw_context *ctx, cw__backend *be
     }
     a->ctx = ctx;
     a->be = be;
+    if (src) {
+        a->src = *src;
+        a->has_src = 1;
+    }
     a->budget = budget > 0 ? budget : 0;
     a->flags = flags;
     a->st.budget = a->budget;

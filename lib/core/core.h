@@ -29,12 +29,21 @@ struct cw_context {
     cw__allocator *temp;  /* budgeted: workspaces, patch buffers, attention chunks */
     cw__allocator *act;   /* unbudgeted: activations between stages, user tensors */
     cw__stream *streams[CW__MAX_STREAMS]; /* created lazily by cw__context_stream */
-    pthread_mutex_t mu;   /* guards streams[], err, ualloc and the segment counts */
+    pthread_mutex_t mu;   /* guards streams[], ualloc and the segment counts */
+    pthread_mutex_t err_mu; /* guards err only, so a hook called under mu may record errors */
     char err[CW__ERR_LEN];
     cw_allocator ualloc;  /* cw_context_set_allocator's; alloc NULL: the backend's own */
     int64_t segs_held;    /* segments held by pools on this context's backend, any source */
     int64_t seg_bytes_held;
 };
+
+/* Returns from the calling function with the status of a call that fails: the one way
+ * library code propagates a status. */
+#define CW_TRY(call)                       \
+    do {                                   \
+        cw_status cw_try_st_ = (call);     \
+        if (cw_try_st_ != CW_OK) return cw_try_st_; \
+    } while (0)
 
 /* Records a message as the context's last error, logs it at debug, returns st.
  * ctx may be NULL (then the message is only logged to stderr at warn). */

@@ -102,9 +102,9 @@ cw_status cw__error(cw_context *ctx, cw_status st, const char *fmt, ...) {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     if (ctx) {
-        pthread_mutex_lock(&ctx->mu);
+        pthread_mutex_lock(&ctx->err_mu);
         snprintf(ctx->err, sizeof ctx->err, "%s", buf);
-        pthread_mutex_unlock(&ctx->mu);
+        pthread_mutex_unlock(&ctx->err_mu);
         cw__log(ctx, CW_LOG_DEBUG, "%s: %s", cw_status_name(st), buf);
     } else {
         cw__log(NULL, CW_LOG_WARN, "%s: %s", cw_status_name(st), buf);

@@ -97,18 +97,6 @@ void cw__cpu_geom_make(const cw__conv_problem *p, cw__cpu_geom *g) {
     g->es = cw_dtype_size(p->x.dtype);
 }
 
-/* Output positions o in [0, n_out) whose input index o*s + off lies in [0, n_in):
- * [*lo, *hi) (empty when *lo == *hi). */
-static void cv_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int64_t *lo, int64_t *hi) {
-    int64_t l = off >= 0 ? 0 : (-off + s - 1) / s;
-    int64_t h = (n_in - 1 - off) >= 0 ? (n_in - 1 - off) / s + 1 : 0;
-    if (l > n_out) l = n_out;
-    if (h > n_out) h = n_out;
-    if (h < l) h = l;
-    *lo = l;
-    *hi = h;
-}
-
 /* Elements of the longest suffix of (D, H, W) that is one unit-stride run; 0 when even W
  * is not unit-stride. *levels: how many dims the run spans (1 = W only). */
 static int64_t cv_run(const int64_t *ext, const int64_t *st, int *levels) {
@@ -203,7 +191,7 @@ static void im2col(const cv_geom *g, const void *x, int64_t n, int64_t gi, float
         const int64_t xc = n * g->xs[0] + (gi * g->cg + c) * g->xs[1]; /* element offset */
         float *dst = col + r * P;
         int64_t offw = kw * g->dl[2] - g->pp[2], wlo, whi;
-        cv_range(offw, g->st[2], g->in[2], Wo, &wlo, &whi);
+        cw__cpu_conv_range(offw, g->st[2], g->in[2], Wo, &wlo, &whi);
         for (int64_t od = 0; od < Do; od++) {
             int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
             for (int64_t oh = 0; oh < Ho; oh++) {
@@ -359,116 +347,6 @@ static void conv_gemm_half(const cv_geom *g, const void *x, const void *w, const
     }
 }
 
-/* ---- DIRECT --------------------------------------------------------------------------- */
-enum { DIRECT_TW = 256, DIRECT_KB = 4, DIRECT_SPAN = 2048 }; /* W tile, output channels per pass, f32
-                                                             * input columns converted per tile (floats) */
-
-/* acc[0..n) += wv * src[i*sx] (sx = 1 is the vectorised common case). */
-static inline void axpy_strided(float *restrict acc, const float *restrict src, int64_t n, int64_t sx, float wv) {
-    if (sx == 1) {
-        for (int64_t i = 0; i < n; i++) acc[i] += wv * src[i];
-    } else {
-        for (int64_t i = 0; i < n; i++) acc[i] += wv * src[i * sx];
-    }
-}
-
-/* Output rows (od, oh) with od * Ho + oh in [row_lo, row_hi): threads split rows. Every
- * output element accumulates its taps in one fixed order (c, kd, kh, kw) in f32, whatever
- * the tiling. An f16/bf16 input row is converted per (c, kd, kh) and tile into span[]: the
- * columns every kw of the tile reads, or, where those exceed DIRECT_SPAN (large strides or
- * dilations), per kw into gat[]. */
-static void conv_direct(const cv_geom *g, const void *x, const void *w, const void *b, void *y, int64_t row_lo,
-                        int64_t row_hi) {
-    const int64_t Ho = g->out[1], Wo = g->out[2];
-    const int half = g->dt != CW_F32;
-    const size_t es = g->es;
-    float acc[DIRECT_KB][DIRECT_TW];
-    float span[DIRECT_SPAN], gat[DIRECT_TW];
-    for (int64_t n = 0; n < g->n; n++) {
-        for (int64_t gi = 0; gi < g->g; gi++) {
-            for (int64_t m0 = 0; m0 < g->kg; m0 += DIRECT_KB) {
-                const int64_t nb = g->kg - m0 < DIRECT_KB ? g->kg - m0 : DIRECT_KB;
-                const int64_t k0 = gi * g->kg + m0; /* first output channel of the block */
-                for (int64_t row = row_lo; row < row_hi; row++) {
-                    const int64_t od = row / Ho, oh = row % Ho;
-                    for (int64_t t0 = 0; t0 < Wo; t0 += DIRECT_TW) {
-                        const int64_t tw = Wo - t0 < DIRECT_TW ? Wo - t0 : DIRECT_TW;
-                        for (int64_t j = 0; j < nb; j++) {
-                            const float bv = g->has_bias ? cw__cpu_load1(b, g->dt, k0 + j) : 0.0f;
-                            for (int64_t i = 0; i < tw; i++) acc[j][i] = bv;
-                        }
-                        /* input columns the tile reads over all kw: [iw0, iw1), clipped */
-                        int64_t iw0 = t0 * g->st[2] - g->pp[2];
-                        int64_t iw1 = (t0 + tw - 1) * g->st[2] - g->pp[2] + g->dl[2] * (g->ks[2] - 1) + 1;
-                        if (iw0 < 0) iw0 = 0;
-                        if (iw1 > g->in[2]) iw1 = g->in[2];
-                        const int use_span = half && iw1 - iw0 <= DIRECT_SPAN;
-                        for (int64_t c = 0; c < g->cg; c++) {
-                            const int64_t xc = n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
-                            for (int64_t kd = 0; kd < g->ks[0]; kd++) {
-                                const int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
-                                if (id < 0 || id >= g->in[0]) continue;
-                                for (int64_t kh = 0; kh < g->ks[1]; kh++) {
-                                    const int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
-                                    if (ih < 0 || ih >= g->in[1]) continue;
-                                    const int64_t xrow = xc + id * g->xs[2] + ih * g->xs[3]; /* elements */
-                                    if (use_span && iw1 > iw0)
-                                        cw__cpu_load_f32(span, elem_at(x, xrow + iw0 * g->xs[4], es), g->dt, iw1 - iw0,
-                                                         g->xs[4]);
-                                    for (int64_t kw = 0; kw < g->ks[2]; kw++) {
-                                        int64_t offw = kw * g->dl[2] - g->pp[2], lo, hi;
-                                        cv_range(offw, g->st[2], g->in[2], Wo, &lo, &hi);
-                                        if (lo < t0) lo = t0;
-                                        if (hi > t0 + tw) hi = t0 + tw;
-                                        if (hi <= lo) continue;
-                                        const int64_t first = lo * g->st[2] + offw; /* input column */
-                                        const float *src;
-                                        int64_t sx;
-                                        if (!half) {
-                                            src = (const float *)x + xrow + first * g->xs[4];
-                                            sx = g->st[2] * g->xs[4];
-                                        } else if (use_span) {
-                                            src = span + (first - iw0);
-                                            sx = g->st[2];
-                                        } else {
-                                            cw__cpu_load_f32(gat, elem_at(x, xrow + first * g->xs[4], es), g->dt,
-                                                             hi - lo, g->st[2] * g->xs[4]);
-                                            src = gat;
-                                            sx = 1;
-                                        }
-                                        for (int64_t j = 0; j < nb; j++) {
-                                            const int64_t wo = (k0 + j) * g->wsd[0] + c * g->wsd[1] + kd * g->wsd[2] +
-                                                               kh * g->wsd[3] + kw * g->wsd[4];
-                                            const float wv = half ? cw__cpu_load1(w, g->dt, wo) : ((const float *)w)[wo];
-                                            axpy_strided(acc[j] + (lo - t0), src, hi - lo, sx, wv);
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                        for (int64_t j = 0; j < nb; j++) {
-                            const int64_t yo = n * g->ys[0] + (k0 + j) * g->ys[1] + od * g->ys[2] + oh * g->ys[3] +
-                                               t0 * g->ys[4];
-                            cw__cpu_store_f32(elem_at(y, yo, es), g->dt, g->ys[4], acc[j], tw);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-typedef struct direct_arg {
-    const cv_geom *g;
-    const void *x, *w, *b;
-    void *y;
-} direct_arg;
-
-static void direct_range(void *p, int64_t lo, int64_t hi) {
-    direct_arg *a = p;
-    conv_direct(a->g, a->x, a->w, a->b, a->y, lo, hi);
-}
-
 /* ---- entry points --------------------------------------------------------------------- */
 
 /* DNNL: the plan's workspace (made now, or found in the plan cache). */
@@ -514,11 +392,7 @@ static void conv_run(const cw__conv_problem *p, int algo, const void *x, const v
         assert(cw__cpu_wino_supported(&g));
         cw__cpu_wino_run(&g, x, w, b, y, ws, threads);
     } else {
-        direct_arg da = {&g, x, w, b, y};
-        const int64_t rows = g.out[0] * g.out[1];
-        const double macs = (double)g.n * (double)g.k * (double)(rows * g.out[2]) * (double)g.cg *
-                            (double)(g.ks[0] * g.ks[1] * g.ks[2]);
-        cw__cpu_parallel(macs >= 1e7 ? threads : 1, rows, direct_range, &da); /* ~1 ms of work and more */
+        cw__cpu_conv_direct(p, x, w, b, y, threads);
     }
 }
 

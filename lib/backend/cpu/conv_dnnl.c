@@ -593,8 +593,7 @@ static dnnl_status_t run_sub(run_arg *r, int j, dnnl_stream_t strm, char *scratc
         q.pad_pre[hd - 2] = c->pre;
         q.pad_post[hd - 2] = c->post;
         const int64_t es = (int64_t)pl->es;
-        cw__cpu_conv_run(&q, CW__CPU_ALGO_DIRECT, r->x + sb->a * pl->xs_h * es, r->w, r->b,
-                         r->y + sb->r0 * pl->ys_h * es, NULL, 1);
+        cw__cpu_conv_direct(&q, r->x + sb->a * pl->xs_h * es, r->w, r->b, r->y + sb->r0 * pl->ys_h * es, 1);
         return dnnl_success;
     }
     /* m: user input, blocked input, weights, bias, blocked output, user output, and one
