@@ -31,11 +31,11 @@ static cw_status cw__bind_externals(cw__lower *L) {
         cw__node *nd = &g->nodes[i];
         cw__lnode *ln = &L->nd[i];
         if (nd->kind == CW__N_INPUT) {
-            CW__TRY(cw__new_buf(L, CW__B_INPUT, nd->index, &nd->desc, 0, &ln->buf));
+            CW_TRY(cw__new_buf(L, CW__B_INPUT, nd->index, &nd->desc, 0, &ln->buf));
             p->in[nd->index].d = nd->desc;
             snprintf(p->in[nd->index].name, sizeof p->in[nd->index].name, "%s", nd->name);
         } else if (nd->kind == CW__N_CONST && ln->live) {
-            CW__TRY(cw__new_buf(L, CW__B_CONST, i, &nd->desc, 0, &ln->buf));
+            CW_TRY(cw__new_buf(L, CW__B_CONST, i, &nd->desc, 0, &ln->buf));
             p->bufs[ln->buf].t = nd->t;
             p->weights_bytes += cw__desc_span_bytes(&nd->desc);
         }
@@ -60,7 +60,7 @@ static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
         int m = rd[a];
         const cw__node *nm = &g->nodes[m];
         if (L->nd[m].rec) {
-            if (--L->nd[m].reads == 0) CW__TRY(cw__release_reads(L, L->nd[m].rec_rd, L->nd[m].rec_k));
+            if (--L->nd[m].reads == 0) CW_TRY(cw__release_reads(L, L->nd[m].rec_rd, L->nd[m].rec_k));
             continue;
         }
         if (--L->nd[m].reads != 0 || nm->kind == CW__N_INPUT || nm->kind == CW__N_CONST || nm->is_output ||
@@ -69,10 +69,10 @@ static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
         /* a GN still to be finalized from m must take its stats first */
         for (int q = m + 1; q < g->n; q++)
             if (g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0)
-                CW__TRY(cw__gn_ready(L, q));
-        CW__TRY(cw__release(L, L->nd[m].buf));
+                CW_TRY(cw__gn_ready(L, q));
+        CW_TRY(cw__release(L, L->nd[m].buf));
     }
-    if (rd[3] >= 0 && --L->nd[rd[3]].gn_refs == 0) CW__TRY(cw__release(L, L->nd[rd[3]].gn_ss));
+    if (rd[3] >= 0 && --L->nd[rd[3]].gn_refs == 0) CW_TRY(cw__release(L, L->nd[rd[3]].gn_ss));
     return CW_OK;
 }
 
@@ -136,8 +136,8 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
          * and what it reads stays until its last reader's unit has run */
         int src, gn, silu, up;
         cw__fusion_chain(L, g->nodes[u].in[0], &src, &gn, &silu, &up);
-        if (L->nd[u].rec_stats) CW__TRY(cw__lower_conv(L, u));
-        else if (gn >= 0) CW__TRY(cw__gn_ready(L, gn));
+        if (L->nd[u].rec_stats) CW_TRY(cw__lower_conv(L, u));
+        else if (gn >= 0) CW_TRY(cw__gn_ready(L, gn));
         if (!L->nd[u].rec_stats) L->nd[u].rec_algo.id = -1;
         for (int a = 0; a < 4; a++) L->nd[u].rec_rd[a] = rd[a];
         L->nd[u].rec_k = k;
@@ -145,19 +145,19 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
     }
     int other = u != i ? cw__inplace_operand(L, i, u) : -1;
     if (nd->is_output) {
-        CW__TRY(cw__new_buf(L, CW__B_OUTPUT, nd->index, &nd->desc, 0, &ln->buf));
+        CW_TRY(cw__new_buf(L, CW__B_OUTPUT, nd->index, &nd->desc, 0, &ln->buf));
     } else if (other >= 0) {
         ln->buf = L->nd[other].buf; /* the add's result overwrites its dying operand */
         L->nd[other].moved = 1;
     } else {
-        CW__TRY(cw__new_buf(L, CW__B_ACT, -1, &nd->desc, cw__desc_bytes(&nd->desc), &ln->buf));
-        CW__TRY(cw__act(L, CW__A_ALLOC, ln->buf, 0));
+        CW_TRY(cw__new_buf(L, CW__B_ACT, -1, &nd->desc, cw__desc_bytes(&nd->desc), &ln->buf));
+        CW_TRY(cw__act(L, CW__A_ALLOC, ln->buf, 0));
     }
     L->nd[u].buf = ln->buf;
     cw__nkind kind = g->nodes[u].kind;
-    if (kind == CW__N_CONV) CW__TRY(cw__lower_conv(L, u));
-    else if (kind == CW__N_ATTN) CW__TRY(cw__lower_attention(L, u));
-    else CW__TRY(cw__lower_elementwise(L, u));
+    if (kind == CW__N_CONV) CW_TRY(cw__lower_conv(L, u));
+    else if (kind == CW__N_ATTN) CW_TRY(cw__lower_attention(L, u));
+    else CW_TRY(cw__lower_elementwise(L, u));
     return cw__release_reads(L, rd, k);
 }
 
@@ -203,12 +203,12 @@ static cw_status cw__lower_graph(cw__lower *L) {
     if (!L->p->rec_nodes) return cw__oom(L);
     for (int i = 0; i < g->n; i++)
         if (L->nd[i].rec) L->p->rec_nodes[L->p->n_recomputed++] = i;
-    CW__TRY(cw__bind_externals(L));
-    for (int i = 0; i < g->n; i++) CW__TRY(cw__lower_node(L, i));
+    CW_TRY(cw__bind_externals(L));
+    for (int i = 0; i < g->n; i++) CW_TRY(cw__lower_node(L, i));
     for (int i = 0; i < g->n; i++)
         if (g->nodes[i].kind == CW__N_GN && L->nd[i].gn_part >= 0 && L->nd[i].gn_fin < 0)
-            CW__TRY(cw__release(L, L->nd[i].gn_part));
-    CW__TRY(cw__plan_sync(L->p));
+            CW_TRY(cw__release(L, L->nd[i].gn_part));
+    CW_TRY(cw__plan_sync(L->p));
     L->p->fork_event = L->p->n_events; /* the fork and the joins (execute.c) */
     L->p->n_events += L->p->n_streams;
     return cw__plan_place_activations(L->p);

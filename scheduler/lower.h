@@ -53,12 +53,6 @@ typedef struct cw__lower {
     cw__lnode *nd;      /* per graph node */
 } cw__lower;
 
-#define CW__TRY(x)                          \
-    do {                                    \
-        cw_status cw_st_ = (x);             \
-        if (cw_st_ != CW_OK) return cw_st_; \
-    } while (0)
-
 /* ---- emit.c: the plan's building blocks ---- */
 /* Grows *arr (zero-filled) to hold need elements of elem bytes. */
 cw_status cw__grow(void **arr, int *cap, int need, size_t elem);

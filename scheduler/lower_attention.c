@@ -21,7 +21,7 @@ static cw__vref cw__sample(int b, const cw_tensor_desc *d, int64_t n) {
 static cw_status cw__emit_convert(cw__lower *L, int node, cw__vref src, cw__vref dst, const char *what, int64_t n,
                                   int *id) {
     cw__task *t = NULL;
-    CW__TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, node, &t, id));
+    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, node, &t, id));
     t->u.prep.src = src;
     t->u.prep.dst = dst;
     t->u.prep.ss_buf = -1;
@@ -75,9 +75,9 @@ static cw_status cw__attn_stage_kv(cw__lower *L, int i, int64_t b, const cw_tens
     static const char *const what[2] = {"k to f32", "v to f32"};
     for (int a = 0; half && a < 2; a++) {
         const int x = n->in[1 + a];
-        CW__TRY(cw__temp(L, cw__desc_bytes(sd), sd, &kv[a]));
-        CW__TRY(cw__emit_convert(L, i, opnd[1 + a], cw__whole(kv[a], sd), what[a], b, &cv[a]));
-        CW__TRY(cw__dep_rows(L, cv[a], x, 0, g->nodes[x].desc.dims[cw__hdim(&g->nodes[x].desc)]));
+        CW_TRY(cw__temp(L, cw__desc_bytes(sd), sd, &kv[a]));
+        CW_TRY(cw__emit_convert(L, i, opnd[1 + a], cw__whole(kv[a], sd), what[a], b, &cv[a]));
+        CW_TRY(cw__dep_rows(L, cv[a], x, 0, g->nodes[x].desc.dims[cw__hdim(&g->nodes[x].desc)]));
         opnd[1 + a] = cw__whole(kv[a], sd);
     }
     return CW_OK;
@@ -98,12 +98,12 @@ static cw_status cw__attn_chunk_tasks(cw__lower *L, int i, int64_t b, int64_t t0
     if (half) { /* the chunk's rows (dim 2) of q and o, and their f32 copies */
         q.start[2] = o.start[2] = t0 / unit;
         q.dims[2] = o.dims[2] = (t1 - t0) / unit;
-        CW__TRY(cw__emit_convert(L, i, q, cw__whole(qb, &L->p->bufs[qb].d), "q to f32", b, &cq));
-        CW__TRY(cw__dep_rows(L, cq, n->in[0], 0, g->nodes[n->in[0]].desc.dims[cw__hdim(&g->nodes[n->in[0]].desc)]));
+        CW_TRY(cw__emit_convert(L, i, q, cw__whole(qb, &L->p->bufs[qb].d), "q to f32", b, &cq));
+        CW_TRY(cw__dep_rows(L, cq, n->in[0], 0, g->nodes[n->in[0]].desc.dims[cw__hdim(&g->nodes[n->in[0]].desc)]));
     }
     cw__task *t = NULL;
     int id = -1;
-    CW__TRY(cw__new_task(L, CW__T_ATTN, CW_STAGE_ATTENTION, cw__next_heavy(L), i, &t, &id));
+    CW_TRY(cw__new_task(L, CW__T_ATTN, CW_STAGE_ATTENTION, cw__next_heavy(L), i, &t, &id));
     t->u.attn.q = half ? cw__whole(qb, &L->p->bufs[qb].d) : opnd[0];
     t->u.attn.k = opnd[1], t->u.attn.v = opnd[2];
     t->u.attn.o = half ? cw__whole(ob, &L->p->bufs[ob].d) : opnd[3];
@@ -113,17 +113,17 @@ static cw_status cw__attn_chunk_tasks(cw__lower *L, int i, int64_t b, int64_t t0
     t->flops = 4.0 * (double)(t1 - t0) * (double)T * (double)d->dims[1];
     snprintf(t->name, sizeof t->name, "attention L%d n%" PRId64 " tokens %" PRId64 "-%" PRId64, i, b, t0, t1);
     if (half) {
-        CW__TRY(cw__dep(L, id, cq));
-        CW__TRY(cw__dep(L, id, cv[0]));
-        CW__TRY(cw__dep(L, id, cv[1]));
+        CW_TRY(cw__dep(L, id, cq));
+        CW_TRY(cw__dep(L, id, cv[0]));
+        CW_TRY(cw__dep(L, id, cv[1]));
         int oc = -1;
-        CW__TRY(cw__emit_convert(L, i, cw__whole(ob, &L->p->bufs[ob].d), o, "output from f32", b, &oc));
-        CW__TRY(cw__dep(L, oc, id));
+        CW_TRY(cw__emit_convert(L, i, cw__whole(ob, &L->p->bufs[ob].d), o, "output from f32", b, &oc));
+        CW_TRY(cw__dep(L, oc, id));
         *out_task = oc;
         return cw__writer(L, i, oc, d->rank == 4 ? o.start[2] : 0, d->rank == 4 ? o.start[2] + o.dims[2] : h);
     }
     for (int a = 0; a < 3; a++)
-        CW__TRY(cw__dep_rows(L, id, n->in[a], 0, g->nodes[n->in[a]].desc.dims[cw__hdim(&g->nodes[n->in[a]].desc)]));
+        CW_TRY(cw__dep_rows(L, id, n->in[a], 0, g->nodes[n->in[a]].desc.dims[cw__hdim(&g->nodes[n->in[a]].desc)]));
     const int64_t W = d->dims[d->rank - 1];
     const int64_t r0 = d->rank == 4 ? t0 / W : 0, r1 = d->rank == 4 ? (t1 - 1) / W + 1 : h;
     *out_task = id;
@@ -148,7 +148,7 @@ cw_status cw__lower_attention(cw__lower *L, int i) {
     memset(sd.strides, 0, sizeof sd.strides);
     cw__desc_fill_strides(&sd);
     int64_t tc = T;
-    CW__TRY(cw__attn_chunk(L, T, C, unit, half ? 2 * cw__alloc_round(cw__desc_bytes(&sd)) : 0, &tc));
+    CW_TRY(cw__attn_chunk(L, T, C, unit, half ? 2 * cw__alloc_round(cw__desc_bytes(&sd)) : 0, &tc));
     const int per = (int)((T + tc - 1) / tc), H = L->heavy;
     int *sb = cw__malloc((size_t)per * (size_t)N * 3 * sizeof *sb); /* per chunk: scores, q, output */
     if (!sb) return cw__oom(L);

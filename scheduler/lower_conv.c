@@ -81,10 +81,10 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     cw_tensor_desc bd = pt->prob.x;
     memset(bd.strides, 0, sizeof bd.strides);
     cw__desc_fill_strides(&bd);
-    CW__TRY(cw__temp(L, cw__desc_bytes(&bd), &bd, &u->pbuf[q]));
+    CW_TRY(cw__temp(L, cw__desc_bytes(&bd), &bd, &u->pbuf[q]));
     cw__task *t = NULL;
     int id = -1;
-    CW__TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &id));
+    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &id));
     int64_t s0 = pt->a / u->up, s1 = (pt->b - 1) / u->up + 1;
     t->u.prep.src = cw__rows(L->nd[u->src].buf, &L->g->nodes[u->src].desc, s0, s1);
     t->u.prep.dst = cw__whole(u->pbuf[q], &bd);
@@ -96,8 +96,8 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
     snprintf(t->name, sizeof t->name, "prep%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
              u->up > 1 ? " up2" : "", u->node, q + 1, u->cp.patches);
-    CW__TRY(cw__dep_rows(L, id, u->src, s0, s1));
-    if (u->gn >= 0) CW__TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
+    CW_TRY(cw__dep_rows(L, id, u->src, s0, s1));
+    if (u->gn >= 0) CW_TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
     u->prep_task[q] = id;
     return CW_OK;
 }
@@ -108,15 +108,15 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     const cw__node *n = &g->nodes[u->node];
     const cw_tensor_desc *xd = &g->nodes[n->in[0]].desc, *wd = &g->nodes[n->in[1]].desc;
     const cw__patch *pt = &u->cp.patch[j];
-    if (u->cp.ws > 0) CW__TRY(cw__temp(L, u->cp.ws, NULL, &u->ws[j]));
+    if (u->cp.ws > 0) CW_TRY(cw__temp(L, u->cp.ws, NULL, &u->ws[j]));
     cw_tensor_desc yb = pt->prob.y;
     if (u->inplace || u->pass1) {
         memset(yb.strides, 0, sizeof yb.strides);
         cw__desc_fill_strides(&yb);
-        CW__TRY(cw__temp(L, cw__desc_bytes(&yb), &yb, &u->ybuf[j]));
+        CW_TRY(cw__temp(L, cw__desc_bytes(&yb), &yb, &u->ybuf[j]));
     }
     cw__task *t = NULL;
-    CW__TRY(cw__new_task(L, CW__T_CONV, CW_STAGE_CONV, cw__next_heavy(L), u->node, &t, id));
+    CW_TRY(cw__new_task(L, CW__T_CONV, CW_STAGE_CONV, cw__next_heavy(L), u->node, &t, id));
     t->u.conv.prob = pt->prob;
     t->u.conv.algo = u->cp.algo;
     t->u.conv.algo.workspace = u->cp.ws;
@@ -153,12 +153,12 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
     const cw__patch *pt = &u->cp.patch[j];
     int addn = u->outn;
     cw__task *e = NULL;
-    CW__TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
+    CW_TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
     e->u.add.dst = cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
     if (u->inplace) { /* dst is other's storage: other + band, written over other */
         e->u.add.a = e->u.add.dst;
         e->u.add.b = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
-        for (int k = 0; k < u->n_war; k++) CW__TRY(cw__dep(L, *id, u->war[k]));
+        for (int k = 0; k < u->n_war; k++) CW_TRY(cw__dep(L, *id, u->war[k]));
         /* write after read: every recompute that reads these rows of other (its prep, on
          * this stream; or its conv, on a heavy one, where A has no prep). The light stream's
          * order implies it today (each recompute ends in a GN apply here that waits for its
@@ -166,7 +166,7 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
          * it whatever streams those tasks take. */
         for (int q = 0; u->rec_x && q < u->cp.patches; q++)
             if (u->xr_task[q] >= 0 && u->xr_lo[q] < pt->o1 && pt->o0 < u->xr_hi[q])
-                CW__TRY(cw__dep(L, *id, u->xr_task[q]));
+                CW_TRY(cw__dep(L, *id, u->xr_task[q]));
     } else {
         e->u.add.a = e->u.add.dst;
         e->u.add.b = cw__rows(L->nd[u->other].buf, &g->nodes[u->other].desc, pt->o0, pt->o1);
@@ -174,15 +174,15 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
     e->flops = (double)cw__desc_numel(&n->desc) * (double)(pt->o1 - pt->o0) / (double)u->ci->h_out;
     snprintf(e->name, sizeof e->name, "residual add%s L%d patch %d/%d", u->inplace ? " in place" : "", addn, j + 1,
              u->cp.patches);
-    CW__TRY(cw__dep(L, *id, conv));
+    CW_TRY(cw__dep(L, *id, conv));
     return cw__dep_rows(L, *id, u->other, pt->o0, pt->o1);
 }
 
 /* Frees patch k's workspace, prep buffer and output band buffer. */
 static cw_status cw__patch_release(cw__lower *L, cw__conv_unit *u, int k) {
-    CW__TRY(cw__release(L, u->ws[k]));
-    CW__TRY(cw__release(L, u->pbuf[k]));
-    CW__TRY(cw__release(L, u->ybuf[k]));
+    CW_TRY(cw__release(L, u->ws[k]));
+    CW_TRY(cw__release(L, u->pbuf[k]));
+    CW_TRY(cw__release(L, u->ybuf[k]));
     u->ws[k] = u->pbuf[k] = u->ybuf[k] = -1;
     return CW_OK;
 }
@@ -232,7 +232,7 @@ static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_probl
     cw__backend *be = L->g->ctx->be;
     cw__conv_algo list[16];
     int n = 0;
-    CW__TRY(cw__op_conv_algos(be, pr, list, 16, &n));
+    CW_TRY(cw__op_conv_algos(be, pr, list, 16, &n));
     if (n == 0) return cw__error(L->g->ctx, CW_ERR_UNSUPPORTED, "compile: no algorithm for a recomputed band");
     int64_t cap = L->budget < 0 ? INT64_MAX
                                 : cw__rec_split(L, b, rec, L->budget - CW__SMALL_RESERVE(L->budget), 1) /
@@ -286,14 +286,14 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *y
     a.cp.bounds = bounds;
     a.cp.patch = &ap;
     a.ws = &ws, a.pbuf = &pbuf, a.ybuf = ybuf, a.prep_task = &ptask;
-    CW__TRY(cw__rec_band(L, u, q, &ap));
-    CW__TRY(cw__rec_algo(L, u->node, A, &ap.prob, &a.cp.algo));
+    CW_TRY(cw__rec_band(L, u, q, &ap));
+    CW_TRY(cw__rec_algo(L, u->node, A, &ap.prob, &a.cp.algo));
     a.cp.ws = a.cp.algo.workspace;
-    CW__TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
-    CW__TRY(cw__emit_conv(L, &a, 0, conv));
+    CW_TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
+    CW_TRY(cw__emit_conv(L, &a, 0, conv));
     if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : *conv; /* what reads other's rows */
     L->p->recompute_flop += cw__conv_flops(&ap.prob);
-    CW__TRY(cw__release(L, ws));
+    CW_TRY(cw__release(L, ws));
     return cw__release(L, pbuf);
 }
 
@@ -304,14 +304,14 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *y
 static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     const cw__patch *pt = &u->cp.patch[q];
     int ybuf = -1, id = -1;
-    CW__TRY(cw__emit_rec_conv(L, u, q, &ybuf, &id));
+    CW_TRY(cw__emit_rec_conv(L, u, q, &ybuf, &id));
     u->pbuf[q] = ybuf;
     u->prep_task[q] = id;
     if (u->gn < 0 && !u->silu) return CW_OK; /* read as it is */
     const cw__buf *bb = &L->p->bufs[ybuf];
     cw__task *t = NULL;
     int pid = -1;
-    CW__TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &pid));
+    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &pid));
     t->u.prep.src = cw__whole(ybuf, &bb->d);
     t->u.prep.dst = t->u.prep.src;
     t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
@@ -321,8 +321,8 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     t->flops = (double)cw__desc_numel(&bb->d) * 8.0;
     snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s L%d patch %d/%d", u->rec,
              pt->a, pt->b, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->node, q + 1, u->cp.patches);
-    CW__TRY(cw__dep(L, pid, id));
-    if (u->gn >= 0) CW__TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
+    CW_TRY(cw__dep(L, pid, id));
+    if (u->gn >= 0) CW_TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
     u->prep_task[q] = pid;
     return CW_OK;
 }
@@ -339,7 +339,7 @@ static cw_status cw__rec_x_rows(cw__lower *L, cw__conv_unit *u) {
     cw__fusion_chain(L, L->g->nodes[u->rec].in[0], &src, &gn, &silu, &up);
     for (int q = 0; q < P; q++) {
         cw__patch ap;
-        CW__TRY(cw__rec_band(L, u, q, &ap));
+        CW_TRY(cw__rec_band(L, u, q, &ap));
         u->xr_task[q] = -1;
         u->xr_lo[q] = ap.a / up; /* as cw__emit_prep reads them */
         u->xr_hi[q] = ap.b > ap.a ? (ap.b - 1) / up + 1 : u->xr_lo[q];
@@ -363,23 +363,23 @@ static cw_status cw__emit_patches(cw__lower *L, cw__conv_unit *u) {
     for (int j = 0; j < P; j++) {
         const cw__patch *pt = &u->cp.patch[j];
         while (next_prep < P && (next_prep < j + ahead || (u->rec_x && u->xr_lo[next_prep] < pt->o1)))
-            CW__TRY(u->rec >= 0 ? cw__emit_recompute(L, u, next_prep++) : cw__emit_prep(L, u, next_prep++));
+            CW_TRY(u->rec >= 0 ? cw__emit_recompute(L, u, next_prep++) : cw__emit_prep(L, u, next_prep++));
         int id = -1, last;
-        CW__TRY(cw__emit_conv(L, u, j, &id));
+        CW_TRY(cw__emit_conv(L, u, j, &id));
         last = id;
-        if (u->other >= 0) CW__TRY(cw__emit_epilogue(L, u, j, id, &last));
+        if (u->other >= 0) CW_TRY(cw__emit_epilogue(L, u, j, id, &last));
         if (u->pass1) { /* only the band's statistics are kept */
             cw__vref band = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
-            CW__TRY(cw__gn_band_stats_at(L, u->outn, last, &band, pt->o0, pt->o1, j));
+            CW_TRY(cw__gn_band_stats_at(L, u->outn, last, &band, pt->o0, pt->o1, j));
         } else {
-            CW__TRY(cw__writer(L, u->outn, last, pt->o0, pt->o1));
-            CW__TRY(cw__gn_band_stats(L, u->outn, last, pt->o0, pt->o1, j));
+            CW_TRY(cw__writer(L, u->outn, last, pt->o0, pt->o1));
+            CW_TRY(cw__gn_band_stats(L, u->outn, last, pt->o0, pt->o1, j));
         }
         /* the conv H-1 patches back ran on the stream the next conv takes: free its
          * workspace and patch buffer now so the next conv reuses them in stream order. */
-        if (j - H + 1 >= 0) CW__TRY(cw__patch_release(L, u, j - H + 1));
+        if (j - H + 1 >= 0) CW_TRY(cw__patch_release(L, u, j - H + 1));
     }
-    for (int k = 0; k < P; k++) CW__TRY(cw__patch_release(L, u, k)); /* the last H-1 patches' */
+    for (int k = 0; k < P; k++) CW_TRY(cw__patch_release(L, u, k)); /* the last H-1 patches' */
     return CW_OK;
 }
 

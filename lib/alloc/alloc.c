@@ -379,7 +379,7 @@ static cw_status seg_obtain(cw__allocator *a, segment *g, cw__stream *s) {
                              cw_status_name(st));
         return st;
     }
-    if (!s && (st = a->src.idle_stream(a->src.self, &s)) != CW_OK) return st;
+    if (!s) CW_TRY(a->src.idle_stream(a->src.self, &s));
     g->stream = cw__stream_handle(a->be, s);
     g->ptr = g->src.alloc(g->src.user, g->size, g->stream);
     if (!g->ptr) {
@@ -624,7 +624,6 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
     int pi = n <= SMALL_MAX ? POOL_SMALL : POOL_LARGE;
     int oom = 0, hit = 1;
     a->user_null = 0;
-    cw_status st;
     /* 1. a cached block that is already in order for s */
     block *b = find_block(a, pi, n, s, 1);
     /* 2. a new segment while the cap allows: better than making s wait on another stream
@@ -632,7 +631,7 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
     if (!b && (a->flags & CW__ALLOC_PREFER_REUSE)) b = find_block(a, pi, n, s, 0);
     if (!b && (a->flags & CW__ALLOC_PREFER_REUSE)) b = find_block(a, 1 - pi, n, s, 0);
     if (!b) {
-        if ((st = segment_new(a, pi, n, s, &b, &oom)) != CW_OK) return st;
+        CW_TRY(segment_new(a, pi, n, s, &b, &oom));
         hit = !b;
     }
     /* 3. at the cap: another stream's block (own pool first), with an event wait */
@@ -643,15 +642,15 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
         int64_t freeable = cached_segment_bytes(a);
         int helps = a->budget > 0 && !oom ? a->budget - a->st.reserved_bytes_current + freeable >= n : freeable > 0;
         if (helps) {
-            if ((st = release_cached_locked(a)) != CW_OK) return st;
+            CW_TRY(release_cached_locked(a));
             oom = 0;
-            if ((st = segment_new(a, pi, n, s, &b, &oom)) != CW_OK) return st;
+            CW_TRY(segment_new(a, pi, n, s, &b, &oom));
             hit = 0;
         }
     }
     if (!b) return fail_locked(a, oom ? CW_ERR_OUT_OF_MEMORY : CW_ERR_BUDGET, bytes, n, s);
 
-    if ((st = block_order(a, b, s)) != CW_OK) return st;
+    CW_TRY(block_order(a, b, s));
     pool *p = &a->pools[b->seg->pool];
     pool_remove(p, b);
     if (b->size - n >= GRAN) {

@@ -123,8 +123,7 @@ cw_status cw__context_stream(cw_context *ctx, int i, cw__stream **out) {
         return CW_OK;
     }
     /* create outside the lock: stream_create may take long (cuda: a GroupNorm scratch) */
-    cw_status st = ctx->be->rt->stream_create(ctx->be, &s);
-    if (st != CW_OK) return st;
+    CW_TRY(ctx->be->rt->stream_create(ctx->be, &s));
     pthread_mutex_lock(&ctx->mu);
     cw__stream *won = ctx->streams[i];
     if (!won) ctx->streams[i] = s;
@@ -138,8 +137,7 @@ cw_status cw_context_synchronize(cw_context *ctx) {
     if (!ctx) return CW_ERR_INVALID_ARG;
     for (int i = 0; i < CW__MAX_STREAMS; i++) {
         if (!ctx->streams[i]) continue;
-        cw_status st = ctx->be->rt->stream_synchronize(ctx->be, ctx->streams[i]);
-        if (st != CW_OK) return st;
+        CW_TRY(ctx->be->rt->stream_synchronize(ctx->be, ctx->streams[i]));
     }
     return CW_OK;
 }
@@ -194,7 +192,7 @@ cw__seg_source cw__context_seg_source(cw_context *ctx) {
 static cw_status cw__context_release(cw_context *ctx) {
     cw_status st = cw_context_synchronize(ctx);
     if (st != CW_OK) return cw__error(ctx, st, "waiting for the context's streams failed (%s)", cw_status_name(st));
-    if ((st = cw__alloc_release_cached(ctx->temp)) != CW_OK) return st;
+    CW_TRY(cw__alloc_release_cached(ctx->temp));
     return cw__alloc_release_cached(ctx->act);
 }
 
@@ -213,8 +211,7 @@ cw_status cw_context_set_allocator(cw_context *ctx, const cw_allocator *a) {
         return cw__error(ctx, CW_ERR_INVALID_ARG,
                          "cw_context_set_allocator: alloc is %s and free is %s, both must be set (a NULL allocator "
                          "restores the backend's own)", a->alloc ? "set" : "NULL", a->free ? "set" : "NULL");
-    cw_status st = cw__context_release(ctx);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__context_release(ctx));
     pthread_mutex_lock(&ctx->mu);
     const int64_t n = ctx->segs_held, bytes = ctx->seg_bytes_held;
     if (n == 0) {

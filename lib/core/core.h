@@ -52,9 +52,11 @@ void cw__log(const cw_context *ctx, cw_log_level lvl, const char *fmt, ...) CW__
 /* The i-th stream of the context (0 <= i < CW__MAX_STREAMS), created on first use. */
 cw_status cw__context_stream(cw_context *ctx, int i, cw__stream **out);
 
-/* Host allocation: every library allocation goes through these so tests can inject
- * failures. cw__test_fail_after(n): the n-th allocation from now fails (n >= 1), and every
- * later one succeeds; 0 switches injection off. */
+/* Host allocation (host_alloc.c): every library allocation goes through these so tests
+ * can inject failures. Test library only (convweave_test, built with CW_FAULT_INJECTION;
+ * the libraries users link have neither function): cw__test_fail_after(n): the n-th
+ * allocation from now fails (n >= 1), and every later one succeeds; 0 switches injection
+ * off. */
 void *cw__malloc(size_t n);
 void *cw__calloc(size_t count, size_t n);
 void *cw__realloc(void *p, size_t n);

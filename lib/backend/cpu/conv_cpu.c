@@ -546,12 +546,10 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
  * replaced by cpu_direct, which needs none. */
 cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
                                cw__conv_algo *used) {
-    cw_status st = CW_OK;
     *used = *algo;
     if (algo->id != CW__CPU_ALGO_DNNL) return CW_OK;
     cw__dnnl_plan *pl;
-    st = cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl));
     cw__dnnl_info info;
     cw__cpu_dnnl_info(pl, &info);
     cw__cpu_dnnl_release(pl); /* the cache keeps it */
@@ -594,7 +592,6 @@ static void conv_job_fin(void *arg) {
 
 cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
                                const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes) {
-    cw_status st = CW_OK;
     cw_context *ctx = be->ctx;
     if (!algo || algo->id < 0 || algo->id >= CW__CPU_ALGO_COUNT)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: algo %d is not a cpu algorithm",
@@ -616,8 +613,7 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
                                                        : 0;
     if (algo->id == CW__CPU_ALGO_DNNL) {
         /* found in the plan cache (made when the algorithm was listed) */
-        st = cw__cpu_dnnl_plan_get(ctx, p, &plan);
-        if (st != CW_OK) return st;
+        CW_TRY(cw__cpu_dnnl_plan_get(ctx, p, &plan));
         cw__dnnl_info info;
         cw__cpu_dnnl_info(plan, &info);
         need = info.workspace;

@@ -388,8 +388,7 @@ static cw_status plan_classes(cw_context *ctx, const cw__conv_problem *p, cw__dn
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < pl->ncls; k++) {
             if ((pass == 0) != (k == pl->main_cls)) continue;
-            cw_status st = class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w);
-            if (st != CW_OK) return st;
+            CW_TRY(class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w));
         }
     }
     return CW_OK;
@@ -513,8 +512,7 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
     /* made outside the lock (JIT takes ~0.3 ms a primitive); a racing maker of the same
      * key only adds a duplicate that ages out */
     cw__dnnl_plan *pl;
-    cw_status st = plan_make(ctx, p, &pl);
-    if (st != CW_OK) return st;
+    CW_TRY(plan_make(ctx, p, &pl));
     memcpy(pl->key, key, sizeof key);
     pl->hash = h;
     pl->refs = 2; /* the cache's and the caller's */

@@ -91,7 +91,7 @@ cw_status cw__entry_get(cw__cudnn_conv *c, const cw__conv_problem *p, const int6
     int n_raw = 0, n_rawp = 0, n_rawf = 0;
     char desc[512];
     *out = NULL;
-    if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
+    CW_TRY(cw__cudnn_problem_check(ctx, p));
     cw__make_key(p, align, &key);
     if ((*out = cw__entry_find(c, &key)) != NULL) return CW_OK;
     cw__cudnn_entry *e = cw__calloc(1, sizeof *e);
@@ -266,8 +266,7 @@ cw_status cw__conv_plan_locked(cw__cudnn_conv *c, const cw__conv_problem *p, con
     int order[CW__CUDNN_MAX_CFGS], n_order = 0, want = -1;
     memset(out, 0, sizeof *out);
     out->id = -1;
-    cw_status st = cw__entry_get(c, p, align, &e);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__entry_get(c, p, align, &e));
     if (entry) *entry = e;
     /* The requested config first; then, in rank order, the first that fits ws_cap. */
     for (int i = 0; i < e->n; i++)

@@ -174,10 +174,9 @@ void cw__cudnn_graph_destroy(cw__cudnn_graph *g) {
  * virtual, y's dims) and b ([1, K, 1, ...]). */
 static cw_status cw__graph_tensors(cw_context *ctx, const cw__conv_problem *p, const int64_t align[3], int fuse_bias,
                                    cw__cudnn_graph *g) {
-    cw_status st;
-    if ((st = cw__tensor_desc(ctx, &p->x, CW__CUDNN_UID_X, align[0], 0, &g->x)) != CW_OK) return st;
-    if ((st = cw__tensor_desc(ctx, &p->w, CW__CUDNN_UID_W, align[1], 0, &g->w)) != CW_OK) return st;
-    if ((st = cw__tensor_desc(ctx, &p->y, CW__CUDNN_UID_Y, align[2], 0, &g->y)) != CW_OK) return st;
+    CW_TRY(cw__tensor_desc(ctx, &p->x, CW__CUDNN_UID_X, align[0], 0, &g->x));
+    CW_TRY(cw__tensor_desc(ctx, &p->w, CW__CUDNN_UID_W, align[1], 0, &g->w));
+    CW_TRY(cw__tensor_desc(ctx, &p->y, CW__CUDNN_UID_Y, align[2], 0, &g->y));
     if (!fuse_bias) return CW_OK;
     cw_tensor_desc td = p->y, bd;
     td.dtype = CW_F32;
@@ -186,7 +185,7 @@ static cw_status cw__graph_tensors(cw_context *ctx, const cw__conv_problem *p, c
     bd.rank = p->y.rank;
     bd.dtype = p->w.dtype;
     for (int i = 0; i < bd.rank; i++) bd.dims[i] = i == 1 ? p->y.dims[1] : 1;
-    if ((st = cw__tensor_desc(ctx, &td, CW__CUDNN_UID_T, 16, 1, &g->t)) != CW_OK) return st;
+    CW_TRY(cw__tensor_desc(ctx, &td, CW__CUDNN_UID_T, 16, 1, &g->t));
     return cw__tensor_desc(ctx, &bd, CW__CUDNN_UID_B, 16, 0, &g->b);
 }
 
@@ -302,7 +301,7 @@ cw_status cw__cudnn_graph_build(cw_context *ctx, const cw__conv_problem *p, cons
                                 cudnnHandle_t handle, int fuse_bias, cw__cudnn_graph *g) {
     cw_status st;
     memset(g, 0, sizeof *g);
-    if ((st = cw__cudnn_problem_check(ctx, p)) != CW_OK) return st;
+    CW_TRY(cw__cudnn_problem_check(ctx, p));
     if ((st = cw__graph_tensors(ctx, p, align, fuse_bias, g)) != CW_OK) goto fail;
     if ((st = cw__graph_conv(ctx, p, g)) != CW_OK) goto fail;
     if ((st = cw__graph_conv_op(ctx, p, fuse_bias, g)) != CW_OK) goto fail;
