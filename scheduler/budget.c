@@ -319,7 +319,7 @@ cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_
         }
     }
     *out_bytes = (hi + 4095) / 4096 * 4096;
-    g->ctx->err[0] = '\0';
+    cw__error_clear(g->ctx);
     return CW_OK;
 }
 
@@ -387,7 +387,7 @@ cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_
     }
     for (int i = 0; i < n && i < max_points; i++) points[i] = kept[n - 1 - i]; /* least memory first */
     *out_n = n;
-    g->ctx->err[0] = '\0';
+    cw__error_clear(g->ctx);
     return CW_OK;
 }
 

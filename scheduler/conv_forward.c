@@ -18,8 +18,8 @@ cw_status cw_conv_forward(cw_context *ctx, const cw_tensor *x, const cw_tensor *
     CW_TRY(cw_graph_create(&g, ctx));
     cw_status st = CW_OK;
     if ((st = cw_graph_input(g, &nx, "x", &x->desc)) != CW_OK) goto done;
-    if ((st = cw_graph_constant(g, &nw, "w", (cw_tensor *)w)) != CW_OK) goto done;
-    if (b && (st = cw_graph_constant(g, &nb, "b", (cw_tensor *)b)) != CW_OK) goto done;
+    if ((st = cw_graph_constant(g, &nw, "w", w)) != CW_OK) goto done;
+    if (b && (st = cw_graph_constant(g, &nb, "b", b)) != CW_OK) goto done;
     if ((st = cw_graph_conv(g, &ny, nx, nw, nb, p)) != CW_OK) goto done;
     if ((st = cw_graph_output(g, ny, "y")) != CW_OK) goto done;
     if ((st = cw_graph_compile(g, &plan, opt)) != CW_OK) goto done;

@@ -125,7 +125,7 @@ cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_t
     return CW_OK;
 }
 
-cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t) {
+cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, const cw_tensor *t) {
     if (!g || !out || !t) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
     if (t->ctx != g->ctx)

@@ -25,7 +25,7 @@ typedef struct cw__node {
     float eps, scale;
     int op;              /* CW__N_OP: its CW_OP_* code and parameters */
     cw_op_param param;
-    cw_tensor *t;        /* constants */
+    const cw_tensor *t;  /* constants */
     int index;           /* input / output position */
     int is_output;
     int n_uses;
@@ -54,7 +54,7 @@ typedef struct cw__buf {
     cw_tensor_desc d;    /* dims; strides are the run-time tensor's for externals */
     int64_t bytes;       /* for ACT/TEMP */
     int64_t offset;      /* ACT: byte offset in the plan's activation arena (arena.c) */
-    cw_tensor *t;        /* for CONST */
+    const cw_tensor *t;  /* for CONST */
 } cw__buf;
 
 /* A view of a buffer: start index and extent per dim; strides resolved at run time. */

@@ -40,8 +40,8 @@ static cw_status cw__pick_backend(cw_context *ctx) {
     if (c->backend == CW_BACKEND_CUDA || (c->backend == CW_BACKEND_AUTO && cw__backend_cuda_compiled())) {
         cw_status st = cw__backend_cuda_create(ctx, c, &ctx->be);
         if (st == CW_OK || c->backend == CW_BACKEND_CUDA || st == CW_ERR_OUT_OF_MEMORY) return st;
-        cw__log(ctx, CW_LOG_INFO, "backend auto: cuda unavailable (%s), using cpu", ctx->err);
-        ctx->err[0] = '\0';
+        cw__log(ctx, CW_LOG_INFO, "backend auto: cuda unavailable (%s), using cpu", cw_context_get_last_error(ctx));
+        cw__error_clear(ctx);
     } else if (c->backend == CW_BACKEND_AUTO) {
         cw__log(ctx, CW_LOG_INFO, "backend auto: built without CUDA, using cpu");
     }
@@ -84,7 +84,8 @@ cw_status cw_context_create(cw_context **out, const cw_context_config *cfg) {
     *out = ctx;
     return CW_OK;
 fail:
-    if (ctx->err[0]) cw__log(ctx, CW_LOG_ERROR, "cw_context_create: %s", ctx->err);
+    const char *why = cw_context_get_last_error(ctx);
+    if (why[0]) cw__log(ctx, CW_LOG_ERROR, "cw_context_create: %s", why);
     cw_context_destroy(ctx);
     return st;
 }
@@ -107,7 +108,15 @@ void cw_context_destroy(cw_context *ctx) {
     cw__free(ctx);
 }
 
-const char *cw_context_get_last_error(const cw_context *ctx) { return ctx ? ctx->err : ""; }
+const char *cw_context_get_last_error(const cw_context *ctx) {
+    static _Thread_local char copy[CW__ERR_LEN]; /* this thread's copy: valid until its next call */
+    if (!ctx) return "";
+    pthread_mutex_t *mu = (pthread_mutex_t *)&ctx->err_mu; /* the lock is not part of the value */
+    pthread_mutex_lock(mu);
+    memcpy(copy, ctx->err, sizeof copy);
+    pthread_mutex_unlock(mu);
+    return copy;
+}
 
 const char *cw_context_get_backend_name(const cw_context *ctx) {
     return ctx && ctx->be ? ctx->be->rt->name : "none";

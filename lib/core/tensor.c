@@ -67,24 +67,25 @@ void cw_tensor_destroy(cw_tensor *t) {
 const cw_tensor_desc *cw_tensor_get_desc(const cw_tensor *t) { return t ? &t->desc : NULL; }
 void *cw_tensor_get_data(const cw_tensor *t) { return t ? t->data : NULL; }
 
-static cw_status cw__copy_check(const cw_tensor *t, size_t bytes, const char *what) {
+static cw_status cw__copy_check(const cw_tensor *t, int64_t bytes, const char *what) {
     if (!t) return CW_ERR_INVALID_ARG;
     if (!cw__desc_is_contiguous(&t->desc))
         return cw__error(t->ctx, CW_ERR_UNSUPPORTED, "%s: tensor is a strided view; only contiguous tensors", what);
     int64_t want = cw__desc_numel(&t->desc) * (int64_t)cw_dtype_size(t->desc.dtype);
-    if ((int64_t)bytes != want)
-        return cw__error(t->ctx, CW_ERR_INVALID_ARG, "%s: bytes = %zu, tensor holds %" PRId64, what, bytes, want);
+    if (bytes != want)
+        return cw__error(t->ctx, CW_ERR_INVALID_ARG, "%s: bytes = %" PRId64 ", tensor holds %" PRId64, what, bytes,
+                         want);
     return CW_OK;
 }
 
-cw_status cw_tensor_upload(cw_tensor *t, const void *host, size_t bytes) {
+cw_status cw_tensor_upload(cw_tensor *t, const void *host, int64_t bytes) {
     CW_TRY(cw__copy_check(t, bytes, "cw_tensor_upload"));
     if (!host) return cw__error(t->ctx, CW_ERR_INVALID_ARG, "cw_tensor_upload: host is NULL");
-    return t->ctx->be->rt->upload(t->ctx->be, t->data, host, (int64_t)bytes);
+    return t->ctx->be->rt->upload(t->ctx->be, t->data, host, bytes);
 }
 
-cw_status cw_tensor_download(const cw_tensor *t, void *host, size_t bytes) {
+cw_status cw_tensor_download(const cw_tensor *t, void *host, int64_t bytes) {
     CW_TRY(cw__copy_check(t, bytes, "cw_tensor_download"));
     if (!host) return cw__error(t->ctx, CW_ERR_INVALID_ARG, "cw_tensor_download: host is NULL");
-    return t->ctx->be->rt->download(t->ctx->be, host, t->data, (int64_t)bytes);
+    return t->ctx->be->rt->download(t->ctx->be, host, t->data, bytes);
 }

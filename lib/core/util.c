@@ -66,6 +66,12 @@ void cw__log(const cw_context *ctx, cw_log_level lvl, const char *fmt, ...) {
     va_end(ap);
 }
 
+void cw__error_clear(cw_context *ctx) {
+    pthread_mutex_lock(&ctx->err_mu);
+    ctx->err[0] = '\0';
+    pthread_mutex_unlock(&ctx->err_mu);
+}
+
 cw_status cw__error(cw_context *ctx, cw_status st, const char *fmt, ...) {
     char buf[CW__ERR_LEN];
     va_list ap;
