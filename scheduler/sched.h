@@ -230,7 +230,8 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int
                            int64_t *peak_temp, int64_t *peak_allocated);
 /* plan.c */
 void cw__plan_free(cw_plan *p);
-/* Primes temp with the plan's arena (one free segment) unless it already holds exactly that. */
+/* execute.c: primes temp with the plan's arena (one free segment) unless it already holds
+ * exactly that. */
 cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp);
 
 #endif

@@ -108,16 +108,6 @@ void cw_context_destroy(cw_context *ctx) {
     cw__free(ctx);
 }
 
-const char *cw_context_get_last_error(const cw_context *ctx) {
-    static _Thread_local char copy[CW__ERR_LEN]; /* this thread's copy: valid until its next call */
-    if (!ctx) return "";
-    pthread_mutex_t *mu = (pthread_mutex_t *)&ctx->err_mu; /* the lock is not part of the value */
-    pthread_mutex_lock(mu);
-    memcpy(copy, ctx->err, sizeof copy);
-    pthread_mutex_unlock(mu);
-    return copy;
-}
-
 const char *cw_context_get_backend_name(const cw_context *ctx) {
     return ctx && ctx->be ? ctx->be->rt->name : "none";
 }

@@ -66,6 +66,16 @@ void cw__log(const cw_context *ctx, cw_log_level lvl, const char *fmt, ...) {
     va_end(ap);
 }
 
+const char *cw_context_get_last_error(const cw_context *ctx) {
+    static _Thread_local char copy[CW__ERR_LEN]; /* this thread's copy: valid until its next call */
+    if (!ctx) return "";
+    pthread_mutex_t *mu = (pthread_mutex_t *)&ctx->err_mu; /* the lock is not part of the value */
+    pthread_mutex_lock(mu);
+    memcpy(copy, ctx->err, sizeof copy);
+    pthread_mutex_unlock(mu);
+    return copy;
+}
+
 void cw__error_clear(cw_context *ctx) {
     pthread_mutex_lock(&ctx->err_mu);
     ctx->err[0] = '\0';

@@ -1,19 +1,19 @@
-/* cpu convolution (NCHW / NCDHW, strided views, groups, dilation, asymmetric padding):
- * GEMM = im2col/vol2col + sgemm (workspace: one column buffer per (n, group)), and
- * DIRECT = per output row tile, accumulate over kernel taps (no workspace).
+/* cpu convolution (NCHW / NCDHW, strided views, groups, dilation, asymmetric padding): the
+ * algorithm list with its cost model (cw__cpu_conv_algos), the backend's conv hooks, and
+ * GEMM = im2col/vol2col + sgemm (workspace: one column buffer per (n, group); a 1x1 conv
+ * whose views are single runs reads x as the GEMM's B directly). The other algorithms live
+ * in their own files: DIRECT conv_direct.c, Winograd conv_winograd.c, oneDNN conv_dnnl.c.
  *
  * x, w, bias and y are f32, f16 or bf16 (one dtype), the arithmetic is f32 throughout:
  * im2col converts x into the f32 column buffer, a half conv's weights are converted into
  * an f32 copy and sgemm writes an f32 output block whose epilogue adds the bias and rounds
- * once into y; all three are in the workspace (gemm_workspace). DIRECT converts the input
- * rows of a tile into a stack buffer and rounds its accumulators on the store.
+ * once into y; all three are in the workspace (gemm_workspace).
  *
  * Threads: a conv call gets its thread count from the planner (fixed when the plan is
- * compiled: the backend's threads / heavy streams) and spreads im2col rows, GEMM blocks
- * (cw__cpu_sgemm: a split that depends on the shape only) or direct output rows over
- * them. Each output element is computed by one thread in a fixed order, so the bits never
- * depend on the thread count; helpers are made per call, only for loops of ~1 ms and
- * more. */
+ * compiled: the backend's threads / heavy streams) and spreads im2col rows and GEMM blocks
+ * (cw__cpu_sgemm: a split that depends on the shape only) over them. Each output element
+ * is computed by one thread in a fixed order, so the bits never depend on the thread
+ * count; helpers are made per call, only for loops of ~1 ms and more. */
 #include <assert.h>
 #include <limits.h>
 #include <math.h>
@@ -29,73 +29,6 @@ typedef cw__cpu_geom cv_geom;
 static inline void *elem_at(const void *p, int64_t off, size_t es) { return (char *)p + off * (int64_t)es; }
 
 static int64_t align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
-/* Strides of d, or contiguous ones when d's are all zero. */
-static void cv_strides(const cw_tensor_desc *d, int64_t *st) {
-    int any = 0;
-    for (int i = 0; i < d->rank; i++) any |= d->strides[i] != 0;
-    if (any) {
-        for (int i = 0; i < d->rank; i++) st[i] = d->strides[i];
-        return;
-    }
-    int64_t s = 1;
-    for (int i = d->rank - 1; i >= 0; i--) {
-        st[i] = s;
-        s *= d->dims[i];
-    }
-}
-
-/* Expands a rank-(2+sp) desc's dims/strides to 5 slots (n, c, d, h, w). */
-static void cv_expand(const cw_tensor_desc *d, int sp, int64_t *dims5, int64_t *st5) {
-    int64_t st[CW_MAX_RANK];
-    cv_strides(d, st);
-    dims5[0] = d->dims[0], st5[0] = st[0];
-    dims5[1] = d->dims[1], st5[1] = st[1];
-    if (sp == 2) {
-        dims5[2] = 1, st5[2] = 0;
-        dims5[3] = d->dims[2], st5[3] = st[2];
-        dims5[4] = d->dims[3], st5[4] = st[3];
-    } else {
-        for (int i = 2; i < 5; i++) dims5[i] = d->dims[i], st5[i] = st[i];
-    }
-}
-
-void cw__cpu_geom_make(const cw__conv_problem *p, cw__cpu_geom *g) {
-    int sp = p->spatial;
-    int64_t xd[5], yd[5], wd[5];
-    cv_expand(&p->x, sp, xd, g->xs);
-    cv_expand(&p->y, sp, yd, g->ys);
-    cv_expand(&p->w, sp, wd, g->wsd);
-    g->n = xd[0];
-    g->c = xd[1];
-    g->k = yd[1];
-    g->g = p->groups;
-    g->cg = g->c / g->g;
-    g->kg = g->k / g->g;
-    for (int i = 0; i < 3; i++) {
-        g->in[i] = xd[2 + i];
-        g->out[i] = yd[2 + i];
-        g->ks[i] = wd[2 + i];
-    }
-    if (sp == 2) {
-        g->st[0] = g->dl[0] = 1;
-        g->pp[0] = 0;
-        for (int i = 0; i < 2; i++) {
-            g->st[1 + i] = p->stride[i];
-            g->dl[1 + i] = p->dilation[i];
-            g->pp[1 + i] = p->pad_pre[i];
-        }
-    } else {
-        for (int i = 0; i < 3; i++) {
-            g->st[i] = p->stride[i];
-            g->dl[i] = p->dilation[i];
-            g->pp[i] = p->pad_pre[i];
-        }
-    }
-    g->has_bias = p->has_bias;
-    g->dt = p->x.dtype;
-    g->es = cw_dtype_size(p->x.dtype);
-}
 
 /* Elements of the longest suffix of (D, H, W) that is one unit-stride run; 0 when even W
  * is not unit-stride. *levels: how many dims the run spans (1 = W only). */
@@ -424,6 +357,9 @@ static double cost_gemm(const cv_geom *g, double flops) {
     return flops / (60.0 * eff) + calls * 1000.0 + col * per_elem;
 }
 
+/* DIRECT (conv_direct.c): ~14 GFLOP/s (the AVX-512 fit above) plus ~1 us per call. */
+static double cost_direct(double flops) { return flops / 14.0 + 1000.0; }
+
 /* oneDNN, fitted to bench_conv_algos on this project's 2-core AVX2 development machine
  * (AMD EPYC, jit:avx2 kernels, one thread, 22 shapes, C and K 3..512, k 1..7, W 64..1024,
  * loaded machine): 3x3 convs ran at 31-76 GFLOP/s (about 48 GFLOP/s x sqrt(K/32), capped
@@ -526,7 +462,7 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
         a->id = CW__CPU_ALGO_DIRECT;
         snprintf(a->name, sizeof a->name, "%s", "cpu_direct");
         a->workspace = 0;
-        a->cost = flops / 14.0 + 1000.0;
+        a->cost = cost_direct(flops);
     }
     for (int i = 1; i < cnt; i++) /* cheapest first; ties keep the order above */
         for (int j = i; j > 0 && list[j].cost < list[j - 1].cost; j--) {

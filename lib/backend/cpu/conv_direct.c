@@ -1,6 +1,8 @@
 /* The DIRECT cpu convolution (no workspace): per output row tile, accumulate over kernel
- * taps in one fixed order. Its own file because two callers use it: conv_cpu.c's algorithm
- * list and conv_dnnl.c's fallback for sub-bands oneDNN refuses. */
+ * taps in one fixed order, threads splitting output rows. An f16/bf16 tile's input rows
+ * are converted into a stack buffer and its f32 accumulators rounded on the store. Its own
+ * file because two callers use it: conv_cpu.c's algorithm list and conv_dnnl.c's fallback
+ * for sub-bands oneDNN refuses. */
 #include "backend/cpu/cpu.h"
 
 static inline void *elem_at(const void *p, int64_t off, size_t es) { return (char *)p + off * (int64_t)es; }

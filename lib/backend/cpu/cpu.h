@@ -53,7 +53,7 @@ enum {
     CW__CPU_ALGO_COUNT
 };
 
-/* conv_cpu.c: a problem's geometry as the cpu algorithms read it. 2-D is 3-D with D = 1;
+/* conv_geom.c: a problem's geometry as the cpu algorithms read it. 2-D is 3-D with D = 1;
  * extents and strides are in elements, in (D, H, W) or (n/k, c, d, h, w) order. */
 typedef struct cw__cpu_geom {
     int64_t n, c, k, g, cg, kg;       /* batch, in/out channels, groups, per-group C and K */
