@@ -197,8 +197,8 @@ static void compare(const char *what, const float *ref, const float *got, int64_
     for (int64_t i = 0; i < n; i++) {
         if (fabs(ref[i]) > mx) mx = fabs(ref[i]);
         double d = fabs((double)ref[i] - (double)got[i]);
-        if (!(d <= err)) { /* NaN counts as worst */
-            err = isnan(d) ? INFINITY : d;
+        if (!(d <= err)) { /* NaN counts as worst (err_metric.h) */
+            err = cw_err_max(err, d);
             worst = i;
         }
     }

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "err_metric.h"
+
 #define CW_TEST_SKIP 77
 
 #if defined(__GNUC__)
