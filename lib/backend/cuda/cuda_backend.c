@@ -2,9 +2,10 @@
  * cudaMalloc'd memory for the budgeted allocator, async copies), its creation, and the
  * hooks behind include/convweave/convweave_cuda.h (stream_adopt, device_index: the context
  * calls them, this file never calls the context); its ops are in cuda_ops.c. The library
- * links libcudart dynamically and calls nothing at load time, so it loads without a driver; creation then reports no device.
- * host_syncs counts every call that may stall the device or the host: cudaMalloc, cudaFree,
- * stream/event synchronisation, synchronous copies, and cuDNN plans finalised inside a run. */
+ * links libcudart dynamically and calls nothing at load time, so it loads without a
+ * driver; creation then reports no device. host_syncs counts every call that may stall
+ * the device or the host: cudaMalloc, cudaFree, stream/event synchronisation, synchronous
+ * copies, and cuDNN plans finalised inside a run. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdatomic.h>
