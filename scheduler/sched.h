@@ -25,7 +25,7 @@ typedef struct cw__node {
     float eps, scale;
     int op;              /* CW__N_OP: its CW_OP_* code and parameters */
     cw_op_param param;
-    cw_tensor *t;        /* constants */
+    const cw_tensor *t;  /* constants */
     int index;           /* input / output position */
     int is_output;
     int n_uses;
@@ -54,7 +54,7 @@ typedef struct cw__buf {
     cw_tensor_desc d;    /* dims; strides are the run-time tensor's for externals */
     int64_t bytes;       /* for ACT/TEMP */
     int64_t offset;      /* ACT: byte offset in the plan's activation arena (arena.c) */
-    cw_tensor *t;        /* for CONST */
+    const cw_tensor *t;  /* for CONST */
 } cw__buf;
 
 /* A view of a buffer: start index and extent per dim; strides resolved at run time. */
@@ -231,9 +231,11 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int
                            int64_t *peak_temp, int64_t *peak_allocated);
 /* plan.c */
 void cw__plan_free(cw_plan *p);
-/* Takes the activation arena again after cw_plan_release (a no-op while the plan holds it). */
+/* plan.c: takes the activation arena again after cw_plan_release (a no-op while the plan
+ * holds it). */
 cw_status cw__plan_acquire(cw_plan *p);
-/* Primes temp with the plan's arena (one free segment) unless it already holds exactly that. */
+/* execute.c: primes temp with the plan's arena (one free segment) unless it already holds
+ * exactly that. */
 cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp);
 
 #endif

@@ -18,17 +18,6 @@
 
 static cw_context *ctx;
 
-/* max|a - r| / max|r| */
-static double rel_err(const float *a, const float *r, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)r[i]);
-        if (!(d <= num)) num = d; /* NaN sticks */
-        if (fabs((double)r[i]) > den) den = fabs((double)r[i]);
-    }
-    return den > 0 ? num / den : num;
-}
-
 static char *read_text(const char *path) {
     FILE *f = fopen(path, "rb");
     ASSERT_TRUE(f != NULL);
@@ -211,7 +200,7 @@ static void check_encoder(void) {
         ASSERT_EQ_I(vae_run(m, plan, x, y, err, sizeof(err)), CW_OK);
         cw_plan_stats s;
         ASSERT_OK_CTX(ctx, cw_plan_get_stats(plan, &s));
-        double e = rel_err(y, ref.data, ref.numel);
+        double e = cw_err_rel(y, ref.data, ref.numel);
         fprintf(stderr, "encoder (%s, %d streams, budget %lld, %lld patches) vs diffusers: rel err %.3g\n",
                 k ? "scheduled" : "unscheduled", o.streams, (long long)o.temp_budget, (long long)s.n_patches, e);
         CHECK(e <= 1e-5);
@@ -383,7 +372,7 @@ int main(void) {
     if (st != CW_OK) fprintf(stderr, "reference decode: %s\n", err);
     ASSERT_EQ_I(st, CW_OK);
     ASSERT_EQ_I(r.n, ref.numel);
-    double e = rel_err(r.y, ref.data, r.n);
+    double e = cw_err_rel(r.y, ref.data, r.n);
     fprintf(stderr, "reference vs diffusers: rel err %.3g\n", e);
     CHECK(e <= 1e-4);
 
@@ -395,7 +384,7 @@ int main(void) {
         ASSERT_EQ_I(npy_read(half[i][1], &hr, err, sizeof(err)), 0);
         decoded h = {0};
         ASSERT_EQ_I(decode_with(half[i][0], z, zd, &none, &h, err, sizeof(err)), CW_OK);
-        double eh = rel_err(h.y, hr.data, h.n);
+        double eh = cw_err_rel(h.y, hr.data, h.n);
         fprintf(stderr, "%s: rel err %.3g\n", half[i][0], eh);
         CHECK(eh <= 1e-4);
         free(h.y);
@@ -432,7 +421,7 @@ int main(void) {
             ASSERT_EQ_I(st, CW_OK);
             cw_plan_stats s;
             ASSERT_OK_CTX(ctx, cw_plan_get_stats(plan, &s));
-            double es = rel_err(y, r.y, r.n);
+            double es = cw_err_rel(y, r.y, r.n);
             fprintf(stderr, "scheduled: %s patches=%d, streams %d, budget %lld (min %lld): %lld conv patches, "
                             "temp peak %lld, rel diff vs reference %.3g\n",
                     o.policy == CW_PATCHES_AUTO ? "auto" : "fixed", o.patches, o.streams,
@@ -457,7 +446,7 @@ int main(void) {
         st = decode_with(path, z, zd, &none, &l, err, sizeof(err));
         if (st != CW_OK) fprintf(stderr, "legacy names: %s\n", err);
         ASSERT_EQ_I(st, CW_OK);
-        double el = rel_err(l.y, r.y, r.n);
+        double el = cw_err_rel(l.y, r.y, r.n);
         fprintf(stderr, "legacy names vs current: rel diff %.3g\n", el);
         CHECK(el == 0.0);
         free(l.y);

@@ -1,6 +1,13 @@
 /* convweave — convolutions scheduled across streams under a hard temporary-memory cap.
- * This header is the whole public API. Every call returns a cw_status; the context keeps
- * a human-readable message (cw_context_get_last_error) naming the argument, shape or offset. */
+ * This header is the whole public API. Every call that can fail returns a cw_status, and on
+ * failure the context keeps a human-readable message (cw_context_get_last_error) naming the
+ * argument, shape or offset. The calls that return something else cannot fail and say
+ * "Infallible" with what they return for a NULL argument: the version and status strings,
+ * destroy functions and cw_free (which accept NULL), and a few getters of values the
+ * object always has (last error, backend name, host syncs, a tensor's desc and data,
+ * cw_tensor_desc_numel, cw_dtype_size, cw_context_reset_peak_stats). Byte counts are
+ * int64_t throughout; size_t appears only for sizes of C objects (config `size` fields,
+ * cw_dtype_size). */
 #ifndef CONVWEAVE_H
 #define CONVWEAVE_H
 
@@ -27,10 +34,14 @@ extern "C" {
 /* Conventions. Constructors (cw_<object>_create, cw_tensor_wrap) take the new handle
  * first: cw_context_create(&ctx, cfg), cw_tensor_create(&t, ctx, desc). Every other call
  * takes the object it acts on first, then its out-parameters, then its inputs:
- * cw_graph_conv(g, &y, x, w, b, p), cw_graph_min_budget(g, &bytes, opt). A call that reads
- * a property of an object is cw_<object>_get_<property> (cw_plan_get_stats). */
+ * cw_graph_conv(g, &y, x, w, b, p), cw_graph_min_budget(g, &bytes, opt). One exception:
+ * the context's stream slots are addressed right after the context, so the set/get pair
+ * reads alike (convweave_cuda.h: cw_context_set_cuda_stream(ctx, index, s),
+ * cw_context_get_cuda_stream(ctx, index, &s)). A call that reads a property of an object
+ * is cw_<object>_get_<property> (cw_plan_get_stats). */
 
-/* Returns CW_VERSION_NUMBER of the library actually loaded (may differ from the header). */
+/* Returns CW_VERSION_NUMBER of the library actually loaded (may differ from the header).
+ * Infallible, like every function up to cw_context_create. */
 CW_API int cw_version(void);
 /* Returns the version as a static string, e.g. "0.1.0". */
 CW_API const char *cw_version_string(void);
@@ -132,10 +143,12 @@ typedef struct cw_context_config {
 CW_API cw_status cw_context_create(cw_context **out, const cw_context_config *cfg);
 /* Waits for all queued work, frees everything the context owns. Accepts NULL. */
 CW_API void cw_context_destroy(cw_context *ctx);
-/* The message of the last failed call on this context ("" if none). Valid until the next
- * call on the context from the same thread. */
+/* The message of the last failed call on this context, from any thread ("" if none; ""
+ * for NULL). Infallible. The context keeps one message, written and read under its lock;
+ * the string returned is the calling thread's copy of it, valid until this thread calls
+ * cw_context_get_last_error again. */
 CW_API const char *cw_context_get_last_error(const cw_context *ctx);
-/* Which backend the context runs ("cpu" or "cuda"). */
+/* Which backend the context runs ("cpu" or "cuda"). Infallible ("none" for NULL). */
 CW_API const char *cw_context_get_backend_name(const cw_context *ctx);
 /* Blocks until all work queued on the context's streams has finished. */
 CW_API cw_status cw_context_synchronize(cw_context *ctx);
@@ -152,7 +165,7 @@ typedef struct cw_tensor_desc {
     int64_t strides[CW_MAX_RANK]; /* all zero: contiguous (filled in by the library) */
 } cw_tensor_desc;
 
-/* Size of one element of dt in bytes (0 for an unknown dtype). */
+/* Size of one element of dt in bytes (0 for an unknown dtype). Infallible. */
 CW_API size_t cw_dtype_size(cw_dtype dt);
 /* Converts n elements of host memory, src (of src_dtype) into dst (of dst_dtype), in host
  * byte order: f32 -> f16/bf16 rounds to nearest, ties to even (past the largest finite
@@ -173,15 +186,17 @@ CW_API cw_status cw_tensor_create(cw_tensor **out, cw_context *ctx, const cw_ten
 CW_API cw_status cw_tensor_wrap(cw_tensor **out, cw_context *ctx, const cw_tensor_desc *desc, void *data);
 /* Frees a tensor (and its memory if the library allocated it). Accepts NULL. */
 CW_API void cw_tensor_destroy(cw_tensor *t);
-/* The tensor's descriptor (dims and strides), owned by t. */
+/* The tensor's descriptor (dims and strides), owned by t. Infallible (NULL for NULL). */
 CW_API const cw_tensor_desc *cw_tensor_get_desc(const cw_tensor *t);
-/* Device pointer of the first element. */
+/* Device pointer of the first element. Infallible (NULL for NULL). */
 CW_API void *cw_tensor_get_data(const cw_tensor *t);
-/* Copies `bytes` of host memory into a contiguous tensor, synchronously. bytes must equal
- * the tensor's size. */
-CW_API cw_status cw_tensor_upload(cw_tensor *t, const void *host, size_t bytes);
-CW_API cw_status cw_tensor_download(const cw_tensor *t, void *host, size_t bytes);
-/* Number of elements of a descriptor (0 for NULL). */
+/* Copies `bytes` of host memory into a contiguous tensor (upload) or the tensor into host
+ * memory (download), synchronously. bytes must equal the tensor's size (numel * element
+ * size). Returns CW_ERR_INVALID_ARG for another byte count or a NULL host pointer,
+ * CW_ERR_UNSUPPORTED for a strided view. */
+CW_API cw_status cw_tensor_upload(cw_tensor *t, const void *host, int64_t bytes);
+CW_API cw_status cw_tensor_download(const cw_tensor *t, void *host, int64_t bytes);
+/* Number of elements of a descriptor. Infallible (0 for NULL). */
 CW_API int64_t cw_tensor_desc_numel(const cw_tensor_desc *d);
 
 /* ---------------------------------------------------------------------------------------
@@ -204,10 +219,13 @@ typedef struct cw_memory_stats {
     int64_t activations_bytes_peak;
 } cw_memory_stats;
 
+/* Fills *out with the context's temporary pool's statistics and the activation fields.
+ * Returns CW_ERR_INVALID_ARG for a NULL argument. */
 CW_API cw_status cw_context_get_memory_stats(cw_context *ctx, cw_memory_stats *out);
-/* Resets the *_peak fields to the current values. */
+/* Resets the *_peak fields to the current values. Infallible (NULL: nothing). */
 CW_API void cw_context_reset_peak_stats(cw_context *ctx);
-/* Host synchronisations made by the backend since context creation (cpu: exact count). */
+/* Host synchronisations made by the backend since context creation (cpu: exact count).
+ * Infallible (0 for NULL). */
 CW_API int64_t cw_context_get_host_syncs(const cw_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
@@ -328,8 +346,9 @@ CW_API void cw_graph_destroy(cw_graph *g);
 /* A runtime input bound at cw_plan_run; desc gives dtype and dims (strides ignored). Returns
  * CW_ERR_INVALID_ARG for a dtype other than the graph's (see "Element type" above). */
 CW_API cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_tensor_desc *desc);
-/* A constant tensor (weights). Borrowed: t must outlive every plan compiled from g. */
-CW_API cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t);
+/* A constant tensor (weights). Borrowed and only read: t must outlive every plan compiled
+ * from g. */
+CW_API cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, const cw_tensor *t);
 /* y = conv(x, w) + b. x: [N, C, (D,) H, W], w: [K, C/groups, (kd,) kh, kw], b: [K] or
  * CW_NODE_NONE. */
 CW_API cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node b,
@@ -474,7 +493,8 @@ typedef struct cw_memory_point {
  * nothing. A memory budget from points[i].total_bytes up to points[i + 1].total_bytes - 1
  * (the last: any) compiles to point i's plan, and its runs keep temp_peak + activations_peak
  * within points[i].total_bytes. Writes the first min(n, max_points) points and sets *out_n
- * to n (1..65); points may be NULL when max_points is 0. The points depend on the temporary
+ * to n (1..129: one point per recompute step at most, and there are at most 2 * 65 - 1
+ * steps); points may be NULL when max_points is 0. The points depend on the temporary
  * budget, so opt->temp_budget or the context's must be > 0 (unless opt->policy is
  * CW_PATCHES_NONE): else CW_ERR_INVALID_ARG naming both (a memory budget alone gives
  * temporaries an eighth of itself). CW_ERR_BUDGET when no plan fits the temporary budget
@@ -482,6 +502,7 @@ typedef struct cw_memory_point {
  * as a few cw_graph_compile calls. Runs nothing on the device. */
 CW_API cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
                                         const cw_compile_options *opt);
+/* Frees the plan and gives its arenas back. Accepts NULL. */
 CW_API void cw_plan_destroy(cw_plan *p);
 /* Gives back the memory a plan holds between runs: its activation arena and, where the
  * plan's temporaries come from a pool with no block in use (the context's, or the plan's

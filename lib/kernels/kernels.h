@@ -171,7 +171,8 @@ static inline CW_HD float cw_binary_elem(int op, float a, float b) {
  * block. The graph builder records it as one node (scheduler/graph.c cw__op_node), the
  * scheduler lowers it to one task over the whole tensors on the light stream, cw__op_run
  * (backend/ops.c) checks the task's views against the contract below, and each backend
- * runs it by its code (cpu: ops_cpu.c cpu_op_fn; cuda: kernels.cu cw__cu_op). Append
+ * runs it by its code (cpu: ops_cpu.c cpu_op, which runs cw__cpu_op_exec on the
+ * stream; cuda: kernels.cu cw__cu_op). Append
  * only: plans store the codes. */
 typedef enum {
     CW_OP_CHANNEL = 0, /* out[n, c, ...] = cw_channel_elem(param.i[0], in0[n, c, ...], in1[c]) */

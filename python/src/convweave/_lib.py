@@ -31,7 +31,7 @@ void cw_tensor_destroy(cw_tensor *t);
 cw_status cw_graph_create(cw_graph **out, cw_context *ctx);
 void cw_graph_destroy(cw_graph *g);
 cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_tensor_desc *desc);
-cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t);
+cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, const cw_tensor *t);
 cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node b, const cw_conv_params *p);
 cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamma, cw_node beta, int64_t groups, float eps);
 cw_status cw_graph_silu(cw_graph *g, cw_node *out, cw_node x);
