@@ -6,20 +6,22 @@
 enable() replaces vae.decoder.forward and vae.encoder.forward with plans compiled from the
 modules' own parameters (read in place, never copied), one plan per input shape and dtype.
 diffusers still runs quant_conv, post_quant_conv, slicing and tiling itself, exactly as
-before. disable(vae) restores the modules' own forwards. The graphs mirror
-demos/vae/vae.c's: the decoder is conv_in, mid block (ResNet, attention, ResNet), up blocks
-(ResNets, nearest 2x + conv), GroupNorm + SiLU + conv_out; the encoder is conv_in, down
-blocks (ResNets, then diffusers' pad (0, 1, 0, 1) + 3x3 stride-2 conv as one conv padded
-only after), the mid block, GroupNorm + SiLU + conv_out (2 x latent channels: mean, logvar)."""
+before. disable(vae) restores the modules' own forwards. There is no mapping per class: each
+part goes through convweave.torch.wrap's front (torch.export, then the ATen op table;
+docs/torch-front.md), with nothing left to PyTorch, and makes the plan the hand-written
+mapping of earlier versions made (python/tests/test_wrap_models.py checked it, bit for bit,
+before that mapping was deleted)."""
 import collections
 import threading
 import warnings
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
-from ._core import ArgumentError, Context, Error, Graph, format_bytes, memory_auto_pct, parse_bytes
+from ._core import ArgumentError, Context, Error, format_bytes, memory_auto_pct, parse_bytes
 from . import _lib as C
+from .front.runner import Program
 
 __all__ = ["enable", "disable", "is_enabled", "last_plan", "ConvweaveDecoder", "ConvweaveEncoder"]
 
@@ -35,166 +37,6 @@ class _Mixed(Error):
 
 def _unsupported(where, what):
     return Error("CW_ERR_UNSUPPORTED", f"convweave.diffusers: {where}: {what}")
-
-
-class _Builder:
-    """Walks the decoder's modules into a cw graph; every check names the module."""
-
-    def __init__(self, graph, names):
-        self.g, self.names = graph, names
-        self.copies = []  # (parameter, its float32 copy the graph reads): refreshed when it changes
-
-    def name(self, mod):
-        return self.names.get(mod, type(mod).__name__)
-
-    def at(self, mod, fn, *args):
-        """fn(*args), a graph call; a library error names the module it was building."""
-        try:
-            return fn(*args)
-        except Error as e:
-            raise Error(e.status, f"convweave.diffusers: {self.name(mod)}: {e.message}") from None
-
-    def const(self, mod, tensor, shape=None, f32=False):
-        """A parameter as a graph constant, read in place; f32: as float32 (GroupNorm's
-        vectors, which are float32 in every graph: a half model's are copied, C floats)."""
-        name = f"{self.name(mod)}.{'weight' if tensor is mod.weight else 'bias'}"
-        t = tensor.detach() if shape is None else tensor.detach().view(shape)
-        if f32 and t.dtype != torch.float32:
-            c = t.float()
-            self.copies.append((tensor, c))
-            t = c
-        return self.g.constant(name, t)
-
-    def conv(self, x, mod, extra_post=0):
-        """mod: an nn.Conv2d; extra_post: zero rows / columns added after the input (an
-        F.pad(x, (0, e, 0, e)) before the conv, folded into its padding)."""
-        where = self.name(mod)
-        if not isinstance(mod, nn.Conv2d):
-            raise _unsupported(where, f"{type(mod).__name__} is not an nn.Conv2d")
-        if mod.padding_mode != "zeros":
-            raise _unsupported(where, f"padding_mode={mod.padding_mode!r} (only 'zeros')")
-        k = mod.kernel_size
-        if isinstance(mod.padding, str):
-            if mod.padding == "valid":
-                pre = post = (0, 0)
-            else:  # 'same': stride 1, the odd row after as torch does
-                tot = [d * (kk - 1) for d, kk in zip(mod.dilation, k)]
-                pre, post = tuple(t // 2 for t in tot), tuple(t - t // 2 for t in tot)
-        else:
-            pre = post = tuple(mod.padding)
-        post = tuple(p + extra_post for p in post)
-        from ._core import conv_params
-        p = conv_params(2, mod.stride, mod.dilation, pre, post, mod.groups)
-        w = self.const(mod, mod.weight)
-        b = self.const(mod, mod.bias) if mod.bias is not None else None
-        return self.at(mod, self.g.conv, x, w, b, p)
-
-    def linear_as_conv(self, x, mod):
-        """nn.Linear over channels == a 1x1 conv; its weight is viewed [out, in, 1, 1]."""
-        where = self.name(mod)
-        if not isinstance(mod, nn.Linear):
-            raise _unsupported(where, f"{type(mod).__name__} is not an nn.Linear")
-        from ._core import conv_params
-        w = self.const(mod, mod.weight, (mod.out_features, mod.in_features, 1, 1))
-        b = self.const(mod, mod.bias) if mod.bias is not None else None
-        return self.at(mod, self.g.conv, x, w, b, conv_params(2, (1, 1), (1, 1), (0, 0), (0, 0), 1))
-
-    def group_norm(self, x, mod):
-        where = self.name(mod)
-        if not isinstance(mod, nn.GroupNorm):
-            raise _unsupported(where, f"{type(mod).__name__} (only nn.GroupNorm; SpatialNorm is not supported)")
-        if not mod.affine:
-            raise _unsupported(where, "GroupNorm without affine weights")
-        return self.at(mod, self.g.group_norm, x, self.const(mod, mod.weight, f32=True),
-                       self.const(mod, mod.bias, f32=True),
-                       mod.num_groups, mod.eps)
-
-    def act(self, x, mod):
-        if not isinstance(mod, nn.SiLU):
-            raise _unsupported(self.name(mod), f"activation {type(mod).__name__} (only SiLU)")
-        return self.g.silu(x)
-
-    def resnet(self, x, mod):
-        where = self.name(mod)
-        if type(mod).__name__ != "ResnetBlock2D":
-            raise _unsupported(where, f"{type(mod).__name__} (only ResnetBlock2D)")
-        if mod.time_emb_proj is not None or mod.upsample is not None or mod.downsample is not None:
-            raise _unsupported(where, "a ResNet block with a time embedding, upsample or downsample")
-        if mod.output_scale_factor != 1:
-            raise _unsupported(where, f"output_scale_factor={mod.output_scale_factor} (only 1)")
-        h = self.act(self.group_norm(x, mod.norm1), mod.nonlinearity)
-        h = self.conv(h, mod.conv1)
-        h = self.act(self.group_norm(h, mod.norm2), mod.nonlinearity)
-        h = self.conv(h, mod.conv2)  # dropout: identity in eval and at p = 0
-        sc = self.conv(x, mod.conv_shortcut) if mod.conv_shortcut is not None else x
-        return self.g.add(sc, h)
-
-    def attention(self, x, mod):
-        where = self.name(mod)
-        if getattr(mod, "heads", 1) != 1:
-            raise _unsupported(where, f"attention with {mod.heads} heads (only 1, as AutoencoderKL builds it)")
-        if mod.spatial_norm is not None or mod.group_norm is None:
-            raise _unsupported(where, "attention without GroupNorm, or with SpatialNorm")
-        if not mod.residual_connection or mod.rescale_output_factor != 1:
-            raise _unsupported(where, "attention without a residual connection or with rescale_output_factor != 1")
-        h = self.group_norm(x, mod.group_norm)
-        q = self.linear_as_conv(h, mod.to_q)
-        k = self.linear_as_conv(h, mod.to_k)
-        v = self.linear_as_conv(h, mod.to_v)
-        o = self.g.attention(q, k, v, float(mod.scale))
-        o = self.linear_as_conv(o, mod.to_out[0])
-        return self.g.add(o, x)
-
-    def upsampler(self, x, mod):
-        where = self.name(mod)
-        if type(mod).__name__ != "Upsample2D" or not mod.use_conv or mod.use_conv_transpose or \
-                not mod.interpolate or mod.norm is not None:
-            raise _unsupported(where, "only Upsample2D with nearest 2x interpolation and a conv")
-        return self.conv(self.g.upsample2x(x), mod.conv if mod.name == "conv" else mod.Conv2d_0)
-
-    def downsampler(self, x, mod):
-        where = self.name(mod)
-        if type(mod).__name__ != "Downsample2D" or not mod.use_conv or mod.norm is not None or \
-                not isinstance(mod.padding, int):
-            raise _unsupported(where, "only Downsample2D with a conv (no average pooling, no norm)")
-        # padding 0 (AutoencoderKL's encoder): diffusers pads (0, 1, 0, 1) first
-        return self.conv(x, mod.conv, extra_post=1 if mod.padding == 0 else 0)
-
-    def mid_block(self, x, mid):
-        if type(mid).__name__ != "UNetMidBlock2D":
-            raise _unsupported(self.name(mid), f"{type(mid).__name__} (only UNetMidBlock2D)")
-        x = self.resnet(x, mid.resnets[0])
-        for attn, res in zip(mid.attentions, mid.resnets[1:]):
-            if attn is not None:  # mid_block_add_attention=False leaves None here
-                x = self.attention(x, attn)
-            x = self.resnet(x, res)
-        return x
-
-    def decoder(self, x, dec):
-        x = self.conv(x, dec.conv_in)
-        x = self.mid_block(x, dec.mid_block)
-        for blk in dec.up_blocks:
-            if type(blk).__name__ != "UpDecoderBlock2D":
-                raise _unsupported(self.name(blk), f"{type(blk).__name__} (only UpDecoderBlock2D)")
-            for res in blk.resnets:
-                x = self.resnet(x, res)
-            for up in blk.upsamplers or ():
-                x = self.upsampler(x, up)
-        x = self.act(self.group_norm(x, dec.conv_norm_out), dec.conv_act)
-        return self.conv(x, dec.conv_out)
-
-    def encoder(self, x, enc):
-        x = self.conv(x, enc.conv_in)
-        for blk in enc.down_blocks:
-            if type(blk).__name__ != "DownEncoderBlock2D":
-                raise _unsupported(self.name(blk), f"{type(blk).__name__} (only DownEncoderBlock2D)")
-            for res in blk.resnets:
-                x = self.resnet(x, res)
-            for down in blk.downsamplers or ():
-                x = self.downsampler(x, down)
-        x = self.mid_block(x, enc.mid_block)
-        x = self.act(self.group_norm(x, enc.conv_norm_out), enc.conv_act)
-        return self.conv(x, enc.conv_out)  # double_z: 2 x latent channels (mean, logvar)
 
 
 class _Shared:
@@ -233,19 +75,22 @@ class _Shared:
             return self.ctx
 
 
-class _Entry:
-    """A cached plan (which keeps its graph and so the constants alive), the output's shape,
-    the float32 copies of half GroupNorm vectors with their sources, and the parameters'
-    versions when those copies were last made."""
-    __slots__ = ("plan", "out_shape", "copies", "versions")
-
-    def __init__(self, plan, out_shape, copies, versions):
-        self.plan, self.out_shape, self.copies, self.versions = plan, out_shape, copies, versions
-
-
 def _module_forward(module):
     """The module's own PyTorch forward (its class's), bound to it: what enable() replaced."""
     return type(module).forward.__get__(module)
+
+
+class _Own(nn.Module):
+    """What torch.export sees of a part: its class's own forward (enable() replaced the
+    instance's), the part as its one submodule."""
+
+    def __init__(self, part):
+        super().__init__()
+        self.part = part
+        self.training = part.training  # export refuses training mode (dropout): the part's own mode
+
+    def forward(self, sample):
+        return _module_forward(self.part)(sample)
 
 
 class _ConvweavePart:
@@ -273,7 +118,7 @@ class _ConvweavePart:
 
     def _init_runtime(self):
         self.ctx = None
-        self.plans = collections.OrderedDict()  # (shape, dtype, device, parameter pointers) -> _Entry
+        self.plans = collections.OrderedDict()  # (shape, dtype, device) -> front.runner.Program
         self.last_plan = None
         self.lock = threading.RLock()
         self.warned = set()  # reasons already warned about (PyTorch ran instead)
@@ -331,56 +176,37 @@ class _ConvweavePart:
             self.ctx = ctx
         return ctx
 
-    def _names(self):
-        return {m: f"{self.part}.{n}" if n else self.part for n, m in self.module.named_modules()}
-
-    def _build(self, g, shape, dtype=None):
-        """The part's graph on an input of `shape`; returns (output node, builder)."""
-        x = g.input(self.input_name, shape, str(dtype or self.dtype or torch.float32).replace("torch.", ""))
-        b = _Builder(g, self._names())
-        return getattr(b, self.part)(x, self.module), b
+    def _program(self, shape, dtype, device):
+        """The part lowered through convweave.torch.wrap's front (torch.export and the op
+        table) for an input of this shape, compiled; nothing may fall back to PyTorch."""
+        sample = torch.empty(shape, dtype=dtype, device=device)
+        flat, spec = pytree.tree_flatten(((sample,), {}))
+        return Program(_Own(self.module), flat, spec, self._context, fallback=False, budget=0, streams=0,
+                       patches=self.patches, fuse=self.fuse, memory=self.memory)
 
     def probe(self):
-        """Builds (does not compile) the graph on the smallest input, so that an unsupported
-        module raises at enable() time."""
-        g = Graph(self._context(next(self.module.parameters()).device))
-        try:
-            self._build(g, self.probe_shape())
-        finally:
-            g.close()
+        """Lowers the part on the smallest input, so that what convweave cannot run raises at
+        enable() time."""
+        p = next(self.module.parameters())
+        self._program(self.probe_shape(), p.dtype, p.device)
 
     def plan_for(self, sample, state=None):
-        """The plan for this input (compiled on first use, its float32 copies refreshed
-        where parameters changed in place): an _Entry. Call under self.lock."""
-        dtype, device, ptrs, versions, params = state or self._params_state()
-        key = (tuple(sample.shape), sample.dtype, sample.device, ptrs)
-        ctx = self._context(sample.device)
+        """The Program for this input, compiled on first use and again when the parameters
+        are not those it read (replaced, recast, or changed in place where it copied them:
+        a half model's float32 GroupNorm vectors). Call under self.lock."""
+        key = (tuple(sample.shape), sample.dtype, sample.device)
+        self._context(sample.device)
         hit = self.plans.get(key)
+        if hit is not None and not hit.valid():
+            del self.plans[key]
+            hit = None
         if hit is None:
-            # parameters replaced: those plans hold the old ones (dropped, not closed: a Plan
-            # the caller still holds from last_plan stays readable; nothing else refers to it)
-            for k in [k for k in self.plans if k[3] != ptrs]:
-                del self.plans[k]
-            g = Graph(ctx)
-            try:
-                y, b = self._build(g, tuple(sample.shape), dtype)
-                g.output(y, self.output_name)
-                plan = g.compile(budget=0, streams=0, patches=self.patches, fuse=self.fuse, memory=self.memory)
-            except BaseException:
-                g.close()
-                raise
-            hit = _Entry(plan, g.shape(y), b.copies, versions)
+            hit = self._program(key[0], sample.dtype, sample.device)
             self.plans[key] = hit
             while len(self.plans) > self.max_plans:
                 self.plans.popitem(last=False)
-        else:
-            self.plans.move_to_end(key)
-            if hit.versions != versions:  # changed in place (load_state_dict, a LoRA merge)
-                with torch.no_grad():
-                    for src, copy in hit.copies:
-                        copy.copy_(src.detach().reshape(copy.shape))
-                hit.versions = versions
-        self.last_plan = hit.plan
+        self.plans.move_to_end(key)
+        self.last_plan = hit.plans()[0]
         return hit
 
     def _run(self, sample, *extra):
@@ -412,22 +238,8 @@ class _ConvweavePart:
             raise ArgumentError(f"convweave.diffusers: the {self.what} {tuple(sample.shape)} is a batch of 0 samples "
                                 f"(the {self.part} takes N >= 1)")
         with self.lock:
-            entry = self.plan_for(sample, state)
-            if sample.device.type == "cuda":
-                self.ctx.use_cuda_stream(torch.cuda.current_stream(sample.device).cuda_stream)
-            out = torch.empty(entry.out_shape, dtype=sample.dtype, device=sample.device)
-            try:
-                entry.plan.run([sample.detach().contiguous()], [out])
-            except BaseException:
-                if not self.keep_memory:
-                    try:
-                        entry.plan.release()
-                    except Error:  # the run's error is the one to report
-                        pass
-                raise
-            if not self.keep_memory:  # nothing held between calls: arenas back to the allocator
-                entry.plan.release()
-        return out
+            prog = self.plan_for(sample, state)
+            return prog.run([sample], self.keep_memory)
 
     def __repr__(self):
         b = format_bytes(self.budget) if self.budget > 0 else "unlimited"
@@ -581,9 +393,11 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
             states[part] = _CLASSES[part](found[part], budget, streams, timing, patches, threads, fuse, memory, shared,
                                           keep_memory=bool(keep_memory), max_plans=max_plans)
             states[part].probe()
-        except (AttributeError, TypeError, IndexError, KeyError) as e:  # a layout the builder did not foresee
+        except Error as e:  # what the front cannot lower whole (an export failure, a PyTorch node)
+            if e.status != "CW_ERR_UNSUPPORTED":
+                raise
             raise _unsupported(part if found[part] is vae else f"{type(vae).__name__}.{part}",
-                               f"cannot map {type(found[part]).__name__} ({type(e).__name__}: {e})") from e
+                               f"cannot map {type(found[part]).__name__} ({e.message})") from e
     disable(vae)
     for part, state in states.items():
         found[part]._convweave = state

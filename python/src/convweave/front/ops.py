@@ -434,7 +434,8 @@ def _tokens_layout(lay):
     """q, k, v of attention: [..., tokens, C] over a node [N, C, spatial...]: the last group is
     the channels, the one before holds every spatial dim, the others are the batch or size 1."""
     g, r = lay.groups, len(lay.udims)
-    if len(g) < 3 or g[-1] != (1,) or sorted(g[-2]) != list(range(2, r)) or lay.udims[1] == 1:
+    spatial = [d for d in range(2, r) if lay.udims[d] != 1]  # size-1 dims are in no group
+    if len(g) < 3 or g[-1] != (1,) or sorted(g[-2]) != spatial or lay.udims[1] == 1:
         return False
     rest = [d for grp in g[:-2] for d in grp]
     return rest in ([0], []) and (rest == [0] or lay.udims[0] == 1)

@@ -135,11 +135,23 @@ class Program:
     def _run_segment(self, env, seg, keep_memory):
         ins = [self._fetch(env, seg, n).contiguous() for n in seg.inputs]
         outs = [torch.empty(s, dtype=seg.dtype, device=self.device) for s in seg.out_shapes]
-        seg.plan.run(ins, outs)
-        if not keep_memory and hasattr(seg.plan, "release"):
+        try:
+            seg.plan.run(ins, outs)
+        except BaseException:
+            if not keep_memory:
+                try:
+                    seg.plan.release()
+                except Error:  # the run's error is the one to report
+                    pass
+            raise
+        if not keep_memory:  # nothing held between calls
             seg.plan.release()
         for n, t in zip(seg.outputs, outs):
             env[("seg", seg.idx, n)] = t
+
+    def plans(self):
+        """The convweave segments' plans, in run order."""
+        return [s[1].plan for s in self.steps if s[0] == "seg"]
 
     def describe(self):
         segs = [s[1] for s in self.steps if s[0] == "seg"]
@@ -242,7 +254,7 @@ class Wrapped(torch.nn.Module):
 
     def plans(self):
         """The plans of the last signature's convweave segments, in run order."""
-        return [s[1].plan for s in self.last_program.steps if s[0] == "seg"] if self.last_program else []
+        return self.last_program.plans() if self.last_program else []
 
     def __repr__(self):
         d = self.describe()
