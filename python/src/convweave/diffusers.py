@@ -82,15 +82,20 @@ def _module_forward(module):
 
 class _Own(nn.Module):
     """What torch.export sees of a part: its class's own forward (enable() replaced the
-    instance's), the part as its one submodule."""
+    instance's), the part as its one submodule, named as in the vae (messages name
+    "decoder.mid_block.attentions.0")."""
 
-    def __init__(self, part):
+    def __init__(self, part, name):
         super().__init__()
-        self.part = part
-        self.training = part.training  # export refuses training mode (dropout): the part's own mode
+        self.name = name
+        self.add_module(name, part)
+        # a part in training mode (a freshly built vae) exports as in eval mode where the two
+        # compute the same (no dropout with p > 0, no batch norm); else export refuses it
+        self.training = any((isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0) or
+                            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in part.modules()) and part.training
 
     def forward(self, sample):
-        return _module_forward(self.part)(sample)
+        return _module_forward(getattr(self, self.name))(sample)
 
 
 class _ConvweavePart:
@@ -176,19 +181,19 @@ class _ConvweavePart:
             self.ctx = ctx
         return ctx
 
-    def _program(self, shape, dtype, device):
+    def _program(self, shape, dtype, device, compile=True):
         """The part lowered through convweave.torch.wrap's front (torch.export and the op
         table) for an input of this shape, compiled; nothing may fall back to PyTorch."""
         sample = torch.empty(shape, dtype=dtype, device=device)
         flat, spec = pytree.tree_flatten(((sample,), {}))
-        return Program(_Own(self.module), flat, spec, self._context, fallback=False, budget=0, streams=0,
-                       patches=self.patches, fuse=self.fuse, memory=self.memory)
+        return Program(_Own(self.module, self.part), flat, spec, self._context, fallback=False, compile=compile,
+                       budget=0, streams=0, patches=self.patches, fuse=self.fuse, memory=self.memory)
 
     def probe(self):
-        """Lowers the part on the smallest input, so that what convweave cannot run raises at
-        enable() time."""
+        """Lowers (does not compile) the part on the smallest input, so that what convweave
+        cannot run raises at enable() time."""
         p = next(self.module.parameters())
-        self._program(self.probe_shape(), p.dtype, p.device)
+        self._program(self.probe_shape(), p.dtype, p.device, compile=False)
 
     def plan_for(self, sample, state=None):
         """The Program for this input, compiled on first use and again when the parameters

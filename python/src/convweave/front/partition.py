@@ -34,11 +34,14 @@ class Call(collections.namedtuple("Call", "name target")):
 
 class Fallback:
     """A node PyTorch runs: what it was, why, and what it holds."""
-    __slots__ = ("node", "op", "shape", "bytes", "reason", "where")
+    __slots__ = ("node", "op", "shape", "bytes", "reason", "where", "module")
 
     def __init__(self, node, reason):
         val = node.meta.get("val")
         self.node, self.op, self.reason = node.name, str(node.target), reason
+        stack = list((node.meta.get("nn_module_stack") or {}).values())
+        path, cls = stack[-1] if stack else ("", "")
+        self.module = f"{path} ({str(cls).rpartition('.')[2]})" if path else "the module itself"
         self.shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
         self.bytes = val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
         trace = (node.meta.get("stack_trace") or "").strip().splitlines()
@@ -168,8 +171,8 @@ class Lowering:
                 reason = e.message
         fb = Fallback(node, reason)
         if not self.fallback:
-            raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: node {fb.node} ({fb.op}) at {fb.where}: "
-                        f"{reason} (fallback=False)")
+            raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: {fb.module}: node {fb.node} ({fb.op}): {reason} "
+                        f"(fallback=False; at {fb.where})")
         self.fallbacks.append(fb)
         return self._torch_step(node, args, kwargs)
 

@@ -21,9 +21,10 @@ from .values import Const, Cw, Pad, Torch
 class Program:
     """One compiled signature: the steps, their segments' plans, and what it read."""
 
-    def __init__(self, mod, flat, spec, context, fallback=True, **opts):
-        """mod exported for the inputs flat (spec: their pytree), lowered and compiled on
-        context(device) with compile options opts (memory, budget, streams, patches, fuse)."""
+    def __init__(self, mod, flat, spec, context, fallback=True, compile=True, **opts):
+        """mod exported for the inputs flat (spec: their pytree), lowered and (compile=True)
+        compiled on context(device) with compile options opts (memory, budget, streams,
+        patches, fuse)."""
         self.device = next((t.device for t in flat if isinstance(t, torch.Tensor)), torch.device("cpu"))
         self.ctx = context(self.device)
         args, kwargs = pytree.tree_unflatten(flat, spec)
@@ -47,12 +48,13 @@ class Program:
         L.finish(out)
         self.outputs, self.steps = out, L.steps
         self.summary = {"nodes_convweave": L.n_cw, "nodes_folded": L.n_folded, "nodes_fallback": len(L.fallbacks),
-                        "fallbacks": [{"node": f.node, "op": f.op, "shape": f.shape, "bytes": f.bytes,
-                                       "reason": f.reason, "where": f.where} for f in L.fallbacks],
+                        "fallbacks": [{"node": f.node, "op": f.op, "module": f.module, "shape": f.shape,
+                                       "bytes": f.bytes, "reason": f.reason, "where": f.where}
+                                      for f in L.fallbacks],
                         "copied_bytes": L.copied}
         opts = dict(dict(memory=None, budget=0, streams=0, patches=None, fuse=True), **opts)  # 0: the context's
         for kind, seg in (s[:2] for s in self.steps):
-            if kind == "seg":
+            if kind == "seg" and compile:
                 seg.plan = seg.g.compile(budget=opts["budget"], streams=opts["streams"], patches=opts["patches"],
                                          fuse=opts["fuse"], memory=opts["memory"])
                 seg.out_shapes = [seg.g.shape(n) for n in seg.outputs]
