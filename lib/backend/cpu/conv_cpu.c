@@ -471,13 +471,11 @@ static void direct_range(void *p, int64_t lo, int64_t hi) {
 
 /* ---- entry points --------------------------------------------------------------------- */
 
-/* DNNL: the plan's workspace (made now, or found in the plan cache). */
+/* DNNL: the plan's workspace (from its descriptors: no primitive is made). */
 static int64_t dnnl_workspace(const cw__conv_problem *p) {
-    cw__dnnl_plan *pl;
-    if (cw__cpu_dnnl_plan_get(NULL, p, &pl) != CW_OK) return -1;
     cw__dnnl_info info;
-    cw__cpu_dnnl_info(pl, &info);
-    cw__cpu_dnnl_release(pl);
+    int listed;
+    if (cw__cpu_dnnl_cost(NULL, p, &info, &listed) != CW_OK) return -1;
     return info.workspace;
 }
 
@@ -611,12 +609,14 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
     cw__conv_algo list[CW__CPU_ALGO_COUNT];
     int cnt = 0;
     if (cw__cpu_dnnl_compiled()) {
-        cw__dnnl_plan *pl;
-        st = cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl);
+        /* costed from descriptors: primitives are made only for the patches a plan keeps
+         * (cw__cpu_conv_prepare) */
+        cw__dnnl_info info;
+        int listed = 0;
+        st = cw__cpu_dnnl_cost(be ? be->ctx : NULL, p, &info, &listed);
         if (st == CW_ERR_OUT_OF_MEMORY) return st;
         if (st == CW_OK) {
-            cw__dnnl_info info;
-            if (cw__cpu_dnnl_info(pl, &info)) {
+            if (listed) {
                 cw__conv_algo *a = &list[cnt++];
                 memset(a, 0, sizeof *a);
                 a->id = CW__CPU_ALGO_DNNL;
@@ -624,7 +624,6 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
                 a->workspace = info.workspace;
                 a->cost = cost_dnnl(&g, &info);
             }
-            cw__cpu_dnnl_release(pl);
         } else {
             /* oneDNN failed unexpectedly for this shape: the other algorithms still run it */
             cw__log(be ? be->ctx : NULL, CW_LOG_DEBUG, "cpu conv_algos: oneDNN not listed for this conv");

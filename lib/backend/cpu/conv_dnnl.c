@@ -7,9 +7,10 @@
  * bits never depend on the thread count (docs/determinism.md), as for the GEMM blocks.
  *
  * The workspace holds the reordered weights, every sub-band's blocked input and output,
- * and one user-mode scratchpad per thread slot: all from the budget. Plans (primitives and
- * their layouts) are made when the algorithm is listed, at compile time, and kept in a
- * bounded process-wide cache keyed by the patch problem.
+ * and one user-mode scratchpad per thread slot: all from the budget. Listing and costing
+ * the algorithm makes primitive descriptors only (layouts, scratchpad sizes, kernel name:
+ * no JIT); primitives are made when a compiled plan prepares a patch that runs oneDNN, and
+ * kept in a bounded process-wide cache keyed by the patch problem.
  *
  * f16/bf16 problems ask oneDNN for a convolution in that dtype (x, w, bias, y alike); where
  * it has no kernel (AVX2 hosts: none at all, oneDNN 2.6) every sub-band falls back to
@@ -23,6 +24,12 @@
 
 int cw__cpu_dnnl_compiled(void) { return 0; }
 int cw__cpu_dnnl_threads_seen(void) { return 0; }
+void cw__cpu_dnnl_stats(cw__dnnl_stats *s) { memset(s, 0, sizeof *s); }
+cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_info *info, int *listed) {
+    memset(info, 0, sizeof *info);
+    *listed = 0;
+    return cw__error(ctx, CW_ERR_UNSUPPORTED, "cpu dnnl: convweave was built without oneDNN (CONVWEAVE_DNNL=OFF)");
+}
 cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
     *out = NULL;
     return cw__error(ctx, CW_ERR_UNSUPPORTED, "cpu dnnl: convweave was built without oneDNN (CONVWEAVE_DNNL=OFF)");
@@ -116,6 +123,9 @@ static void note_threads(void) {
     }
 }
 int cw__cpu_dnnl_threads_seen(void) { return atomic_load(&g_threads_seen); }
+
+/* What oneDNN made (cw__cpu_dnnl_stats): primitive descriptors, primitives, built plans. */
+static _Atomic int64_t g_pds, g_prims, g_built;
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static cw__dnnl_plan *cache_head, *cache_tail;
@@ -220,13 +230,22 @@ static dnnl_status_t view_md(dnnl_memory_desc_t *md, const cw_tensor_desc *d, in
     return dnnl_memory_desc_init_by_strides(md, d->rank, dims, dn_dtype(d->dtype), st);
 }
 
+/* Makes a primitive from pd (its JIT code and buffers: heap and mappings) and counts it. */
+static dnnl_status_t prim_create(dnnl_primitive_t *out, const_dnnl_primitive_desc_t pd) {
+    dnnl_status_t s = dnnl_primitive_create(out, pd);
+    if (s == dnnl_success) atomic_fetch_add(&g_prims, 1);
+    return s;
+}
+
+/* The reorder from -> to: its scratchpad's layout, and with build its primitive. */
 static dnnl_status_t make_reorder(dnnl_primitive_t *out, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
-                                  const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *scratch) {
+                                  const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *scratch, int build) {
     dnnl_primitive_desc_t pd;
     dnnl_status_t s = dnnl_reorder_primitive_desc_create(&pd, from, g_eng, to, g_eng, attr);
     if (s != dnnl_success) return s;
+    atomic_fetch_add(&g_pds, 1);
     *scratch = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-    s = dnnl_primitive_create(out, pd);
+    s = build ? prim_create(out, pd) : dnnl_success;
     dnnl_primitive_desc_destroy(pd);
     return s;
 }
@@ -237,7 +256,7 @@ static int64_t md_bytes(const dnnl_memory_desc_t *md) { return (int64_t)dnnl_mem
  * and *w_chosen gets what oneDNN chose). dnnl_unimplemented: oneDNN has no kernel, and the
  * class falls back. */
 static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, const dnnl_memory_desc_t *wfix,
-                                dnnl_memory_desc_t *w_chosen, const_dnnl_primitive_attr_t attr) {
+                                dnnl_memory_desc_t *w_chosen, const_dnnl_primitive_attr_t attr, int build) {
     const int sp = p->spatial, rank = sp + 2;
     dnnl_dims_t sd, dd, wd, bd, strd, dil, pl, pr;
     for (int i = 0; i < rank; i++) sd[i] = p->x.dims[i], dd[i] = p->y.dims[i];
@@ -271,6 +290,7 @@ static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, 
     if (s != dnnl_success) return s;
     dnnl_primitive_desc_t pd;
     if ((s = dnnl_primitive_desc_create(&pd, &cd, attr, g_eng, NULL)) != dnnl_success) return s;
+    atomic_fetch_add(&g_pds, 1);
     const char *impl = "";
     dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
     snprintf(c->impl, sizeof c->impl, "%s", impl);
@@ -278,7 +298,7 @@ static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, 
     c->dst = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
     c->scratch = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     if (w_chosen) *w_chosen = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    s = dnnl_primitive_create(&c->conv, pd);
+    s = build ? prim_create(&c->conv, pd) : dnnl_success;
     dnnl_primitive_desc_destroy(pd);
     return s;
 }
@@ -353,13 +373,13 @@ static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__d
  * set). A class oneDNN refuses (no kernel, or arguments it rejects) or one that reads
  * no input falls back to cpu_direct. */
 static cw_status class_make(cw_context *ctx, const cw__conv_problem *p, int hd, dn_class *c,
-                            const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w) {
+                            const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w, int build) {
     cw_status st = CW_OK;
     if (c->in_rows == 0) { /* pure padding: bias only */
         c->fallback = 1;
         return CW_OK;
     }
-    dnnl_status_t s = class_conv(p, hd, c, *have_w ? wfix : NULL, *have_w ? NULL : wfix, attr);
+    dnnl_status_t s = class_conv(p, hd, c, *have_w ? wfix : NULL, *have_w ? NULL : wfix, attr, build);
     if (s == dnnl_unimplemented || s == dnnl_invalid_arguments) {
         c->fallback = 1;
         if (c->conv) dnnl_primitive_destroy(c->conv), c->conv = NULL;
@@ -369,8 +389,8 @@ static cw_status class_make(cw_context *ctx, const cw__conv_problem *p, int hd, 
     *have_w = 1;
     DN_TRY(view_md(&c->src_user, &p->x, hd, c->in_rows), "input view");
     DN_TRY(view_md(&c->dst_user, &p->y, hd, c->out_rows), "output view");
-    DN_TRY(make_reorder(&c->rin, &c->src_user, &c->src, attr, &c->rin_scratch), "input reorder");
-    DN_TRY(make_reorder(&c->rout, &c->dst, &c->dst_user, attr, &c->rout_scratch), "output reorder");
+    DN_TRY(make_reorder(&c->rin, &c->src_user, &c->src, attr, &c->rin_scratch, build), "input reorder");
+    DN_TRY(make_reorder(&c->rout, &c->dst, &c->dst_user, attr, &c->rout_scratch, build), "output reorder");
     c->src_bytes = align_up(md_bytes(&c->src));
     c->dst_bytes = align_up(md_bytes(&c->dst));
     int64_t sc = md_bytes(&c->scratch);
@@ -384,11 +404,11 @@ fail:
 /* Makes every class, the main class first: it picks the weights layout (*wfix) and the
  * others take it as given. *have_w stays 0 when every class falls back. */
 static cw_status plan_classes(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl,
-                              const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w) {
+                              const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w, int build) {
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < pl->ncls; k++) {
             if ((pass == 0) != (k == pl->main_cls)) continue;
-            cw_status st = class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w);
+            cw_status st = class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w, build);
             if (st != CW_OK) return st;
         }
     }
@@ -398,7 +418,7 @@ static cw_status plan_classes(cw_context *ctx, const cw__conv_problem *p, cw__dn
 /* Makes the weights reorder: the user's [K, C/G, k...] (as [G, K/G, C/G, k...] when
  * grouped) into wfix; and the bias's memory desc. */
 static cw_status plan_weights(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl,
-                              const_dnnl_primitive_attr_t attr, const dnnl_memory_desc_t *wfix) {
+                              const_dnnl_primitive_attr_t attr, const dnnl_memory_desc_t *wfix, int build) {
     cw_status st = CW_OK;
     dnnl_dims_t wd, ws;
     int64_t wst[CW_MAX_RANK];
@@ -410,7 +430,7 @@ static cw_status plan_weights(cw_context *ctx, const cw__conv_problem *p, cw__dn
     for (int i = 1; i < p->spatial + 2; i++) wd[wr] = p->w.dims[i], ws[wr] = wst[i], wr++;
     DN_TRY(dnnl_memory_desc_init_by_strides(&pl->w_user, wr, wd, pl->dt, ws), "weights view");
     pl->w = *wfix;
-    DN_TRY(make_reorder(&pl->rw, &pl->w_user, &pl->w, attr, &pl->w_scratch), "weights reorder");
+    DN_TRY(make_reorder(&pl->rw, &pl->w_user, &pl->w, attr, &pl->w_scratch, build), "weights reorder");
     dnnl_dims_t bd = {p->y.dims[1]};
     DN_TRY(dnnl_memory_desc_init_by_tag(&pl->bias, 1, bd, pl->dt, dnnl_x), "bias");
 fail:
@@ -440,10 +460,12 @@ static void plan_workspace(cw__dnnl_plan *pl) {
     pl->ws = off;
 }
 
-/* Builds the plan for p (no cache). Errors are host OOM or oneDNN failures other than
- * "no kernel for this shape" (which makes sub-bands fall back to cpu_direct). Every
- * primitive is created with the calling thread's OpenMP ICV at 1 (see omp_single). */
-static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
+/* Builds the plan for p (no cache): with build its primitives, without only their
+ * descriptors (layouts, scratchpads, kernel names: what cw__cpu_dnnl_info reads; such a
+ * plan cannot run). Errors are host OOM or oneDNN failures other than "no kernel for this
+ * shape" (which makes sub-bands fall back to cpu_direct). Every descriptor and primitive
+ * is created with the calling thread's OpenMP ICV at 1 (see omp_single). */
+static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, int build, cw__dnnl_plan **out) {
     cw_status st = CW_OK;
     dnnl_primitive_attr_t attr = NULL;
     cw__dnnl_plan *pl = cw__calloc(1, sizeof *pl);
@@ -468,9 +490,9 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_
     dnnl_memory_desc_t wfix;
     memset(&wfix, 0, sizeof wfix);
     int have_w = 0;
-    if ((st = plan_classes(ctx, p, pl, attr, &wfix, &have_w)) != CW_OK) goto fail;
+    if ((st = plan_classes(ctx, p, pl, attr, &wfix, &have_w, build)) != CW_OK) goto fail;
     if (!have_w) goto done; /* every sub-band falls back: no workspace */
-    if ((st = plan_weights(ctx, p, pl, attr, &wfix)) != CW_OK) goto fail;
+    if ((st = plan_weights(ctx, p, pl, attr, &wfix, build)) != CW_OK) goto fail;
     plan_workspace(pl);
 
 done:
@@ -513,8 +535,9 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
     /* made outside the lock (JIT takes ~0.3 ms a primitive); a racing maker of the same
      * key only adds a duplicate that ages out */
     cw__dnnl_plan *pl;
-    cw_status st = plan_make(ctx, p, &pl);
+    cw_status st = plan_make(ctx, p, 1, &pl);
     if (st != CW_OK) return st;
+    atomic_fetch_add(&g_built, 1);
     memcpy(pl->key, key, sizeof key);
     pl->hash = h;
     pl->refs = 2; /* the cache's and the caller's */
@@ -535,6 +558,27 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
     plan_destroy(evict);
     *out = pl;
     return CW_OK;
+}
+
+cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_info *info, int *listed) {
+    cw__dnnl_plan *pl;
+    memset(info, 0, sizeof *info);
+    *listed = 0;
+    cw_status st = plan_make(ctx, p, 0, &pl);
+    if (st != CW_OK) return st;
+    *listed = cw__cpu_dnnl_info(pl, info);
+    plan_destroy(pl);
+    return CW_OK;
+}
+
+void cw__cpu_dnnl_stats(cw__dnnl_stats *s) {
+    memset(s, 0, sizeof *s);
+    s->pds = atomic_load(&g_pds);
+    s->primitives = atomic_load(&g_prims);
+    s->plans_built = atomic_load(&g_built);
+    pthread_mutex_lock(&cache_mu);
+    s->cache_plans = cache_n;
+    pthread_mutex_unlock(&cache_mu);
 }
 
 int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info) {

@@ -113,6 +113,17 @@ int cw__cpu_dnnl_compiled(void);
 /* The largest OpenMP max-threads value in effect on a thread when it created or ran a
  * oneDNN primitive (0 before any): 1 when every oneDNN call was single-threaded. */
 int cw__cpu_dnnl_threads_seen(void);
+/* Costs p without making a primitive (no JIT, nothing kept): fills info as
+ * cw__cpu_dnnl_info would for p's plan and sets *listed to its return value. Fails as
+ * cw__cpu_dnnl_plan_get does. */
+cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_info *info, int *listed);
+/* What oneDNN has made in this process (tests): primitive descriptors (costing and
+ * building), primitives, plans built with their primitives; plans in the cache now. */
+typedef struct cw__dnnl_stats {
+    int64_t pds, primitives, plans_built;
+    int64_t cache_plans;
+} cw__dnnl_stats;
+void cw__cpu_dnnl_stats(cw__dnnl_stats *s);
 /* The plan for p, held until cw__cpu_dnnl_release. Fails on host OOM or an unexpected
  * oneDNN error; sub-bands oneDNN has no kernel for run cpu_direct inside the plan. */
 cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out);
