@@ -230,6 +230,9 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int
                            int64_t *peak_temp, int64_t *peak_allocated);
 /* plan.c */
 void cw__plan_free(cw_plan *p);
+/* execute.c: r's view of a buffer whose run-time desc is bd (dims r's, strides bd's) in *d;
+ * returns the view's first element's offset in elements. */
+int64_t cw__vref_desc(const cw_tensor_desc *bd, const cw__vref *r, cw_tensor_desc *d);
 /* Primes temp with the plan's arena (one free segment) unless it already holds exactly that. */
 cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp);
 

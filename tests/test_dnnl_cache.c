@@ -1,7 +1,10 @@
 /* What oneDNN's plans hold between calls (CONVWEAVE_DNNL; skips with 77 without it).
  * 1. Compiling costs candidate patch heights from primitive descriptors only: the
  *    primitives made at compile time are those of the patches the plan runs (at most one
- *    plan per patch), not one set per candidate the planner weighed. */
+ *    plan per patch), not one set per candidate the planner weighed.
+ * 2. A run makes no primitive: the patches are prepared with the views the run gives them
+ *    (a conv fed by a fused GroupNorm + SiLU + upsampling stage reads that stage's compact
+ *    buffer, not the activation's view). */
 #include "backend/cpu/cpu.h"
 #include "conv_algo_run.h"
 
@@ -43,6 +46,67 @@ static void test_compile_builds_only_kept(void) {
     cw_context_destroy(ctx);
 }
 
+/* conv -> GroupNorm -> SiLU -> upsample x2 -> conv; x: [1, 32, H, W]. */
+static cw_graph *prep_graph(const int64_t *xd, cw_tensor_desc *d) {
+    cw_graph *g;
+    ASSERT_OK(cw_graph_create(&g, ctx));
+    ASSERT_OK(cw_tensor_desc_make(d, CW_F32, 4, xd));
+    const int64_t c = xd[1], wd[4] = {c, c, 3, 3};
+    cw_conv_params cp = CW_CONV_PARAMS_INIT;
+    cp.spatial = 2;
+    cp.pad_pre[0] = cp.pad_pre[1] = cp.pad_post[0] = cp.pad_post[1] = 1;
+    cw_node h;
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &h, "x", d));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, h, konst(g, 4, wd, 0.1f), konst(g, 1, &c, 0.1f), &cp));
+    ASSERT_OK_CTX(ctx, cw_graph_group_norm(g, &h, h, konst(g, 1, &c, 1.0f), konst(g, 1, &c, 0.1f), 8, 1e-6f));
+    ASSERT_OK_CTX(ctx, cw_graph_silu(g, &h, h));
+    ASSERT_OK_CTX(ctx, cw_graph_upsample2x(g, &h, h));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, h, konst(g, 4, wd, 0.1f), konst(g, 1, &c, 0.1f), &cp));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, h, "y"));
+    return g;
+}
+
+/* Part 2: compile, then run twice: neither run makes a primitive. */
+static void test_run_makes_none(void) {
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.threads = 1;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    const int64_t xd[4] = {1, 32, 48, 40};
+    cw_tensor_desc d, dy;
+    cw_graph *g = prep_graph(xd, &d);
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.streams = 2;
+    o.temp_budget = 4 << 20;
+    cw_plan *p;
+    ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
+    CHECK(describes(p, "cpu_dnnl"));
+    const int64_t yd[4] = {1, 32, 96, 80};
+    ASSERT_OK(cw_tensor_desc_make(&dy, CW_F32, 4, yd));
+    cw_tensor *in, *out;
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
+    ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &dy));
+    const size_t n = (size_t)cw_tensor_desc_numel(&d);
+    float *hx = malloc(n * 4);
+    ASSERT_TRUE(hx);
+    for (size_t i = 0; i < n; i++) hx[i] = cw_rng_float(&rng);
+    ASSERT_OK(cw_tensor_upload(in, hx, n * 4));
+    for (int r = 0; r < 2; r++) {
+        const cw__dnnl_stats s0 = stats_now();
+        ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, &out, 1));
+        const cw__dnnl_stats s1 = stats_now();
+        fprintf(stderr, "run %d: %lld primitives, %lld plans built\n", r, (long long)(s1.primitives - s0.primitives),
+                (long long)(s1.plans_built - s0.plans_built));
+        ASSERT_EQ_I(s1.primitives - s0.primitives, 0);
+    }
+    free(hx);
+    cw_tensor_destroy(in), cw_tensor_destroy(out);
+    cw_plan_destroy(p);
+    cw_graph_destroy(g);
+    free_consts();
+    cw_context_destroy(ctx);
+}
+
 int main(void) {
     if (!cw__cpu_dnnl_compiled()) {
         fprintf(stderr, "built without oneDNN (CONVWEAVE_DNNL=OFF): skipped\n");
@@ -51,5 +115,6 @@ int main(void) {
     (void)check_streams_threads, (void)max_rel_diff; /* conv_algo_run.h's, unused here */
     rng.s = cw_test_seed(0xCAC4Eull);
     test_compile_builds_only_kept();
+    test_run_makes_none();
     TEST_DONE();
 }

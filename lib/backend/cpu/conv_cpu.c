@@ -665,8 +665,9 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
     return CW_OK;
 }
 
-/* Compile time (the scheduler calls it for every conv task): makes or finds the oneDNN
- * plan of each DNNL task, so no primitive is created inside a run. A plan whose workspace
+/* Compile time (the scheduler calls it for every conv task, with the views the run will
+ * give it: the plan's key holds x's and y's strides): makes or finds the oneDNN plan of
+ * each DNNL task, so no primitive is created inside a run. A plan whose workspace
  * exceeds ws_cap (the planner sizes it from the same problem, so only as a guard) is
  * replaced by cpu_direct, which needs none. */
 cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
@@ -740,7 +741,7 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
                    : algo->id == CW__CPU_ALGO_WINOGRAD ? cw__cpu_wino_workspace(&g)
                                                        : 0;
     if (algo->id == CW__CPU_ALGO_DNNL) {
-        /* found in the plan cache (made when the algorithm was listed) */
+        /* found in the plan cache (made by cw__cpu_conv_prepare) */
         st = cw__cpu_dnnl_plan_get(ctx, p, &plan);
         if (st != CW_OK) return st;
         cw__dnnl_info info;
