@@ -453,6 +453,8 @@ static cw_status cw__plan_prepare_convs(cw_plan *p) {
             int64_t ws = t->u.conv.algo.workspace; /* the buffer the plan sized stays */
             t->u.conv.algo = used;
             t->u.conv.algo.workspace = ws;
+        } else {
+            t->u.conv.algo.prepared = used.prepared; /* the task holds it: cw__plan_free drops it */
         }
     }
     return CW_OK;

@@ -271,7 +271,9 @@ CW_API cw_status cw_context_set_allocator(cw_context *ctx, const cw_allocator *a
 /* Waits for the context's streams and returns every cached segment of the context's pools
  * (blocks not in use) to the allocator that gave it, as torch.cuda.empty_cache does; plans
  * take their arena again at their next run (from the allocator then set). Plans with a pool
- * of their own keep their arena until destroyed. */
+ * of their own keep their arena until destroyed. On cpu it also drops the oneDNN kernels no
+ * live plan uses (they are process-wide; destroying the last context drops them too) and
+ * returns freed heap to the OS where the C library can (glibc: malloc_trim). */
 CW_API cw_status cw_context_empty_cache(cw_context *ctx);
 
 /* ---------------------------------------------------------------------------------------

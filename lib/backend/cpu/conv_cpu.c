@@ -674,14 +674,16 @@ cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const
                                cw__conv_algo *used) {
     cw_status st = CW_OK;
     *used = *algo;
+    used->prepared = NULL;
     if (algo->id != CW__CPU_ALGO_DNNL) return CW_OK;
     cw__dnnl_plan *pl;
     st = cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl);
     if (st != CW_OK) return st;
     cw__dnnl_info info;
     cw__cpu_dnnl_info(pl, &info);
-    cw__cpu_dnnl_release(pl); /* the cache keeps it */
+    used->prepared = pl; /* held by the task until cw__cpu_conv_release */
     if (ws_cap >= 0 && info.workspace > ws_cap) {
+        cw__cpu_dnnl_release(pl);
         memset(used, 0, sizeof *used);
         used->id = CW__CPU_ALGO_DIRECT;
         snprintf(used->name, sizeof used->name, "%s", "cpu_direct");
@@ -689,6 +691,8 @@ cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const
     }
     return CW_OK;
 }
+
+void cw__cpu_conv_release(cw__backend *be, void *prepared) { cw__cpu_dnnl_release(prepared); }
 
 /* ---- the asynchronous hook ------------------------------------------------------------ */
 typedef struct conv_job {
@@ -741,9 +745,13 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
                    : algo->id == CW__CPU_ALGO_WINOGRAD ? cw__cpu_wino_workspace(&g)
                                                        : 0;
     if (algo->id == CW__CPU_ALGO_DNNL) {
-        /* found in the plan cache (made by cw__cpu_conv_prepare) */
-        st = cw__cpu_dnnl_plan_get(ctx, p, &plan);
-        if (st != CW_OK) return st;
+        /* the task's own (cw__cpu_conv_prepare), else found in or added to the plan cache */
+        if (!algo->prepared || !cw__cpu_dnnl_hold(algo->prepared, p)) {
+            st = cw__cpu_dnnl_plan_get(ctx, p, &plan);
+            if (st != CW_OK) return st;
+        } else {
+            plan = algo->prepared;
+        }
         cw__dnnl_info info;
         cw__cpu_dnnl_info(plan, &info);
         need = info.workspace;

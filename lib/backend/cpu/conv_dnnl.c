@@ -9,8 +9,11 @@
  * The workspace holds the reordered weights, every sub-band's blocked input and output,
  * and one user-mode scratchpad per thread slot: all from the budget. Listing and costing
  * the algorithm makes primitive descriptors only (layouts, scratchpad sizes, kernel name:
- * no JIT); primitives are made when a compiled plan prepares a patch that runs oneDNN, and
- * kept in a bounded process-wide cache keyed by the patch problem.
+ * no JIT); primitives are made when a compiled plan prepares a patch that runs oneDNN. The
+ * plan's task holds them until the plan is destroyed; a process-wide cache keyed by the
+ * patch problem shares them between plans and keeps at most DN_CACHE_BYTES of those no
+ * plan holds. cw_context_empty_cache and the last context's destroy drop those, empty
+ * oneDNN's own primitive cache and trim the heap (cw__cpu_dnnl_trim).
  *
  * f16/bf16 problems ask oneDNN for a convolution in that dtype (x, w, bias, y alike); where
  * it has no kernel (AVX2 hosts: none at all, oneDNN 2.6) every sub-band falls back to
@@ -35,6 +38,8 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
     return cw__error(ctx, CW_ERR_UNSUPPORTED, "cpu dnnl: convweave was built without oneDNN (CONVWEAVE_DNNL=OFF)");
 }
 void cw__cpu_dnnl_release(cw__dnnl_plan *pl) {}
+int cw__cpu_dnnl_hold(cw__dnnl_plan *pl, const cw__conv_problem *p) { return 0; }
+void cw__cpu_dnnl_trim(void) {}
 int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info) {
     memset(info, 0, sizeof *info);
     return 0;
@@ -47,6 +52,9 @@ cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, c
 
 #else
 
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
@@ -58,7 +66,14 @@ cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, c
 #define DN_MAX_SUB 64     /* sub-bands per patch */
 #define DN_MAX_CLASS 8    /* distinct sub-band shapes per patch (first, last, interior) */
 #define DN_SLOTS 16       /* scratchpad slots = cw__cpu_parallel's thread cap */
-#define DN_CACHE_CAP 512  /* plans kept (~45 KiB each); least recently used evicted */
+/* Bytes of plans the cache keeps that nothing else holds (least recently used evicted
+ * beyond it). A plan is charged sizeof(cw__dnnl_plan) (~70 KiB of descriptors) plus
+ * DN_PRIM_BYTES per primitive: measured 16-96 KiB of heap and JIT pages per primitive
+ * (AVX2, C 32-256, W 64-1024; most at large W), ~0.6 MiB per plan for the tiny VAE at
+ * 1024^2, so the charge bounds the real bytes from above for those shapes. Plans a
+ * compiled plan or a queued job holds are never evicted: they are that plan's memory. */
+#define DN_CACHE_BYTES (INT64_C(64) << 20)
+#define DN_PRIM_BYTES (INT64_C(96) << 10)
 #define DN_KEY_LEN 48
 
 /* One distinct sub-band shape: its conv primitive and the two reorders around it. */
@@ -82,6 +97,9 @@ struct cw__dnnl_plan {
     uint64_t hash;
     struct cw__dnnl_plan *prev, *next; /* cache LRU list */
     int refs;                          /* the cache's + each holder's; guarded by cache_mu */
+    int in_cache;                      /* on the LRU list; guarded by cache_mu */
+    int built;                         /* its primitives made (else descriptors only) */
+    int64_t bytes;                     /* what the cache charges for it (DN_CACHE_BYTES) */
     int hd;                            /* H dim index in x / y (2 or 3) */
     dnnl_data_type_t dt;               /* x, w, bias and y */
     size_t es;                         /* bytes per element */
@@ -124,17 +142,20 @@ static void note_threads(void) {
 }
 int cw__cpu_dnnl_threads_seen(void) { return atomic_load(&g_threads_seen); }
 
-/* What oneDNN made (cw__cpu_dnnl_stats): primitive descriptors, primitives, built plans. */
-static _Atomic int64_t g_pds, g_prims, g_built;
+/* What oneDNN made (cw__cpu_dnnl_stats): primitive descriptors, primitives, built plans,
+ * built plans alive. */
+static _Atomic int64_t g_pds, g_prims, g_built, g_live;
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static cw__dnnl_plan *cache_head, *cache_tail;
 static int cache_n;
+static int64_t cache_bytes, idle_bytes; /* of the plans on the list; of those only it holds */
 
 int cw__cpu_dnnl_compiled(void) { return 1; }
 
 static void plan_destroy(cw__dnnl_plan *pl) {
     if (!pl) return;
+    if (pl->built) atomic_fetch_sub(&g_live, 1);
     for (int c = 0; c < pl->ncls; c++) {
         if (pl->cls[c].conv) dnnl_primitive_destroy(pl->cls[c].conv);
         if (pl->cls[c].rin) dnnl_primitive_destroy(pl->cls[c].rin);
@@ -144,12 +165,72 @@ static void plan_destroy(cw__dnnl_plan *pl) {
     cw__free(pl);
 }
 
+/* Takes q off the LRU list (cache_mu held). */
+static void cache_unlink(cw__dnnl_plan *q) {
+    if (q->prev) q->prev->next = q->next;
+    else cache_head = q->next;
+    if (q->next) q->next->prev = q->prev;
+    else cache_tail = q->prev;
+    q->prev = q->next = NULL;
+    q->in_cache = 0;
+    cache_n--;
+    cache_bytes -= q->bytes;
+}
+
+/* Evicts plans only the cache holds, least recently used first, until their bytes are at
+ * most cap (cache_mu held); returns them chained by next, to destroy outside the lock. */
+static cw__dnnl_plan *cache_evict_idle(int64_t cap) {
+    cw__dnnl_plan *dead = NULL, *q = cache_tail;
+    while (q && idle_bytes > cap) {
+        cw__dnnl_plan *prev = q->prev;
+        if (q->refs == 1) {
+            cache_unlink(q);
+            idle_bytes -= q->bytes;
+            q->refs = 0;
+            q->next = dead;
+            dead = q;
+        }
+        q = prev;
+    }
+    return dead;
+}
+
+static void destroy_chain(cw__dnnl_plan *q) {
+    while (q) {
+        cw__dnnl_plan *next = q->next;
+        plan_destroy(q);
+        q = next;
+    }
+}
+
 void cw__cpu_dnnl_release(cw__dnnl_plan *pl) {
     if (!pl) return;
+    cw__dnnl_plan *dead = NULL;
     pthread_mutex_lock(&cache_mu);
     int last = --pl->refs == 0;
+    if (pl->refs == 1 && pl->in_cache) { /* the cache's alone now */
+        idle_bytes += pl->bytes;
+        dead = cache_evict_idle(DN_CACHE_BYTES);
+    }
     pthread_mutex_unlock(&cache_mu);
+    destroy_chain(dead);
     if (last) plan_destroy(pl);
+}
+
+void cw__cpu_dnnl_trim(void) {
+    pthread_mutex_lock(&cache_mu);
+    cw__dnnl_plan *dead = cache_evict_idle(0);
+    pthread_mutex_unlock(&cache_mu);
+    destroy_chain(dead);
+    /* oneDNN keeps every primitive it made in its own cache (1024 by default): empty it */
+    int cap = 0;
+    if (dnnl_get_primitive_cache_capacity(&cap) == dnnl_success && cap > 0) {
+        dnnl_set_primitive_cache_capacity(0);
+        dnnl_set_primitive_cache_capacity(cap);
+    }
+#ifdef __GLIBC__
+    malloc_trim(0); /* glibc's main arena keeps freed pages otherwise */
+#endif
 }
 
 /* ---- the key: everything but the data pointers ----------------------------------------- */
@@ -189,6 +270,17 @@ static uint64_t key_hash(const int64_t *k) {
     uint64_t h = 1469598103934665603ull;
     for (int i = 0; i < DN_KEY_LEN; i++) h = (h ^ (uint64_t)k[i]) * 1099511628211ull;
     return h;
+}
+
+int cw__cpu_dnnl_hold(cw__dnnl_plan *pl, const cw__conv_problem *p) {
+    int64_t key[DN_KEY_LEN];
+    make_key(p, key);
+    if (memcmp(pl->key, key, sizeof key) != 0) return 0;
+    pthread_mutex_lock(&cache_mu);
+    if (pl->refs == 1 && pl->in_cache) idle_bytes -= pl->bytes;
+    pl->refs++;
+    pthread_mutex_unlock(&cache_mu);
+    return 1;
 }
 
 /* ---- sub-bands: a function of the patch's shape only ----------------------------------- */
@@ -525,6 +617,7 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
             cache_head->prev = q;
             cache_head = q;
         }
+        if (q->refs == 1) idle_bytes -= q->bytes;
         q->refs++;
         pthread_mutex_unlock(&cache_mu);
         *out = q;
@@ -537,25 +630,25 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
     cw__dnnl_plan *pl;
     cw_status st = plan_make(ctx, p, 1, &pl);
     if (st != CW_OK) return st;
+    pl->built = 1;
     atomic_fetch_add(&g_built, 1);
+    atomic_fetch_add(&g_live, 1);
+    int nprims = pl->rw != NULL;
+    for (int c = 0; c < pl->ncls; c++)
+        nprims += (pl->cls[c].conv != NULL) + (pl->cls[c].rin != NULL) + (pl->cls[c].rout != NULL);
+    pl->bytes = (int64_t)sizeof *pl + nprims * DN_PRIM_BYTES;
     memcpy(pl->key, key, sizeof key);
     pl->hash = h;
     pl->refs = 2; /* the cache's and the caller's */
-    cw__dnnl_plan *evict = NULL;
+    pl->in_cache = 1;
     pthread_mutex_lock(&cache_mu);
     pl->next = cache_head;
     if (cache_head) cache_head->prev = pl;
     cache_head = pl;
     if (!cache_tail) cache_tail = pl;
-    if (++cache_n > DN_CACHE_CAP) {
-        evict = cache_tail;
-        cache_tail = evict->prev;
-        cache_tail->next = NULL;
-        cache_n--;
-        if (--evict->refs > 0) evict = NULL; /* still held by a queued job: its release frees it */
-    }
+    cache_n++;
+    cache_bytes += pl->bytes;
     pthread_mutex_unlock(&cache_mu);
-    plan_destroy(evict);
     *out = pl;
     return CW_OK;
 }
@@ -576,8 +669,11 @@ void cw__cpu_dnnl_stats(cw__dnnl_stats *s) {
     s->pds = atomic_load(&g_pds);
     s->primitives = atomic_load(&g_prims);
     s->plans_built = atomic_load(&g_built);
+    s->live_plans = atomic_load(&g_live);
     pthread_mutex_lock(&cache_mu);
     s->cache_plans = cache_n;
+    s->cache_bytes = cache_bytes;
+    s->idle_bytes = idle_bytes;
     pthread_mutex_unlock(&cache_mu);
 }
 

@@ -411,6 +411,11 @@ static cw_status cpu_fill32_async(cw__backend *be, cw__stream *s, void *p, uint3
 /* ---- lifetime ------------------------------------------------------------------------ */
 /* Streams and events belong to the caller, who destroys them first. If streams are still
  * alive their workers use cb->mu, so the backend is leaked rather than freed under them. */
+/* cpu backends alive: the oneDNN plan cache is process-wide, and trimmed with the last. */
+static _Atomic int g_backends;
+
+static void cpu_empty_cache(cw__backend *be) { cw__cpu_dnnl_trim(); }
+
 static void cpu_destroy(cw__backend *be) {
     if (!be) return;
     cpu_backend *cb = cb_of(be);
@@ -424,12 +429,14 @@ static void cpu_destroy(cw__backend *be) {
     pthread_cond_destroy(&cb->ev_cv);
     pthread_mutex_destroy(&cb->mu);
     cw__free(cb);
+    if (atomic_fetch_sub(&g_backends, 1) == 1) cw__cpu_dnnl_trim();
 }
 
 static const cw__runtime_i cpu_rt = {
     .name = "cpu",
     .caps = CW__CAP_HOST_STREAMS,
     .destroy = cpu_destroy,
+    .empty_cache = cpu_empty_cache,
     .dev_alloc = cpu_dev_alloc,
     .dev_free = cpu_dev_free,
     .upload = cpu_upload,
@@ -483,6 +490,7 @@ cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, 
                     " reproduces it)", cb->chaos_seed, cb->chaos_seed);
         }
     }
+    atomic_fetch_add(&g_backends, 1);
     *out = &cb->base;
     return CW_OK;
 
