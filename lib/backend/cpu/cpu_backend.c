@@ -13,6 +13,15 @@
 #include "backend/cpu/cpu.h"
 
 #define CPU_ALIGN 64 /* bytes: cache line, and enough for any SIMD load */
+/* Blocks from 1 MiB on (arenas, pools' segments) get pages of their own, unmapped when
+ * freed: glibc serves blocks under its mmap threshold (which grows to 32 MiB after the
+ * first such free) from the brk heap, and a freed arena there stays resident. Not under
+ * AddressSanitizer, which checks heap blocks' bounds and returns their pages itself. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CPU_MAP_MIN INT64_MAX
+#else
+#define CPU_MAP_MIN (INT64_C(1) << 20)
+#endif
 
 enum { ITEM_FN = 0, ITEM_RECORD = 1, ITEM_WAIT = 2 };
 
@@ -324,21 +333,32 @@ static cw_status cpu_dev_alloc(cw__backend *be, int64_t bytes, void **out) {
     if ((uint64_t)bytes > (uint64_t)(SIZE_MAX - extra))
         return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cpu dev_alloc: %" PRId64 " bytes exceed the address space",
                          bytes);
-    char *raw = cw__malloc((size_t)bytes + extra);
+    /* below p: the raw block's address (low bit set: mapped, then its length before it) */
+    const int map = bytes >= CPU_MAP_MIN;
+    const size_t len = map ? (size_t)bytes + CPU_ALIGN : (size_t)bytes + extra;
+    char *raw = map ? cw__map(len) : cw__malloc(len);
     if (!raw)
         return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cpu dev_alloc: out of host memory for %" PRId64 " bytes",
                          bytes);
     uintptr_t p = ((uintptr_t)raw + sizeof(void *) + CPU_ALIGN - 1) & ~(uintptr_t)(CPU_ALIGN - 1);
-    memcpy((char *)p - sizeof(void *), &raw, sizeof raw);
+    uintptr_t tag = (uintptr_t)raw | (uintptr_t)map; /* both are at least 16-byte aligned */
+    memcpy((char *)p - sizeof tag, &tag, sizeof tag);
+    if (map) memcpy((char *)p - sizeof tag - sizeof len, &len, sizeof len);
     *out = (void *)p;
     return CW_OK;
 }
 
 static void cpu_dev_free(cw__backend *be, void *p) {
     if (!p) return;
-    void *raw;
-    memcpy(&raw, (char *)p - sizeof(void *), sizeof raw);
-    cw__free(raw);
+    uintptr_t tag;
+    memcpy(&tag, (char *)p - sizeof tag, sizeof tag);
+    if (tag & 1) {
+        size_t len;
+        memcpy(&len, (char *)p - sizeof tag - sizeof len, sizeof len);
+        cw__unmap((void *)(tag & ~(uintptr_t)1), len);
+    } else {
+        cw__free((void *)tag);
+    }
 }
 
 static cw_status check_copy(cw__backend *be, const char *what, const void *dst, const void *src, int64_t bytes) {
