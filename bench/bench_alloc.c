@@ -78,7 +78,7 @@ typedef struct result {
  * warm-up is a cache hit. as != fs: each reuse crosses streams. */
 static result bench_allocator(cw__backend *be, cw__stream *as, cw__stream *fs, int64_t budget, int64_t iters) {
     cw__allocator *a;
-    CHECK_OK(cw__alloc_create(&a, NULL, be, budget, 0));
+    CHECK_OK(cw__alloc_create(&a, NULL, be, NULL, budget, 0));
     void *p[BATCH];
     /* warm-up: populate the cache with every size */
     for (int i = 0; i < 1024; i += BATCH) {
@@ -153,7 +153,7 @@ static void bench_conv_pattern(cw__backend *be, cw__stream **s, int64_t budget, 
     };
     const int n_layers = (int)(sizeof layers / sizeof layers[0]);
     cw__allocator *a;
-    CHECK_OK(cw__alloc_create(&a, NULL, be, budget, 0));
+    CHECK_OK(cw__alloc_create(&a, NULL, be, NULL, budget, 0));
     cw__event *ev[2];
     for (int i = 0; i < 2; i++) CHECK_OK(be->rt->event_create(be, &ev[i]));
     int64_t t_alloc = 0; /* ns inside allocator calls */

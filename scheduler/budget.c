@@ -16,7 +16,7 @@ static cw_status cw__plan_simulate(cw_plan *p, int64_t *peak, int64_t *peak_allo
     cw__backend *dry = NULL;
     cw__allocator *temp = NULL;
     cw_status st = cw__backend_dry_create(p->ctx->be, &dry);
-    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, p->budget, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
+    if (st == CW_OK) st = cw__alloc_create(&temp, p->ctx, dry, NULL, p->budget, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE);
     if (st == CW_OK) st = cw__plan_execute(p, dry, temp, 1, peak, peak_allocated);
     if (st == CW_OK && dry->rt->host_syncs(dry) > p->n_streams)
         st = cw__error(p->ctx, CW_ERR_BUDGET, "compile: the plan would need a host synchronisation mid-run");
@@ -76,8 +76,7 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
     cw_status st = CW_OK;
     for (int attempt = 0; attempt < 16; attempt++) {
         cw_plan *p = NULL;
-        st = cw__plan_build(g, o, sizing, budget, rec_allow, &p);
-        if (st != CW_OK) return st;
+        CW_TRY(cw__plan_build(g, o, sizing, budget, rec_allow, &p));
         p->budget = budget;
         if ((st = cw__plan_bind_constants(p)) != CW_OK) {
             cw__plan_free(p);
@@ -198,8 +197,8 @@ static cw_status cw__rec_step(cw_graph *g, const cw_compile_options *o, int64_t 
             cw__desc_bytes(&g->nodes[i].desc) >= c->rec_min[k])
             c->allow[i] = c->level, c->fresh[nf++] = i;
     cw_plan *p = NULL;
-    cw_status st = cw__compile_at(g, o, budget, 1, c->allow, &p);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__compile_at(g, o, budget, 1, c->allow, &p));
+    cw_status st = CW_OK;
     int nr = 0, kept = 0; /* the fresh convs p recomputes, first in c->fresh */
     for (int f = 0; f < nf; f++)
         if (cw__plan_recomputes(p, c->fresh[f])) c->fresh[nr++] = c->fresh[f];
@@ -240,7 +239,7 @@ static cw_status cw__compile_in_memory(cw_graph *g, const cw_compile_options *o,
         cw__plan_free(p);
     }
     cw__rec_climb_free(&c);
-    if (st != CW_OK) return st;
+    CW_TRY(st);
     if (best < 0)
         return cw__error(g->ctx, CW_ERR_BUDGET, "cw_graph_compile: no plan fits temp budget %" PRId64 " bytes", budget);
     return cw__error(g->ctx, CW_ERR_BUDGET,
@@ -273,8 +272,8 @@ static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
  * as a cap; *lo gets the largest budget seen failing (0 if none). */
 static cw_status cw__feasible_budget(cw_graph *g, const cw_compile_options *opt, int64_t *hi, int64_t *lo) {
     cw_plan *p = NULL;
-    cw_status st = cw__compile_at(g, opt, -1, 0, NULL, &p);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__compile_at(g, opt, -1, 0, NULL, &p));
+    cw_status st = CW_OK;
     *hi = p->temp_predicted, *lo = 0;
     cw__plan_free(p);
     for (;;) {
@@ -293,11 +292,11 @@ cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_
     static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
     if (!g || !out_bytes) return CW_ERR_INVALID_ARG;
     if (!opt) opt = &dflt;
-    cw_status st = cw__opt_check(g->ctx, opt);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__opt_check(g->ctx, opt));
     if (g->n_outputs == 0) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_min_budget: the graph has no outputs");
     int64_t hi, lo;
-    if ((st = cw__feasible_budget(g, opt, &hi, &lo)) != CW_OK) return st;
+    CW_TRY(cw__feasible_budget(g, opt, &hi, &lo));
+    cw_status st = CW_OK;
     if (opt->policy == CW_PATCHES_NONE) {
         *out_bytes = hi;
         return CW_OK;
@@ -320,7 +319,7 @@ cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_
         }
     }
     *out_bytes = (hi + 4095) / 4096 * 4096;
-    g->ctx->err[0] = '\0';
+    cw__error_clear(g->ctx);
     return CW_OK;
 }
 
@@ -336,8 +335,8 @@ cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_
                          "entries",
                          max_points, points ? "set" : "NULL");
     if (!opt) opt = &dflt;
-    cw_status st = cw__opt_check(g->ctx, opt);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__opt_check(g->ctx, opt));
+    cw_status st = CW_OK;
     if (g->n_outputs == 0)
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_memory_ladder: the graph has no outputs");
     cw_compile_options o = *opt;
@@ -388,7 +387,7 @@ cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_
     }
     for (int i = 0; i < n && i < max_points; i++) points[i] = kept[n - 1 - i]; /* least memory first */
     *out_n = n;
-    g->ctx->err[0] = '\0';
+    cw__error_clear(g->ctx);
     return CW_OK;
 }
 
@@ -406,7 +405,10 @@ static cw_status cw__plan_prepare_run(cw_plan *p, int64_t budget) {
     if (!p->events || !p->t0 || !p->t1) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory");
     int64_t ctx_budget = ctx->cfg.temp_budget > 0 ? ctx->cfg.temp_budget : -1;
     if (budget == ctx_budget) p->temp = ctx->temp;
-    else if ((st = cw__alloc_create(&p->temp, ctx, ctx->be, budget, aflags)) == CW_OK) p->own_temp = 1;
+    else {
+        const cw__seg_source src = cw__context_seg_source(ctx);
+        if ((st = cw__alloc_create(&p->temp, ctx, ctx->be, &src, budget, aflags)) == CW_OK) p->own_temp = 1;
+    }
     for (int e = 0; e < p->n_events && st == CW_OK; e++) st = ctx->be->rt->event_create(ctx->be, &p->events[e]);
     /* traces from device timestamps where the backend has them */
     if (st == CW_OK && (ctx->cfg.flags & CW_FLAG_TIMING) && ctx->be->rt->timer_create)
@@ -447,8 +449,7 @@ static cw_status cw__plan_prepare_convs(cw_plan *p) {
         cw__run_desc(p, &t->u.conv.x, &pr.x);
         cw__run_desc(p, &t->u.conv.w, &pr.w);
         cw__run_desc(p, &t->u.conv.y, &pr.y);
-        cw_status st = cw__op_conv_prepare(be, &pr, &t->u.conv.algo, t->u.conv.algo.workspace, &used);
-        if (st != CW_OK) return st;
+        CW_TRY(cw__op_conv_prepare(be, &pr, &t->u.conv.algo, t->u.conv.algo.workspace, &used));
         if (used.id != t->u.conv.algo.id && used.workspace <= t->u.conv.algo.workspace) {
             int64_t ws = t->u.conv.algo.workspace; /* the buffer the plan sized stays */
             t->u.conv.algo = used;
@@ -481,12 +482,11 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
     *out = NULL;
     if (!opt) opt = &dflt;
     cw_context *ctx = g->ctx;
-    cw_status st = cw__opt_check(ctx, opt);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__opt_check(ctx, opt));
     if (g->n_outputs == 0) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_graph_compile: the graph has no outputs");
     int64_t budget = cw__opt_budget(ctx, opt);
     cw_plan *p = NULL;
-    st = opt->memory_budget > 0 ? cw__compile_in_memory(g, opt, budget, &p) : cw__compile_at(g, opt, budget, 1, NULL, &p);
+    cw_status st = opt->memory_budget > 0 ? cw__compile_in_memory(g, opt, budget, &p) : cw__compile_at(g, opt, budget, 1, NULL, &p);
     if (st == CW_ERR_BUDGET && opt->memory_budget > 0) return st; /* its message says why */
     if (st == CW_ERR_BUDGET) {
         int64_t need = -1;
@@ -496,7 +496,7 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
                          "smallest budget that works is %" PRId64 " bytes (%.1f MiB)",
                          budget, (double)budget / 1048576.0, need, (double)need / 1048576.0);
     }
-    if (st != CW_OK) return st;
+    CW_TRY(st);
     if ((st = cw__plan_prepare_run(p, budget)) != CW_OK || (st = cw__plan_prepare_convs(p)) != CW_OK) {
         cw__plan_free(p);
         return st;

@@ -81,8 +81,7 @@ static cw_status check_y(cw_context *ctx, const cw_tensor_desc *x, const cw_tens
                          const cw_tensor_desc *yo) {
     char xs[96], ws[96], ys[96];
     const int rank = yo->rank;
-    cw_status st;
-    if ((st = check_desc(ctx, y, "y", 1)) != CW_OK) return st;
+    CW_TRY(check_desc(ctx, y, "y", 1));
     if (y->dtype != x->dtype)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: y.dtype=%s differs from x.dtype=%s", cw__dtype_name(y->dtype),
                          cw__dtype_name(x->dtype));
@@ -118,9 +117,8 @@ cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_t
     if (p->spatial != 2 && p->spatial != 3)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: params.spatial=%d must be 2 or 3", p->spatial);
     const int sp = p->spatial, rank = sp + 2;
-    cw_status st;
-    if ((st = check_desc(ctx, x, "x", 0)) != CW_OK) return st;
-    if ((st = check_desc(ctx, w, "w", 0)) != CW_OK) return st;
+    CW_TRY(check_desc(ctx, x, "x", 0));
+    CW_TRY(check_desc(ctx, w, "w", 0));
     if (x->rank != rank)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: x.rank=%d but params.spatial=%d needs rank %d (x: %s)", x->rank,
                          sp, rank, cw__dims_str(x, xs, sizeof xs));
@@ -153,10 +151,10 @@ cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_t
     yo.dims[0] = x->dims[0];
     yo.dims[1] = K;
     for (int i = 0; i < sp; i++)
-        if ((st = check_spatial(ctx, x, w, p, i, &yo.dims[2 + i])) != CW_OK) return st;
+        CW_TRY(check_spatial(ctx, x, w, p, i, &yo.dims[2 + i]));
 
     if (b) {
-        if ((st = check_desc(ctx, b, "b", 0)) != CW_OK) return st;
+        CW_TRY(check_desc(ctx, b, "b", 0));
         if (b->dtype != x->dtype)
             return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: b.dtype=%s differs from x.dtype=%s", cw__dtype_name(b->dtype),
                              cw__dtype_name(x->dtype));
@@ -164,7 +162,7 @@ cw_status cw__conv_validate(cw_context *ctx, const cw_tensor_desc *x, const cw_t
             return cw__error(ctx, CW_ERR_INVALID_ARG, "conv: bias b.dims %s must be [K] = [%lld] (w: %s)",
                              cw__dims_str(b, ys, sizeof ys), (long long)K, ws);
     }
-    if (y && (st = check_y(ctx, x, w, y, &yo)) != CW_OK) return st;
+    if (y) CW_TRY(check_y(ctx, x, w, y, &yo));
     if (y_expected_out) *y_expected_out = yo;
     return CW_OK;
 }

@@ -43,7 +43,7 @@ cw_status cw__act(cw__lower *L, cw__akind kind, int id, int stream) {
 }
 
 cw_status cw__temp(cw__lower *L, int64_t bytes, const cw_tensor_desc *d, int *out) {
-    CW__TRY(cw__new_buf(L, CW__B_TEMP, -1, d, bytes, out));
+    CW_TRY(cw__new_buf(L, CW__B_TEMP, -1, d, bytes, out));
     return cw__act(L, CW__A_ALLOC, *out, 0);
 }
 
@@ -84,7 +84,7 @@ cw_status cw__dep_rows(cw__lower *L, int task, int n, int64_t r0, int64_t r1) {
     const cw__lnode *ln = &L->nd[n];
     for (int i = 0; i < ln->n_wr; i++) {
         const cw__wr *w = &ln->wr[i];
-        if (w->r0 < r1 && r0 < w->r1) CW__TRY(cw__dep(L, task, w->task));
+        if (w->r0 < r1 && r0 < w->r1) CW_TRY(cw__dep(L, task, w->task));
     }
     return CW_OK;
 }

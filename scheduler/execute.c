@@ -230,7 +230,7 @@ cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp) {
         return CW_OK; /* still this plan's arena, from compile time or the last run */
     cw_status st = CW_OK;
     /* another plan's arena in a shared pool: this plan's run was simulated from its own */
-    if (ms.reserved_bytes_current != 0 && (st = cw__alloc_release_cached(temp)) != CW_OK) return st;
+    if (ms.reserved_bytes_current != 0) CW_TRY(cw__alloc_release_cached(temp));
     void *arena = NULL;
     st = cw__alloc_malloc(temp, p->arena, NULL, &arena);
     if (st == CW_OK) st = cw__alloc_free(temp, arena, NULL);
@@ -265,9 +265,8 @@ static cw_status cw__exec_alloc(cw__exec *x, const cw__action *ac) {
         st = cw__alloc_malloc(x->temp, b->bytes, x->streams[ac->stream], &p->ptrs[ac->id]);
         if (st == CW_OK) x->live[ac->id] = 1;
     }
-    if (st != CW_OK) return st;
-    if (ac->event >= 0 && (st = x->be->rt->event_record(x->be, x->ev[ac->event], x->streams[ac->stream])) != CW_OK)
-        return st;
+    CW_TRY(st);
+    if (ac->event >= 0) CW_TRY(x->be->rt->event_record(x->be, x->ev[ac->event], x->streams[ac->stream]));
     cw_tensor_desc *d = &p->rdesc[ac->id];
     *d = b->d;
     memset(d->strides, 0, sizeof d->strides);
@@ -286,8 +285,7 @@ static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
     cw_plan *p = x->p;
     cw_status st = CW_OK;
     for (int j = 0; j < ac->n_joins && st == CW_OK; j++)
-        st = x->be->rt->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]);
-    if (st != CW_OK) return st;
+        CW_TRY(x->be->rt->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]));
     if (p->bufs[ac->id].kind != CW__B_ACT) {
         st = cw__alloc_free(x->temp, p->ptrs[ac->id], x->streams[ac->stream]);
         x->live[ac->id] = 0;
@@ -312,7 +310,7 @@ static cw_status cw__exec_task(cw__exec *x, int ti) {
     for (int w = 0; w < t->n_waits && st == CW_OK; w++)
         st = be->rt->stream_wait_event(be, s, x->ev[p->tasks[t->waits[w]].event]);
     for (int w = 0; w < t->n_alloc_waits && st == CW_OK; w++) st = be->rt->stream_wait_event(be, s, x->ev[t->alloc_waits[w]]);
-    if (st != CW_OK) return st;
+    CW_TRY(st);
     if (x->timing) st = be->rt->launch_host(be, s, cw__host_begin, &x->ha[ti]);
     if (st == CW_OK && x->timer) st = be->rt->timer_mark(be, x->timer, 1 + 2 * ti, s);
     int nvtx_host = x->nvtx && !x->nvtx_worker;
@@ -489,7 +487,8 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     cw_context *ctx = p->ctx;
     cw_status st = cw__check_bindings(p, inputs, n_inputs, outputs, n_outputs);
     if (st == CW_OK) st = cw__check_attention_operands(p, inputs, outputs);
-    if (st != CW_OK) return st;
+    if (st == CW_OK) st = cw__plan_acquire(p); /* after cw_plan_release */
+    CW_TRY(st);
     for (int b = 0; b < p->n_bufs; b++) {
         const cw_tensor *t = cw__bound(&p->bufs[b], inputs, outputs);
         if (t) {

@@ -159,7 +159,7 @@ static int cw__rec_readers(const cw__lower *L, int n, int *convs, int *last, int
 /* Conv a may be recomputed: allowed, not written through an add, and read only by convs
  * (directly or through fused GN/SiLU links). Where its one reader B adds a's own input x as
  * its residual, recomputing saves a's result only if B's result then takes x's storage,
- * band by band, while later bands' recomputes still read x's rows (lower.c orders those
+ * band by band, while later bands' recomputes still read x's rows (lower_conv.c orders those
  * reads before each band's write); without that, the add needs a buffer of its own beside
  * x and recomputing saves nothing. With several readers that case is not recomputed. */
 static int cw__rec_candidate(const cw__lower *L, int a, int *gns) {

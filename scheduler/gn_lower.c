@@ -29,14 +29,14 @@ cw_status cw__gn_band_stats_at(cw__lower *L, int n, int task, const cw__vref *x,
         if (!cw__gn_reads(L, k, n) || ln->gn_part < 0) continue;
         cw__task *t = NULL;
         int id = -1;
-        CW__TRY(cw__new_task(L, CW__T_STATS, CW_STAGE_STATS, L->light, k, &t, &id));
+        CW_TRY(cw__new_task(L, CW__T_STATS, CW_STAGE_STATS, L->light, k, &t, &id));
         t->u.stats.x = *x;
         t->u.stats.groups = g->nodes[k].groups;
         t->u.stats.part_buf = ln->gn_part;
         t->u.stats.part_index = part;
         snprintf(t->name, sizeof t->name, "gn stats L%d rows %" PRId64 "-%" PRId64, k, r0, r1);
         if (ln->gn_stats_first < 0) ln->gn_stats_first = id;
-        CW__TRY(cw__dep(L, id, task));
+        CW_TRY(cw__dep(L, id, task));
     }
     return CW_OK;
 }
@@ -46,7 +46,7 @@ cw_status cw__gn_begin(cw__lower *L, int n, int parts) {
     for (int k = n + 1; k < g->n; k++) {
         cw__lnode *ln = &L->nd[k];
         if (!cw__gn_reads(L, k, n) || ln->gn_part >= 0) continue;
-        CW__TRY(cw__temp(L, cw__gn_part_bytes(&g->nodes[k], parts), NULL, &ln->gn_part));
+        CW_TRY(cw__temp(L, cw__gn_part_bytes(&g->nodes[k], parts), NULL, &ln->gn_part));
         ln->gn_nparts = parts;
     }
     return CW_OK;
@@ -66,10 +66,10 @@ static cw_status cw__gn_finalize(cw__lower *L, int k) {
     const cw__node *gn = &g->nodes[k];
     cw__lnode *ln = &L->nd[k];
     int64_t n = gn->desc.dims[0], c = gn->desc.dims[1];
-    CW__TRY(cw__temp(L, 2 * n * c * (int64_t)sizeof(float), NULL, &ln->gn_ss));
+    CW_TRY(cw__temp(L, 2 * n * c * (int64_t)sizeof(float), NULL, &ln->gn_ss));
     cw__task *t = NULL;
     int id = -1;
-    CW__TRY(cw__new_task(L, CW__T_FINALIZE, CW_STAGE_STATS, L->light, k, &t, &id));
+    CW_TRY(cw__new_task(L, CW__T_FINALIZE, CW_STAGE_STATS, L->light, k, &t, &id));
     t->u.fin.part_buf = ln->gn_part;
     t->u.fin.n_parts = ln->gn_nparts;
     t->u.fin.n = n;
@@ -81,7 +81,7 @@ static cw_status cw__gn_finalize(cw__lower *L, int k) {
     t->u.fin.ss_buf = ln->gn_ss;
     snprintf(t->name, sizeof t->name, "gn finalize L%d", k);
     for (int i = ln->gn_stats_first; i >= 0 && i < id; i++)
-        if (L->p->tasks[i].kind == CW__T_STATS && L->p->tasks[i].node == k) CW__TRY(cw__dep(L, id, i));
+        if (L->p->tasks[i].kind == CW__T_STATS && L->p->tasks[i].node == k) CW_TRY(cw__dep(L, id, i));
     ln->gn_fin = id;
     return cw__release(L, ln->gn_part);
 }
@@ -91,11 +91,11 @@ static cw_status cw__gn_whole_stats(cw__lower *L, int k) {
     cw_graph *g = L->g;
     cw__lnode *ln = &L->nd[k];
     int x = g->nodes[k].in[0];
-    CW__TRY(cw__temp(L, cw__gn_part_bytes(&g->nodes[k], 1), NULL, &ln->gn_part));
+    CW_TRY(cw__temp(L, cw__gn_part_bytes(&g->nodes[k], 1), NULL, &ln->gn_part));
     ln->gn_nparts = 1;
     cw__task *t = NULL;
     int id = -1;
-    CW__TRY(cw__new_task(L, CW__T_STATS, CW_STAGE_STATS, L->light, k, &t, &id));
+    CW_TRY(cw__new_task(L, CW__T_STATS, CW_STAGE_STATS, L->light, k, &t, &id));
     const cw_tensor_desc *d = &g->nodes[x].desc;
     t->u.stats.x = cw__whole(L->nd[x].buf, d);
     t->u.stats.groups = g->nodes[k].groups;
@@ -108,6 +108,6 @@ static cw_status cw__gn_whole_stats(cw__lower *L, int k) {
 
 cw_status cw__gn_ready(cw__lower *L, int k) {
     if (L->nd[k].gn_fin >= 0) return CW_OK;
-    if (L->nd[k].gn_part < 0) CW__TRY(cw__gn_whole_stats(L, k));
+    if (L->nd[k].gn_part < 0) CW_TRY(cw__gn_whole_stats(L, k));
     return cw__gn_finalize(L, k);
 }

@@ -118,23 +118,21 @@ cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_t
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_input '%s': bad rank %d or dims", name ? name : "",
                          desc->rank);
     cw__node *n = NULL;
-    cw_status st = cw__node_add(g, CW__N_INPUT, name, &n, out);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__node_add(g, CW__N_INPUT, name, &n, out));
     n->desc = d;
     n->index = g->n_inputs++;
     cw__dtype_fix(g, *out);
     return CW_OK;
 }
 
-cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t) {
+cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, const cw_tensor *t) {
     if (!g || !out || !t) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
     if (t->ctx != g->ctx)
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_constant '%s': tensor belongs to another context",
                          name ? name : "");
     cw__node *n = NULL;
-    cw_status st = cw__node_add(g, CW__N_CONST, name, &n, out);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__node_add(g, CW__N_CONST, name, &n, out));
     n->desc = t->desc;
     n->t = t;
     return CW_OK;
@@ -145,15 +143,15 @@ cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node
     *out = CW_NODE_NONE;
     const cw__node *nx = NULL, *nw = NULL, *nb = NULL;
     cw_status st;
-    if ((st = cw__operand(g, x, "cw_graph_conv", "x", &nx)) != CW_OK) return st;
-    if ((st = cw__operand(g, w, "cw_graph_conv", "w", &nw)) != CW_OK) return st;
-    if (b != CW_NODE_NONE && (st = cw__operand(g, b, "cw_graph_conv", "b", &nb)) != CW_OK) return st;
+    CW_TRY(cw__operand(g, x, "cw_graph_conv", "x", &nx));
+    CW_TRY(cw__operand(g, w, "cw_graph_conv", "w", &nw));
+    if (b != CW_NODE_NONE) CW_TRY(cw__operand(g, b, "cw_graph_conv", "b", &nb));
     if (nw->kind != CW__N_CONST || (nb && nb->kind != CW__N_CONST))
         return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_conv: w and b must be constants (cw_graph_constant)");
     const int ref = cw__dtype_ref(g, x);
-    if ((st = cw__dtype_check(g, x, ref, "cw_graph_conv", "x")) != CW_OK) return st;
-    if ((st = cw__dtype_check(g, w, ref, "cw_graph_conv", "w")) != CW_OK) return st;
-    if (nb && (st = cw__dtype_check(g, b, ref, "cw_graph_conv", "b")) != CW_OK) return st;
+    CW_TRY(cw__dtype_check(g, x, ref, "cw_graph_conv", "x"));
+    CW_TRY(cw__dtype_check(g, w, ref, "cw_graph_conv", "w"));
+    if (nb) CW_TRY(cw__dtype_check(g, b, ref, "cw_graph_conv", "b"));
     cw_tensor_desc y;
     if ((st = cw__conv_validate(g->ctx, &nx->desc, &nw->desc, nb ? &nb->desc : NULL, NULL, p, &y)) != CW_OK)
         return st;
@@ -162,7 +160,7 @@ cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node
     /* nw/nx point into g->nodes, which cw__node_add may move */
     const cw_tensor_desc wd = nw->desc, xd = nx->desc;
     cw__node *n = NULL;
-    if ((st = cw__node_add(g, CW__N_CONV, NULL, &n, out)) != CW_OK) return st;
+    CW_TRY(cw__node_add(g, CW__N_CONV, NULL, &n, out));
     n->desc = y;
     n->in[0] = x, n->in[1] = w, n->in[2] = b;
     n->conv = *p;
@@ -175,8 +173,7 @@ cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node
 
 static cw_status cw__check_vec(cw_graph *g, cw_node v, int64_t c, const char *call, const char *arg) {
     const cw__node *n = NULL;
-    cw_status st = cw__operand(g, v, call, arg, &n);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__operand(g, v, call, arg, &n));
     if (n->kind != CW__N_CONST || n->desc.rank != 1 || n->desc.dims[0] != c || n->desc.dtype != CW_F32 ||
         !cw__desc_is_contiguous(&n->desc)) {
         char buf[96];
@@ -192,8 +189,7 @@ static cw_status cw__check_vec(cw_graph *g, cw_node v, int64_t c, const char *ca
  * (cw__dtype_ref; -1: x is the call's first operand). */
 static cw_status cw__check_act(cw_graph *g, cw_node x, int ref, const char *call, const char *arg,
                                const cw__node **nx) {
-    cw_status st = cw__operand(g, x, call, arg, nx);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__operand(g, x, call, arg, nx));
     if ((*nx)->desc.rank != 4 && (*nx)->desc.rank != 5) {
         char buf[96];
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: %s must be [N, C, H, W] or [N, C, D, H, W], got %s", call,
@@ -207,17 +203,16 @@ cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamm
     if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
     const cw__node *nx = NULL;
-    cw_status st;
-    if ((st = cw__check_act(g, x, -1, "cw_graph_group_norm", "x", &nx)) != CW_OK) return st;
+    CW_TRY(cw__check_act(g, x, -1, "cw_graph_group_norm", "x", &nx));
     int64_t c = nx->desc.dims[1];
     if (groups < 1 || c % groups != 0)
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_group_norm: groups = %" PRId64
                          " must divide channels C = %" PRId64, groups, c);
     if (!(eps > 0.0f)) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_group_norm: eps = %g must be > 0", eps);
-    if ((st = cw__check_vec(g, gamma, c, "cw_graph_group_norm", "gamma")) != CW_OK) return st;
-    if ((st = cw__check_vec(g, beta, c, "cw_graph_group_norm", "beta")) != CW_OK) return st;
+    CW_TRY(cw__check_vec(g, gamma, c, "cw_graph_group_norm", "gamma"));
+    CW_TRY(cw__check_vec(g, beta, c, "cw_graph_group_norm", "beta"));
     cw__node *n = NULL;
-    if ((st = cw__node_add(g, CW__N_GN, "group_norm", &n, out)) != CW_OK) return st;
+    CW_TRY(cw__node_add(g, CW__N_GN, "group_norm", &n, out));
     n->desc = g->nodes[x].desc;
     n->in[0] = x, n->in[1] = gamma, n->in[2] = beta;
     n->groups = groups;
@@ -231,11 +226,10 @@ static cw_status cw__unary(cw_graph *g, cw_node *out, cw_node x, cw__nkind kind,
     if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
     const cw__node *nx = NULL;
-    cw_status st;
-    if ((st = cw__check_act(g, x, -1, call, "x", &nx)) != CW_OK) return st;
+    CW_TRY(cw__check_act(g, x, -1, call, "x", &nx));
     cw_tensor_desc d = nx->desc;
     cw__node *n = NULL;
-    if ((st = cw__node_add(g, kind, kind == CW__N_SILU ? "silu" : "upsample2x", &n, out)) != CW_OK) return st;
+    CW_TRY(cw__node_add(g, kind, kind == CW__N_SILU ? "silu" : "upsample2x", &n, out));
     if (kind == CW__N_UP2) {
         d.dims[d.rank - 2] *= 2;
         d.dims[d.rank - 1] *= 2;
@@ -265,16 +259,15 @@ cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
     if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
     const cw__node *na = NULL, *nb = NULL;
-    cw_status st;
-    if ((st = cw__check_act(g, a, -1, "cw_graph_add", "a", &na)) != CW_OK) return st;
-    if ((st = cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_add", "b", &nb)) != CW_OK) return st;
+    CW_TRY(cw__check_act(g, a, -1, "cw_graph_add", "a", &na));
+    CW_TRY(cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_add", "b", &nb));
     if (!cw__same_dims(&na->desc, &nb->desc)) {
         char b1[96], b2[96];
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_add: a %s and b %s differ in shape",
                          cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2));
     }
     cw__node *n = NULL;
-    if ((st = cw__node_add(g, CW__N_ADD, "add", &n, out)) != CW_OK) return st;
+    CW_TRY(cw__node_add(g, CW__N_ADD, "add", &n, out));
     n->desc = g->nodes[a].desc;
     n->in[0] = a, n->in[1] = b;
     cw__use(g, a);
@@ -289,14 +282,13 @@ cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
 static cw_status cw__op_node(cw_graph *g, cw_node *out, int code, const cw_op_param *pm, const cw_node *in,
                              const char *call, const char *name) {
     const cw_op_info info = cw_op_get_info(code);
-    const cw_tensor_desc *ind[CW_OP_MAX_IN];
+    const cw_tensor_desc *ind[CW_OP_MAX_IN] = {NULL}; /* gcc cannot see that the rule reads only n_in */
     for (int k = 0; k < info.n_in; k++) ind[k] = &g->nodes[in[k]].desc;
     cw_tensor_desc d;
     if (!cw_op_out_dims(code, pm, ind, &d)) /* the builder checked what the rule needs */
         return cw__error(g->ctx, CW_ERR_INTERNAL, "%s: operands outside the %s op's shape rule", call, info.name);
     cw__node *n = NULL;
-    cw_status st;
-    if ((st = cw__node_add(g, CW__N_OP, name, &n, out)) != CW_OK) return st;
+    CW_TRY(cw__node_add(g, CW__N_OP, name, &n, out));
     n->desc = d;
     n->op = code;
     n->param = *pm;
@@ -314,9 +306,8 @@ static cw_status cw__channel(cw_graph *g, cw_node *out, cw_node x, cw_node v, in
     if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
     const cw__node *nx = NULL;
-    cw_status st;
-    if ((st = cw__check_act(g, x, -1, call, "x", &nx)) != CW_OK) return st;
-    if ((st = cw__check_vec(g, v, nx->desc.dims[1], call, arg)) != CW_OK) return st;
+    CW_TRY(cw__check_act(g, x, -1, call, "x", &nx));
+    CW_TRY(cw__check_vec(g, v, nx->desc.dims[1], call, arg));
     cw_op_param pm = {{op}, {0}};
     const cw_node in[2] = {x, v};
     return cw__op_node(g, out, CW_OP_CHANNEL, &pm, in, call, name);
@@ -330,8 +321,7 @@ cw_status cw_graph_avg_pool2(cw_graph *g, cw_node *out, cw_node x) {
     if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
     const cw__node *nx = NULL;
-    cw_status st;
-    if ((st = cw__check_act(g, x, -1, "cw_graph_avg_pool2", "x", &nx)) != CW_OK) return st;
+    CW_TRY(cw__check_act(g, x, -1, "cw_graph_avg_pool2", "x", &nx));
     const cw_tensor_desc *d = &nx->desc;
     if (d->dims[d->rank - 2] % 2 || d->dims[d->rank - 1] % 2) {
         char buf[96];
@@ -346,10 +336,9 @@ cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw
     if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
     const cw__node *nq = NULL, *nk = NULL, *nv = NULL;
-    cw_status st;
-    if ((st = cw__check_act(g, q, -1, "cw_graph_attention", "q", &nq)) != CW_OK) return st;
-    if ((st = cw__check_act(g, k, cw__dtype_ref(g, q), "cw_graph_attention", "k", &nk)) != CW_OK) return st;
-    if ((st = cw__check_act(g, v, cw__dtype_ref(g, q), "cw_graph_attention", "v", &nv)) != CW_OK) return st;
+    CW_TRY(cw__check_act(g, q, -1, "cw_graph_attention", "q", &nq));
+    CW_TRY(cw__check_act(g, k, cw__dtype_ref(g, q), "cw_graph_attention", "k", &nk));
+    CW_TRY(cw__check_act(g, v, cw__dtype_ref(g, q), "cw_graph_attention", "v", &nv));
     if (!cw__same_dims(&nq->desc, &nk->desc) || !cw__same_dims(&nq->desc, &nv->desc)) {
         char b1[96], b2[96], b3[96];
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_attention: q %s, k %s, v %s must have equal shapes",
@@ -358,7 +347,7 @@ cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw
     }
     if (!(scale > 0.0f)) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_attention: scale = %g must be > 0", scale);
     cw__node *n = NULL;
-    if ((st = cw__node_add(g, CW__N_ATTN, "attention", &n, out)) != CW_OK) return st;
+    CW_TRY(cw__node_add(g, CW__N_ATTN, "attention", &n, out));
     n->desc = g->nodes[q].desc;
     n->in[0] = q, n->in[1] = k, n->in[2] = v;
     n->scale = scale;
@@ -372,8 +361,7 @@ cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw
 cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name) {
     if (!g) return CW_ERR_INVALID_ARG;
     const cw__node *n = NULL;
-    cw_status st = cw__operand(g, node, "cw_graph_output", "node", &n);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__operand(g, node, "cw_graph_output", "node", &n));
     if (n->kind == CW__N_INPUT || n->kind == CW__N_CONST)
         return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_output: node %d is an input or constant, not computed",
                          (int)node);
@@ -393,4 +381,68 @@ cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node
     if (!n) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_get_node_desc: %d is not a node", (int)node);
     *out = n->desc;
     return CW_OK;
+}
+
+cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if ((int)op < 0 || (int)op >= CW_UNARY_OP_COUNT)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_unary: op = %d is not a cw_unary_op (0..%d)", (int)op,
+                         CW_UNARY_OP_COUNT - 1);
+    if (op == CW_UNARY_CLAMP && (a != a || b != b))
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_unary: CW_UNARY_CLAMP's bounds a = %g, b = %g must not "
+                         "be NaN (-INFINITY or INFINITY leaves a side open)", a, b);
+    if ((st = cw__check_act(g, x, -1, "cw_graph_unary", "x", &nx)) != CW_OK) return st;
+    static const char *const names[CW_UNARY_OP_COUNT] = {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "affine",
+                                                         "clamp"};
+    const cw_op_param pm = {{op}, {a, b}};
+    return cw__op_node(g, out, CW_OP_UNARY, &pm, &x, "cw_graph_unary", names[op]);
+}
+
+cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *na = NULL, *nb = NULL;
+    cw_status st;
+    if ((int)op < 0 || (int)op >= CW_BINARY_OP_COUNT)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_binary: op = %d is not a cw_binary_op (0..%d)", (int)op,
+                         CW_BINARY_OP_COUNT - 1);
+    if ((st = cw__check_act(g, a, -1, "cw_graph_binary", "a", &na)) != CW_OK) return st;
+    if ((st = cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_binary", "b", &nb)) != CW_OK) return st;
+    if (!cw__same_dims(&na->desc, &nb->desc)) {
+        char b1[96], b2[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_binary: a %s and b %s differ in shape (no broadcasting)",
+                         cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2));
+    }
+    static const char *const names[CW_BINARY_OP_COUNT] = {"mul", "sub", "div", "max", "min"};
+    const cw_op_param pm = {{op}, {0}};
+    const cw_node in[2] = {a, b};
+    return cw__op_node(g, out, CW_OP_BINARY, &pm, in, "cw_graph_binary", names[op]);
+}
+
+cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v) {
+    return cw__channel(g, out, x, v, CW_CHANNEL_SHIFT, "cw_graph_shift", "v", "shift");
+}
+
+cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    cw_status st;
+    if (!factors) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_upsample_nearest: factors is NULL");
+    if ((st = cw__check_act(g, x, -1, "cw_graph_upsample_nearest", "x", &nx)) != CW_OK) return st;
+    static const char dim_names[3] = {'D', 'H', 'W'};
+    for (int k = 0; k < 3; k++)
+        if (factors[k] < 1 || factors[k] > CW_UPSAMPLE_MAX_FACTOR)
+            return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_upsample_nearest: factors[%d] (%c) = %" PRId64
+                             " must be in 1..%d", k, dim_names[k], factors[k], CW_UPSAMPLE_MAX_FACTOR);
+    if (nx->desc.rank == 4 && factors[0] != 1) {
+        char buf[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_upsample_nearest: factors[0] (D) = %" PRId64
+                         " must be 1 for a 4-D x %s", factors[0], cw__dims_str(&nx->desc, buf, sizeof buf));
+    }
+    const cw_op_param pm = {{factors[0], factors[1], factors[2]}, {0}};
+    return cw__op_node(g, out, CW_OP_UPSAMPLE_NEAREST, &pm, &x, "cw_graph_upsample_nearest", "upsample_nearest");
 }

@@ -1,5 +1,6 @@
 /* The lowering's working state and the building blocks its files share: lower.c walks the
- * graph and lowers each unit, fusion.c decides what fuses, gn_lower.c emits GroupNorm
+ * graph and hands each unit to lower_conv.c, lower_attention.c or lower_elementwise.c,
+ * fusion.c decides what fuses, gn_lower.c emits GroupNorm
  * statistics, emit.c appends buffers, tasks, actions and dependencies to the plan. */
 #ifndef CW_LOWER_H
 #define CW_LOWER_H
@@ -30,7 +31,7 @@ typedef struct cw__lnode {
     int gn_stats_first; /* GN: its first stats task */
     int rec;            /* CONV: 1 = recomputed: its result is never stored whole; a first
                            pass takes its GroupNorm statistics band by band (rec_stats), and
-                           every conv reading it recomputes each band it reads (lower.c) --
+                           every conv reading it recomputes each band it reads (lower_conv.c) --
                            recursively, where that band's own input is recomputed too */
     int rec_stats;      /* rec: a GroupNorm reads it, so its first pass runs */
     int rec_of;         /* CONV: the recomputed conv whose bands it reads, -1 */
@@ -51,12 +52,6 @@ typedef struct cw__lower {
     const unsigned char *rec_allow; /* per node: a conv that may be recomputed (NULL: none) */
     cw__lnode *nd;      /* per graph node */
 } cw__lower;
-
-#define CW__TRY(x)                          \
-    do {                                    \
-        cw_status cw_st_ = (x);             \
-        if (cw_st_ != CW_OK) return cw_st_; \
-    } while (0)
 
 /* ---- emit.c: the plan's building blocks ---- */
 /* Grows *arr (zero-filled) to hold need elements of elem bytes. */
@@ -101,6 +96,15 @@ int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]);
  * reader's residual is A's own input x, only when x dies there (the reader's result then
  * takes x's storage, lower.c) and A has no other reader. */
 void cw__fusion_recompute(cw__lower *L);
+
+/* Headroom for the small temporaries (GroupNorm partials and scale/shift) and allocator
+ * rounding when sizing patches: 1/8 of the budget; the dry run is the real check. */
+#define CW__SMALL_RESERVE(b) ((b) / 8)
+
+/* ---- the units: each lowers graph node i (and what fuses into it) into tasks ---- */
+cw_status cw__lower_conv(cw__lower *L, int i);        /* lower_conv.c */
+cw_status cw__lower_attention(cw__lower *L, int i);   /* lower_attention.c */
+cw_status cw__lower_elementwise(cw__lower *L, int i); /* lower_elementwise.c */
 
 /* ---- gn_lower.c: exact GroupNorm statistics ---- */
 /* Before a producer of node n emits `parts` bands: partial buffers for its GN consumers. */

@@ -29,6 +29,35 @@ void cw__plan_free(cw_plan *p) {
 
 void cw_plan_destroy(cw_plan *p) { cw__plan_free(p); }
 
+/* The activation arena goes back through the context's activation pool, which then returns
+ * its free segments (other live plans' arenas are in use, so they stay). The temporaries'
+ * pool is released only while none of its blocks is in use: a shared pool's cached
+ * segments belong to no plan in particular, and the next run re-primes its own arena. */
+cw_status cw_plan_release(cw_plan *p) {
+    if (!p) return CW_ERR_INVALID_ARG;
+    cw_context *ctx = p->ctx;
+    cw_status st = cw_context_synchronize(ctx);
+    if (st != CW_OK) return cw__error(ctx, st, "cw_plan_release: waiting for the context's streams failed (%s)",
+                                      cw_status_name(st));
+    if (p->act_arena) {
+        if ((st = cw__alloc_free(ctx->act, p->act_arena, NULL)) != CW_OK) return st;
+        p->act_arena = NULL;
+        if ((st = cw__alloc_release_cached(ctx->act)) != CW_OK) return st;
+    }
+    cw_memory_stats ms;
+    cw__alloc_stats(p->temp, &ms);
+    if (ms.reserved_bytes_current > 0 && ms.allocated_bytes_current == 0) {
+        if ((st = cw__alloc_release_cached(p->temp)) != CW_OK) return st;
+        p->primed = NULL;
+    }
+    return CW_OK;
+}
+
+cw_status cw__plan_acquire(cw_plan *p) {
+    if (p->act_bytes <= 0 || p->act_arena) return CW_OK;
+    return cw__alloc_malloc(p->ctx->act, p->act_bytes, NULL, &p->act_arena);
+}
+
 cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out) {
     if (!p || !out) return CW_ERR_INVALID_ARG;
     *out = p->stats;

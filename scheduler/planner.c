@@ -74,8 +74,7 @@ static int64_t band_lo(int64_t h, int p, int i) { return (int64_t)((__int128)i *
 static cw_status algo_ws(cw__backend *be, const cw__conv_problem *pr, int algo_id, int64_t *ws, cw__conv_algo *out) {
     cw__conv_algo algos[PATCH_MAX_ALGOS];
     int n = 0;
-    cw_status st = cw__op_conv_algos(be, pr, algos, PATCH_MAX_ALGOS, &n);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__op_conv_algos(be, pr, algos, PATCH_MAX_ALGOS, &n));
     for (int i = 0; i < n; i++)
         if (algos[i].id == algo_id) {
             *ws = algos[i].workspace;
@@ -124,14 +123,14 @@ static cw_status size_bands(cw__backend *be, const cw__conv_problem *full, const
     cw__patch pt;
     cw_status st = centre_band(full, h_out, P, &pt);
     if (st == CW_OK) st = algo_ws(be, &pt.prob, id, &out->ws, &out->algo);
-    if (st != CW_OK) return st;
+    CW_TRY(st);
     out->pbuf = pbuf_bytes(&pt.prob, sh->prep);
     out->ybuf = ybuf_bytes(&pt.prob, sh->ybuf);
     for (int e = 0; e < 2; e++) {
         int64_t q0 = e ? h_out - rows : 0, wse;
         cw__patch pe;
-        if ((st = cw__patch_make(full, q0, q0 + rows, &pe)) != CW_OK) return st;
-        if ((st = algo_ws(be, &pe.prob, id, &wse, NULL)) != CW_OK) return st;
+        CW_TRY(cw__patch_make(full, q0, q0 + rows, &pe));
+        CW_TRY(algo_ws(be, &pe.prob, id, &wse, NULL));
         if (wse > out->ws) out->ws = wse;
         int64_t pb = pbuf_bytes(&pe.prob, sh->prep), yb = ybuf_bytes(&pe.prob, sh->ybuf);
         if (pb > out->pbuf) out->pbuf = pb;
@@ -161,8 +160,7 @@ static cw_status smallest_fit(cw__backend *be, const cw__conv_problem *full, con
     while (lo <= hi) {
         int mid = lo + (hi - lo) / 2;
         int64_t temp;
-        cw_status st = probe(be, full, sh, h_out, mid, id, &temp);
-        if (st != CW_OK) return st;
+        CW_TRY(probe(be, full, sh, h_out, mid, id, &temp));
         if (temp >= 0 && temp <= avail) *best = mid, hi = mid - 1;
         else lo = mid + 1;
     }
@@ -187,8 +185,7 @@ static cw_status min_share(cw__backend *be, const cw__conv_problem *full, const 
     *min_avail = -1;
     for (int a = 0; a < na; a++) {
         int64_t temp;
-        cw_status st = probe(be, full, sh, h_out, pmax, algos[a].id, &temp);
-        if (st != CW_OK) return st;
+        CW_TRY(probe(be, full, sh, h_out, pmax, algos[a].id, &temp));
         if (temp >= 0 && (*min_avail < 0 || temp < *min_avail)) *min_avail = temp;
     }
     return CW_OK;
@@ -200,8 +197,8 @@ cw_status cw__planner_plan(cw__backend *be, const cw__conv_problem *full, const 
     const int64_t h_out = full->y.dims[cw__patch_hdim(full)];
     cw__conv_algo algos[PATCH_MAX_ALGOS];
     int na = 0;
-    cw_status st = cw__op_conv_algos(be, full, algos, PATCH_MAX_ALGOS, &na);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__op_conv_algos(be, full, algos, PATCH_MAX_ALGOS, &na));
+    cw_status st = CW_OK;
     if (na == 0) return cw__error(be->ctx, CW_ERR_UNSUPPORTED, "planner: the backend has no algorithm for a conv");
     int p_min = sh->p_min > h_out ? (int)h_out : sh->p_min;
     int pmax = sh->p_max > 0 && sh->p_max < h_out ? sh->p_max : (int)h_out;
@@ -215,7 +212,7 @@ cw_status cw__planner_plan(cw__backend *be, const cw__conv_problem *full, const 
     for (int a = 0; a < na; a++) {
         int lo = p_min, hi = pmax, best = -1;
         if (sh->p_fixed > 0) lo = hi = (int)(sh->p_fixed < h_out ? (sh->p_fixed > p_min ? sh->p_fixed : p_min) : h_out);
-        if ((st = smallest_fit(be, full, sh, h_out, lo, hi, algos[a].id, avail, &best)) != CW_OK) return st;
+        CW_TRY(smallest_fit(be, full, sh, h_out, lo, hi, algos[a].id, avail, &best));
         if (best > 0) {
             out->patches = best;
             st = size_bands(be, full, sh, h_out, best, algos[a].id, out);
@@ -225,7 +222,7 @@ cw_status cw__planner_plan(cw__backend *be, const cw__conv_problem *full, const 
     if (!min_avail)
         return cw__error(be->ctx, CW_ERR_BUDGET, "planner: no patch count %d..%d fits a conv into %" PRId64 " bytes",
                          p_min, pmax, sh->avail);
-    if ((st = min_share(be, full, sh, h_out, pmax, algos, na, min_avail)) != CW_OK) return st;
+    CW_TRY(min_share(be, full, sh, h_out, pmax, algos, na, min_avail));
     return cw__error(be->ctx, CW_ERR_BUDGET,
                      "planner: no patch count %d..%d fits a conv into %" PRId64 " bytes; the smallest share that "
                      "works is %" PRId64 " bytes",
@@ -258,12 +255,10 @@ cw_status cw__patch_halo(const cw__conv_problem *full, const int64_t *bounds, in
                          (long long)bounds[0], (long long)bounds[p], (long long)h_out);
     memset(out, 0, sizeof *out);
     cw__patch pt;
-    cw_status st = cw__patch_make(full, 0, h_out, &pt);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__patch_make(full, 0, h_out, &pt));
     out->rows_needed = pt.b - pt.a;
     for (int i = 0; i < p; i++) {
-        st = cw__patch_make(full, bounds[i], bounds[i + 1], &pt);
-        if (st != CW_OK) return st;
+        CW_TRY(cw__patch_make(full, bounds[i], bounds[i + 1], &pt));
         out->rows_read += pt.b - pt.a;
     }
     out->extra_rows = out->rows_read - out->rows_needed;

@@ -25,7 +25,7 @@ typedef struct cw__node {
     float eps, scale;
     int op;              /* CW__N_OP: its CW_OP_* code and parameters */
     cw_op_param param;
-    cw_tensor *t;        /* constants */
+    const cw_tensor *t;  /* constants */
     int index;           /* input / output position */
     int is_output;
     int n_uses;
@@ -54,7 +54,7 @@ typedef struct cw__buf {
     cw_tensor_desc d;    /* dims; strides are the run-time tensor's for externals */
     int64_t bytes;       /* for ACT/TEMP */
     int64_t offset;      /* ACT: byte offset in the plan's activation arena (arena.c) */
-    cw_tensor *t;        /* for CONST */
+    const cw_tensor *t;  /* for CONST */
 } cw__buf;
 
 /* A view of a buffer: start index and extent per dim; strides resolved at run time. */
@@ -185,7 +185,8 @@ struct cw_plan {
                                 and each other stream's join back into it */
     int64_t act_bytes;       /* the activation arena: every activation at a fixed offset */
     int64_t act_live_peak;   /* the most activation bytes live at once (act_bytes >= it) */
-    void *act_arena;         /* device memory of act_bytes, from compile to destroy */
+    void *act_arena;         /* device memory of act_bytes, from compile to destroy or
+                                cw_plan_release (NULL until the next run takes it again) */
     cw__timer *timer;        /* device timestamps for traces (backends with timer hooks,
                                 CW_FLAG_TIMING): mark 0 at the fork, 1+2k / 2+2k around task k */
     double conv_gflop, halo_flop;
@@ -230,10 +231,14 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int
                            int64_t *peak_temp, int64_t *peak_allocated);
 /* plan.c */
 void cw__plan_free(cw_plan *p);
+/* plan.c: takes the activation arena again after cw_plan_release (a no-op while the plan
+ * holds it). */
+cw_status cw__plan_acquire(cw_plan *p);
 /* execute.c: r's view of a buffer whose run-time desc is bd (dims r's, strides bd's) in *d;
  * returns the view's first element's offset in elements. */
 int64_t cw__vref_desc(const cw_tensor_desc *bd, const cw__vref *r, cw_tensor_desc *d);
-/* Primes temp with the plan's arena (one free segment) unless it already holds exactly that. */
+/* execute.c: primes temp with the plan's arena (one free segment) unless it already holds
+ * exactly that. */
 cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp);
 
 #endif

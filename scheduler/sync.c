@@ -71,8 +71,7 @@ static cw_status cw__sync_task(cw__sync *y, int ti) {
         if (y->alloc_act[b] < 0 || y->ordered[(size_t)b * S + t->stream]) continue;
         cw__action *al = &p->acts[y->alloc_act[b]];
         int ev = al->event >= 0 ? al->event : p->n_events;
-        cw_status st = cw__push(y, &t->alloc_waits, &t->n_alloc_waits, ev);
-        if (st != CW_OK) return st;
+        CW_TRY(cw__push(y, &t->alloc_waits, &t->n_alloc_waits, ev));
         if (al->event < 0) al->event = p->n_events++;
         y->ordered[(size_t)b * S + t->stream] = 1;
     }
@@ -80,8 +79,7 @@ static cw_status cw__sync_task(cw__sync *y, int ti) {
         int dt = t->deps[d];
         int ds = p->tasks[dt].stream;
         if (ds == t->stream || y->waited[t->stream * S + ds] >= dt) continue;
-        cw_status st = cw__push(y, &t->waits, &t->n_waits, dt);
-        if (st != CW_OK) return st;
+        CW_TRY(cw__push(y, &t->waits, &t->n_waits, dt));
         y->waited[t->stream * S + ds] = dt;
         if (p->tasks[dt].event < 0) p->tasks[dt].event = p->n_events++;
     }
@@ -100,8 +98,7 @@ static cw_status cw__sync_free(cw__sync *y, cw__action *ac) {
     for (int s = 0; s < S; s++) {
         int u = y->lastu[b * S + s];
         if (s == fs || u < 0 || y->waited[fs * S + s] >= u) continue;
-        cw_status st = cw__push(y, &ac->joins, &ac->n_joins, u);
-        if (st != CW_OK) return st;
+        CW_TRY(cw__push(y, &ac->joins, &ac->n_joins, u));
         y->waited[fs * S + s] = u;
         if (p->tasks[u].event < 0) p->tasks[u].event = p->n_events++;
     }
@@ -146,7 +143,7 @@ static cw_status cw__sync_pass(cw__sync *y) {
         } else {
             st = cw__sync_free(y, ac);
         }
-        if (st != CW_OK) return st;
+        CW_TRY(st);
     }
     return cw__sync_check(y);
 }

@@ -8,18 +8,19 @@
 # weights and latent (skipped with a note when no Python has torch + diffusers).
 # usage: cli_cw_vae.sh CW_VAE_BINARY SOURCE_DIR
 set -u
-bin=$1 src=$2
+bin=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") src=$2
 fx=$src/tests/fixtures
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0 n=0
 
-# expect STATUS PATTERN -- args...: exit status and a stderr line matching PATTERN
+# expect STATUS PATTERN -- args...: exit status and a stderr line matching PATTERN, within
+# $expect_timeout seconds (default 120: a hang fails with status 124), stdout to $expect_stdout
 expect() {
     local want=$1 pat=$2
     shift 3
     n=$((n + 1))
-    "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+    timeout "${expect_timeout:-120}" "$bin" "$@" >"${expect_stdout:-$tmp/out}" 2>"$tmp/err"
     local got=$?
     if [ "$got" != "$want" ] || ! grep -qE -- "$pat" "$tmp/err"; then
         echo "FAIL: cw-vae $* -> status $got (want $want), stderr:" >&2
@@ -242,8 +243,9 @@ nostaged
 # late failures are early ones now
 expect 2 "needs at least .* memory" -- --preset sd --random-weights --size 200000
 expect 2 "patches none.*budget"    -- --preset tiny --random-weights --patches none --budget 16MiB
-# SIGTERM / SIGINT: the child dies with the parent and no output appears
-for sig in TERM INT KILL; do
+# SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ (each removes what was staged) and SIGKILL
+# (it cannot be caught: staged files may stay): the child dies with the parent, no output appears
+for sig in TERM INT HUP QUIT PIPE XFSZ KILL; do
     "$bin" --preset sd --random-weights --size 192 --backend cpu --threads 1 -q -o "$tmp/sig.png" --raw "$tmp/sig.npy" \
         >/dev/null 2>&1 &
     pid=$!
@@ -402,9 +404,224 @@ if [ -x "$venv_py" ]; then
         fail=$((fail + 1))
     fi
     npyclose "$tmp/cmp.npy" "$fx/tiny_out.npy" 1e-4
+    # a genuine minimal config (diffusers 0.2x wrote _use_default_values) with AutoencoderKL()'s
+    # own weights: cw-vae fills the class defaults as diffusers does and decodes as it does
+    "$venv_py" -c "import sys; from diffusers import AutoencoderKL; AutoencoderKL().save_pretrained(sys.argv[1])" \
+        "$tmp/dm" 2>"$tmp/err" || { echo "FAIL: AutoencoderKL().save_pretrained: $(tail -1 "$tmp/err")" >&2; fail=$((fail + 1)); }
+    printf '{"_class_name": "AutoencoderKL", "_diffusers_version": "0.21.4", "_use_default_values": ["shift_factor"]}' \
+        >"$tmp/dm/config.json"
+    CONVWEAVE_PYTHON=$venv_py "$bin" --model "$tmp/dm" --size 64 --backend cpu --compare >"$tmp/cmp.txt" 2>"$tmp/err"
+    st=$?
+    rel=$(sed -n 's/^scheduled \/ diffusers: .*max|diff| [^ ]* (\([^ ]*\) of max|diffusers|)$/\1/p' "$tmp/cmp.txt")
+    n=$((n + 1))
+    if [ $st != 0 ] || [ -z "$rel" ] || ! python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= 1e-4 else 1)" "$rel"; then
+        echo "FAIL: AutoencoderKL() with a minimal config: status $st, relative difference '$rel':" >&2
+        cat "$tmp/cmp.txt" "$tmp/err" | sed 's/^/    /' >&2
+        fail=$((fail + 1))
+    fi
 else
     echo "note: no venv at $venv_py: --compare against diffusers not tested"
 fi
 
+# 11. misuse (issue 25): nothing silently wrong, no hang, no crash
+# safetensors as the reference implementation reads them: a key with a NUL inside is not the
+# key before it, and the tensors tile the data section (no hole, no leading gap, no trailing
+# bytes, no appended ZIP)
+python3 - "$w" "$tmp" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h, data = json.loads(b[8:8 + n]), b[8 + n:]
+def save(name, hdr, d):
+    js = json.dumps(hdr).encode()
+    js += b' ' * (-len(js) % 8)
+    open(sys.argv[2] + '/' + name, 'wb').write(struct.pack('<Q', len(js)) + js + d)
+nul = dict(h)
+nul['decoder.conv_in.bias\0junk'] = nul.pop('decoder.conv_in.bias')
+save('nul.safetensors', nul, data)
+save('trail.safetensors', h, data + b'\0' * 16)
+save('zip.safetensors', h, data + b'PK\x05\x06' + b'\0' * 18)
+lead = {k: (dict(v, data_offsets=[v['data_offsets'][0] + 8, v['data_offsets'][1] + 8]) if k != '__metadata__' else v)
+        for k, v in h.items()}
+save('lead.safetensors', lead, b'\0' * 8 + data)
+# a hole: the last tensor in the file moved 8 bytes on
+last = max((k for k in h if k != '__metadata__'), key=lambda k: h[k]['data_offsets'][0])
+a, e = h[last]['data_offsets']
+hole = dict(h)
+hole[last] = dict(h[last], data_offsets=[a + 8, e + 8])
+save('hole.safetensors', hole, data[:a] + b'\0' * 8 + data[a:e])
+PY
+expect 2 "nul.safetensors.*NUL"                      -- --preset tiny --weights "$tmp/nul.safetensors" --size 64
+expect 2 "trail.safetensors.*16 bytes follow"        -- --preset tiny --weights "$tmp/trail.safetensors" --size 64
+expect 2 "zip.safetensors.*22 bytes follow"          -- --preset tiny --weights "$tmp/zip.safetensors" --size 64
+expect 2 "lead.safetensors.*data section's start"    -- --preset tiny --weights "$tmp/lead.safetensors" --size 64
+expect 2 "hole.safetensors.*hole"                    -- --preset tiny --weights "$tmp/hole.safetensors" --size 64
+# non-regular inputs are refused before they are opened (a FIFO's open blocks), and a
+# .npy's size is checked against its header before its data is read
+mkfifo "$tmp/fifo.safetensors" "$tmp/fifo.npy" "$tmp/fifo.png"
+expect_timeout=10 expect 2 "fifo.safetensors: is a FIFO"   -- --preset tiny --weights "$tmp/fifo.safetensors" --size 64
+expect_timeout=10 expect 2 "fifo.npy: is a FIFO"           -- --preset tiny --random-weights --latent "$tmp/fifo.npy"
+expect_timeout=10 expect 2 "fifo.png: is a FIFO"           -- --preset tiny --random-weights --encode "$tmp/fifo.png" --latent-out "$tmp/x.npy"
+expect_timeout=10 expect 2 "/dev/zero: is a character device" -- --preset tiny --random-weights --latent /dev/zero
+expect 2 "is a folder"                   -- --preset tiny --weights "$tmp" --size 64
+cp "$fx/tiny_latent.npy" "$tmp/junk.npy"
+truncate -s +3G "$tmp/junk.npy"
+expect 2 "junk.npy: npy: data at byte .* need" -- --preset tiny --random-weights --latent "$tmp/junk.npy"
+n=$((n + 1))
+base=$( { /usr/bin/time -f "%M" "$bin" --preset tiny --random-weights --size 100 2>&1 >/dev/null; } | tail -1)
+peak=$( { /usr/bin/time -f "%M" "$bin" --preset tiny --random-weights --latent "$tmp/junk.npy" 2>&1 >/dev/null; } | tail -1)
+[ "${peak:-99999999}" -lt $((${base:-0} + 102400)) ] ||
+    { echo "FAIL: junk.npy: peak RSS ${peak} KiB (${base} KiB without it): the trailing junk was read" >&2; fail=$((fail + 1)); }
+rm -f "$tmp/junk.npy" "$tmp"/fifo.*
+# a PNG's gAMA (and other colour-space chunks) is ignored, as PIL (diffusers) does
+python3 - "$fx/tiny_image0.png" "$tmp/gama.png" <<'PY'
+import struct, sys, zlib
+b = open(sys.argv[1], 'rb').read()
+ihdr_end = 8 + 8 + 13 + 4
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+open(sys.argv[2], 'wb').write(b[:ihdr_end] + chunk(b'gAMA', struct.pack('>I', 100000)) + b[ihdr_end:])
+PY
+encg=(--preset tiny --weights "$fx/tiny_enc.safetensors" --backend cpu -q)
+"$bin" "${encg[@]}" --encode "$fx/tiny_image0.png" --latent-out "$tmp/g0.npy" 2>"$tmp/err" &&
+"$bin" "${encg[@]}" --encode "$tmp/gama.png" --latent-out "$tmp/g1.npy" 2>>"$tmp/err" ||
+    { echo "FAIL: encode with gAMA: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+npyclose "$tmp/g1.npy" "$tmp/g0.npy" 0
+# a 16384x16384 PNG (an all-zero grey one is 260 KiB) fails at once, before decoding
+python3 - "$tmp/bomb.png" <<'PY'
+import struct, sys, zlib
+w = h = 16384
+c = zlib.compressobj(9)
+row = b'\0' * (w + 1)
+idat = b''.join(c.compress(row) for _ in range(h)) + c.flush()
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+open(sys.argv[1], 'wb').write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 0, 0, 0, 0)) +
+                              chunk(b'IDAT', idat) + chunk(b'IEND', b''))
+PY
+expect_timeout=10 expect 2 "bomb.png: 16384x16384 .*refused before decoding" -- --preset tiny --random-weights --encode "$tmp/bomb.png" --latent-out "$tmp/x.npy"
+rm -f "$tmp/bomb.png"
+
+# the latent scaling: a factor a float32 latent cannot be scaled by is refused up front, and a
+# scaled latent that overflows float32 is not written (it was written as -Inf with status 0)
+expect 2 "scaling-factor '1e300': too large"          -- --preset tiny --random-weights --size 64 --scaled-latent --scaling-factor 1e300
+expect 2 "scaling-factor '1e-320': subnormal, too small" -- --preset tiny --random-weights --size 64 --scaled-latent --scaling-factor 1e-320
+expect 2 "latent-out .*sl.npy.*Inf at .*does not fit float32" -- --preset tiny --weights "$fx/tiny_enc.safetensors" --encode "$fx/tiny_image0.png" --backend cpu -q --latent-out "$tmp/sl.npy" --scaled-latent --scaling-factor 3e38
+absent "$tmp/sl.npy"
+nostaged
+# genuine diffusers configs: '_' keys ignored, omitted keys are AutoencoderKL's class defaults
+# (here layers_per_block 1, latent_channels 4, ...: the tiny model), unknown public keys refused
+mkdir -p "$tmp/gm"
+ln -sf "$(cd "$fx" && pwd)/tiny_vae.safetensors" "$tmp/gm/diffusion_pytorch_model.safetensors"
+printf '{"_class_name": "AutoencoderKL", "_diffusers_version": "0.21.0", "_use_default_values": ["shift_factor"], "_name_or_path": "x", "block_out_channels": [8, 16, 32, 32], "norm_num_groups": 4}' >"$tmp/gm/config.json"
+"$bin" --model "$tmp/gm" --latent "$fx/tiny_latent.npy" --backend cpu -q --raw "$tmp/gm.npy" 2>"$tmp/err" ||
+    { echo "FAIL: a config with '_' keys and omitted keys: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+npyclose "$tmp/gm.npy" "$fx/tiny_out.npy" 1e-4
+printf '{"_class_name": "AutoencoderKL", "block_out_channels": [8, 16, 32, 32], "norm_num_groups": 4, "new_knob": 1}' >"$tmp/gm/config.json"
+expect 2 "config.json: unknown key 'new_knob'" -- --model "$tmp/gm" --latent "$fx/tiny_latent.npy"
+# stdout that cannot be written (/dev/full) is a failure: --plan lost, or the summary lost
+# before the outputs are renamed (they are not then)
+expect_stdout=/dev/full expect 1 "--plan: writing to stdout: No space left" -- --preset tiny --random-weights --size 64 --backend cpu -q --plan
+n=$((n + 1))
+"$bin" --preset tiny --random-weights --size 64 --backend cpu --raw "$tmp/full.npy" >/dev/full 2>"$tmp/err"
+st=$?
+[ $st = 1 ] && grep -q "writing to stdout: No space left on device (nothing written)" "$tmp/err" ||
+    { echo "FAIL: summary to /dev/full: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+absent "$tmp/full.npy"
+nostaged
+# a child killed by any signal (SIGKILL as the OOM killer sends) fails the run, --tune's too,
+# and the outputs stay as they were
+for mode in single tune; do
+    echo "old" >"$tmp/k.png"
+    extra=()
+    [ $mode = tune ] && extra=(--tune)
+    "$bin" --preset sd --random-weights --size 128 --backend cpu --threads 1 -q "${extra[@]}" -o "$tmp/k.png" \
+        >/dev/null 2>"$tmp/err" &
+    pid=$!
+    first="" victim=""
+    for _ in $(seq 300); do
+        k=$(cat /proc/$pid/task/*/children 2>/dev/null | tr -d ' ')
+        if [ -n "$k" ] && { [ $mode = single ] || { [ -n "$first" ] && [ "$k" != "$first" ]; }; }; then
+            victim=$k
+            break
+        fi
+        [ -n "$k" ] && first=$k
+        sleep 0.05
+    done
+    sleep 0.2
+    [ -n "$victim" ] && kill -KILL "$victim"
+    wait $pid
+    st=$?
+    n=$((n + 1))
+    [ -n "$victim" ] && [ $st = 1 ] && grep -q "child killed by signal 9" "$tmp/err" ||
+        { echo "FAIL: $mode: child $victim killed: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+    same "$tmp/k.png" "old"
+done
+nostaged
+# under ulimit -v 1G: a clean error before the run (OpenBLAS retries its buffers forever once
+# the address space is out) or a clean run where the libraries leave room; never a hang
+n=$((n + 1))
+(ulimit -v 1048576 && exec timeout 60 "$bin" --preset tiny --random-weights --size 64 --backend cpu -q) 2>"$tmp/err"
+st=$?
+[ $st = 0 ] || { [ $st = 2 ] && grep -q "ulimit -v" "$tmp/err"; } ||
+    { echo "FAIL: ulimit -v 1G: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+# outputs all or nothing: a --raw target that cannot be replaced (immutable) fails before -o
+# is replaced (it used to be renamed first)
+echo "old" >"$tmp/imm.png"
+echo "old raw" >"$tmp/imm.npy"
+if chattr +i "$tmp/imm.npy" 2>/dev/null; then
+    expect 1 "--raw .*imm.npy: cannot be replaced" -- --preset tiny --random-weights --size 64 --backend cpu -q -o "$tmp/imm.png" --raw "$tmp/imm.npy"
+    chattr -i "$tmp/imm.npy"
+    same "$tmp/imm.png" "old"
+    same "$tmp/imm.npy" "old raw"
+    nostaged
+else
+    echo "note: chattr +i is not available here: the immutable --raw case is not tested"
+fi
+# a real SIGXFSZ (ulimit -f) and SIGPIPE (stdout a pipe nobody reads) while outputs are
+# staged: no staged file left, no output, death by that signal
+n=$((n + 1))
+(ulimit -f 8 && exec "$bin" --preset tiny --random-weights --size 64 --backend cpu -q -o "$tmp/xf.png" --raw "$tmp/xf.npy") 2>/dev/null
+st=$?
+[ $st = $((128 + $(kill -l XFSZ))) ] || { echo "FAIL: ulimit -f: status $st, want death by SIGXFSZ" >&2; fail=$((fail + 1)); }
+absent "$tmp/xf.png" "$tmp/xf.npy"
+nostaged
+n=$((n + 1))
+python3 - "$bin" "$tmp/pp.png" <<'PY' || fail=$((fail + 1))
+import os, signal, subprocess, sys
+r, w = os.pipe()
+os.close(r)  # nobody reads: the first write raises SIGPIPE
+p = subprocess.run([sys.argv[1], '--preset', 'tiny', '--random-weights', '--size', '64', '--backend', 'cpu',
+                    '-o', sys.argv[2]], stdout=w, stderr=subprocess.DEVNULL, restore_signals=True)
+if p.returncode != -signal.SIGPIPE:
+    print('FAIL: stdout a closed pipe: returncode %d, want death by SIGPIPE' % p.returncode, file=sys.stderr)
+    sys.exit(1)
+PY
+absent "$tmp/pp.png"
+nostaged
+# a relative -o from a working folder that was deleted: refused, nothing touched
+mkdir "$tmp/gone"
+echo "keep" >"$tmp/keep2.png"
+n=$((n + 1))
+(cd "$tmp/gone" && rmdir "$tmp/gone" && exec "$bin" --preset tiny --random-weights --size 64 --backend cpu -q -o ../keep2.png) 2>"$tmp/err"
+st=$?
+[ $st = 2 ] && grep -q "working folder no longer exists" "$tmp/err" ||
+    { echo "FAIL: deleted working folder: status $st: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+same "$tmp/keep2.png" "keep"
+# messages: an empty value names its option; a path with a newline stays on one line
+expect 2 "^cw-vae: --encode '': empty value" -- --preset tiny --random-weights --encode '' --latent-out "$tmp/x.npy"
+expect 2 "^cw-vae: -o '': empty value"       -- --preset tiny --random-weights -o ''
+n=$((n + 1))
+"$bin" --preset tiny --random-weights --latent "$tmp/new
+line.npy" 2>"$tmp/err"
+st=$?
+[ $st = 2 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -qF 'new\nline.npy: cannot open' "$tmp/err" ||
+    { echo "FAIL: a path with a newline: status $st, stderr:" >&2; sed 's/^/    /' "$tmp/err" >&2; fail=$((fail + 1)); }
+# --memory SIZE alone: cw-vae chooses the temporaries' share (the default 512 MiB budget
+# refused 1 MiB); an explicit --budget is still kept
+"$bin" "${tiny[@]}" --memory 1MiB --raw "$tmp/mem1.npy" 2>"$tmp/err" ||
+    { echo "FAIL: --memory 1MiB alone: $(cat "$tmp/err")" >&2; fail=$((fail + 1)); }
+npyclose "$tmp/mem1.npy" "$fx/tiny_out.npy" 1e-4
+expect 2 "smallest --memory that works at this --budget" -- "${tiny[@]}" --memory 1MiB --budget 512MiB
 echo "$((n - fail)) passed, $fail failed"
 [ "$fail" -eq 0 ]

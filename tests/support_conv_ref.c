@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "conv_ref.h"
+#include "err_metric.h"
 
 int64_t cw_ref_offset(const cw_tensor_desc *d, const int64_t *idx) {
     int any = 0;
@@ -83,8 +84,7 @@ double cw_ref_rel_err(const cw_tensor_desc *y, const float *yv, const double *re
     for (int64_t o = 0; o < numel; o++) {
         double a = (double)yv[cw_ref_offset(y, idx)];
         double d = fabs(a - ref[o]);
-        if (isnan(d)) return INFINITY;
-        if (d > maxd) maxd = d;
+        maxd = cw_err_max(maxd, d);
         if (fabs(ref[o]) > maxr) maxr = fabs(ref[o]);
         for (int i = y->rank - 1; i >= 0; i--) {
             if (++idx[i] < y->dims[i]) break;

@@ -38,7 +38,7 @@ static void test_stream_policy(cw_context *ctx) {
     fake_backend *f = fk_create(ctx, 2 * MiB);
     cw__stream *s0 = &f->streams[0], *s1 = &f->streams[1];
     cw__allocator *a;
-    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, 2 * MiB, 0));
+    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, NULL, 2 * MiB, 0));
     void *p, *q, *r;
     ASSERT_OK(cw__alloc_malloc(a, 700 * KiB, s0, &p));
     fk_use(s0);
@@ -70,7 +70,7 @@ static void test_stream_policy(cw_context *ctx) {
 
     /* below the cap, another stream gets a fresh segment instead of waiting */
     f = fk_create(ctx, 0);
-    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, 0, 0));
+    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, NULL, 0, 0));
     ASSERT_OK(cw__alloc_malloc(a, 3 * MiB, &f->streams[0], &p));
     ASSERT_OK(cw__alloc_free(a, p, &f->streams[0]));
     ASSERT_OK(cw__alloc_malloc(a, 3 * MiB, &f->streams[1], &q));
@@ -91,7 +91,7 @@ static void test_choice_order(cw_context *ctx) {
     fake_backend *f = fk_create(ctx, 0);
     cw__stream *s = &f->streams[0];
     cw__allocator *a;
-    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, 0, 0));
+    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, NULL, 0, 0));
     void *b[6];
     int64_t sz[6] = {64 * KiB, 8 * KiB, 128 * KiB, 8 * KiB, 64 * KiB, 8 * KiB};
     for (int i = 0; i < 6; i++) ASSERT_OK(cw__alloc_malloc(a, sz[i], s, &b[i]));
@@ -119,7 +119,7 @@ static void test_fragmentation(cw_context *ctx) {
     ASSERT_OK(be->rt->stream_create(be, &A));
     ASSERT_OK(be->rt->stream_create(be, &B));
     cw__allocator *a;
-    ASSERT_OK(cw__alloc_create(&a, ctx, be, 6 * MiB, 0));
+    ASSERT_OK(cw__alloc_create(&a, ctx, be, NULL, 6 * MiB, 0));
     /* six 1 MiB requests fill three 2 MiB small-pool segments: the whole budget */
     void *p[6], *big;
     for (int i = 0; i < 6; i++) ASSERT_OK(cw__alloc_malloc(a, MiB, i % 2 ? B : A, &p[i]));
@@ -225,7 +225,7 @@ static void test_device_failure(cw_context *ctx) {
     fake_backend *f = fk_create(ctx, 0);
     cw__stream *s = &f->streams[0];
     cw__allocator *a;
-    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, 0, 0));
+    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, NULL, 0, 0));
     void *p, *q;
     /* the preferred segment and the exact-size one both fail, nothing is cached: a clean
      * OOM that names the request, with no stats touched and nothing held */
@@ -257,7 +257,7 @@ static void test_device_failure(cw_context *ctx) {
      * the block is then free for every stream at once */
     fk_use(s);
     cw__allocator *b;
-    ASSERT_OK(cw__alloc_create(&b, ctx, &f->base, 0, 0)); /* fresh: its event pool is empty */
+    ASSERT_OK(cw__alloc_create(&b, ctx, &f->base, NULL, 0, 0)); /* fresh: its event pool is empty */
     ASSERT_OK(cw__alloc_malloc(b, 64 * KiB, s, &p));
     fk_use(s);
     f->fail_event_create = 1;
@@ -281,7 +281,7 @@ static void test_device_failure(cw_context *ctx) {
  * when a host-allocation failure surfaced (always as a clean CW_ERR_OUT_OF_MEMORY). */
 static int sweep_run(cw_context *ctx, cw__backend *be, cw__stream *A, cw__stream *B) {
     cw__allocator *a = NULL;
-    cw_status st = cw__alloc_create(&a, ctx, be, 16 * MiB, 0);
+    cw_status st = cw__alloc_create(&a, ctx, be, NULL, 16 * MiB, 0);
     if (st != CW_OK) {
         ASSERT_EQ_I(st, CW_ERR_OUT_OF_MEMORY);
         ASSERT_TRUE(a == NULL);
@@ -358,7 +358,7 @@ static void test_poison(void) {
     cw__stream *A;
     ASSERT_OK(be->rt->stream_create(be, &A));
     cw__allocator *a;
-    ASSERT_OK(cw__alloc_create(&a, NULL, be, 0, CW__ALLOC_POISON));
+    ASSERT_OK(cw__alloc_create(&a, NULL, be, NULL, 0, CW__ALLOC_POISON));
     void *p;
     ASSERT_OK(cw__alloc_malloc(a, 10000, A, &p));
     ASSERT_OK(be->rt->fill32_async(be, A, p, 0x3f800000u, 10000 / 4)); /* 1.0f */
@@ -379,7 +379,7 @@ static void test_host_order(cw_context *ctx) {
     fake_backend *f = fk_create(ctx, 2 * MiB);
     cw__stream *s0 = &f->streams[0];
     cw__allocator *a;
-    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, 2 * MiB, 0));
+    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, NULL, 2 * MiB, 0));
     void *p, *q;
     ASSERT_OK(cw__alloc_malloc(a, MiB, s0, &p));
     int64_t pos = fk_use(s0);
@@ -433,7 +433,7 @@ static void test_threads(cw_context *ctx, uint64_t seed) {
     ASSERT_OK(cw__backend_cpu_create(NULL, &cfg, &cpu));
     ASSERT_OK(cw__backend_dry_create(cpu, &dry));
     cw__allocator *a;
-    ASSERT_OK(cw__alloc_create(&a, ctx, dry, 32 * MiB, 0));
+    ASSERT_OK(cw__alloc_create(&a, ctx, dry, NULL, 32 * MiB, 0));
     enum { NT = 3 };
     pthread_t th[NT];
     thr_arg args[NT];

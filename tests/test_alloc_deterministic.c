@@ -14,7 +14,7 @@ static void script(int complete, uintptr_t out[3]) {
     cw_context *ctx = fk_context();
     fake_backend *f = fk_create(ctx, 0);
     cw__allocator *a = NULL;
-    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, 0, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE));
+    ASSERT_OK(cw__alloc_create(&a, ctx, &f->base, NULL, 0, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE));
     cw__stream *s0 = &f->streams[0], *s1 = &f->streams[1];
     void *pa, *spacer, *pb, *spacer2, *filler, *q1, *q2;
     /* one 2 MiB small-pool segment, full: A and B are freed on s0, kept apart by live

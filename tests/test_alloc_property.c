@@ -155,7 +155,7 @@ static void run(cw_context *ctx, uint64_t seed, int64_t budget, int64_t n_ops, u
     g_f = fk_create(ctx, g_budget);
     g_f->on_dev_free = on_dev_free;
     cw__allocator *a = NULL;
-    ASSERT_OK(cw__alloc_create(&a, ctx, &g_f->base, g_budget, flags));
+    ASSERT_OK(cw__alloc_create(&a, ctx, &g_f->base, NULL, g_budget, flags));
     expect e = {0};
     int64_t n_cross_frees = 0, n_releases = 0;
 

@@ -78,7 +78,7 @@ static void sync_all(rig *r) {
 static int64_t scenario_simple(rig *r, int skip) {
     cw__stream *A = r->s[0], *B = r->s[1];
     cw__allocator *a;
-    ASSERT_OK(cw__alloc_create(&a, NULL, r->be, BLOCK, 0));
+    ASSERT_OK(cw__alloc_create(&a, NULL, r->be, NULL, BLOCK, 0));
     cw__alloc_test_skip_waits(a, skip);
     void *p, *q;
     ASSERT_OK(cw__alloc_malloc(a, BLOCK, A, &p));
@@ -103,7 +103,7 @@ static int64_t scenario_simple(rig *r, int skip) {
 static int64_t scenario_merged(rig *r, int skip) {
     cw__stream *A = r->s[0], *B = r->s[1], *C = r->s[2];
     cw__allocator *a;
-    ASSERT_OK(cw__alloc_create(&a, NULL, r->be, 2 * BLOCK, 0));
+    ASSERT_OK(cw__alloc_create(&a, NULL, r->be, NULL, 2 * BLOCK, 0));
     void *whole, *p1, *p2, *q;
     ASSERT_OK(cw__alloc_malloc(a, 2 * BLOCK, A, &whole));
     ASSERT_OK(cw__alloc_free(a, whole, A));

@@ -575,8 +575,9 @@ static void test_new_segment_event(void) {
     cw_context *ctx = context(0, &h);
     h.ordered = ctx;
     cw__backend *be = ctx->be;
+    const cw__seg_source src = cw__context_seg_source(ctx);
     cw__allocator *a;
-    ASSERT_OK_CTX(ctx, cw__alloc_create(&a, ctx, be, 0, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE));
+    ASSERT_OK_CTX(ctx, cw__alloc_create(&a, ctx, be, &src, 0, CW__ALLOC_DETERMINISTIC | CW__ALLOC_PREFER_REUSE));
     cw__stream *s1, *s2;
     ASSERT_OK_CTX(ctx, cw__context_stream(ctx, 1, &s1));
     ASSERT_OK_CTX(ctx, cw__context_stream(ctx, 2, &s2));

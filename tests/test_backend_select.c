@@ -136,7 +136,7 @@ int main(void) {
     int dev = -1;
     ASSERT_EQ_I(cw_context_set_cuda_stream(ctx, 0, NULL), CW_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(cw_context_get_last_error(ctx), "backend cpu, not cuda") != NULL);
-    ASSERT_EQ_I(cw_context_get_cuda_stream(ctx, &stream, 0), CW_ERR_UNSUPPORTED);
+    ASSERT_EQ_I(cw_context_get_cuda_stream(ctx, 0, &stream), CW_ERR_UNSUPPORTED);
     ASSERT_TRUE(stream == NULL);
     ASSERT_EQ_I(cw_context_get_cuda_device(ctx, &dev), CW_ERR_UNSUPPORTED);
     ASSERT_EQ_I(cw_context_set_cuda_stream(NULL, 0, NULL), CW_ERR_INVALID_ARG);

@@ -274,7 +274,7 @@ static void sweep(cw_context *ctx, cw_rng *r, const char *name, int sp, const in
             if (al.id == CW__CPU_ALGO_DNNL) CHECK(used <= al.workspace);
             else CHECK(used == al.workspace);
             CHECK(cap < 0 || used <= cap);
-            if (e > worst) worst = e;
+            worst = cw_err_max(worst, e);
             if (!(e <= TOL)) {
                 fprintf(stderr, "%s: cap %lld -> P=%d %s: rel err %.3g\n", name, (long long)cap, got_p, al.name, e);
                 cw_test_failures++;

@@ -438,7 +438,7 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
         decode(y1, cc->y_len, y1f);
         double e = cw_ref_rel_err(&cc->y, y1f + cc->y_off, ref);
         stt->runs[algo]++;
-        if (e > stt->max_err[algo]) stt->max_err[algo] = e;
+        stt->max_err[algo] = cw_err_max(stt->max_err[algo], e);
         int64_t over1 = 0;
         { /* element by element: the derived bounds (f32: ud = tiny = 0; half: also against
            * the inputs before their rounding to the dtype) */
@@ -507,7 +507,7 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
             while (bounds[band + 1] <= idx[hd]) band++;
             const double t1 = bound_at(&bnd, algo, o, 0, ref[o]), t2 = bound_at(&bnd, algo, o, (int)(bounds[band] & 1), ref[o]);
             if (!(d <= t1 + t2) || !(fabs((double)y2f[off] - ref[o]) <= t2)) over++;
-            if (d > maxd) maxd = d;
+            maxd = cw_err_max(maxd, d);
             if (fabs((double)y1f[off]) > maxr) maxr = fabs((double)y1f[off]);
             if (raw(y2, off) != raw(y1, off)) bitwise = 0;
             for (int j = cc->y.rank - 1; j >= 0; j--) {
@@ -569,7 +569,7 @@ static void test_forward_hook(cw_rng *r, int n_cases) {
         ASSERT_OK(cw__op_conv_forward(be, s[t & 1], &prob, a, xb + cc.x_off, w, b, yb + cc.y_off, ws, a->workspace));
         ASSERT_OK(be->rt->stream_synchronize(be, s[t & 1]));
         double e = cw_ref_rel_err(&cc.y, yb + cc.y_off, ref);
-        if (e > worst) worst = e;
+        worst = cw_err_max(worst, e);
         if (!(e <= TOL) || !check_canary(&cc, yb)) {
             fprintf(stderr, "conv_forward hook (%s): rel err %.3g or canary\n", a->name, e);
             print_case(&cc, a->id, 1);

@@ -197,8 +197,8 @@ static void compare(const char *what, const float *ref, const float *got, int64_
     for (int64_t i = 0; i < n; i++) {
         if (fabs(ref[i]) > mx) mx = fabs(ref[i]);
         double d = fabs((double)ref[i] - (double)got[i]);
-        if (!(d <= err)) { /* NaN counts as worst */
-            err = isnan(d) ? INFINITY : d;
+        if (!(d <= err)) { /* NaN counts as worst (err_metric.h) */
+            err = cw_err_max(err, d);
             worst = i;
         }
     }
@@ -845,7 +845,7 @@ static void test_interop(cw_rng *r) {
     /* stream 0 already exists (the test made it): its work is drained and the handle swapped */
     ASSERT_OK_CTX(g_dev.ctx, cw_context_set_cuda_stream(g_dev.ctx, 0, mine));
     void *got = NULL;
-    ASSERT_OK_CTX(g_dev.ctx, cw_context_get_cuda_stream(g_dev.ctx, &got, 0));
+    ASSERT_OK_CTX(g_dev.ctx, cw_context_get_cuda_stream(g_dev.ctx, 0, &got));
     ASSERT_TRUE(got == (void *)mine);
     ASSERT_EQ_I(cw_context_set_cuda_stream(g_dev.ctx, CW__MAX_STREAMS, mine), CW_ERR_INVALID_ARG);
     /* the library's work now runs on the caller's stream: a fill on stream 0, then the

@@ -12,7 +12,7 @@
  *    f32 plan's arena offset, op for op.
  * 3. Attention in a half graph: its q, k, v and output staged in f32 (prep conversions
  *    graph dtype -> f32 -> graph dtype); the GEMMs on f32.
- * 4. The SD decoder (demos/vae/vae.c) at a 16x16 latent in f16 and bf16: activation arena
+ * 4. The SD decoder (demos/vae/vae_*.c) at a 16x16 latent in f16 and bf16: activation arena
  *    and every patch's prep and band buffer exactly half the f32 plan's.
  * 5. Mixed graphs are refused, naming the node and both dtypes; nothing is added.
  * 7. The planner sizes a half conv's patch and band buffers in its dtype: the least budget
@@ -453,7 +453,7 @@ static void check_cpu_run(cw_context *ctx, cw_plan *f, cw_graph *gh, cw_dtype dt
         double m = 0, e = 0;
         for (int64_t i = 0; i < no; i++) {
             m = fmax(m, fabs(y32[i]));
-            e = fmax(e, fabs((double)yh[i] - y32[i]));
+            e = cw_err_max(e, fabs((double)yh[i] - y32[i]));
         }
         fprintf(stderr, "  run on cpu: max |%s - f32| = %.3g of %.3g\n", cw__dtype_name(dt), e, m);
         CHECK(e <= (dt == CW_F16 ? 2e-2 : 1e-1) * m);
@@ -531,7 +531,7 @@ static void test_attention_chunks(cw_context *ctx, cw_dtype dt) {
         double e = 0, m = 0;
         for (int i = 0; i < C * T; i++) {
             m = fmax(m, fabs(ref[i]));
-            e = fmax(e, fabs((double)y[i] - ref[i]));
+            e = cw_err_max(e, fabs((double)y[i] - ref[i]));
         }
         /* stored once in dt (u relative), after f32 GEMMs and softmax over 1024 tokens */
         fprintf(stderr, "attention %s, %d chunk(s): max |o - ref| = %.3g of %.3g\n", cw__dtype_name(dt), chunks, e, m);

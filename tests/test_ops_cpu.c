@@ -351,8 +351,8 @@ static void gn_case(int iter, int big) {
             double em = fabs(m.mean - ref[i].mean) / fmax(fabs(ref[i].mean), sd);
             double ev = fabs(m.m2 / m.count - ref[i].var) / ref[i].var;
             if (ref[i].var == 0) ev = fabs(m.m2); /* constant group (W = 1, one element) */
-            max_rel_mean = fmax(max_rel_mean, em);
-            max_rel_var = fmax(max_rel_var, ev);
+            max_rel_mean = cw_err_max(max_rel_mean, em);
+            max_rel_var = cw_err_max(max_rel_var, ev);
             if (m.count != (double)ref[i].count || !(em <= 1e-10) || !(ev <= 1e-10)) {
                 fprintf(stderr, "gn iter %d P %lld (n,g) %lld: count %g/%lld mean %.17g/%.17g var %.17g/%.17g\n",
                         iter, (long long)P, (long long)i, m.count, (long long)ref[i].count, m.mean, ref[i].mean,
@@ -369,7 +369,7 @@ static void gn_case(int iter, int big) {
                 double es = fabs(sc[n * C + c] - s_ref) / fabs(s_ref);
                 /* shift relative to its terms: beta - mean*scale can cancel */
                 double eh = fabs(sh[n * C + c] - h_ref) / (fabs(beta[c]) + fabs(r->mean * s_ref));
-                max_rel_ss = fmax(max_rel_ss, fmax(es, eh));
+                max_rel_ss = cw_err_max(cw_err_max(max_rel_ss, es), eh);
                 if (!(es <= 1e-6) || !(eh <= 1e-6)) {
                     fprintf(stderr, "gn iter %d P %lld n %lld c %lld: scale %.9g/%.9g shift %.9g/%.9g\n", iter,
                             (long long)P, (long long)n, (long long)c, (double)sc[n * C + c], s_ref,

@@ -289,6 +289,18 @@ static void test_malformed(void) {
          "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
          8, "tensor 'x' appears twice"},
         {"{\"x\"#:1}", 0, "header JSON is invalid at header byte 4 (file byte 12)"},
+        /* a key with a NUL inside is not the key before the NUL */
+        {"{\"w\\u0000junk\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+         "escaped NUL (U+0000) at file byte 11"},
+        /* the tensors tile the data section exactly, as the reference implementation requires */
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+         12, "tensor 'b' begins at data byte 8 (file byte"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
+         "tensor 'w' begins at data byte 4 (file byte"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 22,
+         "18 bytes follow the last tensor's data"},
+        {"{}", 4, "4 bytes follow the last tensor's data"},
     };
     int n = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < n; i++) {
@@ -488,6 +500,27 @@ static void test_write_errors(void) {
     closedir(dd);
 }
 
+/* A mapped file truncated by another process while it is read (SIGBUS on its pages): a clean
+ * error naming the file and the tensor, not a crash. */
+static void test_truncated_while_mapped(void) {
+    char err[512];
+    static float big[1 << 16];
+    int64_t s[] = {1 << 16};
+    const int64_t *sh[] = {s};
+    int rk[] = {1};
+    const float *d[] = {big};
+    const char *nm[] = {"big"};
+    const char *p = cw_test_path("shrinks.safetensors");
+    ASSERT_EQ_I(st_write(p, 1, nm, sh, rk, d, err, sizeof err), 0);
+    st_file *f = NULL;
+    ASSERT_EQ_I(st_open(&f, p, err, sizeof err), 0);
+    ASSERT_EQ_I(truncate(p, 4096), 0);
+    ASSERT_EQ_I(st_read_f32(f, st_find(f, "big"), big, (size_t)1 << 16, err, sizeof err), -1);
+    CHECK_SUBSTR(err, "shrinks.safetensors: tensor 'big'");
+    CHECK_SUBSTR(err, "truncated while being read");
+    st_close(f);
+}
+
 int main(void) {
     cw_rng r = {cw_test_seed(20240611)};
     const char *tmpdir = cw_test_tmpdir("cw_test_st_");
@@ -497,6 +530,7 @@ int main(void) {
     test_corpus();
     test_fixtures();
     test_write_errors();
+    test_truncated_while_mapped();
     cw_test_rm_tree(tmpdir);
     TEST_DONE();
 }

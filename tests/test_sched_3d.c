@@ -131,14 +131,9 @@ int main(void) {
             cw_test_failures++;
         }
         if (cfgi > 0) {
-            double md = 0, mr = 1e-30;
-            for (int64_t i = 0; i < n_y; i++) {
-                double d = fabs((double)out[i] - unsched[i]);
-                if (!(d <= md)) md = d;
-                if (fabs(unsched[i]) > mr) mr = fabs(unsched[i]);
-            }
-            if (!(md / mr <= 1e-5)) {
-                fprintf(stderr, "config %d: scheduled vs unscheduled rel err %g\n", cfgi, md / mr);
+            const double e_u = cw_err_rel(out, unsched, n_y);
+            if (!(e_u <= 1e-5)) {
+                fprintf(stderr, "config %d: scheduled vs unscheduled rel err %g\n", cfgi, e_u);
                 cw_test_failures++;
             }
             if (o.temp_budget > 0 && st.temp_peak > o.temp_budget) {

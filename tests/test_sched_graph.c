@@ -286,16 +286,6 @@ static float *lrun(lgraph *L, const float *input, const cw_compile_options *o, c
     return out;
 }
 
-static double rel_err(const float *a, const float *r, int64_t n) {
-    double md = 0, mr = 1e-30;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - r[i]);
-        if (!(d <= md)) md = isnan(d) ? INFINITY : d;
-        if (fabs(r[i]) > mr) mr = fabs(r[i]);
-    }
-    return md / mr;
-}
-
 static cw_context *make_ctx(uint32_t flags, uint64_t seed, int64_t budget) {
     cw_context_config c = CW_CONTEXT_CONFIG_INIT;
     c.backend = CW_BACKEND_CPU;
@@ -323,7 +313,7 @@ static int check_least(lgraph *L, const float *input, const float *unsched, int6
         ASSERT_OK_CTX(L->ctx, cw_graph_memory_ladder(L->g, &pt, &n, 1, &o));
         o.memory_budget = pt.total_bytes;
         float *y = lrun(L, input, &o, &st);
-        double e = rel_err(y, unsched, on);
+        double e = cw_err_rel(y, unsched, on);
         if (!(e <= 1e-5) || st.activations_peak + st.temp_predicted > pt.total_bytes || st.host_syncs != 0) {
             fprintf(stderr,
                     "graph %d streams %d, least memory %lld (%d recomputed): rel err %g, activations %lld + temp "
@@ -362,7 +352,7 @@ int main(void) {
         o.policy = CW_PATCHES_NONE;
         cw_plan_stats st;
         float *unsched = lrun(&L, input, &o, &st);
-        double e_ref = rel_err(unsched, ref[out], on);
+        double e_ref = cw_err_rel(unsched, ref[out], on);
         if (!(e_ref <= 1e-4)) {
             fprintf(stderr, "graph %d: unscheduled vs reference rel err %g\n", gi, e_ref);
             cw_test_failures++;
@@ -377,7 +367,7 @@ int main(void) {
                 o.streams = s;
                 o.temp_budget = budgets[bi];
                 float *y = lrun(&L, input, &o, &st);
-                double e = rel_err(y, unsched, on);
+                double e = cw_err_rel(y, unsched, on);
                 if (!(e <= 1e-5)) {
                     fprintf(stderr, "graph %d budget %lld streams %d: scheduled vs unscheduled rel err %g\n", gi,
                             (long long)budgets[bi], s, e);

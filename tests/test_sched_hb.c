@@ -101,13 +101,9 @@ int main(void) {
                         streams, k, 100 + streams);
                 cw_test_failures++;
             }
-            double md = 0, mr = 0;
-            for (size_t e = 0; e < bytes / 4; e++) {
-                double dd = fabs((double)ho[e] - (double)hr[e]);
-                if (!(dd <= md)) md = isnan(dd) ? INFINITY : dd;
-                if (fabs((double)hr[e]) > mr) mr = fabs((double)hr[e]);
-            }
-            if (md / mr > worst) worst = md / mr;
+            double md = cw_err_abs(ho, hr, (int64_t)(bytes / 4)), mr = 0;
+            for (size_t e = 0; e < bytes / 4; e++) mr = fmax(mr, fabs((double)hr[e]));
+            worst = cw_err_max(worst, md / mr);
             if (!(md <= 1e-5 * mr)) {
                 fprintf(stderr, "streams %d run %d: max|diff| %.3g vs the unscheduled plan (scale %.3g)\n", streams, k,
                         md, mr);

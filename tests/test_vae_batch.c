@@ -24,15 +24,6 @@ static float *run(vae_model *m, const cw_compile_options *o, const float *in) {
     return y;
 }
 
-static double max_diff(const float *a, const float *b, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= m)) m = d;
-    }
-    return m;
-}
-
 static void check_part(int part, int64_t batch, int64_t h, int64_t w, uint64_t seed) {
     char err[VAE_ERR_LEN];
     vae_config cfg;
@@ -61,9 +52,9 @@ static void check_part(int part, int64_t batch, int64_t h, int64_t w, uint64_t s
     double worst = 0, scale = 0;
     for (int64_t s = 0; s < batch; s++) {
         float *y1 = run(m1, &none, x + s * nin1);
-        double d = max_diff(yb + s * nout1, y1, nout1);
+        double d = cw_err_abs(yb + s * nout1, y1, nout1);
         for (int64_t i = 0; i < nout1; i++) scale = fmax(scale, fabs((double)y1[i]));
-        if (d > worst) worst = d;
+        worst = cw_err_max(worst, d);
         free(y1);
     }
     fprintf(stderr, "%s batch %lld, %lldx%lld: unscheduled batch vs per sample max|diff| %.3g (scale %.3g)\n",
@@ -78,7 +69,7 @@ static void check_part(int part, int64_t batch, int64_t h, int64_t w, uint64_t s
         ASSERT_OK_CTX(ctx, cw_graph_min_budget(mb->graph, &minb, &o));
         o.temp_budget = minb + k * minb / 2;
         float *ys = run(mb, &o, x);
-        double d = max_diff(ys, yb, nout1 * batch);
+        double d = cw_err_abs(ys, yb, nout1 * batch);
         fprintf(stderr, "  streams %d, %s, budget %lld: vs unscheduled batch max|diff| %.3g\n", o.streams,
                 o.policy == CW_PATCHES_AUTO ? "auto" : "3 patches", (long long)o.temp_budget, d);
         CHECK(d <= 1e-5 * scale);

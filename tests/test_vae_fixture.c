@@ -1,5 +1,5 @@
 /* cw-vae end to end on the committed tiny diffusers fixtures (tests/fixtures/tiny_*): the
- * decode via vae.c (the CLI's code path) against diffusers' float64 output, scheduled runs
+ * decode via vae_model.c (the CLI's code path) against diffusers' float64 output, scheduled runs
  * against the unscheduled reference, legacy key names, and bad-weight messages. */
 #include <cjson/cJSON.h>
 #include <unistd.h>
@@ -8,6 +8,7 @@
 #include "image.h"
 #include "npy.h"
 #include "safetensors.h"
+#include "testfiles.h"
 #include "testutil.h"
 #include "vae.h"
 
@@ -16,17 +17,6 @@
 #define EXTRA_KEY "decoder.up_blocks.0.resnets.2.conv1.bias"
 
 static cw_context *ctx;
-
-/* max|a - r| / max|r| */
-static double rel_err(const float *a, const float *r, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)r[i]);
-        if (!(d <= num)) num = d; /* NaN sticks */
-        if (fabs((double)r[i]) > den) den = fabs((double)r[i]);
-    }
-    return den > 0 ? num / den : num;
-}
 
 static char *read_text(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -210,7 +200,7 @@ static void check_encoder(void) {
         ASSERT_EQ_I(vae_run(m, plan, x, y, err, sizeof(err)), CW_OK);
         cw_plan_stats s;
         ASSERT_OK_CTX(ctx, cw_plan_get_stats(plan, &s));
-        double e = rel_err(y, ref.data, ref.numel);
+        double e = cw_err_rel(y, ref.data, ref.numel);
         fprintf(stderr, "encoder (%s, %d streams, budget %lld, %lld patches) vs diffusers: rel err %.3g\n",
                 k ? "scheduled" : "unscheduled", o.streams, (long long)o.temp_budget, (long long)s.n_patches, e);
         CHECK(e <= 1e-5);
@@ -250,8 +240,31 @@ static void check_config_json(void) {
     ASSERT_EQ_I(c.post_quant_conv, 1);
     ASSERT_EQ_I(c.mid_attention, 1);
     CHECK(c.shift_factor == 0.0 && fabs(c.scaling_factor - 0.18215) < 1e-12);
+    /* a genuine diffusers config: '_' keys ignored, every omitted key diffusers' AutoencoderKL
+     * class default (0.42.1), not the preset it was read over */
+    vae_config d;
+    ASSERT_EQ_I(vae_preset(&d, "sd3", err, sizeof(err)), 0);
+    const char *minimal = "{\"_class_name\": \"AutoencoderKL\", \"_use_default_values\": [\"shift_factor\"], "
+                          "\"_diffusers_version\": \"0.21.0\", \"_private_knob\": 1}";
+    rc = vae_config_parse_json(&d, minimal, strlen(minimal), "config.json", err, sizeof(err));
+    if (rc) fprintf(stderr, "minimal config: %s\n", err);
+    ASSERT_EQ_I(rc, 0);
+    ASSERT_EQ_I(d.n_blocks, 1);
+    ASSERT_EQ_I(d.block_out[0], 64);
+    ASSERT_EQ_I(d.layers_per_block, 1);
+    ASSERT_EQ_I(d.latent_channels, 4);
+    ASSERT_EQ_I(d.in_channels, 3);
+    ASSERT_EQ_I(d.out_channels, 3);
+    ASSERT_EQ_I(d.groups, 32);
+    ASSERT_EQ_I(d.quant_conv, 1);
+    ASSERT_EQ_I(d.post_quant_conv, 1);
+    ASSERT_EQ_I(d.mid_attention, 1);
+    ASSERT_EQ_I(d.force_upcast, 1);
+    CHECK(d.shift_factor == 0.0 && d.scaling_factor == 0.18215);
     static const char *const bad[][2] = {
         {"{\"norm_num_groups\": 3.5}", "norm_num_groups"},
+        {"{\"scaling_factor\": 1e300}", "scaling_factor"},
+        {"{\"scaling_factor\": 1e-320}", "scaling_factor"},
         {"{\"layers_per_block\": \"2\"}", "layers_per_block"},
         {"{\"up_block_types\": [\"UpDecoderBlock2D\", \"AttnUpDecoderBlock2D\", \"x\", \"y\"]}", "AttnUpDecoderBlock2D"},
         {"{\"_class_name\": \"AutoencoderTiny\"}", "AutoencoderTiny"},
@@ -305,6 +318,30 @@ static void edit_bad_shape(char *name, size_t len, int64_t *shape, int *rank, in
 }
 
 
+/* Weights truncated by another process while cw-vae maps them (SIGBUS on the pages past the
+ * new end): the weight read fails with a message naming the file and the key, no crash. */
+static void check_truncated_weights(void) {
+    char err[VAE_ERR_LEN];
+    size_t len = 0;
+    uint8_t *b = cw_test_slurp(FIX "tiny_vae.safetensors", &len);
+    ASSERT_TRUE(b != NULL && len > 8192);
+    const char *p = cw_test_path("shrinking_vae.safetensors");
+    FILE *f = fopen(p, "wb");
+    ASSERT_TRUE(f && fwrite(b, 1, len, f) == len && fclose(f) == 0);
+    free(b);
+    vae_weights *w = NULL;
+    ASSERT_EQ_I(vae_weights_open_file(&w, p, err, sizeof(err)), 0);
+    ASSERT_EQ_I(truncate(p, 4096), 0); /* the header stays; every tensor's pages are gone */
+    int64_t shape[4] = {32, 32, 3, 3};
+    float *dst = malloc(32 * 32 * 9 * sizeof(float));
+    ASSERT_EQ_I(vae_weights_get(w, "decoder.up_blocks.0.resnets.0.conv1.weight", 4, shape, dst, err, sizeof(err)), -1);
+    fprintf(stderr, "truncated weights: %s\n", err);
+    CHECK(contains(err, "shrinking_vae.safetensors") && contains(err, "decoder.up_blocks.0.resnets.0.conv1.weight") &&
+          contains(err, "truncated while being read"));
+    free(dst);
+    vae_weights_close(w);
+}
+
 int main(void) {
     uint64_t seed = cw_test_seed(20240611);
     char err[VAE_ERR_LEN];
@@ -335,7 +372,7 @@ int main(void) {
     if (st != CW_OK) fprintf(stderr, "reference decode: %s\n", err);
     ASSERT_EQ_I(st, CW_OK);
     ASSERT_EQ_I(r.n, ref.numel);
-    double e = rel_err(r.y, ref.data, r.n);
+    double e = cw_err_rel(r.y, ref.data, r.n);
     fprintf(stderr, "reference vs diffusers: rel err %.3g\n", e);
     CHECK(e <= 1e-4);
 
@@ -347,7 +384,7 @@ int main(void) {
         ASSERT_EQ_I(npy_read(half[i][1], &hr, err, sizeof(err)), 0);
         decoded h = {0};
         ASSERT_EQ_I(decode_with(half[i][0], z, zd, &none, &h, err, sizeof(err)), CW_OK);
-        double eh = rel_err(h.y, hr.data, h.n);
+        double eh = cw_err_rel(h.y, hr.data, h.n);
         fprintf(stderr, "%s: rel err %.3g\n", half[i][0], eh);
         CHECK(eh <= 1e-4);
         free(h.y);
@@ -384,7 +421,7 @@ int main(void) {
             ASSERT_EQ_I(st, CW_OK);
             cw_plan_stats s;
             ASSERT_OK_CTX(ctx, cw_plan_get_stats(plan, &s));
-            double es = rel_err(y, r.y, r.n);
+            double es = cw_err_rel(y, r.y, r.n);
             fprintf(stderr, "scheduled: %s patches=%d, streams %d, budget %lld (min %lld): %lld conv patches, "
                             "temp peak %lld, rel diff vs reference %.3g\n",
                     o.policy == CW_PATCHES_AUTO ? "auto" : "fixed", o.patches, o.streams,
@@ -409,7 +446,7 @@ int main(void) {
         st = decode_with(path, z, zd, &none, &l, err, sizeof(err));
         if (st != CW_OK) fprintf(stderr, "legacy names: %s\n", err);
         ASSERT_EQ_I(st, CW_OK);
-        double el = rel_err(l.y, r.y, r.n);
+        double el = cw_err_rel(l.y, r.y, r.n);
         fprintf(stderr, "legacy names vs current: rel diff %.3g\n", el);
         CHECK(el == 0.0);
         free(l.y);
@@ -533,6 +570,10 @@ int main(void) {
         vae_latent_unscale(&c, zz, 2);
         CHECK(fabsf(zz[0] - (1.0f + 0.0609f)) < 1e-6f && fabsf(zz[1] - 0.0609f) < 1e-7f);
     }
+
+    const char *tmpdir = cw_test_tmpdir("cw_test_vae_");
+    check_truncated_weights();
+    cw_test_rm_tree(tmpdir);
 
     free(r.y);
     free(z);

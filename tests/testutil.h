@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "err_metric.h"
+
 #define CW_TEST_SKIP 77
 
 #if defined(__GNUC__)
@@ -108,7 +110,8 @@ static inline uint64_t cw_test_seed(uint64_t dflt) {
     fprintf(stderr, "seed %" PRIu64 " (rerun with CW_TEST_SEED=%" PRIu64 ")\n", s, s);
     return s;
 }
-/* 1 when CI=true or CW_TEST_QUICK is set: tests may use smaller (still meaningful) sizes. */
+/* 1 when CW_TEST_QUICK is set (scripts/test.sh sets it for the sanitizer builds): tests
+ * may use smaller (still meaningful) sizes. */
 static inline int cw_test_quick(void) { return getenv("CW_TEST_QUICK") != NULL; }
 
 #endif

@@ -44,9 +44,8 @@ static int stopped(const child_opts *o) { return o->stop && *o->stop; }
  * (whatever kills it). 0, or -1 when that cannot be arranged or the parent is already gone. */
 static int child_setup(const child_opts *o, pid_t parent) {
     if (!o->die_with_parent) return 0;
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGHUP, SIG_DFL);
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ};
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) signal(sigs[i], SIG_DFL);
     return prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent ? -1 : 0;
 }
 

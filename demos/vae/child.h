@@ -31,7 +31,7 @@ typedef struct child_opts {
     volatile pid_t *pid;               /* (optional) holds the child's pid while it runs, 0 after */
     volatile sig_atomic_t *stop;       /* (optional) once non-zero: no fork, or the child killed */
     int die_with_parent;               /* the child gets SIGKILL when the parent dies, and default
-                                          SIGINT/SIGTERM/SIGHUP actions */
+                                          SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGPIPE/SIGXFSZ actions */
 } child_opts;
 
 typedef enum child_end {

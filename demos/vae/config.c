@@ -6,6 +6,7 @@
 #endif
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -13,8 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "safetensors.h"
+#include "sys.h"
 #include "vae.h"
 
 static void preset_sd_like(vae_config *c, const char *name, int latent, int qc, double sf, double shift) {
@@ -104,9 +107,9 @@ int vae_config_validate(const vae_config *c, char *err, size_t errlen) {
         if (c->block_out[i] < 1 || c->block_out[i] > (1 << 20) || c->block_out[i] % c->groups)
             return st_errf(err, errlen, "block channels %" PRId64 " (block %d) not a positive multiple of %d groups",
                            c->block_out[i], i, c->groups);
-    if (!(c->scaling_factor > 0.0) || !isfinite(c->scaling_factor) || !isfinite(c->shift_factor))
-        return st_errf(err, errlen, "scaling factor %g must be finite and > 0 and shift %g finite", c->scaling_factor,
-                       c->shift_factor);
+    if (!vae_scaling_factor_ok(c->scaling_factor) || !isfinite(c->shift_factor) || fabs(c->shift_factor) > FLT_MAX)
+        return st_errf(err, errlen, "scaling factor %g must be in [%g, %g] and shift %g a finite float32",
+                       c->scaling_factor, 1.0 / FLT_MAX, (double)FLT_MAX, c->shift_factor);
     if (!(c->eps > 0.0f) || !isfinite(c->eps)) return st_errf(err, errlen, "norm eps %g must be > 0", (double)c->eps);
     return 0;
 }
@@ -147,9 +150,137 @@ static int json_blocks(const cJSON *v, const char *path, const char *key, const 
     return 0;
 }
 
+/* diffusers' AutoencoderKL.__init__ defaults (0.42.1): what a config.json that omits a key
+ * means, as diffusers fills it from the class's signature. */
+static void class_defaults(vae_config *c) {
+    memset(c, 0, sizeof(*c));
+    c->in_channels = 3;
+    c->out_channels = 3;
+    c->n_blocks = 1;
+    c->block_out[0] = 64;
+    c->layers_per_block = 1;
+    c->latent_channels = 4;
+    c->groups = 32;
+    c->eps = 1e-6f;
+    c->scaling_factor = 0.18215;
+    c->shift_factor = 0.0; /* None */
+    c->force_upcast = 1;
+    c->quant_conv = 1;
+    c->post_quant_conv = 1;
+    c->mid_attention = 1;
+}
+
+/* A latent scaling factor x a float32 latent must stay finite and non-zero: 1 / FLT_MAX
+ * .. FLT_MAX (a subnormal or larger factor silently gives inf or 0). */
+int vae_scaling_factor_ok(double s) { return isfinite(s) && s >= 1.0 / FLT_MAX && s <= FLT_MAX; }
+
+/* _class_name, the ignored keys ('_' keys, sample_size: diffusers ignores them too) and the
+ * keys that size the network (channels, blocks, layers, groups). Returns 0, -1 with a
+ * message naming the key, or 1 when k is not one of them. */
+static int parse_size_key(vae_config *c, const cJSON *it, const char *k, const char *path, char *err,
+                          size_t errlen) {
+    int64_t v = 0;
+    if (!strcmp(k, "_class_name")) {
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "AutoencoderKL")) {
+            st_errf(err, errlen, "%s: '_class_name' is %s%s%s, cw-vae implements AutoencoderKL", path,
+                    cJSON_IsString(it) ? "'" : "", cJSON_IsString(it) ? it->valuestring : "not a string",
+                    cJSON_IsString(it) ? "'" : "");
+            return -1;
+        }
+    } else if (k[0] == '_' || !strcmp(k, "sample_size")) {
+        /* diffusers' private keys (_diffusers_version, _use_default_values, _name_or_path, ...)
+         * and the sample size do not change the model: diffusers ignores them too */
+    } else if (!strcmp(k, "in_channels")) {
+        if (json_int(it, path, k, 1, 4096, &v, err, errlen)) return -1;
+        c->in_channels = (int)v;
+    } else if (!strcmp(k, "out_channels")) {
+        if (json_int(it, path, k, 1, 4096, &v, err, errlen)) return -1;
+        c->out_channels = (int)v;
+    } else if (!strcmp(k, "latent_channels")) {
+        if (json_int(it, path, k, 1, 4096, &v, err, errlen)) return -1;
+        c->latent_channels = (int)v;
+    } else if (!strcmp(k, "layers_per_block")) {
+        if (json_int(it, path, k, 0, 64, &v, err, errlen)) return -1;
+        c->layers_per_block = (int)v;
+    } else if (!strcmp(k, "norm_num_groups")) {
+        if (json_int(it, path, k, 1, 1 << 20, &v, err, errlen)) return -1;
+        c->groups = (int)v;
+    } else if (!strcmp(k, "block_out_channels")) {
+        int n = cJSON_IsArray(it) ? cJSON_GetArraySize(it) : -1;
+        if (n < 1 || n > VAE_MAX_BLOCKS) {
+            st_errf(err, errlen, "%s: 'block_out_channels' must be a list of 1 to %d integers", path, VAE_MAX_BLOCKS);
+            return -1;
+        }
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, it) {
+            char what[40];
+            snprintf(what, sizeof(what), "block_out_channels[%d]", i);
+            if (json_int(e, path, what, 1, 1 << 20, &c->block_out[i], err, errlen)) return -1;
+            i++;
+        }
+        for (; i < VAE_MAX_BLOCKS; i++) c->block_out[i] = 0;
+        c->n_blocks = n;
+    } else {
+        return 1;
+    }
+    return 0;
+}
+
+/* Every other key: block types, activation, scaling, switches; an unknown one is refused.
+ * Returns 0, or -1 with a message naming the key. */
+static int parse_other_key(vae_config *c, const cJSON *it, const char *k, const char *path, const cJSON **down,
+                           const cJSON **up, char *err, size_t errlen) {
+    if (!strcmp(k, "down_block_types")) {
+        *down = it;
+    } else if (!strcmp(k, "up_block_types")) {
+        *up = it;
+    } else if (!strcmp(k, "act_fn")) {
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "silu")) {
+            st_errf(err, errlen, "%s: 'act_fn' must be \"silu\" (the only activation cw-vae implements)", path);
+            return -1;
+        }
+    } else if (!strcmp(k, "scaling_factor")) {
+        if (!cJSON_IsNumber(it) || !vae_scaling_factor_ok(it->valuedouble)) {
+            st_errf(err, errlen, "%s: 'scaling_factor' must be a number in [%g, %g] (a float32 latent times it "
+                    "stays finite and non-zero)", path, 1.0 / FLT_MAX, (double)FLT_MAX);
+            return -1;
+        }
+        c->scaling_factor = it->valuedouble;
+    } else if (!strcmp(k, "shift_factor")) {
+        if (cJSON_IsNull(it)) c->shift_factor = 0.0;
+        else if (cJSON_IsNumber(it) && isfinite(it->valuedouble)) c->shift_factor = it->valuedouble;
+        else {
+            st_errf(err, errlen, "%s: 'shift_factor' must be a number or null", path);
+            return -1;
+        }
+    } else if (!strcmp(k, "latents_mean") || !strcmp(k, "latents_std")) {
+        if (cJSON_IsNull(it)) return 0;
+        if (!cJSON_IsArray(it)) {
+            st_errf(err, errlen, "%s: '%s' must be a list or null", path, k);
+            return -1;
+        }
+        c->latents_stats = 1;
+    } else if (!strcmp(k, "force_upcast")) {
+        if (json_bool(it, path, k, &c->force_upcast, err, errlen)) return -1;
+    } else if (!strcmp(k, "use_quant_conv")) {
+        if (json_bool(it, path, k, &c->quant_conv, err, errlen)) return -1;
+    } else if (!strcmp(k, "use_post_quant_conv")) {
+        if (json_bool(it, path, k, &c->post_quant_conv, err, errlen)) return -1;
+    } else if (!strcmp(k, "mid_block_add_attention")) {
+        if (json_bool(it, path, k, &c->mid_attention, err, errlen)) return -1;
+    } else {
+        st_errf(err, errlen, "%s: unknown key '%s' (cw-vae does not know how it changes the model)", path, k);
+        return -1;
+    }
+
+    return 0;
+}
+
 int vae_config_parse_json(vae_config *cfg, const char *text, size_t len, const char *path, char *err,
                           size_t errlen) {
-    vae_config c = *cfg;
+    vae_config c;
+    class_defaults(&c);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!j) {
@@ -160,7 +291,6 @@ int vae_config_parse_json(vae_config *cfg, const char *text, size_t len, const c
     }
     int rc = -1;
     const cJSON *down = NULL, *up = NULL;
-    int64_t v = 0;
     if (!cJSON_IsObject(j)) {
         st_errf(err, errlen, "%s: not a JSON object", path);
         goto out;
@@ -178,87 +308,8 @@ int vae_config_parse_json(vae_config *cfg, const char *text, size_t len, const c
             st_errf(err, errlen, "%s: key '%s' given twice", path, k);
             goto out;
         }
-        if (!strcmp(k, "_class_name")) {
-            if (!cJSON_IsString(it) || strcmp(it->valuestring, "AutoencoderKL")) {
-                st_errf(err, errlen, "%s: '_class_name' is %s%s%s, cw-vae implements AutoencoderKL", path,
-                        cJSON_IsString(it) ? "'" : "", cJSON_IsString(it) ? it->valuestring : "not a string",
-                        cJSON_IsString(it) ? "'" : "");
-                goto out;
-            }
-        } else if (!strcmp(k, "_diffusers_version") || !strcmp(k, "_name_or_path") || !strcmp(k, "sample_size")) {
-            /* informational */
-        } else if (!strcmp(k, "in_channels")) {
-            if (json_int(it, path, k, 1, 4096, &v, err, errlen)) goto out;
-            c.in_channels = (int)v;
-        } else if (!strcmp(k, "out_channels")) {
-            if (json_int(it, path, k, 1, 4096, &v, err, errlen)) goto out;
-            c.out_channels = (int)v;
-        } else if (!strcmp(k, "latent_channels")) {
-            if (json_int(it, path, k, 1, 4096, &v, err, errlen)) goto out;
-            c.latent_channels = (int)v;
-        } else if (!strcmp(k, "layers_per_block")) {
-            if (json_int(it, path, k, 0, 64, &v, err, errlen)) goto out;
-            c.layers_per_block = (int)v;
-        } else if (!strcmp(k, "norm_num_groups")) {
-            if (json_int(it, path, k, 1, 1 << 20, &v, err, errlen)) goto out;
-            c.groups = (int)v;
-        } else if (!strcmp(k, "block_out_channels")) {
-            int n = cJSON_IsArray(it) ? cJSON_GetArraySize(it) : -1;
-            if (n < 1 || n > VAE_MAX_BLOCKS) {
-                st_errf(err, errlen, "%s: 'block_out_channels' must be a list of 1 to %d integers", path, VAE_MAX_BLOCKS);
-                goto out;
-            }
-            int i = 0;
-            const cJSON *e;
-            cJSON_ArrayForEach(e, it) {
-                char what[40];
-                snprintf(what, sizeof(what), "block_out_channels[%d]", i);
-                if (json_int(e, path, what, 1, 1 << 20, &c.block_out[i], err, errlen)) goto out;
-                i++;
-            }
-            for (; i < VAE_MAX_BLOCKS; i++) c.block_out[i] = 0;
-            c.n_blocks = n;
-        } else if (!strcmp(k, "down_block_types")) {
-            down = it;
-        } else if (!strcmp(k, "up_block_types")) {
-            up = it;
-        } else if (!strcmp(k, "act_fn")) {
-            if (!cJSON_IsString(it) || strcmp(it->valuestring, "silu")) {
-                st_errf(err, errlen, "%s: 'act_fn' must be \"silu\" (the only activation cw-vae implements)", path);
-                goto out;
-            }
-        } else if (!strcmp(k, "scaling_factor")) {
-            if (!cJSON_IsNumber(it) || !(it->valuedouble > 0) || !isfinite(it->valuedouble)) {
-                st_errf(err, errlen, "%s: 'scaling_factor' must be a positive number", path);
-                goto out;
-            }
-            c.scaling_factor = it->valuedouble;
-        } else if (!strcmp(k, "shift_factor")) {
-            if (cJSON_IsNull(it)) c.shift_factor = 0.0;
-            else if (cJSON_IsNumber(it) && isfinite(it->valuedouble)) c.shift_factor = it->valuedouble;
-            else {
-                st_errf(err, errlen, "%s: 'shift_factor' must be a number or null", path);
-                goto out;
-            }
-        } else if (!strcmp(k, "latents_mean") || !strcmp(k, "latents_std")) {
-            if (cJSON_IsNull(it)) continue;
-            if (!cJSON_IsArray(it)) {
-                st_errf(err, errlen, "%s: '%s' must be a list or null", path, k);
-                goto out;
-            }
-            c.latents_stats = 1;
-        } else if (!strcmp(k, "force_upcast")) {
-            if (json_bool(it, path, k, &c.force_upcast, err, errlen)) goto out;
-        } else if (!strcmp(k, "use_quant_conv")) {
-            if (json_bool(it, path, k, &c.quant_conv, err, errlen)) goto out;
-        } else if (!strcmp(k, "use_post_quant_conv")) {
-            if (json_bool(it, path, k, &c.post_quant_conv, err, errlen)) goto out;
-        } else if (!strcmp(k, "mid_block_add_attention")) {
-            if (json_bool(it, path, k, &c.mid_attention, err, errlen)) goto out;
-        } else {
-            st_errf(err, errlen, "%s: unknown key '%s' (cw-vae does not know how it changes the model)", path, k);
-            goto out;
-        }
+        int r = parse_size_key(&c, it, k, path, err, errlen);
+        if (r < 0 || (r > 0 && parse_other_key(&c, it, k, path, &down, &up, err, errlen))) goto out;
     }
     if (down && json_blocks(down, path, "down_block_types", "DownEncoderBlock2D", c.n_blocks, err, errlen)) goto out;
     if (up && json_blocks(up, path, "up_block_types", "UpDecoderBlock2D", c.n_blocks, err, errlen)) goto out;
@@ -276,20 +327,21 @@ out:
 }
 
 int vae_config_load(vae_config *cfg, const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return st_errf(err, errlen, "%s: %s", path, strerror(errno));
-    char *buf = malloc(1 << 20);
-    if (!buf) {
-        fclose(f);
-        return st_errf(err, errlen, "%s: out of memory", path);
+    struct stat sb;
+    char msg[320];
+    int fd = sys_open_regular(path, &sb, msg, sizeof msg); /* a FIFO is refused before any open */
+    if (fd < 0) return st_errf(err, errlen, "%s", msg);
+    if (sb.st_size > (1 << 20)) {
+        close(fd);
+        return st_errf(err, errlen, "%s: larger than 1 MiB, not a model config", path);
     }
-    size_t n = fread(buf, 1, 1 << 20, f);
-    int bad = ferror(f), more = !bad && n == (1 << 20) && fgetc(f) != EOF;
-    fclose(f);
+    char *buf = malloc((size_t)sb.st_size + 1);
+    ssize_t n = buf ? read(fd, buf, (size_t)sb.st_size) : -1;
+    close(fd);
     int rc;
-    if (bad) rc = st_errf(err, errlen, "%s: read error", path);
-    else if (more) rc = st_errf(err, errlen, "%s: larger than 1 MiB, not a model config", path);
-    else rc = vae_config_parse_json(cfg, buf, n, path, err, errlen);
+    if (!buf) rc = st_errf(err, errlen, "%s: out of memory", path);
+    else if (n != (ssize_t)sb.st_size) rc = st_errf(err, errlen, "%s: read error", path);
+    else rc = vae_config_parse_json(cfg, buf, (size_t)n, path, err, errlen);
     free(buf);
     return rc;
 }

@@ -11,8 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "safetensors.h" /* atomic replacement; convweave.h for cw_dtype_convert */
+#include "sys.h"
 
 void npy_free(npy_array *a) {
     if (!a) return;
@@ -158,8 +161,15 @@ static int parse_dict(hdr *h, npy_array *a, int *fortran) {
     return 0;
 }
 
-int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t errlen) {
-    memset(out, 0, sizeof *out);
+#define NPY_MAX_HEADER ((size_t)1 << 20) /* numpy writes a few hundred bytes; it reads 10000 */
+
+/* Parses the header at buf (len bytes of a file of file_len bytes; the header must lie in
+ * them) into a (shape, dtype, numel; no data) and checks the file's size against it, so a
+ * file with junk after the data fails before any of it is read. *off: the data's first byte;
+ * *es: the bytes of an element. */
+static int parse_header(const uint8_t *buf, size_t len, uint64_t file_len, npy_array *a, size_t *off, size_t *es,
+                        char *err, size_t errlen) {
+    memset(a, 0, sizeof *a);
     if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0)
         return st_errf(err, errlen, "not an npy file: bytes 0-5 are not the magic \\x93NUMPY");
     int major = buf[6], minor = buf[7];
@@ -174,85 +184,113 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
     } else {
         return st_errf(err, errlen, "npy: format version %d.%d (byte 6) is not supported (1.0, 2.0, 3.0)", major, minor);
     }
+    if (hlen > file_len - start)
+        return st_errf(err, errlen, "npy: header length %zu (byte 8) runs past the end of the file (%" PRIu64 " bytes)",
+                       hlen, file_len);
     if (hlen > len - start)
-        return st_errf(err, errlen, "npy: header length %zu (byte 8) runs past the end of the file (%zu bytes)", hlen,
-                       len);
+        return st_errf(err, errlen, "npy: header length %zu (byte 8) is over the %zu bytes cw-vae reads", hlen,
+                       NPY_MAX_HEADER);
     hdr h = {buf, start, start + hlen, err, errlen};
-    npy_array a = {0};
     int fortran = 0;
-    if (parse_dict(&h, &a, &fortran)) return -1;
+    if (parse_dict(&h, a, &fortran)) return -1;
     if (fortran) return st_errf(err, errlen, "npy: fortran_order True is not supported (C order only)");
-    size_t es;
-    if (!strcmp(a.descr, "<f4")) es = 4;
-    else if (!strcmp(a.descr, "<f2")) es = 2;
-    else if (!strcmp(a.descr, "<f8")) es = 8;
-    else return st_errf(err, errlen, "npy: dtype '%s' is not supported ('<f4', '<f2', '<f8')", a.descr);
+    if (!strcmp(a->descr, "<f4")) *es = 4;
+    else if (!strcmp(a->descr, "<f2")) *es = 2;
+    else if (!strcmp(a->descr, "<f8")) *es = 8;
+    else return st_errf(err, errlen, "npy: dtype '%s' is not supported ('<f4', '<f2', '<f8')", a->descr);
     uint64_t numel = 1;
-    for (int i = 0; i < a.rank; i++) {
-        uint64_t v = (uint64_t)a.shape[i];
+    for (int i = 0; i < a->rank; i++) {
+        uint64_t v = (uint64_t)a->shape[i];
         if (v && numel > (uint64_t)INT64_MAX / 8 / v)
             return st_errf(err, errlen, "npy: shape product overflows at dim %d", i);
         numel *= v;
     }
-    a.numel = (int64_t)numel;
-    size_t off = start + hlen;
-    uint64_t need = numel * es;
-    if ((uint64_t)(len - off) != need)
-        return st_errf(err, errlen, "npy: data at byte %zu has %zu bytes, shape and dtype '%s' need %" PRIu64, off,
-                       len - off, a.descr, need);
-    a.data = malloc(numel ? (size_t)numel * sizeof(float) : 1);
-    if (!a.data) return st_errf(err, errlen, "npy: out of memory for %" PRIu64 " floats", numel);
-    const uint8_t *p = buf + off;
+    a->numel = (int64_t)numel;
+    *off = start + hlen;
+    uint64_t need = numel * *es;
+    if (file_len - *off != need)
+        return st_errf(err, errlen, "npy: data at byte %zu has %" PRIu64 " bytes, shape and dtype '%s' need %" PRIu64,
+                       *off, file_len - *off, a->descr, need);
+    return 0;
+}
+
+/* a->numel elements of es bytes at p into a->data (f32, malloc'ed). */
+static int convert_data(const uint8_t *p, size_t es, npy_array *a, char *err, size_t errlen) {
+    uint64_t numel = (uint64_t)a->numel;
+    a->data = malloc(numel ? (size_t)numel * sizeof(float) : 1);
+    if (!a->data) return st_errf(err, errlen, "npy: out of memory for %" PRIu64 " floats", numel);
     for (uint64_t i = 0; i < numel; i++, p += es) {
         if (es == 2) {
             uint16_t hb = (uint16_t)(p[0] | p[1] << 8);
-            cw_dtype_convert(&a.data[i], CW_F32, &hb, CW_F16, 1);
+            cw_dtype_convert(&a->data[i], CW_F32, &hb, CW_F16, 1);
         } else if (es == 4) {
             uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-            memcpy(&a.data[i], &u, 4);
+            memcpy(&a->data[i], &u, 4);
         } else {
             uint64_t u = 0;
             for (int k = 7; k >= 0; k--) u = (u << 8) | p[k];
             double d;
             memcpy(&d, &u, 8);
-            a.data[i] = (float)d;
+            a->data[i] = (float)d;
         }
     }
+    return 0;
+}
+
+int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    npy_array a;
+    size_t off, es;
+    if (parse_header(buf, len, len, &a, &off, &es, err, errlen) || convert_data(buf + off, es, &a, err, errlen))
+        return -1;
     *out = a;
+    return 0;
+}
+
+/* Reads exactly n bytes at the fd's position; 0, or -1 (short file or read error). */
+static int read_full(int fd, uint8_t *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
     return 0;
 }
 
 int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return st_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    uint8_t *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 1 << 16;
-            uint8_t *q = realloc(buf, cap);
-            if (!q) {
-                free(buf);
-                fclose(fp);
-                return st_errf(err, errlen, "%s: out of memory", path);
-            }
-            buf = q;
-        }
-        size_t r = fread(buf + n, 1, cap - n, fp);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(fp);
-    fclose(fp);
-    if (bad) {
-        free(buf);
-        return st_errf(err, errlen, "%s: read error", path);
-    }
+    struct stat sb;
     char msg[512];
-    int rc = npy_parse(buf, n, out, msg, sizeof msg);
+    int fd = sys_open_regular(path, &sb, msg, sizeof msg); /* a FIFO or /dev/zero: refused, not read */
+    if (fd < 0) return st_errf(err, errlen, "%s", msg);
+    uint64_t size = (uint64_t)sb.st_size;
+    size_t head = size < NPY_MAX_HEADER + 12 ? (size_t)size : NPY_MAX_HEADER + 12;
+    uint8_t *buf = malloc(head ? head : 1), *data = NULL;
+    npy_array a = {0};
+    size_t off = 0, es = 0;
+    int rc = -1;
+    if (!buf) snprintf(msg, sizeof msg, "out of memory");
+    else if (read_full(fd, buf, head)) snprintf(msg, sizeof msg, "read error: %s", errno ? strerror(errno) : "short file");
+    else if (parse_header(buf, head, size, &a, &off, &es, msg, sizeof msg) == 0) { /* the size is right */
+        if ((int64_t)(size - off) > sys_memory_available() / 2)
+            snprintf(msg, sizeof msg, "npy: %" PRIu64 " bytes of data, more than this machine's memory allows", size - off);
+        else if (!(data = malloc(size - off ? (size_t)(size - off) : 1)))
+            snprintf(msg, sizeof msg, "npy: out of memory for %" PRIu64 " bytes", size - off);
+        else if (lseek(fd, (off_t)off, SEEK_SET) < 0 || read_full(fd, data, (size_t)(size - off)))
+            snprintf(msg, sizeof msg, "read error at byte %zu: %s", off, errno ? strerror(errno) : "short file");
+        else
+            rc = convert_data(data, es, &a, msg, sizeof msg);
+    }
+    close(fd);
     free(buf);
-    if (rc) return st_errf(err, errlen, "%s: %s", path, msg);
+    free(data);
+    if (rc) {
+        free(a.data);
+        return st_errf(err, errlen, "%s: %s", path, msg);
+    }
+    *out = a;
     return 0;
 }
 

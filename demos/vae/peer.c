@@ -169,6 +169,25 @@ fail:
     return -1;
 }
 
+/* The peer's output file into res->out (checked against convweave's size); res->ran. */
+static void take_output(const peer_job *job, const char *out, const child_status *cs, peer_result *res) {
+    npy_array a;
+    char err[VAE_ERR_LEN];
+    if (npy_read(out, &a, err, sizeof err)) {
+        snprintf(res->note, sizeof(res->note), "failed: its output: %.400s", err);
+        return;
+    }
+    if (a.numel != job->out_numel) {
+        snprintf(res->note, sizeof(res->note), "failed: its output has %" PRId64 " values, convweave's %" PRId64, a.numel,
+                 job->out_numel);
+        npy_free(&a);
+        return;
+    }
+    res->out = a.data; /* owned now */
+    res->peak_rss = cs->peak_rss;
+    res->ran = 1;
+}
+
 int peer_diffusers_run(const peer_job *job, peer_result *res, volatile pid_t *child, volatile sig_atomic_t *stop) {
     memset(res, 0, sizeof(*res));
     res->work_mem = res->peak_rss = -1;
@@ -229,21 +248,7 @@ int peer_diffusers_run(const peer_job *job, peer_result *res, volatile pid_t *ch
         snprintf(res->note, sizeof(res->note), "failed: %s %s%s%s", desc, how, why[0] ? ": " : "", why);
         goto cleanup;
     }
-    npy_array a;
-    char err[VAE_ERR_LEN];
-    if (npy_read(out, &a, err, sizeof err)) {
-        snprintf(res->note, sizeof(res->note), "failed: its output: %.400s", err);
-        goto cleanup;
-    }
-    if (a.numel != job->out_numel) {
-        snprintf(res->note, sizeof(res->note), "failed: its output has %" PRId64 " values, convweave's %" PRId64, a.numel,
-                 job->out_numel);
-        npy_free(&a);
-        goto cleanup;
-    }
-    res->out = a.data; /* owned now */
-    res->peak_rss = cs.peak_rss;
-    res->ran = 1;
+    take_output(job, out, &cs, res);
 cleanup:
     for (size_t i = 0; i < sizeof(peer_files) / sizeof(peer_files[0]); i++) {
         char p[PEER_PATH];

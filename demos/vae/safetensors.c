@@ -1,11 +1,14 @@
-/* .safetensors parsing (cJSON header, strict validation with messages naming the key,
- * offset or byte), reading a tensor in the dtype it is stored in or converted to another
- * (cw_dtype_convert), and the writer with atomic replacement. Uses libc, cJSON and the
- * library's dtype file (lib/core/dtype.c) only: the fuzz target links just those. */
+/* .safetensors reading: the cJSON header validated strictly as the reference implementation
+ * does (messages name the key, offset or byte), a tensor read in its stored dtype or
+ * converted (cw_dtype_convert), a mapping truncated under us an error. The writer is in
+ * safetensors_write.c. Uses libc, cJSON and lib/core/dtype.c only (the fuzz target's set). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "safetensors.h"
+
+#include <setjmp.h>
+#include <signal.h>
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -19,6 +22,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sys.h"
+
 struct st_file {
     uint8_t *buf;          /* whole file */
     size_t len;
@@ -30,6 +35,7 @@ struct st_file {
     const st_tensor **by_name; /* t sorted by name, for st_find */
     char **meta;           /* key, value, key, value ... */
     size_t nmeta;
+    char *path;            /* st_open's path, for messages (NULL from st_parse) */
 };
 
 int st_errf(char *err, size_t errlen, const char *fmt, ...) {
@@ -181,6 +187,55 @@ static int parse_metadata(st_file *f, const cJSON *m, char *err, size_t errlen) 
     return 0;
 }
 
+/* A NUL inside the header (raw, or the escape \u0000 in a string) would cut a key short in
+ * C: "decoder.conv_in.bias\u0000junk" read as decoder.conv_in.bias. Returns 0 or -1 with the
+ * file byte. */
+static int header_nul(const uint8_t *js, uint64_t hl, char *err, size_t errlen) {
+    int in_str = 0;
+    for (uint64_t i = 0; i < hl; i++) {
+        if (js[i] == 0) return st_errf(err, errlen, "header has a NUL byte at file byte %" PRIu64, i + 8);
+        if (!in_str) {
+            in_str = js[i] == '"';
+            continue;
+        }
+        if (js[i] == '"') {
+            in_str = 0;
+        } else if (js[i] == '\\' && i + 1 < hl) {
+            if (js[i + 1] == 'u' && i + 5 < hl && !memcmp(js + i + 2, "0000", 4))
+                return st_errf(err, errlen, "header string has an escaped NUL (U+0000) at file byte %" PRIu64
+                               ": a key with a NUL inside is refused", i + 8);
+            i++; /* the escaped character */
+        }
+    }
+    return 0;
+}
+
+/* The reference implementation's rule: sorted by offset, the tensors tile the data section
+ * exactly: no overlap, no hole, nothing before the first or after the last (an appended ZIP,
+ * trailing junk). Expects f->by_name sorted by (begin, end). */
+static int check_tiling(const st_file *f, char *err, size_t errlen) {
+    uint64_t at = 0, base = (uint64_t)(f->data - f->buf);
+    for (size_t i = 0; i < f->n; i++) {
+        const st_tensor *b = f->by_name[i];
+        if (b->begin < at)
+            return st_errf(err, errlen, "tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64
+                           ") overlap", f->by_name[i - 1]->name, f->by_name[i - 1]->begin, f->by_name[i - 1]->end,
+                           b->name, b->begin, b->end);
+        if (b->begin > at)
+            return st_errf(err, errlen, "tensor '%s' begins at data byte %" PRIu64 " (file byte %" PRIu64 "), %"
+                           PRIu64 " bytes after %s: the data section has a hole (unused bytes at file bytes %"
+                           PRIu64 "-%" PRIu64 ")", b->name, b->begin, base + b->begin, b->begin - at,
+                           i ? "the previous tensor's end" : "the data section's start", base + at,
+                           base + b->begin - 1);
+        at = b->end;
+    }
+    if (at != f->data_len)
+        return st_errf(err, errlen, "%" PRIu64 " bytes follow the last tensor's data (file bytes %" PRIu64 "-%" PRIu64
+                       " of %zu): trailing bytes or an appended file are refused", f->data_len - at, base + at,
+                       base + f->data_len - 1, f->len);
+    return 0;
+}
+
 /* Validates f->buf / f->len and fills the tensor table. */
 static int parse_buffer(st_file *f, char *err, size_t errlen) {
     if (f->len < 8)
@@ -197,6 +252,7 @@ static int parse_buffer(st_file *f, char *err, size_t errlen) {
     f->data = f->buf + 8 + hl;
     f->data_len = f->len - 8 - hl;
 
+    if (header_nul(f->buf + 8, hl, err, errlen)) return -1;
     const char *js = (const char *)f->buf + 8, *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(js, (size_t)hl, &end, 0);
     if (!root) {
@@ -240,17 +296,9 @@ static int parse_buffer(st_file *f, char *err, size_t errlen) {
     }
 
     for (size_t i = 0; i < f->n; i++) f->by_name[i] = &f->t[i];
-    /* overlap: sorted by (begin, end), each tensor must start at or after the previous end */
+    /* sorted by (begin, end), the tensors must tile the data section */
     qsort(f->by_name, f->n, sizeof(st_tensor *), cmp_offset);
-    for (size_t i = 1; i < f->n; i++) {
-        const st_tensor *a = f->by_name[i - 1], *b = f->by_name[i];
-        if (b->begin < a->end) {
-            st_errf(err, errlen,
-                   "tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64 ") overlap", a->name,
-                   a->begin, a->end, b->name, b->begin, b->end);
-            goto out;
-        }
-    }
+    if (check_tiling(f, err, errlen)) goto out;
     qsort(f->by_name, f->n, sizeof(st_tensor *), cmp_name);
     for (size_t i = 1; i < f->n; i++) {
         if (!strcmp(f->by_name[i - 1]->name, f->by_name[i]->name)) {
@@ -284,42 +332,89 @@ int st_parse(st_file **out, const uint8_t *buf, size_t len, char *err, size_t er
     return 0;
 }
 
-int st_open(st_file **out, const char *path, char *err, size_t errlen) {
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return st_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return st_errf(err, errlen, "%s: not a regular file", path);
+/* A mapped file truncated by another process while it is read raises SIGBUS on the first
+ * page past its new end. guarded() runs fn with a SIGBUS handler that jumps back, so that
+ * becomes an error naming the file. One guard at a time: cw-vae reads weights on one thread. */
+static sigjmp_buf bus_jmp;
+static volatile sig_atomic_t bus_armed;
+
+static void on_sigbus(int sig) {
+    if (bus_armed) siglongjmp(bus_jmp, 1);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* fn(arg) with SIGBUS turned into -2 (not guarded when f is not a mapping). */
+static int guarded(const st_file *f, int (*fn)(void *), void *arg) {
+    if (!f->mapped) return fn(arg);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &old);
+    int rc = -2;
+    if (sigsetjmp(bus_jmp, 1) == 0) {
+        bus_armed = 1;
+        rc = fn(arg);
     }
-    st_file *f = calloc(1, sizeof *f);
-    if (!f) {
-        close(fd);
-        return st_errf(err, errlen, "%s: out of memory", path);
-    }
-    f->len = (size_t)sb.st_size;
+    bus_armed = 0;
+    sigaction(SIGBUS, &old, NULL);
+    return rc;
+}
+
+typedef struct parse_args {
+    st_file *f;
+    char *err;
+    size_t errlen;
+} parse_args;
+
+static int parse_call(void *arg) {
+    parse_args *p = arg;
+    return parse_buffer(p->f, p->err, p->errlen);
+}
+
+/* Maps the file (or reads it whole where it cannot be mapped). */
+static int load_file(st_file *f, int fd, const char *path, char *err, size_t errlen) {
     void *m = f->len ? mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
     if (m != MAP_FAILED) {
         f->buf = m;
         f->mapped = 1;
-    } else { /* no mmap (or an empty file): read it whole */
-        f->buf = malloc(f->len ? f->len : 1);
-        size_t got = 0;
-        while (f->buf && got < f->len) {
-            ssize_t r = read(fd, f->buf + got, f->len - got);
-            if (r <= 0) break;
-            got += (size_t)r;
-        }
-        if (!f->buf || got != f->len) {
-            close(fd);
-            st_close(f);
-            return st_errf(err, errlen, "%s: cannot read %zu bytes", path, (size_t)sb.st_size);
-        }
+        return 0;
     }
-    close(fd);
+    f->buf = malloc(f->len ? f->len : 1); /* no mmap (or an empty file): read it whole */
+    size_t got = 0;
+    while (f->buf && got < f->len) {
+        ssize_t r = read(fd, f->buf + got, f->len - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    if (!f->buf || got != f->len) return st_errf(err, errlen, "%s: cannot read %zu bytes", path, f->len);
+    return 0;
+}
+
+int st_open(st_file **out, const char *path, char *err, size_t errlen) {
+    *out = NULL;
+    struct stat sb;
     char msg[512];
-    if (parse_buffer(f, msg, sizeof msg)) {
+    int fd = sys_open_regular(path, &sb, msg, sizeof(msg)); /* a FIFO is refused before any open */
+    if (fd < 0) return st_errf(err, errlen, "%s", msg);
+    st_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        close(fd);
+        return st_errf(err, errlen, "%s: out of memory", path);
+    }
+    f->len = (size_t)sb.st_size;
+    int rc = load_file(f, fd, path, err, errlen);
+    close(fd);
+    if (rc) {
+        st_close(f);
+        return -1;
+    }
+    parse_args pa = {f, msg, sizeof msg};
+    rc = guarded(f, parse_call, &pa);
+    if (rc == -2) snprintf(msg, sizeof(msg), "truncated while being read (SIGBUS in its header)");
+    if (rc) {
         st_close(f);
         return st_errf(err, errlen, "%s: %s", path, msg);
     }
@@ -336,6 +431,7 @@ void st_close(st_file *f) {
     free(f->by_name);
     if (f->mapped) munmap(f->buf, f->len);
     else free(f->buf);
+    free(f->path);
     free(f);
 }
 
@@ -367,14 +463,24 @@ const char *st_metadata(const st_file *f, const char *key) {
 
 static cw_dtype st_cw_dtype(st_dtype dt) { return dt == ST_F16 ? CW_F16 : dt == ST_BF16 ? CW_BF16 : CW_F32; }
 
-int st_read(const st_file *f, const st_tensor *t, st_dtype as, void *dst, size_t n, char *err, size_t errlen) {
-    if (!f || !t) return st_errf(err, errlen, "st_read: NULL file or tensor");
-    if (t < f->t || t >= f->t + f->n) return st_errf(err, errlen, "st_read: tensor is not from this file");
-    if (st_dtype_size(as) == 0) return st_errf(err, errlen, "st_read: unknown destination dtype %d", (int)as);
-    if ((uint64_t)n != (uint64_t)t->numel)
-        return st_errf(err, errlen, "tensor '%s' has %" PRId64 " elements, the destination holds %zu", t->name,
-                      t->numel, n);
-    if (n && !dst) return st_errf(err, errlen, "tensor '%s': NULL destination", t->name);
+typedef struct read_args {
+    const st_tensor *t;
+    st_dtype as;
+    void *dst;
+    size_t n;
+    char *err;
+    size_t errlen;
+} read_args;
+
+/* Copies (and converts) t's elements from the file's bytes. */
+static int read_call(void *arg) {
+    const read_args *r = arg;
+    const st_tensor *t = r->t;
+    st_dtype as = r->as;
+    void *dst = r->dst;
+    size_t n = r->n;
+    char *err = r->err;
+    size_t errlen = r->errlen;
     const size_t es = st_dtype_size(t->dtype), eo = st_dtype_size(as);
     const uint8_t *p = t->data;
     enum { CHUNK = 1024 };
@@ -398,255 +504,23 @@ int st_read(const st_file *f, const st_tensor *t, st_dtype as, void *dst, size_t
     return 0;
 }
 
-int st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n, char *err, size_t errlen) {
-    return st_read(f, t, ST_F32, dst, n, err, errlen);
-}
-
-/* ---- atomic replacement ---- */
-
-int st_atomic_begin(st_atomic *a, const char *path, char *err, size_t errlen) {
-    memset(a, 0, sizeof *a);
-    if (!path || !*path) return st_errf(err, errlen, "empty output path");
-    size_t L = strlen(path);
-    a->tmp = malloc(L + 16);
-    a->path = strdup(path);
-    if (!a->tmp || !a->path) {
-        free(a->tmp);
-        free(a->path);
-        return st_errf(err, errlen, "%s: out of memory", path);
-    }
-    snprintf(a->tmp, L + 16, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(a->tmp);
-    if (fd < 0) {
-        int e = errno;
-        st_errf(err, errlen, "%s: cannot create a temporary file beside it: %s", path, strerror(e));
-        free(a->tmp);
-        free(a->path);
-        memset(a, 0, sizeof *a);
-        return -1;
-    }
-    (void)fchmod(fd, 0644); /* mkstemp makes 0600; outputs are ordinary files (best effort) */
-    a->fp = fdopen(fd, "wb");
-    if (!a->fp) {
-        int e = errno;
-        close(fd);
-        unlink(a->tmp);
-        st_errf(err, errlen, "%s: fdopen: %s", path, strerror(e));
-        free(a->tmp);
-        free(a->path);
-        memset(a, 0, sizeof *a);
-        return -1;
-    }
-    return 0;
-}
-
-void st_atomic_abort(st_atomic *a) {
-    if (a->fp) fclose(a->fp);
-    if (a->tmp) unlink(a->tmp);
-    free(a->tmp);
-    free(a->path);
-    memset(a, 0, sizeof *a);
-}
-
-int st_atomic_commit(st_atomic *a, char *err, size_t errlen) {
-    if (!a->fp) return st_errf(err, errlen, "st_atomic_commit: no open file");
-    int e = 0;
-    if (fflush(a->fp) != 0 || ferror(a->fp)) e = errno ? errno : EIO;
-    /* the data must be on disk before the rename makes it the only copy */
-    if (!e && fsync(fileno(a->fp)) != 0 && errno != EINVAL) e = errno;
-    if (fclose(a->fp) != 0 && !e) e = errno ? errno : EIO;
-    a->fp = NULL;
-    if (e) {
-        st_errf(err, errlen, "%s: writing %s failed: %s", a->path, a->tmp, strerror(e));
-        st_atomic_abort(a);
-        return -1;
-    }
-    if (rename(a->tmp, a->path) != 0) {
-        e = errno;
-        st_errf(err, errlen, "%s: cannot replace it with %s: %s", a->path, a->tmp, strerror(e));
-        st_atomic_abort(a);
-        return -1;
-    }
-    free(a->tmp);
-    free(a->path);
-    memset(a, 0, sizeof *a);
-    return 0;
-}
-
-/* ---- writer ---- */
-
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *s, const char *str, size_t len) {
-    if (s->oom) return;
-    if (s->n + len + 1 > s->cap) {
-        size_t cap = s->cap ? s->cap : 256;
-        while (s->n + len + 1 > cap) cap *= 2;
-        char *q = realloc(s->p, cap);
-        if (!q) {
-            s->oom = 1;
-            return;
-        }
-        s->p = q;
-        s->cap = cap;
-    }
-    memcpy(s->p + s->n, str, len);
-    s->n += len;
-    s->p[s->n] = 0;
-}
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static void sb_fmt(sbuf *s, const char *fmt, ...) {
-    char tmp[128];
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (k > 0) sb_put(s, tmp, (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1);
-}
-
-static void sb_json_str(sbuf *s, const char *str) {
-    sb_put(s, "\"", 1);
-    for (const unsigned char *c = (const unsigned char *)str; *c; c++) {
-        if (*c == '"' || *c == '\\') {
-            char e[2] = {'\\', (char)*c};
-            sb_put(s, e, 2);
-        } else if (*c < 0x20) {
-            sb_fmt(s, "\\u%04x", *c);
-        } else {
-            sb_put(s, (const char *)c, 1);
-        }
-    }
-    sb_put(s, "\"", 1);
-}
-
-static int host_le(void) {
-    uint16_t one = 1;
-    uint8_t b;
-    memcpy(&b, &one, 1);
-    return b == 1;
-}
-
-static int write_tensors(const char *path, int n, const char *const *names, const st_dtype *dtypes,
-                         const int64_t *const *shapes, const int *ranks, const void *const *data, int as_f32,
-                         const char *const *metadata, char *err, size_t errlen) {
-    if (n < 0) return st_errf(err, errlen, "%s: negative tensor count %d", path, n);
-    if (n && (!names || !shapes || !ranks || !data))
-        return st_errf(err, errlen, "%s: NULL names, shapes, ranks or data", path);
-    uint64_t *nbytes = calloc((size_t)n + 1, sizeof(uint64_t));
-    if (!nbytes) return st_errf(err, errlen, "%s: out of memory", path);
-    sbuf h = {0};
-    int rc = -1;
-    sb_put(&h, "{", 1);
-    int first = 1;
-    if (metadata && metadata[0]) {
-        sb_put(&h, "\"__metadata__\":{", 16);
-        for (int i = 0; metadata[i]; i += 2) {
-            if (!metadata[i + 1]) {
-                st_errf(err, errlen, "%s: metadata key '%s' has no value", path, metadata[i]);
-                goto out;
-            }
-            if (i) sb_put(&h, ",", 1);
-            sb_json_str(&h, metadata[i]);
-            sb_put(&h, ":", 1);
-            sb_json_str(&h, metadata[i + 1]);
-        }
-        sb_put(&h, "}", 1);
-        first = 0;
-    }
-    uint64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        st_dtype dt = dtypes ? dtypes[i] : ST_F32;
-        if (!names[i] || !strcmp(names[i], "__metadata__")) {
-            st_errf(err, errlen, "%s: tensor %d has no name or a reserved one", path, i);
-            goto out;
-        }
-        for (int j = 0; j < i; j++)
-            if (!strcmp(names[i], names[j])) {
-                st_errf(err, errlen, "%s: tensor name '%s' given twice", path, names[i]);
-                goto out;
-            }
-        if (st_dtype_size(dt) == 0) {
-            st_errf(err, errlen, "%s: tensor '%s': unknown dtype %d", path, names[i], (int)dt);
-            goto out;
-        }
-        if (ranks[i] < 0 || ranks[i] > ST_MAX_RANK || (ranks[i] && !shapes[i])) {
-            st_errf(err, errlen, "%s: tensor '%s': rank %d outside 0..%d", path, names[i], ranks[i], ST_MAX_RANK);
-            goto out;
-        }
-        uint64_t numel = 1;
-        for (int d = 0; d < ranks[i]; d++) {
-            int64_t v = shapes[i][d];
-            if (v < 0 || (v && numel > (uint64_t)INT64_MAX / 8 / (uint64_t)v)) {
-                st_errf(err, errlen, "%s: tensor '%s': shape[%d] = %" PRId64 " is negative or too large", path,
-                       names[i], d, v);
-                goto out;
-            }
-            numel *= (uint64_t)v;
-        }
-        if (numel && !data[i]) {
-            st_errf(err, errlen, "%s: tensor '%s': NULL data", path, names[i]);
-            goto out;
-        }
-        nbytes[i] = numel * st_dtype_size(dt);
-        if (!first) sb_put(&h, ",", 1);
-        first = 0;
-        sb_json_str(&h, names[i]);
-        sb_fmt(&h, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(dt));
-        for (int d = 0; d < ranks[i]; d++) sb_fmt(&h, d ? ",%" PRId64 : "%" PRId64, shapes[i][d]);
-        sb_fmt(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + nbytes[i]);
-        off += nbytes[i];
-    }
-    sb_put(&h, "}", 1);
-    while ((8 + h.n) % 8) sb_put(&h, " ", 1); /* data section starts 8-byte aligned */
-    if (h.oom) {
-        st_errf(err, errlen, "%s: out of memory for the header", path);
-        goto out;
-    }
-    st_atomic a;
-    if (st_atomic_begin(&a, path, err, errlen)) goto out;
-    uint8_t len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)h.n >> (8 * i));
-    int ok = fwrite(len8, 1, 8, a.fp) == 8 && fwrite(h.p, 1, h.n, a.fp) == h.n;
-    for (int i = 0; ok && i < n; i++) {
-        if (!nbytes[i]) continue; /* data may be NULL for an empty tensor */
-        if (!as_f32 || host_le()) {
-            ok = fwrite(data[i], 1, (size_t)nbytes[i], a.fp) == (size_t)nbytes[i];
-        } else { /* big-endian host: store floats little-endian */
-            const float *src = data[i];
-            for (uint64_t e = 0; ok && e < nbytes[i] / 4; e++) {
-                uint32_t u;
-                memcpy(&u, &src[e], 4);
-                uint8_t b[4] = {(uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24)};
-                ok = fwrite(b, 1, 4, a.fp) == 4;
-            }
-        }
-    }
-    if (!ok) {
-        st_errf(err, errlen, "%s: write failed: %s", path, strerror(errno));
-        st_atomic_abort(&a);
-        goto out;
-    }
-    rc = st_atomic_commit(&a, err, errlen);
-out:
-    free(h.p);
-    free(nbytes);
+int st_read(const st_file *f, const st_tensor *t, st_dtype as, void *dst, size_t n, char *err, size_t errlen) {
+    if (!f || !t) return st_errf(err, errlen, "st_read: NULL file or tensor");
+    if (t < f->t || t >= f->t + f->n) return st_errf(err, errlen, "st_read: tensor is not from this file");
+    if (st_dtype_size(as) == 0) return st_errf(err, errlen, "st_read: unknown destination dtype %d", (int)as);
+    if ((uint64_t)n != (uint64_t)t->numel)
+        return st_errf(err, errlen, "tensor '%s' has %" PRId64 " elements, the destination holds %zu", t->name,
+                      t->numel, n);
+    if (n && !dst) return st_errf(err, errlen, "tensor '%s': NULL destination", t->name);
+    read_args ra = {t, as, dst, n, err, errlen};
+    int rc = guarded(f, read_call, &ra);
+    if (rc == -2)
+        return st_errf(err, errlen, "%s: tensor '%s' (file bytes %" PRIu64 "-%" PRIu64 "): the file was truncated "
+                       "while being read (SIGBUS)", f->path ? f->path : "(buffer)", t->name,
+                       (uint64_t)(f->data - f->buf) + t->begin, (uint64_t)(f->data - f->buf) + t->end);
     return rc;
 }
 
-int st_write(const char *path, int n, const char *const *names, const int64_t *const *shapes, const int *ranks,
-             const float *const *data, char *err, size_t errlen) {
-    return write_tensors(path, n, names, NULL, shapes, ranks, (const void *const *)data, 1, NULL, err, errlen);
-}
-
-int st_write_raw(const char *path, int n, const char *const *names, const st_dtype *dtypes,
-                 const int64_t *const *shapes, const int *ranks, const void *const *data,
-                 const char *const *metadata, char *err, size_t errlen) {
-    return write_tensors(path, n, names, dtypes, shapes, ranks, data, 0, metadata, err, errlen);
+int st_read_f32(const st_file *f, const st_tensor *t, float *dst, size_t n, char *err, size_t errlen) {
+    return st_read(f, t, ST_F32, dst, n, err, errlen);
 }

@@ -47,9 +47,14 @@ const char *vae_preset_names(void);
 /* Parses "128,256,512,512" into cfg->block_out / n_blocks. Returns 0 or -1 with a message. */
 int vae_parse_channels(vae_config *cfg, const char *list, char *err, size_t errlen);
 /* Checks that every field is usable (groups divide every channel count, ...). */
+/* 1 when a float32 latent times s stays finite and non-zero (1 / FLT_MAX <= s <= FLT_MAX). */
+int vae_scaling_factor_ok(double s);
 int vae_config_validate(const vae_config *cfg, char *err, size_t errlen);
-/* Reads a diffusers AutoencoderKL config.json (text of len bytes, `path` for messages) over
- * cfg: block_out_channels, layers_per_block, norm_num_groups, latent_channels,
+/* Reads a diffusers AutoencoderKL config.json (text of len bytes, `path` for messages) into
+ * cfg; a key the file omits takes diffusers' AutoencoderKL class default (0.42.1: one block
+ * of 64 channels, 1 layer, 4 latent channels, 32 groups, scaling 0.18215, ...), as diffusers
+ * fills it; keys starting with '_' (_diffusers_version, _use_default_values, ...) and
+ * sample_size are ignored. Keys read: block_out_channels, layers_per_block, norm_num_groups, latent_channels,
  * in/out_channels, scaling_factor, shift_factor, use_quant_conv, use_post_quant_conv,
  * mid_block_add_attention, force_upcast, act_fn, block types. A key that changes the
  * architecture in a way cw-vae does not implement, an unknown key, or a value of the wrong

@@ -1,6 +1,13 @@
 /* convweave — convolutions scheduled across streams under a hard temporary-memory cap.
- * This header is the whole public API. Every call returns a cw_status; the context keeps
- * a human-readable message (cw_context_get_last_error) naming the argument, shape or offset. */
+ * This header is the whole public API. Every call that can fail returns a cw_status, and on
+ * failure the context keeps a human-readable message (cw_context_get_last_error) naming the
+ * argument, shape or offset. The calls that return something else cannot fail and say
+ * "Infallible" with what they return for a NULL argument: the version and status strings,
+ * destroy functions and cw_free (which accept NULL), and a few getters of values the
+ * object always has (last error, backend name, host syncs, a tensor's desc and data,
+ * cw_tensor_desc_numel, cw_dtype_size, cw_context_reset_peak_stats). Byte counts are
+ * int64_t throughout; size_t appears only for sizes of C objects (config `size` fields,
+ * cw_dtype_size). */
 #ifndef CONVWEAVE_H
 #define CONVWEAVE_H
 
@@ -27,10 +34,14 @@ extern "C" {
 /* Conventions. Constructors (cw_<object>_create, cw_tensor_wrap) take the new handle
  * first: cw_context_create(&ctx, cfg), cw_tensor_create(&t, ctx, desc). Every other call
  * takes the object it acts on first, then its out-parameters, then its inputs:
- * cw_graph_conv(g, &y, x, w, b, p), cw_graph_min_budget(g, &bytes, opt). A call that reads
- * a property of an object is cw_<object>_get_<property> (cw_plan_get_stats). */
+ * cw_graph_conv(g, &y, x, w, b, p), cw_graph_min_budget(g, &bytes, opt). One exception:
+ * the context's stream slots are addressed right after the context, so the set/get pair
+ * reads alike (convweave_cuda.h: cw_context_set_cuda_stream(ctx, index, s),
+ * cw_context_get_cuda_stream(ctx, index, &s)). A call that reads a property of an object
+ * is cw_<object>_get_<property> (cw_plan_get_stats). */
 
-/* Returns CW_VERSION_NUMBER of the library actually loaded (may differ from the header). */
+/* Returns CW_VERSION_NUMBER of the library actually loaded (may differ from the header).
+ * Infallible, like every function up to cw_context_create. */
 CW_API int cw_version(void);
 /* Returns the version as a static string, e.g. "0.1.0". */
 CW_API const char *cw_version_string(void);
@@ -60,6 +71,16 @@ typedef enum cw_status {
 CW_API const char *cw_status_string(cw_status s);
 /* Returns the status's symbolic name ("CW_ERR_BUDGET"); "CW_UNKNOWN" else. */
 CW_API const char *cw_status_name(cw_status s);
+
+/* Parses a byte size, the one grammar of every budget the library's users take (cw-vae's
+ * --budget and --memory, the Python package's budget=): a decimal number (digits with an
+ * optional fraction and exponent: "256", "1.5", "1e9") then an optional unit, any case: B,
+ * KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024); spaces may
+ * surround the number and precede the unit. "unlimited" and "none" (any case) give -1.
+ * Sets *out_bytes to the size rounded to whole bytes (>= 0) and returns CW_OK; anything
+ * else (a sign, hex, inf, an unknown unit, 2^63 bytes or more, s NULL) returns
+ * CW_ERR_INVALID_ARG and leaves *out_bytes unchanged. Locale-independent; no context. */
+CW_API cw_status cw_parse_size(const char *s, int64_t *out_bytes);
 
 /* ---------------------------------------------------------------------------------------
  * Logging. */
@@ -122,10 +143,12 @@ typedef struct cw_context_config {
 CW_API cw_status cw_context_create(cw_context **out, const cw_context_config *cfg);
 /* Waits for all queued work, frees everything the context owns. Accepts NULL. */
 CW_API void cw_context_destroy(cw_context *ctx);
-/* The message of the last failed call on this context ("" if none). Valid until the next
- * call on the context from the same thread. */
+/* The message of the last failed call on this context, from any thread ("" if none; ""
+ * for NULL). Infallible. The context keeps one message, written and read under its lock;
+ * the string returned is the calling thread's copy of it, valid until this thread calls
+ * cw_context_get_last_error again. */
 CW_API const char *cw_context_get_last_error(const cw_context *ctx);
-/* Which backend the context runs ("cpu" or "cuda"). */
+/* Which backend the context runs ("cpu" or "cuda"). Infallible ("none" for NULL). */
 CW_API const char *cw_context_get_backend_name(const cw_context *ctx);
 /* Blocks until all work queued on the context's streams has finished. */
 CW_API cw_status cw_context_synchronize(cw_context *ctx);
@@ -142,7 +165,7 @@ typedef struct cw_tensor_desc {
     int64_t strides[CW_MAX_RANK]; /* all zero: contiguous (filled in by the library) */
 } cw_tensor_desc;
 
-/* Size of one element of dt in bytes (0 for an unknown dtype). */
+/* Size of one element of dt in bytes (0 for an unknown dtype). Infallible. */
 CW_API size_t cw_dtype_size(cw_dtype dt);
 /* Converts n elements of host memory, src (of src_dtype) into dst (of dst_dtype), in host
  * byte order: f32 -> f16/bf16 rounds to nearest, ties to even (past the largest finite
@@ -163,15 +186,17 @@ CW_API cw_status cw_tensor_create(cw_tensor **out, cw_context *ctx, const cw_ten
 CW_API cw_status cw_tensor_wrap(cw_tensor **out, cw_context *ctx, const cw_tensor_desc *desc, void *data);
 /* Frees a tensor (and its memory if the library allocated it). Accepts NULL. */
 CW_API void cw_tensor_destroy(cw_tensor *t);
-/* The tensor's descriptor (dims and strides), owned by t. */
+/* The tensor's descriptor (dims and strides), owned by t. Infallible (NULL for NULL). */
 CW_API const cw_tensor_desc *cw_tensor_get_desc(const cw_tensor *t);
-/* Device pointer of the first element. */
+/* Device pointer of the first element. Infallible (NULL for NULL). */
 CW_API void *cw_tensor_get_data(const cw_tensor *t);
-/* Copies `bytes` of host memory into a contiguous tensor, synchronously. bytes must equal
- * the tensor's size. */
-CW_API cw_status cw_tensor_upload(cw_tensor *t, const void *host, size_t bytes);
-CW_API cw_status cw_tensor_download(const cw_tensor *t, void *host, size_t bytes);
-/* Number of elements of a descriptor (0 for NULL). */
+/* Copies `bytes` of host memory into a contiguous tensor (upload) or the tensor into host
+ * memory (download), synchronously. bytes must equal the tensor's size (numel * element
+ * size). Returns CW_ERR_INVALID_ARG for another byte count or a NULL host pointer,
+ * CW_ERR_UNSUPPORTED for a strided view. */
+CW_API cw_status cw_tensor_upload(cw_tensor *t, const void *host, int64_t bytes);
+CW_API cw_status cw_tensor_download(const cw_tensor *t, void *host, int64_t bytes);
+/* Number of elements of a descriptor. Infallible (0 for NULL). */
 CW_API int64_t cw_tensor_desc_numel(const cw_tensor_desc *d);
 
 /* ---------------------------------------------------------------------------------------
@@ -194,10 +219,13 @@ typedef struct cw_memory_stats {
     int64_t activations_bytes_peak;
 } cw_memory_stats;
 
+/* Fills *out with the context's temporary pool's statistics and the activation fields.
+ * Returns CW_ERR_INVALID_ARG for a NULL argument. */
 CW_API cw_status cw_context_get_memory_stats(cw_context *ctx, cw_memory_stats *out);
-/* Resets the *_peak fields to the current values. */
+/* Resets the *_peak fields to the current values. Infallible (NULL: nothing). */
 CW_API void cw_context_reset_peak_stats(cw_context *ctx);
-/* Host synchronisations made by the backend since context creation (cpu: exact count). */
+/* Host synchronisations made by the backend since context creation (cpu: exact count).
+ * Infallible (0 for NULL). */
 CW_API int64_t cw_context_get_host_syncs(const cw_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
@@ -216,7 +244,7 @@ CW_API int64_t cw_context_get_host_syncs(const cw_context *ctx);
  * aligned to CW_ALLOCATOR_ALIGN bytes, or NULL when it has none. It is called when a pool
  * has no cached block that fits: at cw_graph_compile (a plan's temporary arena and its
  * activation arena), at the start of cw_plan_run when another plan's arena occupies the
- * shared pool, and inside a run only in pools without a budget. `stream` is the library
+ * shared pool or after cw_plan_release gave the plan's arenas back, and inside a run only in pools without a budget. `stream` is the library
  * stream in whose order the segment is first used: on cuda a cudaStream_t, on cpu an opaque
  * identifier of a worker stream (never dereference it). Outside a run it is the context's
  * stream 0 (the caller's stream where cw_context_set_cuda_stream set one); inside a run the
@@ -231,7 +259,7 @@ CW_API int64_t cw_context_get_host_syncs(const cw_context *ctx);
  * first), so the memory may be reused at once on any stream. It is called when cached
  * segments are released: cw_context_empty_cache, cw_context_set_allocator, a pool making
  * room (a run's start replacing another plan's arena, a retry after alloc returned NULL),
- * cw_plan_destroy (its arenas), cw_context_destroy.
+ * cw_plan_destroy and cw_plan_release (its arenas), cw_context_destroy.
  *
  * Both run on the thread that made the convweave call, never on a stream's worker thread
  * or a CUDA callback, with the pool's lock held: they must not call convweave, and must be
@@ -271,9 +299,11 @@ CW_API cw_status cw_context_set_allocator(cw_context *ctx, const cw_allocator *a
 /* Waits for the context's streams and returns every cached segment of the context's pools
  * (blocks not in use) to the allocator that gave it, as torch.cuda.empty_cache does; plans
  * take their arena again at their next run (from the allocator then set). Plans with a pool
- * of their own keep their arena until destroyed. On cpu it also drops the oneDNN kernels no
- * live plan uses (they are process-wide; destroying the last context drops them too) and
- * returns freed heap to the OS where the C library can (glibc: malloc_trim). */
+ * of their own keep their arena until destroyed, and every live plan keeps its activation
+ * arena (in use, not cached): cw_plan_release gives a plan's back between runs. On cpu it
+ * also drops the oneDNN kernels no live plan uses (they are process-wide; destroying the
+ * last context drops them too) and returns freed heap to the OS where the C library can
+ * (glibc: malloc_trim). */
 CW_API cw_status cw_context_empty_cache(cw_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
@@ -304,9 +334,10 @@ typedef struct cw_conv_params {
  * weights w and biases b of its convolutions all have that one dtype; the first input (or the
  * first constant used as an activation) fixes it, and a node of another dtype is refused with
  * CW_ERR_INVALID_ARG naming the node and both dtypes (there is no implicit cast). GroupNorm's
- * gamma and beta and the per-channel ops' vectors (cw_graph_scale's s) are f32 in graphs of
- * every dtype. Inside a plan, activations, patch buffers and band buffers take the graph's
- * dtype; GroupNorm statistics stay double, its scale/shift and attention's scores f32. */
+ * gamma and beta and the per-channel ops' vectors (cw_graph_scale's s, cw_graph_shift's v)
+ * are f32 in graphs of every dtype. Inside a plan, activations, patch buffers and band
+ * buffers take the graph's dtype; GroupNorm statistics stay double, its scale/shift and
+ * attention's scores f32. */
 typedef struct cw_graph cw_graph;
 typedef struct cw_plan cw_plan;
 typedef int32_t cw_node;
@@ -318,8 +349,9 @@ CW_API void cw_graph_destroy(cw_graph *g);
 /* A runtime input bound at cw_plan_run; desc gives dtype and dims (strides ignored). Returns
  * CW_ERR_INVALID_ARG for a dtype other than the graph's (see "Element type" above). */
 CW_API cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_tensor_desc *desc);
-/* A constant tensor (weights). Borrowed: t must outlive every plan compiled from g. */
-CW_API cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t);
+/* A constant tensor (weights). Borrowed and only read: t must outlive every plan compiled
+ * from g. */
+CW_API cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, const cw_tensor *t);
 /* y = conv(x, w) + b. x: [N, C, (D,) H, W], w: [K, C/groups, (kd,) kh, kw], b: [K] or
  * CW_NODE_NONE. */
 CW_API cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node b,
@@ -353,6 +385,54 @@ CW_API cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_nod
 CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 /* Descriptor of a node's result (dims are known at build time). */
 CW_API cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);
+
+/* The unary ops of cw_graph_unary. Append only: plans store the codes. */
+typedef enum cw_unary_op {
+    CW_UNARY_RELU = 0,  /* y = max(x, 0); NaN stays NaN (torch.relu) */
+    CW_UNARY_TANH,      /* y = tanh(x) */
+    CW_UNARY_SIGMOID,   /* y = 1 / (1 + e^-x) */
+    CW_UNARY_GELU,      /* y = x / 2 * (1 + erf(x / sqrt(2))) (F.gelu's default) */
+    CW_UNARY_GELU_TANH, /* y = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) (approximate='tanh') */
+    CW_UNARY_AFFINE,    /* y = a * x + b (a * x exact, within 1 ulp): mul, add, sub and rsub by scalars */
+    CW_UNARY_CLAMP      /* y = min(max(x, a), b): torch.clamp(x, a, b); NaN x gives NaN, a > b gives b;
+                           -INFINITY or INFINITY leaves a side open */
+} cw_unary_op;
+/* y = op(x) elementwise, with the scalar parameters a and b where op uses them (ignored
+ * otherwise). x: [N, C, H, W] or [N, C, D, H, W]; y has x's dims and dtype. In f16/bf16 graphs
+ * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
+ * naming the argument, for an op that is not a cw_unary_op, a NaN a or b for
+ * CW_UNARY_CLAMP, an x of another rank, another dtype than the graph's, or not a node. */
+CW_API cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);
+
+/* The binary ops of cw_graph_binary. Append only: plans store the codes. */
+typedef enum cw_binary_op {
+    CW_BINARY_MUL = 0, /* y = a * b */
+    CW_BINARY_SUB,     /* y = a - b */
+    CW_BINARY_DIV,     /* y = a / b (IEEE: x / 0 is +-inf, 0 / 0 NaN) */
+    CW_BINARY_MAX,     /* y = max(a, b), NaN if either is (torch.maximum) */
+    CW_BINARY_MIN      /* y = min(a, b), NaN if either is (torch.minimum) */
+} cw_binary_op;
+/* y = op(a, b) elementwise on two activations of equal dims (no broadcasting; cw_graph_add
+ * is the sum, cw_graph_scale and cw_graph_shift broadcast a per-channel vector). a, b:
+ * [N, C, H, W] or [N, C, D, H, W] of the graph's dtype; y has their dims. In f16/bf16 graphs
+ * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
+ * naming the argument, for an op that is not a cw_binary_op, an a or b of another rank or
+ * dtype or not a node, and naming both shapes when they differ. */
+CW_API cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
+/* y[n, c, ...] = x[n, c, ...] + v[c]: a per-channel shift (a bias broadcast as [C, 1, 1]).
+ * x: [N, C, H, W] or [N, C, D, H, W]; v: a contiguous f32 constant (cw_graph_constant) of
+ * dims [C] in graphs of every dtype; in f16/bf16 graphs the sum is taken in f32 and rounded
+ * once on store. Returns CW_ERR_INVALID_ARG (naming the argument) for any other x or v. */
+CW_API cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v);
+/* Nearest-neighbour upsampling by integer factors (PyTorch's interpolate(mode='nearest')
+ * with integer scale factors): y[n, c, d, h, w] = x[n, c, d / fd, h / fh, w / fw] (integer
+ * division), with factors = {fd, fh, fw} for (D, H, W), each 1..8. x: [N, C, D, H, W], or
+ * [N, C, H, W] with factors[0] == 1; y: x's dims with D, H, W multiplied by their factors, of
+ * x's dtype (values copied exactly). The copy is its own task (cw_graph_upsample2x instead
+ * fuses into the next conv's input preparation). Returns CW_ERR_INVALID_ARG, naming the
+ * argument, for a NULL factors, a factor outside 1..8, factors[0] != 1 with a 4-D x, or an x
+ * of another rank or dtype or not a node. */
+CW_API cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */
@@ -416,7 +496,8 @@ typedef struct cw_memory_point {
  * nothing. A memory budget from points[i].total_bytes up to points[i + 1].total_bytes - 1
  * (the last: any) compiles to point i's plan, and its runs keep temp_peak + activations_peak
  * within points[i].total_bytes. Writes the first min(n, max_points) points and sets *out_n
- * to n (1..65); points may be NULL when max_points is 0. The points depend on the temporary
+ * to n (1..129: one point per recompute step at most, and there are at most 2 * 65 - 1
+ * steps); points may be NULL when max_points is 0. The points depend on the temporary
  * budget, so opt->temp_budget or the context's must be > 0 (unless opt->policy is
  * CW_PATCHES_NONE): else CW_ERR_INVALID_ARG naming both (a memory budget alone gives
  * temporaries an eighth of itself). CW_ERR_BUDGET when no plan fits the temporary budget
@@ -424,10 +505,21 @@ typedef struct cw_memory_point {
  * as a few cw_graph_compile calls. Runs nothing on the device. */
 CW_API cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
                                         const cw_compile_options *opt);
+/* Frees the plan and gives its arenas back. Accepts NULL. */
 CW_API void cw_plan_destroy(cw_plan *p);
+/* Gives back the memory a plan holds between runs: its activation arena and, where the
+ * plan's temporaries come from a pool with no block in use (the context's, or the plan's
+ * own under a budget of its own), that pool's cached segments, to the allocator that gave
+ * them (cw_context_set_allocator's free, or the backend's). The plan stays valid: its next
+ * cw_plan_run takes its arenas again (an allocation at the run's start, which can fail with
+ * CW_ERR_OUT_OF_MEMORY). Call it between runs, not during one on another thread; it waits
+ * for the context's streams first. A no-op for a plan that holds nothing. Returns
+ * CW_ERR_INVALID_ARG for a NULL plan. */
+CW_API cw_status cw_plan_release(cw_plan *p);
 /* Runs the plan: inputs in cw_graph_input order, outputs in cw_graph_output order, each
  * shaped as declared (outputs may be strided views). Enqueues everything on the context's
- * streams and waits once at the end; no host synchronisation in between. */
+ * streams and waits once at the end; no host synchronisation in between (after
+ * cw_plan_release, the run first takes its arenas again). */
 CW_API cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs,
                              int n_outputs);
 

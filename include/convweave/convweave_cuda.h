@@ -45,10 +45,14 @@ enum {
 CW_API cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *cuda_stream);
 
 /* The cudaStream_t (as void *) behind the context's stream `index`, created on first use.
- * Stays owned by the context (or by the caller who set it). */
-CW_API cw_status cw_context_get_cuda_stream(cw_context *ctx, void **cuda_stream, int index);
+ * Stays owned by the context (or by the caller who set it). Takes (ctx, index, stream) in
+ * the order of cw_context_set_cuda_stream: a stream slot of the context is addressed
+ * right after the context in both directions. Returns CW_ERR_INVALID_ARG for an index out
+ * of range or a NULL cuda_stream, CW_ERR_UNSUPPORTED on a non-cuda context. */
+CW_API cw_status cw_context_get_cuda_stream(cw_context *ctx, int index, void **cuda_stream);
 
-/* The CUDA device index the context runs on. */
+/* The CUDA device index the context runs on. Returns CW_ERR_INVALID_ARG for a NULL
+ * argument, CW_ERR_UNSUPPORTED on a non-cuda context. */
 CW_API cw_status cw_context_get_cuda_device(const cw_context *ctx, int *device);
 
 #ifdef __cplusplus

@@ -1,7 +1,8 @@
 /* Budgeted caching allocator: device segments split into 512-byte-granular blocks; free
  * blocks are cached (best fit, then lowest address) and reused in stream order through
  * events recorded at free time, never holding more than the budget from the device. The
- * segments come from the backend, or from the context's user allocator (cw_allocator). */
+ * segments come from the backend, or from a segment source (cw__seg_source: the context's
+ * user allocator, cw_allocator). */
 #include <assert.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -65,8 +66,10 @@ typedef struct pool {
 } pool;
 
 struct cw__allocator {
-    cw_context *ctx;
+    cw_context *ctx;          /* error messages only */
     cw__backend *be;
+    cw__seg_source src;       /* self NULL and hooks NULL: dev_alloc only */
+    int has_src;
     int64_t budget; /* 0: unlimited */
     uint32_t flags;
     int skip_waits;
@@ -350,28 +353,16 @@ static int64_t largest_free(const cw__allocator *a) {
 }
 
 /* ---- where segments come from ---------------------------------------------------------- */
-/* 1 when a takes memory from its context's own backend: only those pools use the context's
- * user allocator and count towards what it holds (the dry backend's and the tests' fakes'
- * pools never do). */
-static int on_context(const cw__allocator *a) { return a->ctx && a->be == a->ctx->be; }
-
 static cw_allocator seg_source(const cw__allocator *a) {
     cw_allocator u;
     memset(&u, 0, sizeof u);
-    if (!on_context(a)) return u;
-    pthread_mutex_lock(&a->ctx->mu);
-    u = a->ctx->ualloc;
-    pthread_mutex_unlock(&a->ctx->mu);
+    if (a->has_src) a->src.user_allocator(a->src.self, &u);
     return u;
 }
 
-/* The context's count of held segments (cw_context_set_allocator refuses while any are). */
+/* The source's count of held segments (cw_context_set_allocator refuses while any are). */
 static void seg_count(const cw__allocator *a, int64_t n, int64_t bytes) {
-    if (!on_context(a)) return;
-    pthread_mutex_lock(&a->ctx->mu);
-    a->ctx->segs_held += n;
-    a->ctx->seg_bytes_held += bytes;
-    pthread_mutex_unlock(&a->ctx->mu);
+    if (a->has_src) a->src.held(a->src.self, n, bytes);
 }
 
 /* Memory for g (g->size bytes), first used on s; outside a run (s NULL) the user allocator
@@ -388,7 +379,7 @@ static cw_status seg_obtain(cw__allocator *a, segment *g, cw__stream *s) {
                              cw_status_name(st));
         return st;
     }
-    if (!s && (st = cw__context_stream(a->ctx, 0, &s)) != CW_OK) return st;
+    if (!s) CW_TRY(a->src.idle_stream(a->src.self, &s));
     g->stream = cw__stream_handle(a->be, s);
     g->ptr = g->src.alloc(g->src.user, g->size, g->stream);
     if (!g->ptr) {
@@ -531,7 +522,8 @@ static cw_status release_cached_locked(cw__allocator *a) {
 }
 
 /* ---- public entry points ------------------------------------------------------------- */
-cw_status cw__alloc_create(cw__allocator **out, cw_context *ctx, cw__backend *be, int64_t budget, uint32_t flags) {
+cw_status cw__alloc_create(cw__allocator **out, cw_context *ctx, cw__backend *be, const cw__seg_source *src,
+                           int64_t budget, uint32_t flags) {
     if (!out) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw__alloc_create: out is NULL");
     *out = NULL;
     if (!be) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw__alloc_create: backend is NULL");
@@ -543,6 +535,10 @@ cw_status cw__alloc_create(cw__allocator **out, cw_context *ctx, cw__backend *be
     }
     a->ctx = ctx;
     a->be = be;
+    if (src) {
+        a->src = *src;
+        a->has_src = 1;
+    }
     a->budget = budget > 0 ? budget : 0;
     a->flags = flags;
     a->st.budget = a->budget;
@@ -628,7 +624,6 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
     int pi = n <= SMALL_MAX ? POOL_SMALL : POOL_LARGE;
     int oom = 0, hit = 1;
     a->user_null = 0;
-    cw_status st;
     /* 1. a cached block that is already in order for s */
     block *b = find_block(a, pi, n, s, 1);
     /* 2. a new segment while the cap allows: better than making s wait on another stream
@@ -636,7 +631,7 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
     if (!b && (a->flags & CW__ALLOC_PREFER_REUSE)) b = find_block(a, pi, n, s, 0);
     if (!b && (a->flags & CW__ALLOC_PREFER_REUSE)) b = find_block(a, 1 - pi, n, s, 0);
     if (!b) {
-        if ((st = segment_new(a, pi, n, s, &b, &oom)) != CW_OK) return st;
+        CW_TRY(segment_new(a, pi, n, s, &b, &oom));
         hit = !b;
     }
     /* 3. at the cap: another stream's block (own pool first), with an event wait */
@@ -647,15 +642,15 @@ static cw_status malloc_locked(cw__allocator *a, int64_t bytes, cw__stream *s, v
         int64_t freeable = cached_segment_bytes(a);
         int helps = a->budget > 0 && !oom ? a->budget - a->st.reserved_bytes_current + freeable >= n : freeable > 0;
         if (helps) {
-            if ((st = release_cached_locked(a)) != CW_OK) return st;
+            CW_TRY(release_cached_locked(a));
             oom = 0;
-            if ((st = segment_new(a, pi, n, s, &b, &oom)) != CW_OK) return st;
+            CW_TRY(segment_new(a, pi, n, s, &b, &oom));
             hit = 0;
         }
     }
     if (!b) return fail_locked(a, oom ? CW_ERR_OUT_OF_MEMORY : CW_ERR_BUDGET, bytes, n, s);
 
-    if ((st = block_order(a, b, s)) != CW_OK) return st;
+    CW_TRY(block_order(a, b, s));
     pool *p = &a->pools[b->seg->pool];
     pool_remove(p, b);
     if (b->size - n >= GRAN) {

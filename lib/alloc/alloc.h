@@ -18,8 +18,30 @@ enum {
     CW__ALLOC_PREFER_REUSE = 1u << 2
 };
 
-/* budget <= 0: unlimited. be is borrowed. ctx (may be NULL) receives error messages. */
-cw_status cw__alloc_create(cw__allocator **out, cw_context *ctx, cw__backend *be, int64_t budget, uint32_t flags);
+/* Where a pool takes its segments besides its backend's dev_alloc, and whom it tells how
+ * many it holds: the context implements it (core/context.c, cw__context_seg_source) for
+ * the pools on its own backend; the allocator only calls these hooks, never the context.
+ * Every hook is required. The allocator calls them under its own lock, so a hook never
+ * calls back into an allocator. */
+typedef struct cw__seg_source {
+    void *self;
+    /* The user allocator in force now (alloc NULL: take segments from dev_alloc). */
+    void (*user_allocator)(void *self, cw_allocator *out);
+    /* The stream a user allocator is given for a segment taken outside a run (stream 0,
+     * which every run's streams wait for at its fork). */
+    cw_status (*idle_stream)(void *self, cw__stream **out);
+    /* n segments of `bytes` bytes in all were taken (n > 0) or given back (n < 0). */
+    void (*held)(void *self, int64_t n, int64_t bytes);
+} cw__seg_source;
+
+/* core/context.c: the context's segment source (its user allocator, stream 0, its count of
+ * held segments), for pools on ctx->be. */
+cw__seg_source cw__context_seg_source(cw_context *ctx);
+
+/* budget <= 0: unlimited. be is borrowed. ctx (may be NULL) receives error messages. src
+ * (copied; NULL: dev_alloc only, nobody told) is where segments come from. */
+cw_status cw__alloc_create(cw__allocator **out, cw_context *ctx, cw__backend *be, const cw__seg_source *src,
+                           int64_t budget, uint32_t flags);
 /* Synchronises outstanding free events, returns every segment to the device. Accepts NULL. */
 void cw__alloc_destroy(cw__allocator *a);
 /* A block of at least `bytes` usable on stream s (already ordered after any previous use

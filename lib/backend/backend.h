@@ -126,6 +126,16 @@ typedef struct cw__runtime_i {
     /* (optional) default: s itself (cw__stream_handle). The handle a user allocator
      * (cw_allocator) is given for s: cuda's cudaStream_t. Never fails, never synchronises. */
     void *(*stream_handle)(cw__backend *be, cw__stream *s);
+    /* (optional) default: CW_ERR_UNSUPPORTED (cw__stream_adopt). Makes a stream run on a
+     * caller's native stream `handle` (cuda: a cudaStream_t of the backend's device; NULL is
+     * the legacy default stream), which it never destroys: *s NULL: a new stream object;
+     * otherwise *s's queued work finishes first (a host sync), its own native stream is
+     * destroyed if it owned it, and *s runs on handle from then on (allocators and plans
+     * keep the object). The context calls it under its lock (cw_context_set_cuda_stream). */
+    cw_status (*stream_adopt)(cw__backend *be, void *handle, cw__stream **s);
+    /* (optional) default: CW_ERR_UNSUPPORTED (cw__device_index). The device index the
+     * backend runs on (cw_context_get_cuda_device). */
+    cw_status (*device_index)(cw__backend *be, int *out);
 
     /* -- device timestamps (a scheduler uses them when present) -- */
     /* (optional) default: none; traces then come from launch_host callbacks. Device
@@ -204,6 +214,14 @@ struct cw__backend {
 /* The handle of s a user allocator sees (the optional stream_handle hook, or s). */
 static inline void *cw__stream_handle(cw__backend *be, cw__stream *s) {
     return be->rt->stream_handle ? be->rt->stream_handle(be, s) : (void *)s;
+}
+
+/* The optional stream_adopt and device_index hooks with their defaults. */
+static inline cw_status cw__stream_adopt(cw__backend *be, void *handle, cw__stream **s) {
+    return be->rt->stream_adopt ? be->rt->stream_adopt(be, handle, s) : CW_ERR_UNSUPPORTED;
+}
+static inline cw_status cw__device_index(cw__backend *be, int *out) {
+    return be->rt->device_index ? be->rt->device_index(be, out) : CW_ERR_UNSUPPORTED;
 }
 
 /* ops.c: the operations as callers use them. Each checks its arguments once (naming the

@@ -36,8 +36,7 @@ static cw_status check_desc(cw__backend *be, const char *op, const char *arg, co
 static cw_status check_view(cw__backend *be, const char *op, const char *arg, const cw__view *v, int rmin, int rmax) {
     char b[96];
     if (!v) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s is NULL", op, arg);
-    cw_status st = check_desc(be, op, arg, &v->d, rmin, rmax);
-    if (st != CW_OK) return st;
+    CW_TRY(check_desc(be, op, arg, &v->d, rmin, rmax));
     if (!v->data && cw__desc_numel(&v->d) > 0)
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s %s has NULL data", op, arg, cw__dims_str(&v->d, b, sizeof b));
     return CW_OK;
@@ -56,14 +55,13 @@ static int same_dims(const cw_tensor_desc *a, const cw_tensor_desc *b) {
  * groups dividing C and K, strides and dilations >= 1, paddings >= 0. */
 static cw_status check_problem(cw__backend *be, const char *op, const cw__conv_problem *p) {
     char b1[96], b2[96], b3[96];
-    cw_status st;
     if (!p) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: problem is NULL", op);
     if (p->spatial != 2 && p->spatial != 3)
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: spatial = %d, must be 2 or 3", op, p->spatial);
     int r = p->spatial + 2;
-    if ((st = check_desc(be, op, "x", &p->x, r, r)) != CW_OK || (st = check_desc(be, op, "w", &p->w, r, r)) != CW_OK ||
-        (st = check_desc(be, op, "y", &p->y, r, r)) != CW_OK)
-        return st;
+    CW_TRY(check_desc(be, op, "x", &p->x, r, r));
+    CW_TRY(check_desc(be, op, "w", &p->w, r, r));
+    CW_TRY(check_desc(be, op, "y", &p->y, r, r));
     if (p->w.dtype != p->x.dtype || p->y.dtype != p->x.dtype)
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: x, w and y dtypes differ (%s, %s, %s)", op,
                          cw__dtype_name(p->x.dtype), cw__dtype_name(p->w.dtype), cw__dtype_name(p->y.dtype));
@@ -82,18 +80,16 @@ static cw_status check_problem(cw__backend *be, const char *op, const cw__conv_p
 }
 
 cw_status cw__op_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n) {
-    cw_status st = check_problem(be, "conv_algos", p);
-    if (st != CW_OK) return st;
+    CW_TRY(check_problem(be, "conv_algos", p));
     if (!out || !n || max < 0)
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "conv_algos: out/n NULL or max = %d", max);
-    if ((st = has_ops(be, "conv_algos")) != CW_OK) return st;
+    CW_TRY(has_ops(be, "conv_algos"));
     return be->ops->conv_algos(be, p, out, max, n);
 }
 
 cw_status cw__op_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
                               const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes) {
-    cw_status st = check_problem(be, "conv_forward", p);
-    if (st != CW_OK) return st;
+    CW_TRY(check_problem(be, "conv_forward", p));
     /* x may be NULL where the patch reads no input row (all its rows lie in the padding) */
     if (!algo || !w || !y || (p->has_bias && !b) || (!x && cw__desc_numel(&p->x) > 0))
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "conv_forward: %s is NULL",
@@ -102,17 +98,16 @@ cw_status cw__op_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pro
         return cw__error(be->ctx, CW_ERR_INVALID_ARG,
                          "conv_forward: workspace %" PRId64 " bytes at %p < %" PRId64 " needed by %s", ws_bytes, ws,
                          algo->workspace, algo->name);
-    if ((st = has_ops(be, "conv_forward")) != CW_OK) return st;
+    CW_TRY(has_ops(be, "conv_forward"));
     if (cw__desc_numel(&p->y) == 0) return CW_OK;
     return be->ops->conv_forward(be, s, p, algo, x, w, b, y, ws, ws_bytes);
 }
 
 cw_status cw__op_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
                               cw__conv_algo *used) {
-    cw_status st = check_problem(be, "conv_prepare", p);
-    if (st != CW_OK) return st;
+    CW_TRY(check_problem(be, "conv_prepare", p));
     if (!algo || !used) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "conv_prepare: algo or used is NULL");
-    if ((st = has_ops(be, "conv_prepare")) != CW_OK) return st;
+    CW_TRY(has_ops(be, "conv_prepare"));
     if (!be->ops->conv_prepare) { /* default: conv_forward prepares on first use */
         *used = *algo;
         return CW_OK;
@@ -127,12 +122,11 @@ void cw__op_conv_release(cw__backend *be, cw__conv_algo *algo) {
 
 cw_status cw__op_conv_autotune(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *cands, int n,
                                int *best) {
-    cw_status st = check_problem(be, "conv_autotune", p);
-    if (st != CW_OK) return st;
+    CW_TRY(check_problem(be, "conv_autotune", p));
     if (!cands || n < 1 || !best)
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "conv_autotune: %d candidates at %p, best %p", n,
                          (const void *)cands, (void *)best);
-    if ((st = has_ops(be, "conv_autotune")) != CW_OK) return st;
+    CW_TRY(has_ops(be, "conv_autotune"));
     if (!be->ops->conv_autotune) { /* default: the listed order stands */
         *best = 0;
         return CW_OK;
@@ -145,10 +139,9 @@ cw_status cw__op_conv_autotune(cw__backend *be, const cw__conv_problem *p, const
 cw_status cw__op_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) {
     const char *op = "prep";
     char b1[96], b2[96];
-    cw_status st;
     if (!p) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: params are NULL");
-    if ((st = check_view(be, op, "src", &p->src, 4, 5)) != CW_OK) return st;
-    if ((st = check_view(be, op, "dst", &p->dst, 4, 5)) != CW_OK) return st;
+    CW_TRY(check_view(be, op, "src", &p->src, 4, 5));
+    CW_TRY(check_view(be, op, "dst", &p->dst, 4, 5));
     const cw_tensor_desc *sd = &p->src.d, *dd = &p->dst.d;
     int r = dd->rank;
     if (sd->rank != r)
@@ -176,19 +169,18 @@ cw_status cw__op_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) 
     if ((wd - 1) / up >= sd->dims[r - 1])
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: dst W = %" PRId64 " at up = %" PRId64 " exceeds src W = %" PRId64,
                          wd, up, sd->dims[r - 1]);
-    if ((st = has_ops(be, op)) != CW_OK) return st;
+    CW_TRY(has_ops(be, op));
     return be->ops->prep(be, s, p);
 }
 
 cw_status cw__op_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out) {
     char b[96];
-    cw_status st = check_view(be, "gn_stats", "x", x, 4, 5);
-    if (st != CW_OK) return st;
+    CW_TRY(check_view(be, "gn_stats", "x", x, 4, 5));
     if (groups < 1 || x->d.dims[1] % groups != 0)
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_stats: groups = %" PRId64 " does not divide C of x %s", groups,
                          cw__dims_str(&x->d, b, sizeof b));
     if (!out) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "gn_stats: out is NULL");
-    if ((st = has_ops(be, "gn_stats")) != CW_OK) return st;
+    CW_TRY(has_ops(be, "gn_stats"));
     return be->ops->gn_stats(be, s, x, groups, out);
 }
 
@@ -212,9 +204,9 @@ cw_status cw__op_gn_finalize(cw__backend *be, cw__stream *s, const double *parts
 cw_status cw__op_add(cw__backend *be, cw__stream *s, const cw__view *dst, const cw__view *a, const cw__view *b) {
     char b1[96], b2[96];
     cw_status st;
-    if ((st = check_view(be, "add", "dst", dst, 1, CW_MAX_RANK)) != CW_OK) return st;
-    if ((st = check_view(be, "add", "a", a, 1, CW_MAX_RANK)) != CW_OK) return st;
-    if ((st = check_view(be, "add", "b", b, 1, CW_MAX_RANK)) != CW_OK) return st;
+    CW_TRY(check_view(be, "add", "dst", dst, 1, CW_MAX_RANK));
+    CW_TRY(check_view(be, "add", "a", a, 1, CW_MAX_RANK));
+    CW_TRY(check_view(be, "add", "b", b, 1, CW_MAX_RANK));
     const cw__view *in[2] = {a, b};
     for (int k = 0; k < 2; k++)
         if (!same_dims(&in[k]->d, &dst->d) || in[k]->d.dtype != dst->d.dtype)
@@ -235,12 +227,12 @@ cw_status cw__op_run(cw__backend *be, cw__stream *s, const cw__op_args *a) {
     if (!a) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "op: args are NULL");
     const cw_op_info info = cw_op_get_info(a->code);
     if (!info.name) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "op: code %d is not a CW_OP_* code", a->code);
-    if ((st = check_view(be, info.name, "out", &a->out, 1, CW_MAX_RANK)) != CW_OK) return st;
+    CW_TRY(check_view(be, info.name, "out", &a->out, 1, CW_MAX_RANK));
     const cw_tensor_desc *in[CW_OP_MAX_IN];
     for (int k = 0; k < info.n_in; k++) {
         char arg[16];
         snprintf(arg, sizeof arg, "in[%d]", k);
-        if ((st = check_view(be, info.name, arg, &a->in[k], 1, CW_MAX_RANK)) != CW_OK) return st;
+        CW_TRY(check_view(be, info.name, arg, &a->in[k], 1, CW_MAX_RANK));
         const cw_dtype want = info.f32_in >> k & 1u ? CW_F32 : a->out.d.dtype;
         if (a->in[k].d.dtype != want)
             return cw__error(be->ctx, CW_ERR_INVALID_ARG, "%s: %s is %s, expected %s (out is %s)", info.name, arg,

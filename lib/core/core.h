@@ -29,23 +29,36 @@ struct cw_context {
     cw__allocator *temp;  /* budgeted: workspaces, patch buffers, attention chunks */
     cw__allocator *act;   /* unbudgeted: activations between stages, user tensors */
     cw__stream *streams[CW__MAX_STREAMS]; /* created lazily by cw__context_stream */
-    pthread_mutex_t mu;   /* guards streams[], err, ualloc and the segment counts */
-    char err[CW__ERR_LEN];
+    pthread_mutex_t mu;   /* guards streams[], ualloc and the segment counts */
+    pthread_mutex_t err_mu; /* guards err only, so a hook called under mu may record errors */
+    char err[CW__ERR_LEN]; /* the last error (err_mu); read it with cw_context_get_last_error */
     cw_allocator ualloc;  /* cw_context_set_allocator's; alloc NULL: the backend's own */
     int64_t segs_held;    /* segments held by pools on this context's backend, any source */
     int64_t seg_bytes_held;
 };
 
+/* Returns from the calling function with the status of a call that fails: the one way
+ * library code propagates a status. */
+#define CW_TRY(call)                       \
+    do {                                   \
+        cw_status cw_try_st_ = (call);     \
+        if (cw_try_st_ != CW_OK) return cw_try_st_; \
+    } while (0)
+
 /* Records a message as the context's last error, logs it at debug, returns st.
  * ctx may be NULL (then the message is only logged to stderr at warn). */
 cw_status cw__error(cw_context *ctx, cw_status st, const char *fmt, ...) CW__PRINTF(3, 4);
+/* Forgets the context's last error (a call that recovered from a failure inside it). */
+void cw__error_clear(cw_context *ctx);
 void cw__log(const cw_context *ctx, cw_log_level lvl, const char *fmt, ...) CW__PRINTF(3, 4);
 /* The i-th stream of the context (0 <= i < CW__MAX_STREAMS), created on first use. */
 cw_status cw__context_stream(cw_context *ctx, int i, cw__stream **out);
 
-/* Host allocation: every library allocation goes through these so tests can inject
- * failures. cw__test_fail_after(n): the n-th allocation from now fails (n >= 1), and every
- * later one succeeds; 0 switches injection off. */
+/* Host allocation (host_alloc.c): every library allocation goes through these so tests
+ * can inject failures. Test library only (convweave_test, built with CW_FAULT_INJECTION;
+ * the libraries users link have neither function): cw__test_fail_after(n): the n-th
+ * allocation from now fails (n >= 1), and every later one succeeds; 0 switches injection
+ * off. */
 void *cw__malloc(size_t n);
 void *cw__calloc(size_t count, size_t n);
 void *cw__realloc(void *p, size_t n);

@@ -24,8 +24,7 @@ static cw_status cw__desc_check(cw_context *ctx, const cw_tensor_desc *d, const 
 static cw_status cw__tensor_new(cw_context *ctx, cw_tensor **out, const cw_tensor_desc *desc, const char *what) {
     if (!ctx || !out) return CW_ERR_INVALID_ARG;
     *out = NULL;
-    cw_status st = cw__desc_check(ctx, desc, what);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__desc_check(ctx, desc, what));
     cw_tensor *t = cw__calloc(1, sizeof *t);
     if (!t) return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
     t->ctx = ctx;
@@ -37,11 +36,10 @@ static cw_status cw__tensor_new(cw_context *ctx, cw_tensor **out, const cw_tenso
 }
 
 cw_status cw_tensor_create(cw_tensor **out, cw_context *ctx, const cw_tensor_desc *desc) {
-    cw_status st = cw__tensor_new(ctx, out, desc, "cw_tensor_create");
-    if (st != CW_OK) return st;
+    CW_TRY(cw__tensor_new(ctx, out, desc, "cw_tensor_create"));
     cw_tensor *t = *out;
     int64_t bytes = cw__desc_span_bytes(&t->desc);
-    st = ctx->be->rt->dev_alloc(ctx->be, bytes, &t->data);
+    cw_status st = ctx->be->rt->dev_alloc(ctx->be, bytes, &t->data);
     if (st != CW_OK) {
         cw__free(t);
         *out = NULL;
@@ -55,8 +53,7 @@ cw_status cw_tensor_create(cw_tensor **out, cw_context *ctx, const cw_tensor_des
 
 cw_status cw_tensor_wrap(cw_tensor **out, cw_context *ctx, const cw_tensor_desc *desc, void *data) {
     if (!data) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_tensor_wrap: data is NULL");
-    cw_status st = cw__tensor_new(ctx, out, desc, "cw_tensor_wrap");
-    if (st != CW_OK) return st;
+    CW_TRY(cw__tensor_new(ctx, out, desc, "cw_tensor_wrap"));
     (*out)->data = data;
     return CW_OK;
 }
@@ -70,26 +67,25 @@ void cw_tensor_destroy(cw_tensor *t) {
 const cw_tensor_desc *cw_tensor_get_desc(const cw_tensor *t) { return t ? &t->desc : NULL; }
 void *cw_tensor_get_data(const cw_tensor *t) { return t ? t->data : NULL; }
 
-static cw_status cw__copy_check(const cw_tensor *t, size_t bytes, const char *what) {
+static cw_status cw__copy_check(const cw_tensor *t, int64_t bytes, const char *what) {
     if (!t) return CW_ERR_INVALID_ARG;
     if (!cw__desc_is_contiguous(&t->desc))
         return cw__error(t->ctx, CW_ERR_UNSUPPORTED, "%s: tensor is a strided view; only contiguous tensors", what);
     int64_t want = cw__desc_numel(&t->desc) * (int64_t)cw_dtype_size(t->desc.dtype);
-    if ((int64_t)bytes != want)
-        return cw__error(t->ctx, CW_ERR_INVALID_ARG, "%s: bytes = %zu, tensor holds %" PRId64, what, bytes, want);
+    if (bytes != want)
+        return cw__error(t->ctx, CW_ERR_INVALID_ARG, "%s: bytes = %" PRId64 ", tensor holds %" PRId64, what, bytes,
+                         want);
     return CW_OK;
 }
 
-cw_status cw_tensor_upload(cw_tensor *t, const void *host, size_t bytes) {
-    cw_status st = cw__copy_check(t, bytes, "cw_tensor_upload");
-    if (st != CW_OK) return st;
+cw_status cw_tensor_upload(cw_tensor *t, const void *host, int64_t bytes) {
+    CW_TRY(cw__copy_check(t, bytes, "cw_tensor_upload"));
     if (!host) return cw__error(t->ctx, CW_ERR_INVALID_ARG, "cw_tensor_upload: host is NULL");
-    return t->ctx->be->rt->upload(t->ctx->be, t->data, host, (int64_t)bytes);
+    return t->ctx->be->rt->upload(t->ctx->be, t->data, host, bytes);
 }
 
-cw_status cw_tensor_download(const cw_tensor *t, void *host, size_t bytes) {
-    cw_status st = cw__copy_check(t, bytes, "cw_tensor_download");
-    if (st != CW_OK) return st;
+cw_status cw_tensor_download(const cw_tensor *t, void *host, int64_t bytes) {
+    CW_TRY(cw__copy_check(t, bytes, "cw_tensor_download"));
     if (!host) return cw__error(t->ctx, CW_ERR_INVALID_ARG, "cw_tensor_download: host is NULL");
-    return t->ctx->be->rt->download(t->ctx->be, host, t->data, (int64_t)bytes);
+    return t->ctx->be->rt->download(t->ctx->be, host, t->data, bytes);
 }

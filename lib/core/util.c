@@ -1,11 +1,9 @@
-/* Status strings, version, the host-allocation hook with failure injection, logging,
- * error recording and shape helpers: the pieces every other file leans on. */
+/* Status strings, version, logging, error recording and shape helpers: the pieces every
+ * other file leans on (the host-allocation hook is host_alloc.c). */
 #include <inttypes.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #include "core/core.h"
@@ -38,42 +36,6 @@ const char *cw_status_name(cw_status s) {
     }
 }
 
-/* ---- host allocation hook ------------------------------------------------------------ */
-static _Atomic int64_t cw__alloc_calls;
-static _Atomic int64_t cw__fail_at; /* absolute call number that fails; 0 = never */
-
-void cw__test_fail_after(int64_t n) {
-    atomic_store(&cw__fail_at, n > 0 ? atomic_load(&cw__alloc_calls) + n : 0);
-}
-
-int64_t cw__test_alloc_count(void) { return atomic_load(&cw__alloc_calls); }
-
-static int cw__alloc_should_fail(void) {
-    int64_t k = atomic_fetch_add(&cw__alloc_calls, 1) + 1;
-    int64_t f = atomic_load(&cw__fail_at);
-    return f != 0 && k == f;
-}
-
-void *cw__malloc(size_t n) { return cw__alloc_should_fail() ? NULL : malloc(n ? n : 1); }
-void *cw__calloc(size_t count, size_t n) {
-    return cw__alloc_should_fail() ? NULL : calloc(count ? count : 1, n ? n : 1);
-}
-void *cw__realloc(void *p, size_t n) { return cw__alloc_should_fail() ? NULL : realloc(p, n ? n : 1); }
-void cw__free(void *p) { free(p); }
-void *cw__map(size_t n) {
-    if (cw__alloc_should_fail()) return NULL;
-    void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-void cw__unmap(void *p, size_t n) {
-    if (p) munmap(p, n ? n : 1);
-}
-char *cw__strdup(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = cw__malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
 void cw_free(void *p) { cw__free(p); }
 
 int64_t cw__now_ns(void) {
@@ -104,6 +66,22 @@ void cw__log(const cw_context *ctx, cw_log_level lvl, const char *fmt, ...) {
     va_end(ap);
 }
 
+const char *cw_context_get_last_error(const cw_context *ctx) {
+    static _Thread_local char copy[CW__ERR_LEN]; /* this thread's copy: valid until its next call */
+    if (!ctx) return "";
+    pthread_mutex_t *mu = (pthread_mutex_t *)&ctx->err_mu; /* the lock is not part of the value */
+    pthread_mutex_lock(mu);
+    memcpy(copy, ctx->err, sizeof copy);
+    pthread_mutex_unlock(mu);
+    return copy;
+}
+
+void cw__error_clear(cw_context *ctx) {
+    pthread_mutex_lock(&ctx->err_mu);
+    ctx->err[0] = '\0';
+    pthread_mutex_unlock(&ctx->err_mu);
+}
+
 cw_status cw__error(cw_context *ctx, cw_status st, const char *fmt, ...) {
     char buf[CW__ERR_LEN];
     va_list ap;
@@ -111,9 +89,9 @@ cw_status cw__error(cw_context *ctx, cw_status st, const char *fmt, ...) {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     if (ctx) {
-        pthread_mutex_lock(&ctx->mu);
+        pthread_mutex_lock(&ctx->err_mu);
         snprintf(ctx->err, sizeof ctx->err, "%s", buf);
-        pthread_mutex_unlock(&ctx->mu);
+        pthread_mutex_unlock(&ctx->err_mu);
         cw__log(ctx, CW_LOG_DEBUG, "%s: %s", cw_status_name(st), buf);
     } else {
         cw__log(NULL, CW_LOG_WARN, "%s: %s", cw_status_name(st), buf);

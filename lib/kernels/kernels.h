@@ -101,12 +101,67 @@ static inline CW_HD float cw_prep_elem(float x, float scale, float shift, int ha
  * this switch knows what each computes, so a new per-channel op is one enum entry and one
  * case here (docs/adding-an-op.md). Append only: the codes are stored in plans. */
 enum { CW_CHANNEL_SCALE = 0, /* y = x * v[c] (cw_graph_scale) */
+       CW_CHANNEL_SHIFT,     /* y = x + v[c] (cw_graph_shift) */
        CW_CHANNEL_OP_COUNT };
 
 static inline CW_HD float cw_channel_elem(int op, float x, float v) {
     switch (op) {
     case CW_CHANNEL_SCALE: return x * v;
+    case CW_CHANNEL_SHIFT: return x + v;
     default: return x;
+    }
+}
+
+/* ---- unary and binary elementwise ops (CW_OP_UNARY, CW_OP_BINARY) ------------------ */
+
+/* Codes are the public cw_unary_op / cw_binary_op (append-only there); the counts bound
+ * the shape rule's check of param.i[0]. */
+#define CW_UNARY_OP_COUNT ((int)CW_UNARY_CLAMP + 1)
+#define CW_BINARY_OP_COUNT ((int)CW_BINARY_MIN + 1)
+#define CW_UPSAMPLE_MAX_FACTOR 8 /* cw_graph_upsample_nearest's largest factor per dim */
+
+/* 1 / (1 + e^-x) with exp taken of -|x| only (no overflow), as cw_silu. NaN propagates. */
+static inline CW_HD float cw_sigmoid(float x) {
+    const float e = cw_exp_neg(fabsf(x)); /* in [0, 1] */
+    return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+/* The unary ops as PyTorch defines them: relu and clamp propagate NaN (torch.relu,
+ * torch.clamp), clamp with a > b gives b, gelu is the erf form (F.gelu's default) or the
+ * tanh form (approximate='tanh'). The gelus are written without PyTorch's cancellation in
+ * 1 + erf(z) and 1 + tanh(z) for negative x (erfc(-z), and 2 sigmoid(2z)), so they stay
+ * accurate to a few ulps where PyTorch's f32 loses digits. affine takes a * x exactly in
+ * double (24 + 24 bits) and rounds the sum twice (to double, then to float: off from one
+ * rounding only where the double lands on a float midpoint); the same expression on both
+ * backends, and on the cpu it vectorises where fmaf is a libm call without -mfma. */
+static inline CW_HD float cw_unary_elem(int op, float x, float a, float b) {
+    switch (op) {
+    case CW_UNARY_RELU: return x < 0.0f ? 0.0f : x;
+    case CW_UNARY_TANH: return tanhf(x);
+    case CW_UNARY_SIGMOID: return cw_sigmoid(x);
+    case CW_UNARY_GELU: return 0.5f * x * erfcf(x * -0.70710678118654752f);
+    case CW_UNARY_GELU_TANH: {
+        const float k2 = 1.5957691216057308f; /* 2 sqrt(2 / pi) */
+        return x * cw_sigmoid(k2 * (x + 0.044715f * x * x * x));
+    }
+    case CW_UNARY_AFFINE: return (float)((double)a * (double)x + (double)b);
+    case CW_UNARY_CLAMP: {
+        const float t = x < a ? a : x; /* NaN x: both compares false, x stays */
+        return t > b ? b : t;
+    }
+    default: return x;
+    }
+}
+
+/* The binary ops; max and min propagate NaN from either side (torch.maximum/minimum). */
+static inline CW_HD float cw_binary_elem(int op, float a, float b) {
+    switch (op) {
+    case CW_BINARY_MUL: return a * b;
+    case CW_BINARY_SUB: return a - b;
+    case CW_BINARY_DIV: return a / b;
+    case CW_BINARY_MAX: return (a > b || a != a) ? a : b;
+    case CW_BINARY_MIN: return (a < b || a != a) ? a : b;
+    default: return a;
     }
 }
 
@@ -116,11 +171,15 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
  * block. The graph builder records it as one node (scheduler/graph.c cw__op_node), the
  * scheduler lowers it to one task over the whole tensors on the light stream, cw__op_run
  * (backend/ops.c) checks the task's views against the contract below, and each backend
- * runs it by its code (cpu: ops_cpu.c cpu_op_fn; cuda: kernels.cu cw__cu_op). Append
+ * runs it by its code (cpu: ops_cpu.c cpu_op, which runs cw__cpu_op_exec on the
+ * stream; cuda: kernels.cu cw__cu_op). Append
  * only: plans store the codes. */
 typedef enum {
     CW_OP_CHANNEL = 0, /* out[n, c, ...] = cw_channel_elem(param.i[0], in0[n, c, ...], in1[c]) */
     CW_OP_AVG_POOL2,   /* out[.., h, w] = mean of in0[.., 2h + {0, 1}, 2w + {0, 1}] */
+    CW_OP_UNARY,       /* out = cw_unary_elem(param.i[0], in0, param.f[0], param.f[1]) */
+    CW_OP_BINARY,      /* out = cw_binary_elem(param.i[0], in0, in1), in1 of in0's dims */
+    CW_OP_UPSAMPLE_NEAREST, /* out[.., d, h, w] = in0[.., d / i[0], h / i[1], w / i[2]] */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -145,6 +204,9 @@ static inline cw_op_info cw_op_get_info(int code) {
     switch (code) {
     case CW_OP_CHANNEL: r.name = "channel", r.n_in = 2, r.f32_in = 1u << 1, r.flops = 1.0; break;
     case CW_OP_AVG_POOL2: r.name = "avg_pool2", r.n_in = 1, r.flops = 4.0; break;
+    case CW_OP_UNARY: r.name = "unary", r.n_in = 1, r.flops = 4.0; break;
+    case CW_OP_BINARY: r.name = "binary", r.n_in = 2, r.flops = 1.0; break;
+    case CW_OP_UPSAMPLE_NEAREST: r.name = "upsample_nearest", r.n_in = 1, r.flops = 0.0; break;
     default: break;
     }
     return r;
@@ -170,6 +232,21 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
         int h = x->rank - 2, w = x->rank - 1;
         if (x->dims[h] % 2 || x->dims[w] % 2) return 0;
         out->dims[h] = x->dims[h] / 2, out->dims[w] = x->dims[w] / 2;
+        return 1;
+    }
+    case CW_OP_UNARY: return pm->i[0] >= 0 && pm->i[0] < CW_UNARY_OP_COUNT;
+    case CW_OP_BINARY: {
+        if (pm->i[0] < 0 || pm->i[0] >= CW_BINARY_OP_COUNT || in[1]->rank != x->rank) return 0;
+        for (int i = 0; i < x->rank; i++)
+            if (in[1]->dims[i] != x->dims[i]) return 0;
+        return 1;
+    }
+    case CW_OP_UPSAMPLE_NEAREST: { /* factors (D, H, W) in i[0..2], each 1..8; 4-D: i[0] = 1 */
+        if (x->rank != 4 && x->rank != 5) return 0;
+        for (int k = 0; k < 3; k++)
+            if (pm->i[k] < 1 || pm->i[k] > CW_UPSAMPLE_MAX_FACTOR) return 0;
+        if (x->rank == 4 && pm->i[0] != 1) return 0;
+        for (int k = x->rank == 5 ? 0 : 1; k < 3; k++) out->dims[x->rank - 3 + k] = x->dims[x->rank - 3 + k] * pm->i[k];
         return 1;
     }
     default: return 0;

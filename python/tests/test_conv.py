@@ -151,10 +151,23 @@ def test_empty_batch_and_keyword_forms():
                                F.conv3d(x, w, padding="same", dilation=(1, 2, 1)), rtol=1e-5, atol=1e-5)
 
 
-def test_weights_with_grad_and_no_autograd_history():
+def test_weights_with_grad_run_in_torch_so_gradients_flow():
+    """Grad mode on and something requiring grad: torch's conv runs (warned once), so the
+    graph is not cut; under no_grad convweave runs and the result has no history."""
     conv = torch.nn.Conv2d(3, 4, 3, padding=1)
     x = torch.randn(1, 3, 8, 8, requires_grad=True)
-    y = ct.conv2d(x, conv.weight, conv.bias, padding=1)
+    with pytest.warns(RuntimeWarning, match="requires grad"):
+        y = ct.conv2d(x, conv.weight, conv.bias, padding=1)
+    assert y.requires_grad
+    y.square().sum().backward()
+    ref_x = x.detach().clone().requires_grad_()
+    conv.weight.grad = None
+    ref = torch.nn.Conv2d(3, 4, 3, padding=1)
+    ref.load_state_dict(conv.state_dict())
+    ref(ref_x).square().sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    with torch.no_grad():
+        y = ct.conv2d(x, conv.weight, conv.bias, padding=1)
     assert not y.requires_grad
     torch.testing.assert_close(y, conv(x).detach(), rtol=1e-5, atol=1e-5)
 
@@ -164,3 +177,47 @@ def test_budget_is_respected_and_results_do_not_change():
     ys = [ct.conv2d(x, w, b, padding=1, budget=bud) for bud in (None, "1MiB", "128KiB", 40 << 10)]
     for y in ys[1:]:
         assert (y - ys[0]).abs().max() < 1e-4
+
+
+def test_channels_last_in_channels_last_out_and_meta_refused():
+    x = torch.randn(2, 8, 9, 7).contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(6, 8, 3, 3), torch.randn(6)
+    for _ in range(2):  # the first call compiles, the second runs the cached plan
+        y = ct.conv2d(x, w, b, padding=1)
+        ref = F.conv2d(x, w, b, padding=1)
+        assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+        assert y.stride() == ref.stride()
+        torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+    y = ct.conv2d(x.contiguous(), w, b, padding=1)
+    assert y.is_contiguous()
+    x3 = torch.randn(1, 4, 5, 6, 7).contiguous(memory_format=torch.channels_last_3d)
+    w3 = torch.randn(3, 4, 3, 3, 3)
+    y, ref = ct.conv3d(x3, w3, padding=1), F.conv3d(x3, w3, padding=1)
+    assert y.stride() == ref.stride()  # torch's cpu conv3d gives a contiguous result
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(convweave.Error, match="CW_ERR_UNSUPPORTED: .*meta tensor"):
+        ct.conv2d(x.to("meta"), w.to("meta"))
+
+
+def test_cached_plans_see_in_place_changes_and_hold_no_memory():
+    from convweave import _conv
+    _conv.clear_cache()
+    x, w, b = torch.randn(1, 4, 12, 12), torch.randn(5, 4, 3, 3), torch.randn(5)
+    torch.testing.assert_close(ct.conv2d(x, w, b, padding=1), F.conv2d(x, w, b, padding=1), rtol=1e-5, atol=1e-5)
+    assert len(_conv._plans) == 1
+    with torch.no_grad():
+        w.mul_(-2)
+        b.add_(1)
+    torch.testing.assert_close(ct.conv2d(x, w, b, padding=1), F.conv2d(x, w, b, padding=1), rtol=1e-5, atol=1e-5)
+    assert len(_conv._plans) == 1  # the same plan: it reads w and b in place
+    ctx = convweave.default_context()
+    x8, w8 = torch.randn(1, 8, 16, 16), torch.randn(8, 8, 3, 3)  # a conv with a workspace
+    ct.conv2d(x8, w8, padding=1)
+    assert ctx.memory_stats()["reserved_bytes_current"] == 0  # given back after the call
+    ct.conv2d(x8, w8, padding=1, keep_memory=True)
+    assert ctx.memory_stats()["reserved_bytes_current"] > 0
+    for k in range(_conv.MAX_CONV_PLANS + 3):  # bounded: least recently used go
+        ct.conv2d(torch.randn(1, 4, 5 + k, 5), w, b)
+    assert len(_conv._plans) == _conv.MAX_CONV_PLANS
+    convweave.clear_conv_cache()
+    assert not _conv._plans

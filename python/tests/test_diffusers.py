@@ -125,13 +125,22 @@ def test_plan_describe_stats_trace(make_vae, tmp_path):
     ctx.synchronize()
     ctx.reset_peak_stats()
     m = ctx.memory_stats()
-    # the plan keeps its temporaries' arena between runs (no device allocation inside a
-    # run), within the budget, and a decode adds nothing to it
+    # by default the plan gave its temporaries' arena and its activations back after the run
+    assert m["reserved_bytes_current"] == 0 and m["activations_bytes_current"] == 0
+    assert "<convweave decoder: budget 2.0 MiB, 3 streams, 1 plan(s)>" == repr(st)
+    # keep_memory=True: the plan keeps its temporaries' arena between runs (no device
+    # allocation inside a run), within the budget, and a decode adds nothing to it
+    st = cd.enable(vae, budget="2MiB", streams=3, keep_memory=True)
+    decode(vae, torch.randn(1, 4, 8, 8))
+    ctx = st.ctx
+    ctx.synchronize()
+    ctx.reset_peak_stats()
+    m = ctx.memory_stats()
     assert 0 < m["reserved_bytes_current"] == m["reserved_bytes_peak"] <= 2 << 20
+    assert m["activations_bytes_current"] > 0
     decode(vae, torch.randn(1, 4, 8, 8))
     ctx.synchronize()
     assert ctx.memory_stats()["reserved_bytes_peak"] == m["reserved_bytes_current"]
-    assert "<convweave decoder: budget 2.0 MiB, 3 streams, 1 plan(s)>" == repr(st)
 
 
 def test_parameters_are_read_in_place(make_vae):

@@ -125,7 +125,7 @@ def test_fallback_segments_and_describe():
     fb = d["fallbacks"][0]
     assert fb["op"] == "aten.sin.default" and fb["shape"] == (1, 4, 8, 8) and fb["bytes"] == 4 * 4 * 64
     assert "test_wrap.py" in fb["where"], fb["where"]
-    with pytest.raises(convweave.Error, match=r"aten.sin.default.*test_wrap.py.*fallback=False"):
+    with pytest.raises(convweave.Error, match=r"aten.sin.default.*fallback=False.*test_wrap.py"):
         cwt.wrap(mod, (rand(1, 2, 8, 8),), fallback=False)
 
 
@@ -245,3 +245,31 @@ def test_half(dtype):
     mod = Fn(lambda s, x: s.c2(F.silu(s.gn(s.c1(x)))), gn=gn, c1=c1, c2=c2)
     w, e_cw, e_t = check_module(mod, (rand(1, 8, 12, 12),), dtype=dtype, factor=1.5, fallback=False)
     assert w.describe()["copied_bytes"] == 2 * 8 * 4  # gamma and beta as float32
+
+
+def test_elementwise_family():
+    """The element-wise ops of the library's generic form: unary (relu, tanh, sigmoid, gelu,
+    affine, clamp), binary (mul, sub, div, max, min of two activations), per-channel shift."""
+    c1, c2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+
+    def f(s, x):
+        a, b = s.c1(x), s.c2(x)
+        h = torch.relu(a) * torch.sigmoid(b) - torch.tanh(a) / (torch.sigmoid(b) + 1.0)
+        h = torch.maximum(h, F.gelu(b)) + torch.minimum(a, F.gelu(b, approximate="tanh"))
+        h = 1.0 - h.clamp(-0.5, 2.0) + s.c1.bias[:, None, None] - (-h).clamp_min(0.1)
+        return F.hardtanh(h, -3.0, 3.0) - s.c2.bias.view(1, 4, 1, 1)
+    w, _, _ = check_module(Fn(f, c1=c1, c2=c2), (rand(2, 3, 6, 5),), fallback=False)
+    assert len(w.describe()["segments"]) == 1
+
+
+@pytest.mark.parametrize("scale", [(1, 2, 2), (2, 2, 2), (2, 1, 1), (1, 3, 1)])
+def test_upsample_nearest_factors(scale):
+    mod = Fn(lambda s, x: s.c(F.interpolate(x, scale_factor=scale, mode="nearest")), c=nn.Conv3d(2, 3, 3, padding=1))
+    check_module(mod, (rand(1, 2, 3, 4, 5),), fallback=False)
+
+
+def test_scalar_ops_on_an_input():
+    """1 - x, x * 2, x / 4 on the module's own input (a PyTorch tensor, imported into the
+    segment), as AsymmetricAutoencoderKL's masks and AutoencoderTiny's input scaling do."""
+    mod = Fn(lambda s, x: s.c((1 - x) * 2.0 + x / 4.0), c=nn.Conv2d(2, 3, 3, padding=1))
+    check_module(mod, (rand(1, 2, 6, 6),), fallback=False)

@@ -1,19 +1,19 @@
-/* cpu convolution (NCHW / NCDHW, strided views, groups, dilation, asymmetric padding):
- * GEMM = im2col/vol2col + sgemm (workspace: one column buffer per (n, group)), and
- * DIRECT = per output row tile, accumulate over kernel taps (no workspace).
+/* cpu convolution (NCHW / NCDHW, strided views, groups, dilation, asymmetric padding): the
+ * algorithm list with its cost model (cw__cpu_conv_algos), the backend's conv hooks, and
+ * GEMM = im2col/vol2col + sgemm (workspace: one column buffer per (n, group); a 1x1 conv
+ * whose views are single runs reads x as the GEMM's B directly). The other algorithms live
+ * in their own files: DIRECT conv_direct.c, Winograd conv_winograd.c, oneDNN conv_dnnl.c.
  *
  * x, w, bias and y are f32, f16 or bf16 (one dtype), the arithmetic is f32 throughout:
  * im2col converts x into the f32 column buffer, a half conv's weights are converted into
  * an f32 copy and sgemm writes an f32 output block whose epilogue adds the bias and rounds
- * once into y; all three are in the workspace (gemm_workspace). DIRECT converts the input
- * rows of a tile into a stack buffer and rounds its accumulators on the store.
+ * once into y; all three are in the workspace (gemm_workspace).
  *
  * Threads: a conv call gets its thread count from the planner (fixed when the plan is
- * compiled: the backend's threads / heavy streams) and spreads im2col rows, GEMM blocks
- * (cw__cpu_sgemm: a split that depends on the shape only) or direct output rows over
- * them. Each output element is computed by one thread in a fixed order, so the bits never
- * depend on the thread count; helpers are made per call, only for loops of ~1 ms and
- * more. */
+ * compiled: the backend's threads / heavy streams) and spreads im2col rows and GEMM blocks
+ * (cw__cpu_sgemm: a split that depends on the shape only) over them. Each output element
+ * is computed by one thread in a fixed order, so the bits never depend on the thread
+ * count; helpers are made per call, only for loops of ~1 ms and more. */
 #include <assert.h>
 #include <limits.h>
 #include <math.h>
@@ -29,85 +29,6 @@ typedef cw__cpu_geom cv_geom;
 static inline void *elem_at(const void *p, int64_t off, size_t es) { return (char *)p + off * (int64_t)es; }
 
 static int64_t align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
-/* Strides of d, or contiguous ones when d's are all zero. */
-static void cv_strides(const cw_tensor_desc *d, int64_t *st) {
-    int any = 0;
-    for (int i = 0; i < d->rank; i++) any |= d->strides[i] != 0;
-    if (any) {
-        for (int i = 0; i < d->rank; i++) st[i] = d->strides[i];
-        return;
-    }
-    int64_t s = 1;
-    for (int i = d->rank - 1; i >= 0; i--) {
-        st[i] = s;
-        s *= d->dims[i];
-    }
-}
-
-/* Expands a rank-(2+sp) desc's dims/strides to 5 slots (n, c, d, h, w). */
-static void cv_expand(const cw_tensor_desc *d, int sp, int64_t *dims5, int64_t *st5) {
-    int64_t st[CW_MAX_RANK];
-    cv_strides(d, st);
-    dims5[0] = d->dims[0], st5[0] = st[0];
-    dims5[1] = d->dims[1], st5[1] = st[1];
-    if (sp == 2) {
-        dims5[2] = 1, st5[2] = 0;
-        dims5[3] = d->dims[2], st5[3] = st[2];
-        dims5[4] = d->dims[3], st5[4] = st[3];
-    } else {
-        for (int i = 2; i < 5; i++) dims5[i] = d->dims[i], st5[i] = st[i];
-    }
-}
-
-void cw__cpu_geom_make(const cw__conv_problem *p, cw__cpu_geom *g) {
-    int sp = p->spatial;
-    int64_t xd[5], yd[5], wd[5];
-    cv_expand(&p->x, sp, xd, g->xs);
-    cv_expand(&p->y, sp, yd, g->ys);
-    cv_expand(&p->w, sp, wd, g->wsd);
-    g->n = xd[0];
-    g->c = xd[1];
-    g->k = yd[1];
-    g->g = p->groups;
-    g->cg = g->c / g->g;
-    g->kg = g->k / g->g;
-    for (int i = 0; i < 3; i++) {
-        g->in[i] = xd[2 + i];
-        g->out[i] = yd[2 + i];
-        g->ks[i] = wd[2 + i];
-    }
-    if (sp == 2) {
-        g->st[0] = g->dl[0] = 1;
-        g->pp[0] = 0;
-        for (int i = 0; i < 2; i++) {
-            g->st[1 + i] = p->stride[i];
-            g->dl[1 + i] = p->dilation[i];
-            g->pp[1 + i] = p->pad_pre[i];
-        }
-    } else {
-        for (int i = 0; i < 3; i++) {
-            g->st[i] = p->stride[i];
-            g->dl[i] = p->dilation[i];
-            g->pp[i] = p->pad_pre[i];
-        }
-    }
-    g->has_bias = p->has_bias;
-    g->dt = p->x.dtype;
-    g->es = cw_dtype_size(p->x.dtype);
-}
-
-/* Output positions o in [0, n_out) whose input index o*s + off lies in [0, n_in):
- * [*lo, *hi) (empty when *lo == *hi). */
-static void cv_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int64_t *lo, int64_t *hi) {
-    int64_t l = off >= 0 ? 0 : (-off + s - 1) / s;
-    int64_t h = (n_in - 1 - off) >= 0 ? (n_in - 1 - off) / s + 1 : 0;
-    if (l > n_out) l = n_out;
-    if (h > n_out) h = n_out;
-    if (h < l) h = l;
-    *lo = l;
-    *hi = h;
-}
 
 /* Elements of the longest suffix of (D, H, W) that is one unit-stride run; 0 when even W
  * is not unit-stride. *levels: how many dims the run spans (1 = W only). */
@@ -203,7 +124,7 @@ static void im2col(const cv_geom *g, const void *x, int64_t n, int64_t gi, float
         const int64_t xc = n * g->xs[0] + (gi * g->cg + c) * g->xs[1]; /* element offset */
         float *dst = col + r * P;
         int64_t offw = kw * g->dl[2] - g->pp[2], wlo, whi;
-        cv_range(offw, g->st[2], g->in[2], Wo, &wlo, &whi);
+        cw__cpu_conv_range(offw, g->st[2], g->in[2], Wo, &wlo, &whi);
         for (int64_t od = 0; od < Do; od++) {
             int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
             for (int64_t oh = 0; oh < Ho; oh++) {
@@ -359,116 +280,6 @@ static void conv_gemm_half(const cv_geom *g, const void *x, const void *w, const
     }
 }
 
-/* ---- DIRECT --------------------------------------------------------------------------- */
-enum { DIRECT_TW = 256, DIRECT_KB = 4, DIRECT_SPAN = 2048 }; /* W tile, output channels per pass, f32
-                                                             * input columns converted per tile (floats) */
-
-/* acc[0..n) += wv * src[i*sx] (sx = 1 is the vectorised common case). */
-static inline void axpy_strided(float *restrict acc, const float *restrict src, int64_t n, int64_t sx, float wv) {
-    if (sx == 1) {
-        for (int64_t i = 0; i < n; i++) acc[i] += wv * src[i];
-    } else {
-        for (int64_t i = 0; i < n; i++) acc[i] += wv * src[i * sx];
-    }
-}
-
-/* Output rows (od, oh) with od * Ho + oh in [row_lo, row_hi): threads split rows. Every
- * output element accumulates its taps in one fixed order (c, kd, kh, kw) in f32, whatever
- * the tiling. An f16/bf16 input row is converted per (c, kd, kh) and tile into span[]: the
- * columns every kw of the tile reads, or, where those exceed DIRECT_SPAN (large strides or
- * dilations), per kw into gat[]. */
-static void conv_direct(const cv_geom *g, const void *x, const void *w, const void *b, void *y, int64_t row_lo,
-                        int64_t row_hi) {
-    const int64_t Ho = g->out[1], Wo = g->out[2];
-    const int half = g->dt != CW_F32;
-    const size_t es = g->es;
-    float acc[DIRECT_KB][DIRECT_TW];
-    float span[DIRECT_SPAN], gat[DIRECT_TW];
-    for (int64_t n = 0; n < g->n; n++) {
-        for (int64_t gi = 0; gi < g->g; gi++) {
-            for (int64_t m0 = 0; m0 < g->kg; m0 += DIRECT_KB) {
-                const int64_t nb = g->kg - m0 < DIRECT_KB ? g->kg - m0 : DIRECT_KB;
-                const int64_t k0 = gi * g->kg + m0; /* first output channel of the block */
-                for (int64_t row = row_lo; row < row_hi; row++) {
-                    const int64_t od = row / Ho, oh = row % Ho;
-                    for (int64_t t0 = 0; t0 < Wo; t0 += DIRECT_TW) {
-                        const int64_t tw = Wo - t0 < DIRECT_TW ? Wo - t0 : DIRECT_TW;
-                        for (int64_t j = 0; j < nb; j++) {
-                            const float bv = g->has_bias ? cw__cpu_load1(b, g->dt, k0 + j) : 0.0f;
-                            for (int64_t i = 0; i < tw; i++) acc[j][i] = bv;
-                        }
-                        /* input columns the tile reads over all kw: [iw0, iw1), clipped */
-                        int64_t iw0 = t0 * g->st[2] - g->pp[2];
-                        int64_t iw1 = (t0 + tw - 1) * g->st[2] - g->pp[2] + g->dl[2] * (g->ks[2] - 1) + 1;
-                        if (iw0 < 0) iw0 = 0;
-                        if (iw1 > g->in[2]) iw1 = g->in[2];
-                        const int use_span = half && iw1 - iw0 <= DIRECT_SPAN;
-                        for (int64_t c = 0; c < g->cg; c++) {
-                            const int64_t xc = n * g->xs[0] + (gi * g->cg + c) * g->xs[1];
-                            for (int64_t kd = 0; kd < g->ks[0]; kd++) {
-                                const int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
-                                if (id < 0 || id >= g->in[0]) continue;
-                                for (int64_t kh = 0; kh < g->ks[1]; kh++) {
-                                    const int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
-                                    if (ih < 0 || ih >= g->in[1]) continue;
-                                    const int64_t xrow = xc + id * g->xs[2] + ih * g->xs[3]; /* elements */
-                                    if (use_span && iw1 > iw0)
-                                        cw__cpu_load_f32(span, elem_at(x, xrow + iw0 * g->xs[4], es), g->dt, iw1 - iw0,
-                                                         g->xs[4]);
-                                    for (int64_t kw = 0; kw < g->ks[2]; kw++) {
-                                        int64_t offw = kw * g->dl[2] - g->pp[2], lo, hi;
-                                        cv_range(offw, g->st[2], g->in[2], Wo, &lo, &hi);
-                                        if (lo < t0) lo = t0;
-                                        if (hi > t0 + tw) hi = t0 + tw;
-                                        if (hi <= lo) continue;
-                                        const int64_t first = lo * g->st[2] + offw; /* input column */
-                                        const float *src;
-                                        int64_t sx;
-                                        if (!half) {
-                                            src = (const float *)x + xrow + first * g->xs[4];
-                                            sx = g->st[2] * g->xs[4];
-                                        } else if (use_span) {
-                                            src = span + (first - iw0);
-                                            sx = g->st[2];
-                                        } else {
-                                            cw__cpu_load_f32(gat, elem_at(x, xrow + first * g->xs[4], es), g->dt,
-                                                             hi - lo, g->st[2] * g->xs[4]);
-                                            src = gat;
-                                            sx = 1;
-                                        }
-                                        for (int64_t j = 0; j < nb; j++) {
-                                            const int64_t wo = (k0 + j) * g->wsd[0] + c * g->wsd[1] + kd * g->wsd[2] +
-                                                               kh * g->wsd[3] + kw * g->wsd[4];
-                                            const float wv = half ? cw__cpu_load1(w, g->dt, wo) : ((const float *)w)[wo];
-                                            axpy_strided(acc[j] + (lo - t0), src, hi - lo, sx, wv);
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                        for (int64_t j = 0; j < nb; j++) {
-                            const int64_t yo = n * g->ys[0] + (k0 + j) * g->ys[1] + od * g->ys[2] + oh * g->ys[3] +
-                                               t0 * g->ys[4];
-                            cw__cpu_store_f32(elem_at(y, yo, es), g->dt, g->ys[4], acc[j], tw);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-typedef struct direct_arg {
-    const cv_geom *g;
-    const void *x, *w, *b;
-    void *y;
-} direct_arg;
-
-static void direct_range(void *p, int64_t lo, int64_t hi) {
-    direct_arg *a = p;
-    conv_direct(a->g, a->x, a->w, a->b, a->y, lo, hi);
-}
-
 /* ---- entry points --------------------------------------------------------------------- */
 
 /* DNNL: the plan's workspace (from its descriptors: no primitive is made). */
@@ -512,11 +323,7 @@ static void conv_run(const cw__conv_problem *p, int algo, const void *x, const v
         assert(cw__cpu_wino_supported(&g));
         cw__cpu_wino_run(&g, x, w, b, y, ws, threads);
     } else {
-        direct_arg da = {&g, x, w, b, y};
-        const int64_t rows = g.out[0] * g.out[1];
-        const double macs = (double)g.n * (double)g.k * (double)(rows * g.out[2]) * (double)g.cg *
-                            (double)(g.ks[0] * g.ks[1] * g.ks[2]);
-        cw__cpu_parallel(macs >= 1e7 ? threads : 1, rows, direct_range, &da); /* ~1 ms of work and more */
+        cw__cpu_conv_direct(p, x, w, b, y, threads);
     }
 }
 
@@ -547,6 +354,9 @@ static double cost_gemm(const cv_geom *g, double flops) {
                0.5 * (double)g->g * (double)g->kg * ((double)R + (double)g->n * (double)P);
     return flops / (60.0 * eff) + calls * 1000.0 + col * per_elem;
 }
+
+/* DIRECT (conv_direct.c): ~14 GFLOP/s (the AVX-512 fit above) plus ~1 us per call. */
+static double cost_direct(double flops) { return flops / 14.0 + 1000.0; }
 
 /* oneDNN, fitted to bench_conv_algos on this project's 2-core AVX2 development machine
  * (AMD EPYC, jit:avx2 kernels, one thread, 22 shapes, C and K 3..512, k 1..7, W 64..1024,
@@ -651,7 +461,7 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
         a->id = CW__CPU_ALGO_DIRECT;
         snprintf(a->name, sizeof a->name, "%s", "cpu_direct");
         a->workspace = 0;
-        a->cost = flops / 14.0 + 1000.0;
+        a->cost = cost_direct(flops);
     }
     for (int i = 1; i < cnt; i++) /* cheapest first; ties keep the order above */
         for (int j = i; j > 0 && list[j].cost < list[j - 1].cost; j--) {
@@ -672,13 +482,11 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
  * replaced by cpu_direct, which needs none. */
 cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
                                cw__conv_algo *used) {
-    cw_status st = CW_OK;
     *used = *algo;
     used->prepared = NULL;
     if (algo->id != CW__CPU_ALGO_DNNL) return CW_OK;
     cw__dnnl_plan *pl;
-    st = cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl);
-    if (st != CW_OK) return st;
+    CW_TRY(cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl));
     cw__dnnl_info info;
     cw__cpu_dnnl_info(pl, &info);
     used->prepared = pl; /* held by the task until cw__cpu_conv_release */
@@ -724,7 +532,6 @@ static void conv_job_fin(void *arg) {
 
 cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
                                const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes) {
-    cw_status st = CW_OK;
     cw_context *ctx = be->ctx;
     if (!algo || algo->id < 0 || algo->id >= CW__CPU_ALGO_COUNT)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cpu conv_forward: algo %d is not a cpu algorithm",
@@ -746,12 +553,8 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
                                                        : 0;
     if (algo->id == CW__CPU_ALGO_DNNL) {
         /* the task's own (cw__cpu_conv_prepare), else found in or added to the plan cache */
-        if (!algo->prepared || !cw__cpu_dnnl_hold(algo->prepared, p)) {
-            st = cw__cpu_dnnl_plan_get(ctx, p, &plan);
-            if (st != CW_OK) return st;
-        } else {
-            plan = algo->prepared;
-        }
+        if (!algo->prepared || !cw__cpu_dnnl_hold(algo->prepared, p)) CW_TRY(cw__cpu_dnnl_plan_get(ctx, p, &plan));
+        else plan = algo->prepared;
         cw__dnnl_info info;
         cw__cpu_dnnl_info(plan, &info);
         need = info.workspace;

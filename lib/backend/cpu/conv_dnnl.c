@@ -500,8 +500,7 @@ static cw_status plan_classes(cw_context *ctx, const cw__conv_problem *p, cw__dn
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < pl->ncls; k++) {
             if ((pass == 0) != (k == pl->main_cls)) continue;
-            cw_status st = class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w, build);
-            if (st != CW_OK) return st;
+            CW_TRY(class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w, build));
         }
     }
     return CW_OK;
@@ -628,8 +627,7 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
     /* made outside the lock (JIT takes ~0.3 ms a primitive); a racing maker of the same
      * key only adds a duplicate that ages out */
     cw__dnnl_plan *pl;
-    cw_status st = plan_make(ctx, p, 1, &pl);
-    if (st != CW_OK) return st;
+    CW_TRY(plan_make(ctx, p, 1, &pl));
     pl->built = 1;
     atomic_fetch_add(&g_built, 1);
     atomic_fetch_add(&g_live, 1);
@@ -657,8 +655,7 @@ cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl
     cw__dnnl_plan *pl;
     memset(info, 0, sizeof *info);
     *listed = 0;
-    cw_status st = plan_make(ctx, p, 0, &pl);
-    if (st != CW_OK) return st;
+    CW_TRY(plan_make(ctx, p, 0, &pl));
     *listed = cw__cpu_dnnl_info(pl, info);
     plan_destroy(pl);
     return CW_OK;
@@ -733,8 +730,7 @@ static dnnl_status_t run_sub(run_arg *r, int j, dnnl_stream_t strm, char *scratc
         q.pad_pre[hd - 2] = c->pre;
         q.pad_post[hd - 2] = c->post;
         const int64_t es = (int64_t)pl->es;
-        cw__cpu_conv_run(&q, CW__CPU_ALGO_DIRECT, r->x + sb->a * pl->xs_h * es, r->w, r->b,
-                         r->y + sb->r0 * pl->ys_h * es, NULL, 1);
+        cw__cpu_conv_direct(&q, r->x + sb->a * pl->xs_h * es, r->w, r->b, r->y + sb->r0 * pl->ys_h * es, 1);
         return dnnl_success;
     }
     /* m: user input, blocked input, weights, bias, blocked output, user output, and one

@@ -53,7 +53,7 @@ enum {
     CW__CPU_ALGO_COUNT
 };
 
-/* conv_cpu.c: a problem's geometry as the cpu algorithms read it. 2-D is 3-D with D = 1;
+/* conv_geom.c: a problem's geometry as the cpu algorithms read it. 2-D is 3-D with D = 1;
  * extents and strides are in elements, in (D, H, W) or (n/k, c, d, h, w) order. */
 typedef struct cw__cpu_geom {
     int64_t n, c, k, g, cg, kg;       /* batch, in/out channels, groups, per-group C and K */
@@ -65,6 +65,24 @@ typedef struct cw__cpu_geom {
     size_t es;                        /* bytes per element */
 } cw__cpu_geom;
 void cw__cpu_geom_make(const cw__conv_problem *p, cw__cpu_geom *g);
+/* Output positions o in [0, n_out) whose input index o*s + off lies in [0, n_in):
+ * [*lo, *hi) (empty when *lo == *hi). */
+static inline void cw__cpu_conv_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int64_t *lo,
+                                      int64_t *hi) {
+    int64_t l = off >= 0 ? 0 : (-off + s - 1) / s;
+    int64_t h = (n_in - 1 - off) >= 0 ? (n_in - 1 - off) / s + 1 : 0;
+    if (l > n_out) l = n_out;
+    if (h > n_out) h = n_out;
+    if (h < l) h = l;
+    *lo = l;
+    *hi = h;
+}
+
+/* conv_direct.c: the DIRECT algorithm, synchronously on `threads` threads (the bits do not
+ * depend on it); no workspace. conv_cpu.c runs it as an algorithm, conv_dnnl.c as the
+ * fallback for sub-bands oneDNN refuses. */
+void cw__cpu_conv_direct(const cw__conv_problem *p, const void *x, const void *w, const void *b, void *y,
+                         int threads);
 
 /* conv_cpu.c: the backend hooks, and the synchronous math they run (tests use it). */
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);

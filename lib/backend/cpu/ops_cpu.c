@@ -535,10 +535,115 @@ static void avg_pool2_run(const cw__op_args *a) {
                 }
 }
 
+/* cw_unary_elem over a tile, the op's switch outside the loop so each loop vectorises
+ * where its math does. */
+static void unary_tile(int op, float *x, int64_t m, float a, float b) {
+    switch (op) {
+    case CW_UNARY_RELU: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_RELU, x[i], a, b); break;
+    case CW_UNARY_SIGMOID: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_SIGMOID, x[i], a, b); break;
+    case CW_UNARY_GELU_TANH:
+        for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_GELU_TANH, x[i], a, b);
+        break;
+    case CW_UNARY_AFFINE: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_AFFINE, x[i], a, b); break;
+    case CW_UNARY_CLAMP: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_CLAMP, x[i], a, b); break;
+    default: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(op, x[i], a, b); break;
+    }
+}
+
+/* cw_binary_elem over a tile (x <- op(x, y)), the op's switch outside the loop. */
+static void binary_tile(int op, float *x, const float *y, int64_t m) {
+    switch (op) {
+    case CW_BINARY_MUL: for (int64_t i = 0; i < m; i++) x[i] = cw_binary_elem(CW_BINARY_MUL, x[i], y[i]); break;
+    case CW_BINARY_SUB: for (int64_t i = 0; i < m; i++) x[i] = cw_binary_elem(CW_BINARY_SUB, x[i], y[i]); break;
+    case CW_BINARY_DIV: for (int64_t i = 0; i < m; i++) x[i] = cw_binary_elem(CW_BINARY_DIV, x[i], y[i]); break;
+    default: for (int64_t i = 0; i < m; i++) x[i] = cw_binary_elem(op, x[i], y[i]); break;
+    }
+}
+
+/* An elementwise op of in[0] (and in[1] for CW_OP_BINARY) into out, equal dims: rows of W
+ * in TILE chunks converted to f32 on load, computed, rounded once on store. Every chunk is
+ * loaded before any of it is stored, so out may alias an input exactly. */
+static void map_run(const cw__op_args *a) {
+    int64_t dim[5], sd[5], sx[5], sy[5], tmp[5];
+    const int binary = a->code == CW_OP_BINARY;
+    view_pad5(&a->out, dim, sd);
+    view_pad5(&a->in[0], tmp, sx);
+    if (binary) view_pad5(&a->in[1], tmp, sy);
+    const cw_dtype dt = a->out.d.dtype;
+    const size_t es = cw_dtype_size(dt);
+    const int op = (int)a->param.i[0];
+    const float pa = a->param.f[0], pb = a->param.f[1];
+    float fx[TILE], fy[TILE];
+    for (int64_t i0 = 0; i0 < dim[0]; i0++)
+        for (int64_t i1 = 0; i1 < dim[1]; i1++)
+            for (int64_t i2 = 0; i2 < dim[2]; i2++)
+                for (int64_t i3 = 0; i3 < dim[3]; i3++) {
+                    const int64_t od = i0 * sd[0] + i1 * sd[1] + i2 * sd[2] + i3 * sd[3];
+                    const int64_t ox = i0 * sx[0] + i1 * sx[1] + i2 * sx[2] + i3 * sx[3];
+                    const int64_t oy = binary ? i0 * sy[0] + i1 * sy[1] + i2 * sy[2] + i3 * sy[3] : 0;
+                    for (int64_t w0 = 0; w0 < dim[4]; w0 += TILE) {
+                        const int64_t m = dim[4] - w0 < TILE ? dim[4] - w0 : TILE;
+                        cw__cpu_load_f32(fx, elem_at(a->in[0].data, ox + w0 * sx[4], es), dt, m, sx[4]);
+                        if (binary) {
+                            cw__cpu_load_f32(fy, elem_at(a->in[1].data, oy + w0 * sy[4], es), dt, m, sy[4]);
+                            binary_tile(op, fx, fy, m);
+                        } else {
+                            unary_tile(op, fx, m, pa, pb);
+                        }
+                        cw__cpu_store_f32(elem_at(a->out.data, od + w0 * sd[4], es), dt, sd[4], fx, m);
+                    }
+                }
+}
+
+/* One output row of nearest upsampling along W by fw from its source row (wd = fw * its
+ * width), elements of es bytes (2 or 4) copied as bits: nearest is exact in every dtype. */
+static void up_row(char *d, int64_t dsw, const char *x, int64_t xsw, int64_t wd, int64_t fw, size_t es) {
+    if (es == 4) {
+        uint32_t *o = (uint32_t *)d;
+        const uint32_t *i = (const uint32_t *)x;
+        for (int64_t s = 0, w = 0; w < wd; s++)
+            for (int64_t k = 0; k < fw; k++, w++) o[w * dsw] = i[s * xsw];
+    } else {
+        uint16_t *o = (uint16_t *)d;
+        const uint16_t *i = (const uint16_t *)x;
+        for (int64_t s = 0, w = 0; w < wd; s++)
+            for (int64_t k = 0; k < fw; k++, w++) o[w * dsw] = i[s * xsw];
+    }
+}
+
+/* Nearest upsampling by (fd, fh, fw): each output row from its source row, and an output
+ * row whose source row is the previous one's copied from it (contiguous rows). */
+static void upsample_nearest_run(const cw__op_args *a) {
+    ncdhw d, x;
+    view_ncdhw(&a->out, &d);
+    view_ncdhw(&a->in[0], &x);
+    const size_t es = cw_dtype_size(a->out.d.dtype);
+    const int64_t fd = a->param.i[0], fh = a->param.i[1], fw = a->param.i[2];
+    char *dp = a->out.data;
+    const char *xp = a->in[0].data;
+    for (int64_t n = 0; n < d.dim[0]; n++)
+        for (int64_t c = 0; c < d.dim[1]; c++)
+            for (int64_t z = 0; z < d.dim[2]; z++) {
+                const char *xs = xp + (n * x.st[0] + c * x.st[1] + (z / fd) * x.st[2]) * (int64_t)es;
+                char *ds = dp + (n * d.st[0] + c * d.st[1] + z * d.st[2]) * (int64_t)es;
+                for (int64_t h = 0; h < d.dim[3]; h++) {
+                    char *drow = ds + h * d.st[3] * (int64_t)es;
+                    if (h % fh && d.st[4] == 1) { /* the row above has the same source row */
+                        memcpy(drow, drow - d.st[3] * (int64_t)es, (size_t)d.dim[4] * es);
+                        continue;
+                    }
+                    up_row(drow, d.st[4], xs + (h / fh) * x.st[3] * (int64_t)es, x.st[4], d.dim[4], fw, es);
+                }
+            }
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
     case CW_OP_AVG_POOL2: avg_pool2_run(a); break;
+    case CW_OP_UNARY: map_run(a); break;
+    case CW_OP_BINARY: map_run(a); break;
+    case CW_OP_UPSAMPLE_NEAREST: upsample_nearest_run(a); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

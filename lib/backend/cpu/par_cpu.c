@@ -1,6 +1,8 @@
-/* The cpu backend's own parallelism: a parallel-for over index ranges, and the one GEMM
- * every cpu op calls. convweave owns the split of a GEMM: C is cut into blocks whose
- * boundaries depend only on (m, n, k) and each block is one single-threaded OpenBLAS call,
+/* The cpu backend's own parallelism: a parallel-for over index ranges, thread teams, and
+ * the split GEMM (cw__cpu_sgemm) that im2col convs, attention and the gemm op call
+ * (Winograd makes its own single-threaded cblas_sgemm calls per block, oneDNN runs its own
+ * kernels). convweave owns the split of a GEMM: C is cut into blocks whose boundaries
+ * depend only on (m, n) and each block is one single-threaded OpenBLAS call,
  * so the bits of C never depend on the thread count, on how many streams run, or on
  * timing. OpenBLAS's own threading is switched off (process-wide: 0.3.21 has no
  * per-thread count) because the way it splits a GEMM follows its thread count and, on

@@ -1,9 +1,11 @@
 /* The cuda backend's runtime on the CUDA runtime API (non-blocking streams, events,
  * cudaMalloc'd memory for the budgeted allocator, async copies), its creation, and the
- * interop calls of include/convweave/convweave_cuda.h; its ops are in cuda_ops.c. The library links libcudart dynamically and calls
- * nothing at load time, so it loads without a driver; creation then reports no device.
- * host_syncs counts every call that may stall the device or the host: cudaMalloc, cudaFree,
- * stream/event synchronisation, synchronous copies, and cuDNN plans finalised inside a run. */
+ * hooks behind include/convweave/convweave_cuda.h (stream_adopt, device_index: the context
+ * calls them, this file never calls the context); its ops are in cuda_ops.c. The library
+ * links libcudart dynamically and calls nothing at load time, so it loads without a
+ * driver; creation then reports no device. host_syncs counts every call that may stall
+ * the device or the host: cudaMalloc, cudaFree, stream/event synchronisation, synchronous
+ * copies, and cuDNN plans finalised inside a run. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -312,6 +314,52 @@ static void *cuda_stream_handle(cw__backend *be, cw__stream *s) {
     return (void *)s->cs;
 }
 
+/* The stream_adopt hook (cw_context_set_cuda_stream, under the context's lock; errors go
+ * through cw__error, which takes the context's error lock only). */
+static cw_status cuda_stream_adopt(cw__backend *be, void *handle, cw__stream **sp) {
+    cw__cuda *cb = cw__cb(be);
+    cudaStream_t us = (cudaStream_t)handle;
+    int sdev = -1;
+    /* A stream of another device would fail at the first launch; say so now. */
+    if (us) {
+        cudaError_t e = cudaStreamGetDevice(us, &sdev);
+        if (e != cudaSuccess) return cw__cuda_fail(be->ctx, e, "cudaStreamGetDevice(cuda_stream)", __FILE__, __LINE__);
+        if (sdev != cb->device)
+            return cw__error(be->ctx, CW_ERR_INVALID_ARG,
+                             "cw_context_set_cuda_stream: cuda_stream belongs to device %d, the context to device %d",
+                             sdev, cb->device);
+    }
+    cw__stream *s = *sp;
+    if (!s) {
+        s = cw__calloc(1, sizeof *s);
+        if (!s) return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cw_context_set_cuda_stream: out of host memory");
+        s->cs = us;
+        s->owned = 0;
+        int prev = -1;
+        if (cw__enter(cb, &prev) == CW_OK) {
+            cw__stream_scratch(cb, s);
+            cw__leave(cb, prev);
+        }
+        *sp = s;
+        return CW_OK;
+    }
+    /* Replace the handle inside the existing stream object (the allocator and plans hold
+     * the object): everything queued on the old stream finishes first, so stream order
+     * carries over. */
+    cw__sync_count(cb, 1);
+    cudaError_t e = cudaStreamSynchronize(s->cs);
+    if (e == cudaSuccess && s->owned) e = cudaStreamDestroy(s->cs);
+    if (e != cudaSuccess) return cw__cuda_fail(be->ctx, e, "replacing the context's stream", __FILE__, __LINE__);
+    s->cs = us;
+    s->owned = 0;
+    return CW_OK;
+}
+
+static cw_status cuda_device_index(cw__backend *be, int *out) {
+    *out = cw__cb(be)->device;
+    return CW_OK;
+}
+
 static const cw__runtime_i cw__cuda_rt = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -333,6 +381,8 @@ static const cw__runtime_i cw__cuda_rt = {
     .host_syncs = cuda_host_syncs,
     .launch_host = cuda_launch_host,
     .stream_handle = cuda_stream_handle,
+    .stream_adopt = cuda_stream_adopt,
+    .device_index = cuda_device_index,
     .timer_create = cuda_timer_create,
     .timer_destroy = cuda_timer_destroy,
     .timer_mark = cuda_timer_mark,
@@ -412,84 +462,4 @@ fail:
     if (cb) cuda_destroy(&cb->base);
     if (prev >= 0 && prev != dev) (void)cudaSetDevice(prev);
     return st;
-}
-
-/* ---- convweave_cuda.h ------------------------------------------------------------------ */
-
-static cw_status cw__cuda_ctx_check(cw_context *ctx, int index, const char *what) {
-    if (!ctx) return CW_ERR_INVALID_ARG;
-    if (!ctx->be || ctx->be->rt != &cw__cuda_rt)
-        return cw__error(ctx, CW_ERR_UNSUPPORTED, "%s: the context runs backend %s, not cuda", what,
-                         ctx->be ? ctx->be->rt->name : "none");
-    if (index < 0 || index >= CW__MAX_STREAMS)
-        return cw__error(ctx, CW_ERR_INVALID_ARG, "%s: stream index %d outside 0..%d", what, index,
-                         CW__MAX_STREAMS - 1);
-    return CW_OK;
-}
-
-cw_status cw_context_set_cuda_stream(cw_context *ctx, int index, void *cuda_stream) {
-    cw_status st = cw__cuda_ctx_check(ctx, index, "cw_context_set_cuda_stream");
-    if (st != CW_OK) return st;
-    cw__cuda *cb = cw__cb(ctx->be);
-    cudaStream_t us = (cudaStream_t)cuda_stream;
-    int sdev = -1;
-    /* A stream of another device would fail at the first launch; say so now. */
-    if (us) {
-        cudaError_t e = cudaStreamGetDevice(us, &sdev);
-        if (e != cudaSuccess) return cw__cuda_fail(ctx, e, "cudaStreamGetDevice(cuda_stream)", __FILE__, __LINE__);
-        if (sdev != cb->device)
-            return cw__error(ctx, CW_ERR_INVALID_ARG,
-                             "cw_context_set_cuda_stream: cuda_stream belongs to device %d, the context to device %d",
-                             sdev, cb->device);
-    }
-    pthread_mutex_lock(&ctx->mu);
-    cw__stream *s = ctx->streams[index];
-    if (!s) {
-        s = cw__calloc(1, sizeof *s);
-        if (!s) {
-            pthread_mutex_unlock(&ctx->mu);
-            return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cw_context_set_cuda_stream: out of host memory");
-        }
-        s->cs = us;
-        s->owned = 0;
-        int prev = -1;
-        if (cw__enter(cb, &prev) == CW_OK) {
-            cw__stream_scratch(cb, s);
-            cw__leave(cb, prev);
-        }
-        ctx->streams[index] = s;
-        pthread_mutex_unlock(&ctx->mu);
-        return CW_OK;
-    }
-    /* Replace the handle inside the existing stream object (the allocator and plans hold
-     * the object): everything queued on the old stream finishes first, so stream order
-     * carries over. */
-    cw__sync_count(cb, 1);
-    cudaError_t e = cudaStreamSynchronize(s->cs);
-    if (e == cudaSuccess && s->owned) e = cudaStreamDestroy(s->cs);
-    if (e == cudaSuccess) {
-        s->cs = us;
-        s->owned = 0;
-    }
-    pthread_mutex_unlock(&ctx->mu);
-    if (e != cudaSuccess) return cw__cuda_fail(ctx, e, "replacing the context's stream", __FILE__, __LINE__);
-    return CW_OK;
-}
-
-cw_status cw_context_get_cuda_stream(cw_context *ctx, void **cuda_stream, int index) {
-    if (cuda_stream) *cuda_stream = NULL;
-    cw_status st = cw__cuda_ctx_check(ctx, index, "cw_context_get_cuda_stream");
-    if (st != CW_OK) return st;
-    if (!cuda_stream) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_context_get_cuda_stream: cuda_stream is NULL");
-    cw__stream *s;
-    if ((st = cw__context_stream(ctx, index, &s)) != CW_OK) return st;
-    *cuda_stream = (void *)s->cs;
-    return CW_OK;
-}
-
-cw_status cw_context_get_cuda_device(const cw_context *ctx, int *device) {
-    if (!ctx || !device) return CW_ERR_INVALID_ARG;
-    if (!ctx->be || ctx->be->rt != &cw__cuda_rt) return CW_ERR_UNSUPPORTED;
-    *device = cw__cb(ctx->be)->device;
-    return CW_OK;
 }

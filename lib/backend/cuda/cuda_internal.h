@@ -1,7 +1,8 @@
 /* Internals of the cuda backend: its stream/event objects, the kernel launchers of
  * kernels.cu (C linkage, they return the launch's cudaError_t for the caller's check
- * macro), and the cuDNN graph-API convolution layer of cudnn_conv.c, whose descriptor
- * and engine-list code runs without a device (tests/test_cudnn_desc.c). */
+ * macro), and the cuDNN graph-API convolution layer (cudnn_graph.c, cudnn_engines.c,
+ * cudnn_cache.c, cudnn_run.c), whose descriptor and engine-list code runs without a
+ * device (tests/test_cudnn_desc.c). */
 #ifndef CW_CUDA_INTERNAL_H
 #define CW_CUDA_INTERNAL_H
 
@@ -95,7 +96,7 @@ struct cw__timer {
     unsigned char *recorded; /* marks recorded since the last timer_read */
 };
 
-/* ---- cudnn_conv.c: convolution through the cuDNN 9 graph (backend) API --------------------
+/* ---- cudnn_*.c: convolution through the cuDNN 9 graph (backend) API --------------------
  * Tensor unique ids in every operation graph and variant pack. */
 enum { CW__CUDNN_UID_X = 1, CW__CUDNN_UID_W = 2, CW__CUDNN_UID_Y = 3, CW__CUDNN_UID_B = 4, CW__CUDNN_UID_T = 5 };
 /* At most this many engine configs are kept per problem (heuristics give ~10-40). */

@@ -1,4 +1,4 @@
-/* The cuda backend's ops: convolution through cudnn_conv.c, the light stages through
+/* The cuda backend's ops: convolution through the cudnn_*.c layer, the light stages through
  * kernels.cu's launchers, GEMM through cuBLAS. Each hook was checked by ops.c (cw__op_*). */
 #include <inttypes.h>
 #include <math.h>

@@ -762,6 +762,61 @@ cudaError_t gn_stats4_launch(cudaStream_t s, const int64_t dims4[4], const V4 &v
     return cudaGetLastError();
 }
 
+/* ---- the elementwise generic ops (CW_OP_UNARY, CW_OP_BINARY) --------------------------- */
+
+/* Strides of a row-major contiguous tensor: elements then index flat. */
+int view_flat(const View &v) {
+    int64_t s = 1;
+    for (int i = v.rank - 1; i >= 0; i--) {
+        if (v.dims[i] != 1 && v.strides[i] != s) return 0;
+        s *= v.dims[i];
+    }
+    return 1;
+}
+
+/* CW_OP_UNARY: one thread per element, any strides and dtype (flat: every view contiguous,
+ * no coordinates). d may alias x exactly: each element is read before it is written by one
+ * thread. */
+__global__ void __launch_bounds__(kThreads)
+    unary_kernel(int op, float pa, float pb, int flat, const __grid_constant__ View d, void *dp,
+                 const __grid_constant__ View x, const void *xp) {
+    int64_t c[CW_MAX_RANK] = {0};
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = flat ? i : coords(d, i, c);
+        const int64_t ox = flat ? i : offset_of(x, c);
+        store_dt(dp, od, d.dtype, cw_unary_elem(op, load_dt(xp, ox, x.dtype), pa, pb));
+    }
+}
+
+/* CW_OP_BINARY: as unary_kernel, of two views of d's dims. */
+__global__ void __launch_bounds__(kThreads)
+    binary_kernel(int op, int flat, const __grid_constant__ View d, void *dp, const __grid_constant__ View x,
+                  const void *xp, const __grid_constant__ View y, const void *yp) {
+    int64_t c[CW_MAX_RANK] = {0};
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = flat ? i : coords(d, i, c);
+        const int64_t ox = flat ? i : offset_of(x, c), oy = flat ? i : offset_of(y, c);
+        store_dt(dp, od, d.dtype, cw_binary_elem(op, load_dt(xp, ox, x.dtype), load_dt(yp, oy, y.dtype)));
+    }
+}
+
+/* CW_OP_UPSAMPLE_NEAREST: one thread per output element, its source element's bits copied
+ * (T: a 2- or 4-byte word; nearest is exact in every dtype). f[0..2]: factors of the last
+ * three dims (D, H, W; 4-D views: f[0] = 1 and dim rank - 3 is C, left as is). */
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    upsample_nearest_kernel(const __grid_constant__ View d, T *dp, const __grid_constant__ View x, const T *xp,
+                            int64_t fd, int64_t fh, int64_t fw) {
+    int64_t c[CW_MAX_RANK];
+    const int r = d.rank;
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        if (r == 5) c[2] /= fd;
+        c[r - 2] /= fh, c[r - 1] /= fw;
+        dp[od] = xp[offset_of(x, c)];
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -791,6 +846,35 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
     case CW_OP_AVG_POOL2: {
         View vd = make_view(&a->out), vx = make_view(&a->in[0]);
         avg_pool2_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>(vd, a->out.data, vx, a->in[0].data);
+        return cudaGetLastError();
+    }
+    case CW_OP_UNARY: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        const int flat = view_flat(vd) && view_flat(vx);
+        unary_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], a->param.f[0],
+                                                                           a->param.f[1], flat, vd, a->out.data, vx,
+                                                                           a->in[0].data);
+        return cudaGetLastError();
+    }
+    case CW_OP_BINARY: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]), vy = make_view(&a->in[1]);
+        const int flat = view_flat(vd) && view_flat(vx) && view_flat(vy);
+        binary_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], flat, vd, a->out.data, vx,
+                                                                            a->in[0].data, vy, a->in[1].data);
+        return cudaGetLastError();
+    }
+    case CW_OP_UPSAMPLE_NEAREST: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        const unsigned blocks = blocks_for(vd.numel, kThreads);
+        const int64_t *f = a->param.i;
+        if (cw_dtype_size(a->out.d.dtype) == 4)
+            upsample_nearest_kernel<uint32_t><<<blocks, kThreads, 0, s>>>(
+                vd, static_cast<uint32_t *>(a->out.data), vx, static_cast<const uint32_t *>(a->in[0].data), f[0], f[1],
+                f[2]);
+        else
+            upsample_nearest_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(
+                vd, static_cast<uint16_t *>(a->out.data), vx, static_cast<const uint16_t *>(a->in[0].data), f[0], f[1],
+                f[2]);
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

@@ -11,11 +11,13 @@ enable(..., torch_allocator=True)) or any Python allocator (Context.set_allocato
 import importlib
 
 from ._alloc import HostAllocator
-from ._core import Context, Error, Graph, Plan, format_bytes, parse_bytes, status_string, version
-from ._conv import conv2d, conv3d, default_context
+from ._core import (ArgumentError, ArgumentTypeError, Context, Error, Graph, Plan, format_bytes, parse_bytes,
+                    parse_size, status_string, version)
+from ._conv import clear_cache as clear_conv_cache, conv2d, conv3d, default_context
 
-__all__ = ["Context", "Error", "Graph", "HostAllocator", "Plan", "conv2d", "conv3d", "default_context",
-           "format_bytes", "parse_bytes", "status_string", "version", "torch", "diffusers"]
+__all__ = ["ArgumentError", "ArgumentTypeError", "Context", "Error", "Graph", "HostAllocator", "Plan",
+           "clear_conv_cache", "conv2d", "conv3d", "default_context", "format_bytes", "parse_bytes", "parse_size",
+           "status_string", "version", "torch", "diffusers"]
 __version__ = "0.1.0"
 
 

@@ -2,7 +2,7 @@
 of torch tensors and NumPy arrays (pointer + strides, never a copy)."""
 import ctypes
 import json
-import re
+import logging
 import threading
 
 from . import _lib as C
@@ -12,7 +12,8 @@ from ._lib import lib
 
 class Error(RuntimeError):
     """A failed convweave call. status: the status name ("CW_ERR_BUDGET"); message: the
-    library's message (cw_context_get_last_error) naming the argument, shape or file at fault."""
+    library's message (cw_context_get_last_error, or what it logged) naming the argument,
+    shape or file at fault."""
 
     def __init__(self, status, message, min_budget=None):
         self.status = status
@@ -20,37 +21,74 @@ class Error(RuntimeError):
         self.min_budget = min_budget  # CW_ERR_BUDGET from compile: the smallest budget that works
         super().__init__(f"{status}: {message}")
 
+    def __reduce__(self):  # picklable (multiprocessing, pytest-xdist) despite the extra fields
+        return (type(self), (self.status, self.message, self.min_budget))
+
+
+class ArgumentError(Error, ValueError):
+    """A bad argument (status CW_ERR_INVALID_ARG), named in the message: a convweave.Error
+    that is also a ValueError, as Python's own argument errors are."""
+
+    def __init__(self, message, status="CW_ERR_INVALID_ARG", min_budget=None):
+        super().__init__(status, message, min_budget)
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.status, self.min_budget))
+
+
+class ArgumentTypeError(Error, TypeError):
+    """An argument of the wrong type (status CW_ERR_INVALID_ARG): a convweave.Error that is
+    also a TypeError."""
+
+    def __init__(self, message, status="CW_ERR_INVALID_ARG", min_budget=None):
+        super().__init__(status, message, min_budget)
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.status, self.min_budget))
+
 
 def status_name(code):
     return lib.cw_status_name(code).decode()
 
 
 # ---- sizes -----------------------------------------------------------------------------------
-_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+UNITS = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (any case)"
 
 
-def parse_bytes(size):
-    """256 * 2**20, "256MiB", "1.5GiB", "64MB" -> bytes; None, "unlimited" -> -1 (no cap).
-    Same units as cw-vae --budget."""
+def parse_size(size):
+    """cw_parse_size, the library's one size grammar: "256MiB", "256mib", "1.5GiB", "64MB",
+    "1e9", "1048576" -> bytes (>= 0); "unlimited" / "none" -> -1. Raises ArgumentError
+    naming the string otherwise."""
+    out = ctypes.c_int64()
+    if not isinstance(size, str) or lib.cw_parse_size(size.encode(errors="replace"), ctypes.byref(out)):
+        raise ArgumentError(f"convweave: size {size!r}: expected bytes or a size like '256MiB' (a decimal "
+                            f"number, then one of {UNITS}) or 'unlimited'")
+    return out.value
+
+
+def parse_bytes(size, what="budget"):
+    """256 * 2**20, "256MiB", "256mib", "1.5GiB", "64MB", "1e9" -> bytes; None, "unlimited" -> -1
+    (no cap). The grammar is the library's (cw_parse_size), the same as cw-vae --budget.
+    Raises ArgumentError (a convweave.Error and a ValueError) naming `what` and the value."""
     if size is None:
         return -1
-    if isinstance(size, bool):
-        raise ValueError(f"convweave: budget {size!r} is not a size")
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise ArgumentError(f"convweave: {what} {size!r} is not a size: expected bytes (int) or a string like "
+                            "'256MiB' (None: unlimited)")
     if isinstance(size, int):
         if size <= 0:
-            raise ValueError(f"convweave: budget {size} bytes must be > 0 (None: unlimited)")
+            raise ArgumentError(f"convweave: {what} {size} bytes must be > 0 (None: unlimited)")
+        if size >= 1 << 63:
+            raise ArgumentError(f"convweave: {what} {size} bytes is beyond 2^63")
         return size
-    if isinstance(size, str):
-        s = size.strip()
-        if s.lower() in ("unlimited", "none"):
-            return -1
-        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)", s)
-        if m and m[2] in _UNITS:
-            b = round(float(m[1]) * _UNITS[m[2]])
-            if b > 0:
-                return b
-    raise ValueError(f"convweave: budget {size!r}: expected bytes or a size like '256MiB' "
-                     f"(units {', '.join(u for u in _UNITS if u)}) or 'unlimited'")
+    try:
+        b = parse_size(size.strip())
+    except ArgumentError:
+        raise ArgumentError(f"convweave: {what} {size!r}: expected bytes or a size like '256MiB' (a decimal "
+                            f"number, then one of {UNITS}) or 'unlimited'") from None
+    if b == 0:
+        raise ArgumentError(f"convweave: {what} {size!r} must be > 0 (or 'unlimited')")
+    return b
 
 
 def format_bytes(b):
@@ -118,37 +156,87 @@ def as_view(x):
         except ImportError:
             import numpy as np
             return as_view(np.from_dlpack(x))
-    raise TypeError(f"convweave: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    raise ArgumentTypeError(f"convweave: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
 
 
 # ---- context ---------------------------------------------------------------------------------
+_log = logging.getLogger("convweave")
+_LOG_LEVELS = {C.CW_LOG_ERROR: logging.ERROR, C.CW_LOG_WARN: logging.WARNING, C.CW_LOG_INFO: logging.INFO,
+               C.CW_LOG_DEBUG: logging.DEBUG}
+
+
+class _LogSink:
+    """The context's cw_log_fn: every message the library logs goes to the Python logger
+    "convweave" (warnings and errors reach stderr as before, through logging's default
+    handler) and the latest error is kept, so an Error can carry a reason that the library
+    logged rather than set as the context's last error (cw_context_create's). Called on the
+    calling thread or a backend worker; it must never raise into C."""
+
+    def __init__(self):
+        self.last = None
+        self.fn = C.cw_log_fn(self._on_log)  # kept alive as long as the context
+
+    def _on_log(self, user, level, msg):
+        try:
+            text = msg.decode(errors="replace") if msg else ""
+            if level <= C.CW_LOG_ERROR:
+                self.last = text
+            _log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", text)
+        except BaseException:  # interpreter shutdown, a broken handler: never unwind through C
+            pass
+
+    def take(self):
+        m, self.last = self.last, None
+        return m
+
+
+_BACKENDS = {"auto": C.CW_BACKEND_AUTO, "cpu": C.CW_BACKEND_CPU, "cuda": C.CW_BACKEND_CUDA}
+
+
+def _check_int(name, v, lo, hi=None):
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise ArgumentError(f"convweave: {name}={v!r}: expected an int {rng}")
+    return v
+
+
 class Context:
     """One cw_context: a backend, its streams and the budgeted temporary allocator.
     Calls on it are serialised (the library's last-error message is per context).
-    allocator: where its memory comes from (see set_allocator); None: the backend's own."""
+    backend: "auto", "cpu" or "cuda"; threads: cpu threads in all (0: every core);
+    allocator: where its memory comes from (see set_allocator); None: the backend's own.
+    The library's log goes to the Python logger "convweave"."""
 
     def __init__(self, backend="auto", device=0, budget=None, streams=2, threads=0, flags=0, allocator=None):
+        self.handle = None
+        self._owned = {}
+        self._hook = None  # the user allocator's trampolines: alive until the context is destroyed
+        if backend not in _BACKENDS:
+            raise ArgumentError(f"convweave: backend={backend!r}: expected 'auto', 'cpu' or 'cuda'")
+        _check_int("threads", threads, 0)  # the library reads <= 0 as every core: -1 is a mistake here
         cfg = C.cw_context_config()
-        cfg.backend = {"auto": C.CW_BACKEND_AUTO, "cpu": C.CW_BACKEND_CPU, "cuda": C.CW_BACKEND_CUDA}[backend]
+        cfg.backend = _BACKENDS[backend]
         cfg.device = device
         cfg.temp_budget = parse_bytes(budget)
         cfg.streams = streams
         cfg.threads = threads
         cfg.flags = flags
+        self._log = _LogSink()
+        cfg.log_fn = self._log.fn
         self.lock = threading.RLock()
         self.budget = cfg.temp_budget
         self.device = device
         self.streams = streams
         self.flags = flags
         self._cuda_stream = None
-        self._hook = None  # the user allocator's trampolines: alive until the context is destroyed
-        self._owned = {}
         self._destroy = lib.cw_context_destroy
+        self._release_fn = lib.cw_plan_release
         h = ctypes.c_void_p()
         st = lib.cw_context_create(ctypes.byref(h), ctypes.byref(cfg))
         if st:
+            why = self._log.take() or "no reason logged"
             raise Error(status_name(st), f"cw_context_create(backend={backend!r}, device={device}, "
-                        f"streams={streams}) failed (the library logged why)")
+                        f"streams={streams}) failed: {why}")
         self.handle = h
         self.backend = lib.cw_context_get_backend_name(h).decode()
         if allocator is not None:
@@ -157,6 +245,10 @@ class Context:
             except BaseException:
                 self.close()
                 raise
+
+    def __reduce__(self):
+        raise TypeError("convweave.Context cannot be pickled or copied: it owns library handles and device "
+                        "memory (make a new one)")
 
     # The context owns the handles made on it (tensors, graphs, plans) and frees those still
     # alive before itself: Python may finalise a context before the objects that use it
@@ -167,12 +259,19 @@ class Context:
         self._owned[handle.value] = (self._ORDER[kind], destroy)
 
     def release(self, handle):
-        """Frees one owned handle (once; a no-op after the context closed)."""
-        entry = self._owned.pop(handle.value, None) if handle else None
-        if entry:
-            entry[1](handle)
+        """Frees one owned handle (once; a no-op after the context closed), under the
+        context's lock: a plan or tensor freed by the garbage collector on one thread must
+        not race a run on another."""
+        owned = getattr(self, "_owned", None)
+        if not handle or owned is None:
+            return
+        with self.lock:
+            entry = owned.pop(handle.value, None)
+            if entry:
+                entry[1](handle)
 
     def close(self):
+        """Frees every handle made on the context, then the context. Idempotent."""
         h, self.handle = getattr(self, "handle", None), None
         if h:
             owned = getattr(self, "_owned", {})
@@ -182,15 +281,18 @@ class Context:
             self._destroy(h)  # gives every segment back: the allocator's free runs now
             self._hook = None
 
-    __del__ = close
+    def __del__(self):
+        _quiet_close(self)
 
     def last_error(self):
         return lib.cw_context_get_last_error(self.handle).decode(errors="replace")
 
     def error(self, st, what=""):
-        """Error for a failed status, with the library's message; where the user allocator's
-        alloc raised during the call, that exception is its __cause__ and named in it."""
-        err = Error(status_name(st), self.last_error() or what or "(no message)")
+        """Error for a failed status, with the library's message (else the error it logged);
+        where the user allocator's alloc raised during the call, that exception is its
+        __cause__ and named in it."""
+        logged = self._log.take()
+        err = Error(status_name(st), self.last_error() or logged or what or "(no message)")
         cause = self._hook.take_error() if self._hook else None
         if cause is not None:
             err = Error(err.status, f"{err.message} (the allocator raised {type(cause).__name__}: {cause})")
@@ -204,6 +306,8 @@ class Context:
             raise self.error(st, what)
         if self._hook:
             self._hook.take_error()
+        if self._log.last is not None:
+            self._log.last = None
 
     def call(self, fn, *args):
         with self.lock:
@@ -263,10 +367,12 @@ class Tensor:
         self.handle = h
 
     def close(self):
-        h, self.handle = self.handle, None
-        self.ctx.release(h)
+        h, self.handle = getattr(self, "handle", None), None
+        if h:
+            self.ctx.release(h)
 
-    __del__ = close
+    def __del__(self):
+        _quiet_close(self)
 
 
 # ---- graph and plan --------------------------------------------------------------------------
@@ -293,7 +399,7 @@ def memory_auto_pct(memory):
     except ValueError:
         pct = None
     if pct is None or not 0 <= pct <= 1000:
-        raise ValueError(f"convweave: memory {memory!r}: 'auto' or 'auto:PCT' takes a percentage of extra conv "
+        raise ArgumentError(f"convweave: memory {memory!r}: 'auto' or 'auto:PCT' takes a percentage of extra conv "
                          "FLOPs in 0..1000")
     return pct
 
@@ -332,9 +438,14 @@ class Graph:
 
     def close(self):
         h, self.handle = getattr(self, "handle", None), None
-        self.ctx.release(h)
+        if h:
+            self.ctx.release(h)
 
-    __del__ = close
+    def __del__(self):
+        _quiet_close(self)
+
+    def __reduce__(self):
+        raise TypeError("convweave.Graph cannot be pickled or copied: it owns a library handle (build a new one)")
 
     def _node(self, fn, *args):
         n = C.c_int32(C.CW_NODE_NONE)
@@ -433,6 +544,29 @@ class Graph:
             self.ctx.check(st)
         return Plan(self, h)
 
+    def unary(self, x, op, a=0.0, b=0.0):
+        """cw_graph_unary: op(x) elementwise, op a CW_UNARY_* code (convweave._lib); a and b
+        are AFFINE's a * x + b and CLAMP's bounds (ignored by the other ops)."""
+        return self._node(lib.cw_graph_unary, x, int(op), float(a), float(b))
+
+    def binary(self, a, b, op):
+        """cw_graph_binary: op(a, b) elementwise on two nodes of equal shape, op a CW_BINARY_*
+        code (convweave._lib)."""
+        return self._node(lib.cw_graph_binary, a, b, int(op))
+
+    def shift(self, x, v):
+        """x + v[c]: v a float32 constant node of dims [C]."""
+        return self._node(lib.cw_graph_shift, x, v)
+
+    def upsample_nearest(self, x, factors):
+        """cw_graph_upsample_nearest: integer factors (fd, fh, fw), each 1..8 (fd 1 for a 4-D x;
+        a pair (fh, fw) means (1, fh, fw))."""
+        f = tuple(int(v) for v in factors)
+        f = (1,) + f if len(f) == 2 else f
+        if len(f) != 3:
+            raise ValueError(f"convweave: upsample_nearest factors {factors!r}: give (fd, fh, fw) or (fh, fw)")
+        return self._node(lib.cw_graph_upsample_nearest, x, (ctypes.c_int64 * 3)(*f))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""
@@ -446,7 +580,22 @@ class Plan:
         if h:
             self.ctx.release(h)
 
-    __del__ = close
+    def __del__(self):
+        _quiet_close(self)
+
+    def __reduce__(self):
+        raise TypeError("convweave.Plan cannot be pickled or copied: it owns a library handle and device memory "
+                        "(compile a new one)")
+
+    def release(self):
+        """cw_plan_release: gives back the memory the plan holds between runs — its
+        activation arena and the cached segments of its temporaries' pool — to the
+        allocator that gave them (the backend's, or the context's allocator: PyTorch's
+        caching allocator with use_torch_allocator). The plan stays valid; its next run
+        takes the memory again (one allocation at the run's start). A no-op on a closed
+        plan or one that holds nothing."""
+        if self.handle:
+            self.ctx.call(lib.cw_plan_release, self.handle)
 
     def run(self, inputs, outputs):
         """inputs, outputs: arrays (torch or NumPy) in graph order, outputs preallocated."""
@@ -456,7 +605,7 @@ class Plan:
         try:
             ia = (ctypes.c_void_p * max(1, len(ins)))(*[t.handle.value for t in ins])
             oa = (ctypes.c_void_p * max(1, len(outs)))(*[t.handle.value for t in outs])
-            ctx.call(lib.cw_plan_run, self.handle, ia, len(ins), oa, len(outs))
+            ctx.call(lib.cw_plan_run, self._h(), ia, len(ins), oa, len(outs))
         finally:
             for t in ins + outs:
                 t.close()
@@ -465,18 +614,24 @@ class Plan:
         """The plan as text (per conv: patches, rows, halos, algorithm, workspace; the
         predicted peak temp), or as a dict with json_format=True."""
         out = ctypes.c_void_p()
-        self.ctx.call(lib.cw_plan_describe, self.handle, ctypes.byref(out), int(bool(json_format)))
+        self.ctx.call(lib.cw_plan_describe, self._h(), ctypes.byref(out), int(bool(json_format)))
         try:
             text = ctypes.string_at(out.value).decode()
         finally:
             lib.cw_free(out)
         return json.loads(text) if json_format else text
 
+    def _h(self):
+        if not getattr(self, "handle", None):
+            raise Error("CW_ERR_INVALID_ARG", "convweave.Plan: the plan is closed (its part was disabled, or its "
+                        "context closed)")
+        return self.handle
+
     def stats(self):
         """Statistics of the last run. Memory entries use torch.cuda.memory_stats() names
         (bytes; 'all' pools), the others cw_plan_stats's."""
         s = C.cw_plan_stats()
-        self.ctx.call(lib.cw_plan_get_stats, self.handle, ctypes.byref(s))
+        self.ctx.call(lib.cw_plan_get_stats, self._h(), ctypes.byref(s))
         m = self.ctx.memory_stats()
         return {
             # temporaries (workspaces, patch buffers, attention chunks), under the budget
@@ -517,7 +672,17 @@ class Plan:
         """Writes a Chrome/Perfetto trace of the last run (needs timing=True on enable or
         the context)."""
         import os
-        self.ctx.call(lib.cw_plan_write_trace, self.handle, os.fsencode(path))
+        self.ctx.call(lib.cw_plan_write_trace, self._h(), os.fsencode(path))
+
+
+def _quiet_close(obj):
+    """__del__'s close: never raises and never prints "Exception ignored" — at interpreter
+    exit modules may already be torn down, and objects made without __init__ (copies,
+    torch.compile's tracing) lack their fields."""
+    try:
+        obj.close()
+    except BaseException:
+        pass
 
 
 def version():

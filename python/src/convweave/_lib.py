@@ -15,6 +15,7 @@ int cw_version(void);
 const char *cw_version_string(void);
 const char *cw_status_name(cw_status s);
 const char *cw_status_string(cw_status s);
+cw_status cw_parse_size(const char *s, int64_t *out_bytes);
 cw_status cw_context_create(cw_context **out, const cw_context_config *cfg);
 void cw_context_destroy(cw_context *ctx);
 const char *cw_context_get_last_error(const cw_context *ctx);
@@ -30,7 +31,7 @@ void cw_tensor_destroy(cw_tensor *t);
 cw_status cw_graph_create(cw_graph **out, cw_context *ctx);
 void cw_graph_destroy(cw_graph *g);
 cw_status cw_graph_input(cw_graph *g, cw_node *out, const char *name, const cw_tensor_desc *desc);
-cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, cw_tensor *t);
+cw_status cw_graph_constant(cw_graph *g, cw_node *out, const char *name, const cw_tensor *t);
 cw_status cw_graph_conv(cw_graph *g, cw_node *out, cw_node x, cw_node w, cw_node b, const cw_conv_params *p);
 cw_status cw_graph_group_norm(cw_graph *g, cw_node *out, cw_node x, cw_node gamma, cw_node beta, int64_t groups, float eps);
 cw_status cw_graph_silu(cw_graph *g, cw_node *out, cw_node x);
@@ -45,6 +46,7 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
 cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_options *opt);
 cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points, const cw_compile_options *opt);
 void cw_plan_destroy(cw_plan *p);
+cw_status cw_plan_release(cw_plan *p);
 cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs, int n_outputs);
 cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
 cw_status cw_plan_describe(const cw_plan *p, char **out, int json);
@@ -52,6 +54,10 @@ cw_status cw_plan_write_trace(const cw_plan *p, const char *path);
 void cw_free(void *ptr);
 cw_status cw_conv_forward(cw_context *ctx, const cw_tensor *x, const cw_tensor *w, const cw_tensor *b, cw_tensor *y, const cw_conv_params *p, const cw_compile_options *opt);
 cw_status cw_conv_output_desc(cw_context *ctx, cw_tensor_desc *y, const cw_tensor_desc *x, const cw_tensor_desc *w, const cw_conv_params *p);
+cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);
+cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
+cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v);
+cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 """
 
 # ---- constants and structs of the header ---------------------------------------------------
@@ -71,6 +77,10 @@ CW_ALLOCATOR_ALIGN = 256
 STAGES = ("conv", "prep", "epilogue", "stats", "attention", "other")
 PLAN_STAGE_COUNT = 6
 PLAN_STREAM_COUNT = 8
+# cw_unary_op (cw_graph_unary)
+CW_UNARY_RELU, CW_UNARY_TANH, CW_UNARY_SIGMOID, CW_UNARY_GELU, CW_UNARY_GELU_TANH, CW_UNARY_AFFINE, CW_UNARY_CLAMP = range(7)
+# cw_binary_op (cw_graph_binary)
+CW_BINARY_MUL, CW_BINARY_SUB, CW_BINARY_DIV, CW_BINARY_MAX, CW_BINARY_MIN = range(5)
 
 cw_log_fn = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 cw_alloc_fn = ctypes.CFUNCTYPE(c_void_p, c_void_p, c_int64, c_void_p)  # (user, bytes, stream) -> ptr
@@ -149,7 +159,8 @@ STRUCTS = (cw_context_config, cw_allocator, cw_tensor_desc, cw_memory_stats, cw_
 # ---- C type spelling -> ctypes type, for the prototypes above ------------------------------
 _HANDLES = {"cw_context", "cw_tensor", "cw_graph", "cw_plan", "void"}
 _VALUES = {"void": None, "int": c_int, "float": c_float, "int64_t": c_int64, "size_t": c_size_t,
-           "cw_status": c_int, "cw_node": c_int32, "cw_dtype": c_int, "cw_log_fn": cw_log_fn}
+           "cw_status": c_int, "cw_node": c_int32, "cw_dtype": c_int, "cw_log_fn": cw_log_fn,
+           "cw_unary_op": c_int, "cw_binary_op": c_int}
 _STRUCTS = {s.__name__: s for s in STRUCTS}
 _PROTO = re.compile(r"^(?P<ret>[\w\s\*]+?)\s*\b(?P<name>cw_\w+)\s*\((?P<args>[^)]*)\)\s*;$")
 
@@ -158,7 +169,7 @@ def _ctype(decl):
     """'const cw_tensor_desc *desc' -> POINTER(cw_tensor_desc); handles become c_void_p."""
     tokens = [t for t in re.findall(r"\w+|\*", decl) if t != "const"]
     words = [t for t in tokens if t != "*"]
-    base, depth = words[0], tokens.count("*")
+    base, depth = words[0], tokens.count("*") + decl.count("[")  # an array parameter is a pointer
     if depth == 0:
         return _VALUES[base]
     if base == "char":
@@ -199,7 +210,13 @@ def _find_library():
 
 
 def load(path=None):
-    lib = ctypes.CDLL(path or _find_library())
+    path = path or _find_library()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:  # most often a dependency of the build machine missing here
+        raise OSError(f"convweave: cannot load {path}: {e}. The library links the oneDNN, OpenBLAS, cJSON (and "
+                      "CUDA/cuDNN) of the machine it was built on and does not bundle them: install those, or "
+                      "rebuild with 'pip install ./python' here (python/README.md, Wheels)") from e
     for name, restype, argtypes in parse_prototypes():
         fn = getattr(lib, name)
         fn.restype = restype

@@ -6,18 +6,22 @@
 enable() replaces vae.decoder.forward and vae.encoder.forward with plans compiled from the
 modules' own parameters (read in place, never copied), one plan per input shape and dtype.
 diffusers still runs quant_conv, post_quant_conv, slicing and tiling itself, exactly as
-before. disable(vae) restores the modules' own forwards. The graphs mirror
-demos/vae/vae.c's: the decoder is conv_in, mid block (ResNet, attention, ResNet), up blocks
-(ResNets, nearest 2x + conv), GroupNorm + SiLU + conv_out; the encoder is conv_in, down
-blocks (ResNets, then diffusers' pad (0, 1, 0, 1) + 3x3 stride-2 conv as one conv padded
-only after), the mid block, GroupNorm + SiLU + conv_out (2 x latent channels: mean, logvar)."""
+before. disable(vae) restores the modules' own forwards. There is no mapping per class: each
+part goes through convweave.torch.wrap's front (torch.export, then the ATen op table;
+docs/torch-front.md), with nothing left to PyTorch, and makes the plan the hand-written
+mapping of earlier versions made (python/tests/test_wrap_models.py checked it, bit for bit,
+before that mapping was deleted)."""
+import collections
 import threading
+import warnings
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
-from ._core import Context, Error, Graph, format_bytes, memory_auto_pct, parse_bytes
+from ._core import ArgumentError, Context, Error, format_bytes, memory_auto_pct, parse_bytes
 from . import _lib as C
+from .front.runner import Program
 
 __all__ = ["enable", "disable", "is_enabled", "last_plan", "ConvweaveDecoder", "ConvweaveEncoder"]
 
@@ -27,169 +31,19 @@ PARTS = ("decoder", "encoder")  # the order enable() checks and wraps them in
 _HALF = (torch.float16, torch.bfloat16)
 
 
+class _Mixed(Error):
+    """Parameters of several dtypes (enable() refuses them; a call runs PyTorch)."""
+
+
 def _unsupported(where, what):
     return Error("CW_ERR_UNSUPPORTED", f"convweave.diffusers: {where}: {what}")
-
-
-class _Builder:
-    """Walks the decoder's modules into a cw graph; every check names the module."""
-
-    def __init__(self, graph, names):
-        self.g, self.names = graph, names
-
-    def name(self, mod):
-        return self.names.get(mod, type(mod).__name__)
-
-    def at(self, mod, fn, *args):
-        """fn(*args), a graph call; a library error names the module it was building."""
-        try:
-            return fn(*args)
-        except Error as e:
-            raise Error(e.status, f"convweave.diffusers: {self.name(mod)}: {e.message}") from None
-
-    def const(self, mod, tensor, shape=None, f32=False):
-        """A parameter as a graph constant, read in place; f32: as float32 (GroupNorm's
-        vectors, which are float32 in every graph: a half model's are copied, C floats)."""
-        name = f"{self.name(mod)}.{'weight' if tensor is mod.weight else 'bias'}"
-        t = tensor.detach() if shape is None else tensor.detach().view(shape)
-        return self.g.constant(name, t.float() if f32 else t)
-
-    def conv(self, x, mod, extra_post=0):
-        """mod: an nn.Conv2d; extra_post: zero rows / columns added after the input (an
-        F.pad(x, (0, e, 0, e)) before the conv, folded into its padding)."""
-        where = self.name(mod)
-        if not isinstance(mod, nn.Conv2d):
-            raise _unsupported(where, f"{type(mod).__name__} is not an nn.Conv2d")
-        if mod.padding_mode != "zeros":
-            raise _unsupported(where, f"padding_mode={mod.padding_mode!r} (only 'zeros')")
-        k = mod.kernel_size
-        if isinstance(mod.padding, str):
-            if mod.padding == "valid":
-                pre = post = (0, 0)
-            else:  # 'same': stride 1, the odd row after as torch does
-                tot = [d * (kk - 1) for d, kk in zip(mod.dilation, k)]
-                pre, post = tuple(t // 2 for t in tot), tuple(t - t // 2 for t in tot)
-        else:
-            pre = post = tuple(mod.padding)
-        post = tuple(p + extra_post for p in post)
-        from ._core import conv_params
-        p = conv_params(2, mod.stride, mod.dilation, pre, post, mod.groups)
-        w = self.const(mod, mod.weight)
-        b = self.const(mod, mod.bias) if mod.bias is not None else None
-        return self.at(mod, self.g.conv, x, w, b, p)
-
-    def linear_as_conv(self, x, mod):
-        """nn.Linear over channels == a 1x1 conv; its weight is viewed [out, in, 1, 1]."""
-        where = self.name(mod)
-        if not isinstance(mod, nn.Linear):
-            raise _unsupported(where, f"{type(mod).__name__} is not an nn.Linear")
-        from ._core import conv_params
-        w = self.const(mod, mod.weight, (mod.out_features, mod.in_features, 1, 1))
-        b = self.const(mod, mod.bias) if mod.bias is not None else None
-        return self.at(mod, self.g.conv, x, w, b, conv_params(2, (1, 1), (1, 1), (0, 0), (0, 0), 1))
-
-    def group_norm(self, x, mod):
-        where = self.name(mod)
-        if not isinstance(mod, nn.GroupNorm):
-            raise _unsupported(where, f"{type(mod).__name__} (only nn.GroupNorm; SpatialNorm is not supported)")
-        if not mod.affine:
-            raise _unsupported(where, "GroupNorm without affine weights")
-        return self.at(mod, self.g.group_norm, x, self.const(mod, mod.weight, f32=True),
-                       self.const(mod, mod.bias, f32=True),
-                       mod.num_groups, mod.eps)
-
-    def act(self, x, mod):
-        if not isinstance(mod, nn.SiLU):
-            raise _unsupported(self.name(mod), f"activation {type(mod).__name__} (only SiLU)")
-        return self.g.silu(x)
-
-    def resnet(self, x, mod):
-        where = self.name(mod)
-        if type(mod).__name__ != "ResnetBlock2D":
-            raise _unsupported(where, f"{type(mod).__name__} (only ResnetBlock2D)")
-        if mod.time_emb_proj is not None or mod.upsample is not None or mod.downsample is not None:
-            raise _unsupported(where, "a ResNet block with a time embedding, upsample or downsample")
-        if mod.output_scale_factor != 1:
-            raise _unsupported(where, f"output_scale_factor={mod.output_scale_factor} (only 1)")
-        h = self.act(self.group_norm(x, mod.norm1), mod.nonlinearity)
-        h = self.conv(h, mod.conv1)
-        h = self.act(self.group_norm(h, mod.norm2), mod.nonlinearity)
-        h = self.conv(h, mod.conv2)  # dropout: identity in eval and at p = 0
-        sc = self.conv(x, mod.conv_shortcut) if mod.conv_shortcut is not None else x
-        return self.g.add(sc, h)
-
-    def attention(self, x, mod):
-        where = self.name(mod)
-        if getattr(mod, "heads", 1) != 1:
-            raise _unsupported(where, f"attention with {mod.heads} heads (only 1, as AutoencoderKL builds it)")
-        if mod.spatial_norm is not None or mod.group_norm is None:
-            raise _unsupported(where, "attention without GroupNorm, or with SpatialNorm")
-        if not mod.residual_connection or mod.rescale_output_factor != 1:
-            raise _unsupported(where, "attention without a residual connection or with rescale_output_factor != 1")
-        h = self.group_norm(x, mod.group_norm)
-        q = self.linear_as_conv(h, mod.to_q)
-        k = self.linear_as_conv(h, mod.to_k)
-        v = self.linear_as_conv(h, mod.to_v)
-        o = self.g.attention(q, k, v, float(mod.scale))
-        o = self.linear_as_conv(o, mod.to_out[0])
-        return self.g.add(o, x)
-
-    def upsampler(self, x, mod):
-        where = self.name(mod)
-        if type(mod).__name__ != "Upsample2D" or not mod.use_conv or mod.use_conv_transpose or \
-                not mod.interpolate or mod.norm is not None:
-            raise _unsupported(where, "only Upsample2D with nearest 2x interpolation and a conv")
-        return self.conv(self.g.upsample2x(x), mod.conv if mod.name == "conv" else mod.Conv2d_0)
-
-    def downsampler(self, x, mod):
-        where = self.name(mod)
-        if type(mod).__name__ != "Downsample2D" or not mod.use_conv or mod.norm is not None or \
-                not isinstance(mod.padding, int):
-            raise _unsupported(where, "only Downsample2D with a conv (no average pooling, no norm)")
-        # padding 0 (AutoencoderKL's encoder): diffusers pads (0, 1, 0, 1) first
-        return self.conv(x, mod.conv, extra_post=1 if mod.padding == 0 else 0)
-
-    def mid_block(self, x, mid):
-        if type(mid).__name__ != "UNetMidBlock2D":
-            raise _unsupported(self.name(mid), f"{type(mid).__name__} (only UNetMidBlock2D)")
-        x = self.resnet(x, mid.resnets[0])
-        for attn, res in zip(mid.attentions, mid.resnets[1:]):
-            if attn is not None:  # mid_block_add_attention=False leaves None here
-                x = self.attention(x, attn)
-            x = self.resnet(x, res)
-        return x
-
-    def decoder(self, x, dec):
-        x = self.conv(x, dec.conv_in)
-        x = self.mid_block(x, dec.mid_block)
-        for blk in dec.up_blocks:
-            if type(blk).__name__ != "UpDecoderBlock2D":
-                raise _unsupported(self.name(blk), f"{type(blk).__name__} (only UpDecoderBlock2D)")
-            for res in blk.resnets:
-                x = self.resnet(x, res)
-            for up in blk.upsamplers or ():
-                x = self.upsampler(x, up)
-        x = self.act(self.group_norm(x, dec.conv_norm_out), dec.conv_act)
-        return self.conv(x, dec.conv_out)
-
-    def encoder(self, x, enc):
-        x = self.conv(x, enc.conv_in)
-        for blk in enc.down_blocks:
-            if type(blk).__name__ != "DownEncoderBlock2D":
-                raise _unsupported(self.name(blk), f"{type(blk).__name__} (only DownEncoderBlock2D)")
-            for res in blk.resnets:
-                x = self.resnet(x, res)
-            for down in blk.downsamplers or ():
-                x = self.downsampler(x, down)
-        x = self.mid_block(x, enc.mid_block)
-        x = self.act(self.group_norm(x, enc.conv_norm_out), enc.conv_act)
-        return self.conv(x, enc.conv_out)  # double_z: 2 x latent channels (mean, logvar)
 
 
 class _Shared:
     """The one cw context the wrapped parts of a VAE share: one budget over their
     temporaries (a plan re-primes the pool with its own arena when it runs after the other
-    part's), one set of streams and threads. Made on first use, again if the device changes."""
+    part's), one set of streams and threads. Made on first use, again if the device changes.
+    A copy (deepcopy, pickle) keeps the options and makes its own context when first used."""
 
     def __init__(self, budget, streams, timing, threads, torch_allocator=False):
         self.budget = parse_bytes(budget)
@@ -197,6 +51,14 @@ class _Shared:
         self.timing = timing
         self.threads = threads
         self.torch_allocator = torch_allocator
+        self.ctx = None
+        self.lock = threading.Lock()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("ctx", "lock")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
         self.ctx = None
         self.lock = threading.Lock()
 
@@ -213,12 +75,38 @@ class _Shared:
             return self.ctx
 
 
+def _module_forward(module):
+    """The module's own PyTorch forward (its class's), bound to it: what enable() replaced."""
+    return type(module).forward.__get__(module)
+
+
+class _Own(nn.Module):
+    """What torch.export sees of a part: its class's own forward (enable() replaced the
+    instance's), the part as its one submodule, named as in the vae (messages name
+    "decoder.mid_block.attentions.0")."""
+
+    def __init__(self, part, name):
+        super().__init__()
+        self.name = name
+        self.add_module(name, part)
+        # a part in training mode (a freshly built vae) exports as in eval mode where the two
+        # compute the same (no dropout with p > 0, no batch norm); else export refuses it
+        self.training = any((isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0) or
+                            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in part.modules()) and part.training
+
+    def forward(self, sample):
+        return _module_forward(getattr(self, self.name))(sample)
+
+
 class _ConvweavePart:
     """What enable() attaches to a decoder or an encoder: the options, the (shared) context,
-    and the compiled plans (one per input shape, dtype and parameter set)."""
+    and the compiled plans (one per input shape, dtype and parameter set; at most max_plans,
+    least recently used dropped). Every call checks the parameters (dtype, device, memory,
+    in-place changes) against the plan it runs, so it never computes with stale state."""
     part = input_name = output_name = what = None  # set by the subclasses
 
-    def __init__(self, module, budget, streams, timing, patches, threads, fuse, memory=None, shared=None):
+    def __init__(self, module, budget, streams, timing, patches, threads, fuse, memory=None, shared=None,
+                 keep_memory=False, max_plans=4):
         self.module = module
         self.shared = shared if shared is not None else _Shared(budget, streams, timing, threads)
         self.budget = self.shared.budget
@@ -228,90 +116,135 @@ class _ConvweavePart:
         self.threads = threads
         self.fuse = fuse
         self.memory = memory
-        self.ctx = None
-        self.plans = {}  # (shape, dtype, device, parameter pointers) -> (plan, out shape)
-        self.last_plan = None
-        self.lock = threading.Lock()
-        self._params = list(module.parameters())
-        self._check_params()
+        self.keep_memory = keep_memory
+        self.max_plans = max_plans
+        self._init_runtime()
+        self.dtype = self._params_state()[0]
 
-    def _check_params(self):
-        """One dtype for all parameters (a graph has one element type): float32, float16 or
-        bfloat16."""
-        self.dtype = None
+    def _init_runtime(self):
+        self.ctx = None
+        self.plans = collections.OrderedDict()  # (shape, dtype, device) -> front.runner.Program
+        self.last_plan = None
+        self.lock = threading.RLock()
+        self.warned = set()  # reasons already warned about (PyTorch ran instead)
+
+    # deepcopy / pickle / torch.save of an enabled vae: the options travel, the plans and the
+    # context (library handles, device memory) do not; the copy compiles its own on first use
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("ctx", "plans", "last_plan", "lock", "warned")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def close(self):
+        """Drops every cached plan (disable() calls it); each is freed once no one holds it
+        (a Plan kept from last_plan stays readable)."""
+        with self.lock:
+            self.plans.clear()
+            self.last_plan = None
+
+    def _params_state(self):
+        """(dtype, device, pointers, versions, parameters) of the module's parameters now,
+        checking that they share one dtype (a graph has one element type: float32, float16
+        or bfloat16) and sit on cpu or cuda; raises Error naming the first that does not."""
+        dtype = device = None
+        params = []
         for n, p in self.module.named_parameters():
-            if p.dtype not in _HALF and p.dtype != torch.float32:
-                raise _unsupported(f"{self.part}.{n}", f"parameters are {p.dtype}; convweave takes float32, "
-                                   "float16 or bfloat16")
-            if self.dtype is None:
-                self.dtype = p.dtype
-            elif p.dtype != self.dtype:
-                raise _unsupported(f"{self.part}.{n}", f"parameters are {p.dtype}, others {self.dtype}: a "
-                                   "convweave graph has one element type (cast the whole VAE)")
+            if dtype is None:
+                if p.dtype not in _HALF and p.dtype != torch.float32:
+                    raise _unsupported(f"{self.part}.{n}", f"parameters are {p.dtype}; convweave takes float32, "
+                                       "float16 or bfloat16")
+                dtype, device = p.dtype, p.device
+            elif p.dtype != dtype:
+                raise _Mixed("CW_ERR_UNSUPPORTED", f"convweave.diffusers: {self.part}.{n}: parameters are {p.dtype}, "
+                             f"others {dtype}: a convweave graph has one element type (cast the whole VAE)")
+            elif p.device != device:
+                raise _unsupported(f"{self.part}.{n}", f"parameters on {p.device}, others on {device}")
             if p.device.type not in ("cpu", "cuda"):
                 raise _unsupported(f"{self.part}.{n}", f"device {p.device}")
+            params.append(p)
+        return (dtype, device, tuple(p.data_ptr() for p in params), tuple(p._version for p in params), params)
+
+    def _pytorch(self, why, sample, *extra):
+        """The module's own forward, warned once per reason."""
+        if why not in self.warned:
+            self.warned.add(why)
+            warnings.warn(f"convweave.diffusers: the {self.part} ran in PyTorch, not convweave: {why}. Warned once.",
+                          RuntimeWarning, stacklevel=4)
+        return _module_forward(self.module)(sample, *extra)
 
     def _context(self, device):
         ctx = self.shared.context(device)
         if ctx is not self.ctx:  # a new context (device changed): plans of the old one go
-            self.plans.clear()
-            self.last_plan = None
+            self.close()
             self.ctx = ctx
         return ctx
 
-    def _names(self):
-        return {m: f"{self.part}.{n}" if n else self.part for n, m in self.module.named_modules()}
-
-    def _build(self, g, shape):
-        """The part's graph on an input of `shape`; returns its output node."""
-        x = g.input(self.input_name, shape, str(self.dtype or torch.float32).replace("torch.", ""))
-        return getattr(_Builder(g, self._names()), self.part)(x, self.module)
+    def _program(self, shape, dtype, device, compile=True):
+        """The part lowered through convweave.torch.wrap's front (torch.export and the op
+        table) for an input of this shape, compiled; nothing may fall back to PyTorch."""
+        sample = torch.empty(shape, dtype=dtype, device=device)
+        flat, spec = pytree.tree_flatten(((sample,), {}))
+        return Program(_Own(self.module, self.part), flat, spec, self._context, fallback=False, compile=compile,
+                       budget=0, streams=0, patches=self.patches, fuse=self.fuse, memory=self.memory)
 
     def probe(self):
-        """Builds (does not compile) the graph on the smallest input, so that an unsupported
-        module raises at enable() time."""
-        g = Graph(self._context(next(self.module.parameters()).device))
-        try:
-            self._build(g, self.probe_shape())
-        finally:
-            g.close()
+        """Lowers (does not compile) the part on the smallest input, so that what convweave
+        cannot run raises at enable() time."""
+        p = next(self.module.parameters())
+        self._program(self.probe_shape(), p.dtype, p.device, compile=False)
 
-    def plan_for(self, sample):
-        """The plan for this input (compiled on first use)."""
-        self._check_params()
-        ptrs = tuple(p.data_ptr() for p in self.module.parameters())
-        key = (tuple(sample.shape), sample.dtype, sample.device, ptrs)
-        with self.lock:
-            ctx = self._context(sample.device)
-            hit = self.plans.get(key)
-            if hit is None:
-                if any(k[3] != ptrs for k in self.plans):  # parameters replaced: old plans hold the old ones
-                    self.plans.clear()
-                g = Graph(ctx)
-                y = self._build(g, tuple(sample.shape))
-                g.output(y, self.output_name)
-                hit = (g.compile(budget=0, streams=0, patches=self.patches, fuse=self.fuse, memory=self.memory), g.shape(y))
-                self.plans[key] = hit
-            self.last_plan = hit[0]
-            return hit
+    def plan_for(self, sample, state=None):
+        """The Program for this input, compiled on first use and again when the parameters
+        are not those it read (replaced, recast, or changed in place where it copied them:
+        a half model's float32 GroupNorm vectors). Call under self.lock."""
+        key = (tuple(sample.shape), sample.dtype, sample.device)
+        self._context(sample.device)
+        hit = self.plans.get(key)
+        if hit is not None and not hit.valid():
+            del self.plans[key]
+            hit = None
+        if hit is None:
+            hit = self._program(key[0], sample.dtype, sample.device)
+            self.plans[key] = hit
+            while len(self.plans) > self.max_plans:
+                self.plans.popitem(last=False)
+        self.plans.move_to_end(key)
+        self.last_plan = hit.plans()[0]
+        return hit
 
-    def _run(self, sample):
+    def _run(self, sample, *extra):
         if not isinstance(sample, torch.Tensor) or sample.dim() != 4:
-            raise ValueError(f"convweave.diffusers: the {self.part} takes a [N, C, h, w] tensor, got "
-                             f"{getattr(sample, 'shape', type(sample).__name__)}")
-        if self.dtype is not None and sample.dtype != self.dtype:
+            raise ArgumentError(f"convweave.diffusers: the {self.part} takes a [N, C, h, w] tensor, got "
+                                f"{getattr(sample, 'shape', type(sample).__name__)}")
+        try:
+            state = self._params_state()
+        except _Mixed as e:
+            # parameters recast in part after enable() (older diffusers' upcast_vae cast
+            # conv_in and the mid block back to half; Decoder.forward casts between them):
+            # PyTorch runs what one graph dtype cannot
+            return self._pytorch(f"its parameters are in several dtypes ({e.message.split(': ', 1)[1]})",
+                                 sample, *extra)
+        dtype, device, params = state[0], state[1], state[4]
+        self.dtype = dtype
+        if torch.is_grad_enabled() and (sample.requires_grad or any(p.requires_grad for p in params)):
+            # autograd: the module's own forward, so gradients are right (convweave is inference only)
+            return self._pytorch(f"grad mode is on and its {self.what} or parameters require grad (convweave "
+                                 "computes no gradients; use torch.no_grad() or torch.inference_mode() for convweave)",
+                                 sample, *extra)
+        if dtype is not None and sample.dtype != dtype:
             raise Error("CW_ERR_INVALID_ARG", f"convweave.diffusers: the {self.what} is {sample.dtype}, the "
-                        f"{self.part}'s parameters {self.dtype} (as torch, convweave takes them in one dtype)")
-        p0 = self._params[0] if self._params else None
-        if p0 is not None and p0.device != sample.device:
+                        f"{self.part}'s parameters {dtype} (as torch, convweave takes them in one dtype)")
+        if device is not None and device != sample.device:
             raise Error("CW_ERR_INVALID_ARG", f"convweave.diffusers: the {self.what} is on {sample.device}, "
-                        f"the {self.part}'s parameters on {p0.device}")
-        plan, out_shape = self.plan_for(sample)
-        if sample.device.type == "cuda":
-            self.ctx.use_cuda_stream(torch.cuda.current_stream(sample.device).cuda_stream)
-        out = torch.empty(out_shape, dtype=sample.dtype, device=sample.device)
-        plan.run([sample.detach().contiguous()], [out])
-        return out
+                        f"the {self.part}'s parameters on {device}")
+        if sample.shape[0] == 0:
+            raise ArgumentError(f"convweave.diffusers: the {self.what} {tuple(sample.shape)} is a batch of 0 samples "
+                                f"(the {self.part} takes N >= 1)")
+        with self.lock:
+            prog = self.plan_for(sample, state)
+            return prog.run([sample], self.keep_memory)
 
     def __repr__(self):
         b = format_bytes(self.budget) if self.budget > 0 else "unlimited"
@@ -329,6 +262,7 @@ class ConvweaveDecoder(_ConvweavePart):
     def probe_shape(self):
         return (1, self.module.conv_in.in_channels, 1, 1)
 
+    @torch.compiler.disable  # opaque to torch.compile: dynamo does not trace into ctypes
     def forward(self, sample, latent_embeds=None):
         if latent_embeds is not None:
             raise _unsupported("decoder", "latent_embeds (SpatialNorm decoders, as in MoVQ) are not supported")
@@ -349,6 +283,7 @@ class ConvweaveEncoder(_ConvweavePart):
         n = sum(len(getattr(b, "downsamplers", None) or ()) for b in self.module.down_blocks)
         return (1, self.module.conv_in.in_channels, 1 << n, 1 << n)
 
+    @torch.compiler.disable  # opaque to torch.compile: dynamo does not trace into ctypes
     def forward(self, sample):
         return self._run(sample)
 
@@ -373,8 +308,35 @@ def _check_layout(vae, part, mod):
                                f"or its {part.capitalize()})")
 
 
+def _check_class(vae, part, mod):
+    """The part must be diffusers' own Decoder / Encoder with its own forward (the one the
+    graph mirrors and enable() replaces): AsymmetricAutoencoderKL's MaskConditionDecoder,
+    the video VAEs' causal 3-D parts and subclasses with another forward are refused."""
+    try:
+        from diffusers.models.autoencoders.vae import Decoder, Encoder
+    except ImportError:  # no diffusers: modules of the same layout, checked by the builder
+        return
+    cls = Decoder if part == "decoder" else Encoder
+    if not isinstance(mod, cls) or type(mod).forward is not cls.forward:
+        where = part if mod is vae else f"{type(vae).__name__}.{part}"
+        raise _unsupported(where, f"{type(mod).__name__} (only diffusers' {cls.__name__}, as AutoencoderKL has: "
+                           f"convweave replaces its forward with a graph of that forward)")
+
+
+def _check_options(streams, threads, max_plans, patches):
+    if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= C.PLAN_STREAM_COUNT:
+        raise ArgumentError(f"convweave.diffusers: streams={streams!r}: expected an int in 1..{C.PLAN_STREAM_COUNT}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ArgumentError(f"convweave.diffusers: threads={threads!r}: expected an int >= 0 (0: every core)")
+    if isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1:
+        raise ArgumentError(f"convweave.diffusers: max_plans={max_plans!r}: expected an int >= 1")
+    if patches is not None and patches != "none" and (isinstance(patches, bool) or not isinstance(patches, int) or
+                                                      patches < 1):
+        raise ArgumentError(f"convweave.diffusers: patches={patches!r}: expected None, 'none' or an int >= 1")
+
+
 def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timing=True, patches=None, threads=0,
-           fuse=True, memory=None, torch_allocator=False):
+           fuse=True, memory=None, torch_allocator=False, keep_memory=False, max_plans=4):
     """Makes vae.decode(z) and vae.encode(x) (vae: a diffusers AutoencoderKL, or its .decoder
     or .encoder alone) run convweave: at most `budget` of temporary memory (bytes, '256MiB',
     or None for no cap; one budget for both parts, which share a context) on `streams`
@@ -390,17 +352,31 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
     memory (temporaries within the budget, activations) comes from PyTorch's caching
     allocator, so torch.cuda.memory_allocated() counts it and the two share cached memory
     (convweave.torch.use_torch_allocator); raises Error CW_ERR_UNSUPPORTED for a vae on cpu.
+    keep_memory=False (the default): after each call its plan gives its activation arena and
+    temporaries back (Plan.release; on cuda to PyTorch's caching allocator where
+    torch_allocator=True), so nothing is held between calls; keep_memory=True keeps them for
+    the next call of that shape (saves the allocation and first-touch cost; see the README).
+    max_plans: the most compiled plans kept per part (one per input shape and dtype), least
+    recently used dropped first. Every call checks the parameters' dtype, device, memory and
+    in-place versions against its plan: replaced parameters (vae.to(dtype), load_state_dict
+    with assign) compile a new plan, parameters changed in place are read in place (half
+    GroupNorm vectors' float32 copies refreshed). With grad mode on and the input or a
+    parameter requiring grad, the module's own PyTorch forward runs (a warning says so once),
+    so gradients are right; use torch.no_grad() for convweave. The forward is opaque to
+    torch.compile (torch.compiler.disable). deepcopy / pickle / torch.save of an enabled vae
+    work: the copy is enabled with the same options and compiles its own plans.
     Returns the ConvweaveDecoder attached to the decoder (the ConvweaveEncoder
     where only the encoder is wrapped): .last_plan has describe(), stats(), write_trace()."""
+    _check_options(streams, threads, max_plans, patches)
     found = _parts_of(vae)
     want = {"decoder": decoder, "encoder": encoder}
     if len(found) == 1 and not hasattr(vae, "decoder") and not hasattr(vae, "encoder"):
         part = next(iter(found))  # a bare Decoder or Encoder
         if not want[part]:
-            raise ValueError(f"convweave.diffusers: {part}=False on a bare {part}: nothing to wrap")
+            raise ArgumentError(f"convweave.diffusers: {part}=False on a bare {part}: nothing to wrap")
         want = {p: p == part for p in PARTS}
     if not any(want.values()):
-        raise ValueError("convweave.diffusers: encoder=False and decoder=False: nothing to wrap")
+        raise ArgumentError("convweave.diffusers: encoder=False and decoder=False: nothing to wrap")
     if memory is not None and memory_auto_pct(memory) is None:
         parse_bytes(memory)  # a bad size raises here, before anything is wrapped
     if torch_allocator:
@@ -417,8 +393,16 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
         if part not in found:
             raise _unsupported(type(vae).__name__, f"no {part} to wrap ({part}=True; pass {part}=False)")
         _check_layout(vae, part, found[part])
-        states[part] = _CLASSES[part](found[part], budget, streams, timing, patches, threads, fuse, memory, shared)
-        states[part].probe()
+        _check_class(vae, part, found[part])
+        try:
+            states[part] = _CLASSES[part](found[part], budget, streams, timing, patches, threads, fuse, memory, shared,
+                                          keep_memory=bool(keep_memory), max_plans=max_plans)
+            states[part].probe()
+        except Error as e:  # what the front cannot lower whole (an export failure, a PyTorch node)
+            if e.status != "CW_ERR_UNSUPPORTED":
+                raise
+            raise _unsupported(part if found[part] is vae else f"{type(vae).__name__}.{part}",
+                               f"cannot map {type(found[part]).__name__} ({e.message})") from e
     disable(vae)
     for part, state in states.items():
         found[part]._convweave = state
@@ -433,8 +417,7 @@ def disable(vae):
         state = mod.__dict__.pop("_convweave", None)
         mod.__dict__.pop("forward", None)
         if state is not None:
-            state.plans.clear()
-            state.last_plan = None
+            state.close()
 
 
 def _state(vae, part):
@@ -442,7 +425,7 @@ def _state(vae, part):
     if part is None:
         part = "decoder" if "decoder" in found else "encoder"
     elif part not in PARTS:
-        raise ValueError(f"convweave.diffusers: part {part!r}: expected 'decoder' or 'encoder'")
+        raise ArgumentError(f"convweave.diffusers: part {part!r}: expected 'decoder' or 'encoder'")
     mod = found.get(part)
     return mod.__dict__.get("_convweave") if mod is not None else None
 

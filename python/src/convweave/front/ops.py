@@ -165,6 +165,14 @@ def _affine(L, x, a, b):
     return L.new(L.g.unary(nx, C.CW_UNARY_AFFINE, a, b), lay)
 
 
+def _held(L, v):
+    """v as a Cw: a 4-D or 5-D PyTorch tensor becomes an input of the open segment."""
+    if isinstance(v, Torch) and len(v.shape) in (4, 5):
+        node, lay = L.act(v)
+        return Cw(L.current(), node, lay, v.dtype)
+    return v
+
+
 def _two(L, a, b, what):
     """Two activations of one shape and layout, as nodes of the open segment."""
     if tuple(a.shape) != tuple(b.shape):
@@ -187,8 +195,10 @@ def add_sub(L, node, a, b, alpha=1):
         a, b, sa, sb = b, a, 1.0, -alpha
     else:
         sa, sb = 1.0, alpha if ".add." in name else -alpha
-    if not isinstance(a, Cw) and isinstance(b, Cw):
+    if (not isinstance(a, Cw) and isinstance(b, Cw)) or (_num(a) is not None and is_tensor(b)):
         a, b, sa, sb = b, a, sb, sa
+    if _num(b) is not None or isinstance(b, Const):
+        a = _held(L, a)
     if is_tensor(a) and is_tensor(b) and _num(a) is None and _num(b) is None and \
             not isinstance(a, Const) and not isinstance(b, Const):
         if sa == 1.0 and sb == 1.0:
@@ -219,6 +229,8 @@ def mul_div(L, node, x, s):
     div = ".div." in str(node.target)
     if not div and not isinstance(x, Cw) and isinstance(s, Cw):
         x, s = s, x
+    if _num(s) is not None or isinstance(s, Const):
+        x = _held(L, x)
     if not isinstance(x, Cw):
         raise Unsupported("mul or div of values convweave does not hold")
     f = _num(s)
@@ -422,7 +434,8 @@ def _tokens_layout(lay):
     """q, k, v of attention: [..., tokens, C] over a node [N, C, spatial...]: the last group is
     the channels, the one before holds every spatial dim, the others are the batch or size 1."""
     g, r = lay.groups, len(lay.udims)
-    if len(g) < 3 or g[-1] != (1,) or sorted(g[-2]) != list(range(2, r)) or lay.udims[1] == 1:
+    spatial = [d for d in range(2, r) if lay.udims[d] != 1]  # size-1 dims are in no group
+    if len(g) < 3 or g[-1] != (1,) or sorted(g[-2]) != spatial or lay.udims[1] == 1:
         return False
     rest = [d for grp in g[:-2] for d in grp]
     return rest in ([0], []) and (rest == [0] or lay.udims[0] == 1)

@@ -3,6 +3,7 @@ the op table into the open convweave segment (one cw graph, compiled into one pl
 nodes that read only constants, and running in PyTorch the nodes the table does not take
 (torch-tensorrt's model). A PyTorch node that reads the open segment closes it: the segment
 runs just before that node. The result is a Program: steps in order, what each reads."""
+import collections
 import operator
 
 import torch
@@ -27,13 +28,20 @@ class Segment:
         self.dtype, self.plan, self.n_nodes = None, None, 0
 
 
+class Call(collections.namedtuple("Call", "name target")):
+    """A node PyTorch runs, without the exported graph it came from (not kept)."""
+
+
 class Fallback:
     """A node PyTorch runs: what it was, why, and what it holds."""
-    __slots__ = ("node", "op", "shape", "bytes", "reason", "where")
+    __slots__ = ("node", "op", "shape", "bytes", "reason", "where", "module")
 
     def __init__(self, node, reason):
         val = node.meta.get("val")
         self.node, self.op, self.reason = node.name, str(node.target), reason
+        stack = list((node.meta.get("nn_module_stack") or {}).values())
+        path, cls = stack[-1] if stack else ("", "")
+        self.module = f"{path} ({str(cls).rpartition('.')[2]})" if path else "the module itself"
         self.shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
         self.bytes = val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
         trace = (node.meta.get("stack_trace") or "").strip().splitlines()
@@ -163,8 +171,8 @@ class Lowering:
                 reason = e.message
         fb = Fallback(node, reason)
         if not self.fallback:
-            raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: node {fb.node} ({fb.op}) at {fb.where}: "
-                        f"{reason} (fallback=False)")
+            raise Error("CW_ERR_UNSUPPORTED", f"convweave.torch.wrap: {fb.module}: node {fb.node} ({fb.op}): {reason} "
+                        f"(fallback=False; at {fb.where})")
         self.fallbacks.append(fb)
         return self._torch_step(node, args, kwargs)
 
@@ -188,7 +196,7 @@ class Lowering:
         if self.seg is not None and any(isinstance(t, Cw) and t.seg is self.seg
                                         for t in _tensors((args, kwargs))):
             self.close()
-        self.steps.append(("torch", node, args, kwargs))
+        self.steps.append(("torch", Call(node.name, node.target), args, kwargs))
         val = node.meta.get("val")
         if isinstance(val, (list, tuple)):
             return tuple(Torch((node.name, i), t) if isinstance(t, torch.Tensor) else None

@@ -16,21 +16,22 @@ from .export import export, placeholders, slot
 from .partition import Lowering, _tensors, _walk
 from .values import Const, Cw, Pad, Torch
 
-_OPTS = ("memory", "budget", "streams", "patches", "fuse")
 
 
 class Program:
     """One compiled signature: the steps, their segments' plans, and what it read."""
 
-    def __init__(self, wrapper, flat, spec):
-        mod = wrapper.module
+    def __init__(self, mod, flat, spec, context, fallback=True, compile=True, **opts):
+        """mod exported for the inputs flat (spec: their pytree), lowered and (compile=True)
+        compiled on context(device) with compile options opts (memory, budget, streams,
+        patches, fuse)."""
         self.device = next((t.device for t in flat if isinstance(t, torch.Tensor)), torch.device("cpu"))
-        self.ctx = wrapper._context(self.device)
+        self.ctx = context(self.device)
         args, kwargs = pytree.tree_unflatten(flat, spec)
         ep = export(mod, args, kwargs)
         self.out_spec = ep.call_spec.out_spec
         vals, self.users, read = placeholders(ep, mod)
-        L = Lowering(self.ctx, self.device, wrapper.fallback)
+        L = Lowering(self.ctx, self.device, fallback)
         out = None
         for node in ep.graph.nodes:
             if node.op == "placeholder":
@@ -45,10 +46,15 @@ class Program:
             a, k = _walk((node.args, node.kwargs), lambda x: vals[x.name] if isinstance(x, torch.fx.Node) else x)
             vals[node.name] = L.lower(node, a, k)
         L.finish(out)
-        self.outputs, self.steps, self.L = out, L.steps, L
-        opts = {k: wrapper.options[k] for k in _OPTS}
+        self.outputs, self.steps = out, L.steps
+        self.summary = {"nodes_convweave": L.n_cw, "nodes_folded": L.n_folded, "nodes_fallback": len(L.fallbacks),
+                        "fallbacks": [{"node": f.node, "op": f.op, "module": f.module, "shape": f.shape,
+                                       "bytes": f.bytes, "reason": f.reason, "where": f.where}
+                                      for f in L.fallbacks],
+                        "copied_bytes": L.copied}
+        opts = dict(dict(memory=None, budget=0, streams=0, patches=None, fuse=True), **opts)  # 0: the context's
         for kind, seg in (s[:2] for s in self.steps):
-            if kind == "seg":
+            if kind == "seg" and compile:
                 seg.plan = seg.g.compile(budget=opts["budget"], streams=opts["streams"], patches=opts["patches"],
                                          fuse=opts["fuse"], memory=opts["memory"])
                 seg.out_shapes = [seg.g.shape(n) for n in seg.outputs]
@@ -131,23 +137,30 @@ class Program:
     def _run_segment(self, env, seg, keep_memory):
         ins = [self._fetch(env, seg, n).contiguous() for n in seg.inputs]
         outs = [torch.empty(s, dtype=seg.dtype, device=self.device) for s in seg.out_shapes]
-        seg.plan.run(ins, outs)
-        if not keep_memory and hasattr(seg.plan, "release"):
+        try:
+            seg.plan.run(ins, outs)
+        except BaseException:
+            if not keep_memory:
+                try:
+                    seg.plan.release()
+                except Error:  # the run's error is the one to report
+                    pass
+            raise
+        if not keep_memory:  # nothing held between calls
             seg.plan.release()
         for n, t in zip(seg.outputs, outs):
             env[("seg", seg.idx, n)] = t
+
+    def plans(self):
+        """The convweave segments' plans, in run order."""
+        return [s[1].plan for s in self.steps if s[0] == "seg"]
 
     def describe(self):
         segs = [s[1] for s in self.steps if s[0] == "seg"]
         return {
             "segments": [{"nodes": s.n_nodes, "inputs": len(s.inputs), "outputs": len(s.outputs),
                           "dtype": str(s.dtype).replace("torch.", ""), "plan": s.plan.stats()} for s in segs],
-            "nodes_convweave": self.L.n_cw, "nodes_folded": self.L.n_folded,
-            "nodes_fallback": len(self.L.fallbacks),
-            "fallbacks": [{"node": f.node, "op": f.op, "shape": f.shape, "bytes": f.bytes, "reason": f.reason,
-                           "where": f.where} for f in self.L.fallbacks],
-            "copied_bytes": self.L.copied,
-        }
+            **self.summary}
 
 
 class Wrapped(torch.nn.Module):
@@ -212,7 +225,7 @@ class Wrapped(torch.nn.Module):
                 del self._programs[key]
                 prog = None
             if prog is None:
-                prog = Program(self, flat, spec)
+                prog = Program(self.module, flat, spec, self._context, self.fallback, **self.options)
                 self._programs[key] = prog
                 while len(self._programs) > self.max_plans:
                     self._programs.popitem(last=False)
@@ -243,7 +256,7 @@ class Wrapped(torch.nn.Module):
 
     def plans(self):
         """The plans of the last signature's convweave segments, in run order."""
-        return [s[1].plan for s in self.last_program.steps if s[0] == "seg"] if self.last_program else []
+        return self.last_program.plans() if self.last_program else []
 
     def __repr__(self):
         d = self.describe()

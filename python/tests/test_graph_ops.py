@@ -1,0 +1,100 @@
+"""Graph.unary, binary, shift and upsample_nearest (the ops convweave.torch.wrap lowers ATen's
+relu/tanh/sigmoid/gelu/mul/sub/div/clamp/bias adds/nearest upsampling to) on the cpu backend
+against NumPy, and their argument errors. NumPy only."""
+import math
+
+import numpy as np
+import pytest
+
+import convweave
+from convweave import _core
+from convweave import _lib as C
+
+_erf = np.vectorize(math.erf)
+
+
+def _run(build, xs, out_shape):
+    """Builds a graph of the inputs xs (float32 arrays) with build(g, nodes) -> node, runs it
+    unscheduled and patched on 3 streams, returns both results."""
+    ctx = _core.Context(backend="cpu", streams=3)
+    g = _core.Graph(ctx)
+    nodes = [g.input(f"x{i}", x.shape) for i, x in enumerate(xs)]
+    y = build(g, nodes)
+    g.output(y, "y")
+    assert g.shape(y) == out_shape
+    outs = []
+    for opts in ({"patches": "none", "streams": 1}, {"patches": 3, "streams": 3}):
+        p = g.compile(**opts)
+        out = np.full(out_shape, np.nan, np.float32)
+        p.run(xs, [out])
+        outs.append(out)
+        p.close()
+    g.close()
+    ctx.close()
+    return outs
+
+
+UNARY = {
+    C.CW_UNARY_RELU: lambda x, a, b: np.maximum(x, 0),
+    C.CW_UNARY_TANH: lambda x, a, b: np.tanh(x),
+    C.CW_UNARY_SIGMOID: lambda x, a, b: 1 / (1 + np.exp(-x)),
+    C.CW_UNARY_GELU: lambda x, a, b: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+    C.CW_UNARY_GELU_TANH: lambda x, a, b: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+    C.CW_UNARY_AFFINE: lambda x, a, b: a * x + b,
+    C.CW_UNARY_CLAMP: lambda x, a, b: np.clip(x, a, b),
+}
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary(op):
+    x = np.random.default_rng(op).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    a, b = (-1.5, 0.25) if op == C.CW_UNARY_AFFINE else (-0.3, 0.4)
+    ref = UNARY[op](x.astype(np.float64), a, b)
+    for y in _run(lambda g, n: g.unary(n[0], op, a, b), [x], x.shape):
+        assert np.abs(y - ref).max() <= 1e-6 * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("op,fn", [(C.CW_BINARY_MUL, np.multiply), (C.CW_BINARY_SUB, np.subtract),
+                                   (C.CW_BINARY_DIV, np.divide), (C.CW_BINARY_MAX, np.maximum),
+                                   (C.CW_BINARY_MIN, np.minimum)])
+def test_binary(op, fn):
+    rng = np.random.default_rng(op)
+    a = rng.standard_normal((1, 2, 3, 4, 5)).astype(np.float32)
+    b = (rng.random((1, 2, 3, 4, 5)) + 0.5).astype(np.float32)
+    for y in _run(lambda g, n: g.binary(n[0], n[1], op), [a, b], a.shape):
+        np.testing.assert_array_equal(y, fn(a, b))  # one IEEE operation: exact
+
+
+def test_shift_and_upsample_nearest():
+    x = np.random.default_rng(5).standard_normal((1, 2, 2, 3, 2)).astype(np.float32)
+    v = np.array([10.0, -20.0], np.float32)
+
+    def build(g, n):
+        u = g.upsample_nearest(n[0], (2, 1, 3))
+        return g.shift(u, g.constant("v", v))
+
+    ref = np.repeat(np.repeat(x, 2, axis=2), 3, axis=4) + v[None, :, None, None, None]
+    for y in _run(build, [x], (1, 2, 4, 3, 6)):
+        np.testing.assert_array_equal(y, ref)
+    x4 = x[:, :, 0]
+    for y in _run(lambda g, n: g.upsample_nearest(n[0], (2, 2)), [x4], (1, 2, 6, 4)):
+        np.testing.assert_array_equal(y, np.repeat(np.repeat(x4, 2, axis=2), 2, axis=3))
+
+
+def test_argument_errors():
+    ctx = _core.Context(backend="cpu")
+    g = _core.Graph(ctx)
+    x = g.input("x", (1, 2, 4, 4))
+    z = g.input("z", (1, 2, 4, 3))
+    with pytest.raises(convweave.Error, match="op = 7 is not a cw_unary_op"):
+        g.unary(x, 7)
+    with pytest.raises(convweave.Error, match=r"a \[1, 2, 4, 4\] and b \[1, 2, 4, 3\] differ in shape"):
+        g.binary(x, z, C.CW_BINARY_MUL)
+    with pytest.raises(convweave.Error, match="factors\\[0\\] \\(D\\) = 2 must be 1 for a 4-D x"):
+        g.upsample_nearest(x, (2, 2, 2))
+    with pytest.raises(ValueError, match="factors"):
+        g.upsample_nearest(x, (2,))
+    with pytest.raises(convweave.Error, match="cw_graph_shift: v must be"):
+        g.shift(x, g.constant("v", np.zeros(3, np.float32)))
+    g.close()
+    ctx.close()

@@ -1,0 +1,433 @@
+/* Lowering one conv unit: a conv with its fused prep chain (GroupNorm apply, SiLU,
+ * upsample) and residual epilogue becomes per-patch prep, conv and epilogue tasks, with
+ * its GroupNorm statistics; a recomputed conv's bands are recomputed inside each reader's
+ * prep (nested where they read a recomputed conv themselves). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "scheduler/lower.h"
+#include "scheduler/planner.h"
+
+/* One conv unit being lowered: node i, its fused prep chain, its residual epilogue. */
+typedef struct cw__conv_unit {
+    int node, outn;          /* conv node; node whose buffer it writes (the ADD when fused) */
+    int src, gn, silu, up;   /* the prep chain (cw__fusion_chain) */
+    int prep;                /* 1 when the chain is not empty */
+    int other;               /* the residual operand, -1 without epilogue */
+    int inplace;             /* 1: the add's result is written into other's storage: each
+                                patch's conv writes a band buffer, the epilogue adds it in */
+    int pass1;               /* 1: a recomputed conv's first pass: each band goes to a band
+                                buffer only for its GroupNorm statistics, then is dropped */
+    int rec;                 /* the recomputed conv whose bands this conv's prep computes, -1 */
+    cw__conv_plan cp;        /* the planner's bands and algorithm */
+    int *ws, *pbuf, *prep_task; /* per patch: workspace and prep buffer, prep task (-1) */
+    int *ybuf;               /* per patch (inplace): its output band buffer */
+    int *war;                /* inplace: earlier tasks touching other's storage */
+    int n_war;
+    int rec_x;               /* 1: inplace, and other is the recomputed conv's own input: a
+                                band's epilogue overwrites rows that later patches' recomputes
+                                still read (cw__emit_patches orders them) */
+    int *xr_task;            /* rec_x, per patch: the task of its recompute that reads other's
+                                rows (its prep, or its conv without one), -1 before emitted */
+    int64_t *xr_lo, *xr_hi;  /* rec_x, per patch: those rows of other */
+    cw__conv_info *ci;
+} cw__conv_unit;
+
+/* This conv's share of the budget (see cw__conv_share). */
+static cw__conv_share cw__share(const cw__lower *L, int prep, int ybuf, int64_t h_out) {
+    const cw_compile_options *o = &L->p->opt;
+    cw__conv_share sh;
+    memset(&sh, 0, sizeof sh);
+    sh.avail = L->budget < 0 ? -1 : L->budget - CW__SMALL_RESERVE(L->budget);
+    sh.heavy = L->heavy;
+    /* H convs in flight plus H preps ahead (one stream: one of each) */
+    sh.n_pbufs = L->heavy > 1 || L->light != 0 ? 2 * L->heavy : 1;
+    sh.prep = prep;
+    sh.ybuf = ybuf;
+    sh.p_min = o->max_patch_rows > 0 ? (int)((h_out + o->max_patch_rows - 1) / o->max_patch_rows) : 1;
+    sh.p_fixed = o->policy == CW_PATCHES_FIXED ? o->patches : 0;
+    sh.single = L->none;
+    return sh;
+}
+
+/* Records the conv for cw_plan_describe and the plan's FLOP counts. */
+static cw_status cw__conv_record(cw__lower *L, cw__conv_unit *u, const cw__conv_problem *full) {
+    cw_plan *p = L->p;
+    int P = u->cp.patches;
+    if (cw__grow((void **)&p->convs, &p->cap_convs, p->n_convs + 1, sizeof *p->convs) != CW_OK) return cw__oom(L);
+    cw__conv_info *ci = &p->convs[p->n_convs++];
+    memset(ci, 0, sizeof *ci);
+    ci->node = u->node;
+    ci->patches = P;
+    ci->h_out = u->cp.bounds[P];
+    ci->fused_prep = u->prep;
+    ci->tasks = cw__malloc((size_t)P * sizeof(int));
+    if (!ci->tasks) return cw__oom(L);
+    u->ci = ci;
+    cw__halo h;
+    if (cw__patch_halo(full, u->cp.bounds, P, u->prep ? 8.0 : 0.0, &h) == CW_OK) {
+        ci->halo_pct = h.halo_pct;
+        p->halo_flop += h.prep_flops_extra;
+    }
+    p->conv_gflop += cw__conv_flops(full) * 1e-9;
+    return CW_OK;
+}
+
+/* The prep task of patch q: GN apply + SiLU + upsample of its input rows into a buffer. */
+static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
+    const cw__patch *pt = &u->cp.patch[q];
+    if (!u->prep || pt->b <= pt->a) return CW_OK;
+    cw_tensor_desc bd = pt->prob.x;
+    memset(bd.strides, 0, sizeof bd.strides);
+    cw__desc_fill_strides(&bd);
+    CW_TRY(cw__temp(L, cw__desc_bytes(&bd), &bd, &u->pbuf[q]));
+    cw__task *t = NULL;
+    int id = -1;
+    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &id));
+    int64_t s0 = pt->a / u->up, s1 = (pt->b - 1) / u->up + 1;
+    t->u.prep.src = cw__rows(L->nd[u->src].buf, &L->g->nodes[u->src].desc, s0, s1);
+    t->u.prep.dst = cw__whole(u->pbuf[q], &bd);
+    t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
+    t->u.prep.silu = u->silu;
+    t->u.prep.up = u->up;
+    t->u.prep.dst_row0 = pt->a;
+    t->u.prep.src_row0 = s0;
+    t->flops = (double)cw__desc_numel(&bd) * 8.0;
+    snprintf(t->name, sizeof t->name, "prep%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
+             u->up > 1 ? " up2" : "", u->node, q + 1, u->cp.patches);
+    CW_TRY(cw__dep_rows(L, id, u->src, s0, s1));
+    if (u->gn >= 0) CW_TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
+    u->prep_task[q] = id;
+    return CW_OK;
+}
+
+/* The conv task of patch j (after its workspace); *id gets it. */
+static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
+    const cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[u->node];
+    const cw_tensor_desc *xd = &g->nodes[n->in[0]].desc, *wd = &g->nodes[n->in[1]].desc;
+    const cw__patch *pt = &u->cp.patch[j];
+    if (u->cp.ws > 0) CW_TRY(cw__temp(L, u->cp.ws, NULL, &u->ws[j]));
+    cw_tensor_desc yb = pt->prob.y;
+    if (u->inplace || u->pass1) {
+        memset(yb.strides, 0, sizeof yb.strides);
+        cw__desc_fill_strides(&yb);
+        CW_TRY(cw__temp(L, cw__desc_bytes(&yb), &yb, &u->ybuf[j]));
+    }
+    cw__task *t = NULL;
+    CW_TRY(cw__new_task(L, CW__T_CONV, CW_STAGE_CONV, cw__next_heavy(L), u->node, &t, id));
+    t->u.conv.prob = pt->prob;
+    t->u.conv.algo = u->cp.algo;
+    t->u.conv.algo.workspace = u->cp.ws;
+    if ((u->prep && pt->b > pt->a) || u->rec >= 0) {
+        t->u.conv.x = cw__whole(u->pbuf[j], &L->p->bufs[u->pbuf[j]].d);
+    } else {
+        t->u.conv.x = cw__rows(L->nd[u->src].buf, xd, pt->a, pt->b > pt->a ? pt->b : pt->a);
+        if (u->prep) t->u.conv.x.buf = L->nd[u->src].buf; /* empty patch: no rows are read */
+    }
+    t->u.conv.w = cw__whole(L->nd[n->in[1]].buf, wd);
+    t->u.conv.w.start[wd->rank - 2] = 0;
+    t->u.conv.w.dims[wd->rank - 2] = wd->dims[wd->rank - 2];
+    t->u.conv.has_b = n->in[2] >= 0;
+    if (t->u.conv.has_b) {
+        t->u.conv.b.buf = L->nd[n->in[2]].buf;
+        t->u.conv.b.rank = 1;
+        t->u.conv.b.dims[0] = wd->dims[0];
+    }
+    t->u.conv.y = u->inplace || u->pass1 ? cw__whole(u->ybuf[j], &yb)
+                                         : cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
+    t->u.conv.ws_buf = u->ws[j];
+    t->flops = cw__conv_flops(&pt->prob);
+    snprintf(t->name, sizeof t->name, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches);
+    if (u->ci) u->ci->tasks[j] = *id;
+    if (u->prep_task[j] >= 0) return cw__dep(L, *id, u->prep_task[j]);
+    if (pt->b > pt->a) return cw__dep_rows(L, *id, u->src, pt->a, pt->b);
+    return CW_OK;
+}
+
+/* The residual add of patch j after its conv task `conv`; *id gets it. */
+static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int conv, int *id) {
+    const cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[u->node];
+    const cw__patch *pt = &u->cp.patch[j];
+    int addn = u->outn;
+    cw__task *e = NULL;
+    CW_TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
+    e->u.add.dst = cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
+    if (u->inplace) { /* dst is other's storage: other + band, written over other */
+        e->u.add.a = e->u.add.dst;
+        e->u.add.b = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
+        for (int k = 0; k < u->n_war; k++) CW_TRY(cw__dep(L, *id, u->war[k]));
+        /* write after read: every recompute that reads these rows of other (its prep, on
+         * this stream; or its conv, on a heavy one, where A has no prep). The light stream's
+         * order implies it today (each recompute ends in a GN apply here that waits for its
+         * conv, emitted before this add: cw__emit_patches); recorded so that sync.c orders
+         * it whatever streams those tasks take. */
+        for (int q = 0; u->rec_x && q < u->cp.patches; q++)
+            if (u->xr_task[q] >= 0 && u->xr_lo[q] < pt->o1 && pt->o0 < u->xr_hi[q])
+                CW_TRY(cw__dep(L, *id, u->xr_task[q]));
+    } else {
+        e->u.add.a = e->u.add.dst;
+        e->u.add.b = cw__rows(L->nd[u->other].buf, &g->nodes[u->other].desc, pt->o0, pt->o1);
+    }
+    e->flops = (double)cw__desc_numel(&n->desc) * (double)(pt->o1 - pt->o0) / (double)u->ci->h_out;
+    snprintf(e->name, sizeof e->name, "residual add%s L%d patch %d/%d", u->inplace ? " in place" : "", addn, j + 1,
+             u->cp.patches);
+    CW_TRY(cw__dep(L, *id, conv));
+    return cw__dep_rows(L, *id, u->other, pt->o0, pt->o1);
+}
+
+/* Frees patch k's workspace, prep buffer and output band buffer. */
+static cw_status cw__patch_release(cw__lower *L, cw__conv_unit *u, int k) {
+    CW_TRY(cw__release(L, u->ws[k]));
+    CW_TRY(cw__release(L, u->pbuf[k]));
+    CW_TRY(cw__release(L, u->ybuf[k]));
+    u->ws[k] = u->pbuf[k] = u->ybuf[k] = -1;
+    return CW_OK;
+}
+
+/* The tasks so far that touch buffer b: an in-place epilogue writing b waits for them
+ * (write after read; the reads are long done in practice, so this costs no parallelism). */
+static cw_status cw__touching(cw__lower *L, int b, int **out, int *n) {
+    const cw_plan *p = L->p;
+    *out = NULL;
+    *n = 0;
+    int *list = cw__malloc((size_t)p->n_tasks * sizeof *list + 1);
+    if (!list) return cw__oom(L);
+    for (int t = 0; t < p->n_tasks; t++) {
+        int tb[CW__TASK_MAX_BUFS];
+        for (int k = 0, m = cw__task_bufs(&p->tasks[t], tb); k < m; k++)
+            if (tb[k] == b) {
+                list[(*n)++] = t;
+                break;
+            }
+    }
+    *out = list;
+    return CW_OK;
+}
+
+/* A second pass runs conv b on bands of recomputed conv a's output: both convs' temporaries
+ * are in flight at once. Splits avail between them in proportion to their reduction lengths
+ * (C/groups x kernel volume: im2col workspace per output row), a's share weighted 5/4 for its
+ * halo rows. Returns b's share (which = 0) or a's (which = 1). */
+static int64_t cw__rec_split(const cw__lower *L, int b, int a, int64_t avail, int which) {
+    const cw_graph *g = L->g;
+    double r[2];
+    const int nodes[2] = {b, a};
+    for (int k = 0; k < 2; k++) {
+        const cw__node *n = &g->nodes[nodes[k]];
+        const cw_tensor_desc *w = &g->nodes[n->in[1]].desc;
+        r[k] = 1.0;
+        for (int d = 1; d < w->rank; d++) r[k] *= (double)w->dims[d];
+    }
+    r[1] *= 1.25;
+    return (int64_t)((double)avail * r[which] / (r[0] + r[1]));
+}
+
+/* The algorithm for band problem pr of a recomputed conv: the first pass's if listed and its
+ * workspace fits the recomputed conv's part of a heavy stream's share (cw__rec_split),
+ * else the fastest that fits, else the one with the least workspace. */
+static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_problem *pr, cw__conv_algo *algo) {
+    cw__backend *be = L->g->ctx->be;
+    cw__conv_algo list[16];
+    int n = 0;
+    CW_TRY(cw__op_conv_algos(be, pr, list, 16, &n));
+    if (n == 0) return cw__error(L->g->ctx, CW_ERR_UNSUPPORTED, "compile: no algorithm for a recomputed band");
+    int64_t cap = L->budget < 0 ? INT64_MAX
+                                : cw__rec_split(L, b, rec, L->budget - CW__SMALL_RESERVE(L->budget), 1) /
+                                      L->heavy;
+    int pick = -1, least = 0;
+    for (int k = 0; k < n; k++) {
+        if (list[k].workspace < list[least].workspace) least = k;
+        if (list[k].workspace > cap) continue;
+        if (list[k].id == L->nd[rec].rec_algo.id) {
+            pick = k;
+            break;
+        }
+        if (pick < 0) pick = k;
+    }
+    *algo = list[pick >= 0 ? pick : least];
+    return CW_OK;
+}
+
+/* Recomputed conv A's band for patch q of its consumer (unit u): A's output rows are the
+ * rows q reads, [pt->a, pt->b); *ap gets A's patch for them. */
+static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q, cw__patch *ap) {
+    const cw_graph *g = L->g;
+    const cw__node *na = &g->nodes[u->rec];
+    const cw__patch *pt = &u->cp.patch[q];
+    cw__conv_problem fa;
+    cw__conv_problem_init(&fa, &g->nodes[na->in[0]].desc, &g->nodes[na->in[1]].desc, na->in[2] >= 0, &na->desc,
+                          &na->conv);
+    return cw__patch_make(&fa, pt->a, pt->b, ap);
+}
+
+static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q);
+
+/* A's band for patch q of unit u, into a band buffer (*ybuf; *conv gets its conv task): a
+ * one-patch unit for A whose input rows come from A's own prep, or -- where A reads a
+ * recomputed conv itself -- from that conv's band, recomputed first (recursively). */
+static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *ybuf, int *conv) {
+    const int A = u->rec;
+    const cw__node *na = &L->g->nodes[A];
+    cw__conv_unit a;
+    memset(&a, 0, sizeof a);
+    int64_t bounds[2] = {u->cp.patch[q].a, u->cp.patch[q].b};
+    cw__patch ap;
+    int ws = -1, pbuf = -1, ptask = -1;
+    a.node = a.outn = A;
+    a.other = -1;
+    a.pass1 = 1; /* its conv writes a band buffer */
+    cw__fusion_chain(L, na->in[0], &a.src, &a.gn, &a.silu, &a.up);
+    a.prep = a.gn >= 0 || a.silu || a.up > 1;
+    a.rec = L->nd[A].rec_of;
+    a.cp.patches = 1;
+    a.cp.bounds = bounds;
+    a.cp.patch = &ap;
+    a.ws = &ws, a.pbuf = &pbuf, a.ybuf = ybuf, a.prep_task = &ptask;
+    CW_TRY(cw__rec_band(L, u, q, &ap));
+    CW_TRY(cw__rec_algo(L, u->node, A, &ap.prob, &a.cp.algo));
+    a.cp.ws = a.cp.algo.workspace;
+    CW_TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
+    CW_TRY(cw__emit_conv(L, &a, 0, conv));
+    if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : *conv; /* what reads other's rows */
+    L->p->recompute_flop += cw__conv_flops(&ap.prob);
+    CW_TRY(cw__release(L, ws));
+    return cw__release(L, pbuf);
+}
+
+/* Patch q's input rows of a conv that reads a recomputed conv A, directly or through GN
+ * and/or SiLU: A's band for exactly those rows (cw__emit_rec_conv), then GN apply + SiLU in
+ * place on it. The band buffer is q's prep buffer. Exact: the statistics are A's
+ * whole-tensor ones from its first pass. */
+static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
+    const cw__patch *pt = &u->cp.patch[q];
+    int ybuf = -1, id = -1;
+    CW_TRY(cw__emit_rec_conv(L, u, q, &ybuf, &id));
+    u->pbuf[q] = ybuf;
+    u->prep_task[q] = id;
+    if (u->gn < 0 && !u->silu) return CW_OK; /* read as it is */
+    const cw__buf *bb = &L->p->bufs[ybuf];
+    cw__task *t = NULL;
+    int pid = -1;
+    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &pid));
+    t->u.prep.src = cw__whole(ybuf, &bb->d);
+    t->u.prep.dst = t->u.prep.src;
+    t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
+    t->u.prep.silu = u->silu;
+    t->u.prep.up = 1;
+    t->u.prep.dst_row0 = t->u.prep.src_row0 = pt->a;
+    t->flops = (double)cw__desc_numel(&bb->d) * 8.0;
+    snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s L%d patch %d/%d", u->rec,
+             pt->a, pt->b, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->node, q + 1, u->cp.patches);
+    CW_TRY(cw__dep(L, pid, id));
+    if (u->gn >= 0) CW_TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
+    u->prep_task[q] = pid;
+    return CW_OK;
+}
+
+/* rec_x: the rows of other (A's own input) each patch's recompute reads; nondecreasing in
+ * the patch, since the bands are. */
+static cw_status cw__rec_x_rows(cw__lower *L, cw__conv_unit *u) {
+    const int P = u->cp.patches;
+    u->xr_task = cw__malloc((size_t)P * sizeof *u->xr_task);
+    u->xr_lo = cw__malloc((size_t)P * sizeof *u->xr_lo);
+    u->xr_hi = cw__malloc((size_t)P * sizeof *u->xr_hi);
+    if (!u->xr_task || !u->xr_lo || !u->xr_hi) return cw__oom(L);
+    int src, gn, silu, up;
+    cw__fusion_chain(L, L->g->nodes[u->rec].in[0], &src, &gn, &silu, &up);
+    for (int q = 0; q < P; q++) {
+        cw__patch ap;
+        CW_TRY(cw__rec_band(L, u, q, &ap));
+        u->xr_task[q] = -1;
+        u->xr_lo[q] = ap.a / up; /* as cw__emit_prep reads them */
+        u->xr_hi[q] = ap.b > ap.a ? (ap.b - 1) / up + 1 : u->xr_lo[q];
+    }
+    return CW_OK;
+}
+
+/* Emits every patch: preps run ahead of their conv by `ahead` patches (double buffering),
+ * then conv, epilogue, band statistics; temporaries are freed H patches later.
+ * rec_x (B's result written over A's own input x, A recomputed per band): band j's epilogue
+ * overwrites x's rows [o0, o1), which the recomputes of later patches still read (their
+ * halo: patch j+1's starts halo rows above o1). So before band j's epilogue, every recompute
+ * reading a row below o1 is emitted (host order) and the epilogue depends on those that
+ * read its rows (cw__emit_epilogue): at least 2 recomputes in flight, more only where a
+ * band is thinner than the halo. Each recompute holds its rows already prepped and
+ * convolved in its band buffer, so those buffers are the halo ring: no copy of x's rows. */
+static cw_status cw__emit_patches(cw__lower *L, cw__conv_unit *u) {
+    const int P = u->cp.patches, H = L->heavy;
+    const int ahead = u->prep || u->rec >= 0 ? (L->light != 0 ? L->heavy + 1 : 1) : 0;
+    int next_prep = 0;
+    for (int j = 0; j < P; j++) {
+        const cw__patch *pt = &u->cp.patch[j];
+        while (next_prep < P && (next_prep < j + ahead || (u->rec_x && u->xr_lo[next_prep] < pt->o1)))
+            CW_TRY(u->rec >= 0 ? cw__emit_recompute(L, u, next_prep++) : cw__emit_prep(L, u, next_prep++));
+        int id = -1, last;
+        CW_TRY(cw__emit_conv(L, u, j, &id));
+        last = id;
+        if (u->other >= 0) CW_TRY(cw__emit_epilogue(L, u, j, id, &last));
+        if (u->pass1) { /* only the band's statistics are kept */
+            cw__vref band = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
+            CW_TRY(cw__gn_band_stats_at(L, u->outn, last, &band, pt->o0, pt->o1, j));
+        } else {
+            CW_TRY(cw__writer(L, u->outn, last, pt->o0, pt->o1));
+            CW_TRY(cw__gn_band_stats(L, u->outn, last, pt->o0, pt->o1, j));
+        }
+        /* the conv H-1 patches back ran on the stream the next conv takes: free its
+         * workspace and patch buffer now so the next conv reuses them in stream order. */
+        if (j - H + 1 >= 0) CW_TRY(cw__patch_release(L, u, j - H + 1));
+    }
+    for (int k = 0; k < P; k++) CW_TRY(cw__patch_release(L, u, k)); /* the last H-1 patches' */
+    return CW_OK;
+}
+
+cw_status cw__lower_conv(cw__lower *L, int i) {
+    cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[i];
+    cw__conv_unit u;
+    memset(&u, 0, sizeof u);
+    u.node = i;
+    int addn = L->nd[i].epi_into;
+    u.outn = addn >= 0 ? addn : i;
+    cw__fusion_chain(L, n->in[0], &u.src, &u.gn, &u.silu, &u.up);
+    u.prep = u.gn >= 0 || u.silu || u.up > 1;
+    const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
+    u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
+    u.inplace = u.other >= 0 && L->nd[u.other].moved;
+    u.pass1 = L->nd[i].rec;
+    u.rec = L->nd[i].rec_of;
+    if (u.inplace && u.rec >= 0) {
+        int asrc, ag, as, au;
+        cw__fusion_chain(L, g->nodes[u.rec].in[0], &asrc, &ag, &as, &au);
+        u.rec_x = asrc == u.other;
+    }
+    cw__conv_problem full;
+    cw__conv_problem_init(&full, &g->nodes[n->in[0]].desc, &g->nodes[n->in[1]].desc, n->in[2] >= 0, &n->desc, &n->conv);
+    int64_t h_out = n->desc.dims[cw__hdim(&n->desc)];
+    cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, u.inplace || u.pass1, h_out);
+    if (u.rec >= 0 && sh.avail > 0) sh.avail = cw__rec_split(L, i, u.rec, sh.avail, 0);
+    if (u.rec_x && sh.n_pbufs < 2) sh.n_pbufs = 2; /* one stream: the next band's recompute is in flight too */
+    cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);
+    if (st == CW_OK && u.pass1) L->nd[i].rec_algo = u.cp.algo;
+    if (st == CW_OK) {
+        int P = u.cp.patches;
+        u.ws = cw__malloc((size_t)P * sizeof *u.ws);
+        u.pbuf = cw__malloc((size_t)P * sizeof *u.pbuf);
+        u.ybuf = cw__malloc((size_t)P * sizeof *u.ybuf);
+        u.prep_task = cw__malloc((size_t)P * sizeof *u.prep_task);
+        if (!u.ws || !u.pbuf || !u.ybuf || !u.prep_task) st = cw__oom(L);
+        for (int q = 0; q < P && st == CW_OK; q++) u.ws[q] = u.pbuf[q] = u.ybuf[q] = u.prep_task[q] = -1;
+    }
+    if (st == CW_OK && u.rec_x) st = cw__rec_x_rows(L, &u);
+    if (st == CW_OK && u.inplace) st = cw__touching(L, L->nd[u.other].buf, &u.war, &u.n_war);
+    if (st == CW_OK && u.gn >= 0) st = cw__gn_ready(L, u.gn);
+    if (st == CW_OK) st = cw__gn_begin(L, u.outn, u.cp.patches);
+    if (st == CW_OK) st = cw__conv_record(L, &u, &full);
+    if (st == CW_OK) st = cw__emit_patches(L, &u);
+    cw__conv_plan_free(&u.cp);
+    cw__free(u.ws), cw__free(u.pbuf), cw__free(u.ybuf), cw__free(u.prep_task), cw__free(u.war);
+    cw__free(u.xr_task), cw__free(u.xr_lo), cw__free(u.xr_hi);
+    return st;
+}
