@@ -7,7 +7,9 @@
  *    buffer, not the activation's view).
  * 3. A compiled plan holds the oneDNN plans its tasks run until it is destroyed:
  *    cw_context_empty_cache drops only what nothing holds, and the plan still runs without
- *    making a primitive; once it is destroyed, empty_cache drops its plans too.
+ *    making a primitive; cw_plan_release (which gives back the plan's arenas) keeps them,
+ *    and the released plan runs again to the same bits without making a primitive; once
+ *    it is destroyed, empty_cache drops its plans too.
  * 4. The cache keeps at most DN_CACHE_BYTES (64 MiB, as it charges them) of plans nothing
  *    else holds, and destroying the last context empties it. */
 #include "backend/cpu/cpu.h"
@@ -150,6 +152,26 @@ static void test_plan_holds(void) {
     ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, &out, 1));
     const cw__dnnl_stats s2 = stats_now();
     ASSERT_EQ_I(s2.primitives - s1.primitives, 0);
+    /* cw_plan_release gives back the plan's arenas, not its oneDNN plans: they stay held
+     * (empty_cache keeps them too), and the released plan runs again, to the same bits,
+     * without making a primitive */
+    const size_t ny = (size_t)cw_tensor_desc_numel(&dy);
+    float *y1 = malloc(ny * 4), *y2 = malloc(ny * 4);
+    ASSERT_TRUE(y1 && y2);
+    ASSERT_OK(cw_tensor_download(out, y1, (int64_t)(ny * 4)));
+    ASSERT_OK_CTX(ctx, cw_plan_release(p));
+    ASSERT_OK_CTX(ctx, cw_context_empty_cache(ctx));
+    const cw__dnnl_stats s2r = stats_now();
+    ASSERT_EQ_I(s2r.live_plans, s1.live_plans);
+    ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, &out, 1));
+    const cw__dnnl_stats s2b = stats_now();
+    fprintf(stderr, "after cw_plan_release: %lld plans alive (%lld before), the run made %lld primitives\n",
+            (long long)s2r.live_plans, (long long)s1.live_plans, (long long)(s2b.primitives - s2r.primitives));
+    ASSERT_EQ_I(s2b.primitives - s2r.primitives, 0);
+    ASSERT_EQ_I(s2b.plans_built - s2r.plans_built, 0);
+    ASSERT_OK(cw_tensor_download(out, y2, (int64_t)(ny * 4)));
+    CHECK(memcmp(y1, y2, ny * 4) == 0);
+    free(y1), free(y2);
     cw_plan_destroy(p);
     ASSERT_OK_CTX(ctx, cw_context_empty_cache(ctx));
     const cw__dnnl_stats s3 = stats_now();
