@@ -424,20 +424,38 @@ static cw_status cw__plan_prepare_run(cw_plan *p, int64_t budget) {
     return st;
 }
 
-/* Backends that build per-problem state (cuDNN execution plans) do it now, not in the
- * first run; where a task's algorithm cannot run its patch within the workspace the plan
- * gives it, the backend's substitute (within that workspace) takes its place. */
+/* The desc r has when the plan runs (cw__enqueue's): ACT and TEMP buffers are compact
+ * where the run places them (cw__exec_alloc); externals and constants have their tensors'
+ * strides (p->rdesc now; an external not yet bound: compact, as cw_tensor_create makes). */
+static void cw__run_desc(const cw_plan *p, const cw__vref *r, cw_tensor_desc *d) {
+    const cw__buf *b = &p->bufs[r->buf];
+    cw_tensor_desc bd = b->kind == CW__B_ACT || b->kind == CW__B_TEMP ? b->d : p->rdesc[r->buf];
+    if (b->kind == CW__B_ACT || b->kind == CW__B_TEMP) memset(bd.strides, 0, sizeof bd.strides);
+    cw__desc_fill_strides(&bd); /* all zero: compact */
+    cw__vref_desc(&bd, r, d);
+}
+
+/* Backends that build per-problem state (cuDNN execution plans, oneDNN primitives) do it
+ * now, for the views the run will give each task, not in the first run; where a task's
+ * algorithm cannot run its patch within the workspace the plan gives it, the backend's
+ * substitute (within that workspace) takes its place. */
 static cw_status cw__plan_prepare_convs(cw_plan *p) {
     cw__backend *be = p->ctx->be;
     for (int k = 0; k < p->n_tasks; k++) {
         cw__task *t = &p->tasks[k];
         if (t->kind != CW__T_CONV) continue;
         cw__conv_algo used;
-        CW_TRY(cw__op_conv_prepare(be, &t->u.conv.prob, &t->u.conv.algo, t->u.conv.algo.workspace, &used));
+        cw__conv_problem pr = t->u.conv.prob;
+        cw__run_desc(p, &t->u.conv.x, &pr.x);
+        cw__run_desc(p, &t->u.conv.w, &pr.w);
+        cw__run_desc(p, &t->u.conv.y, &pr.y);
+        CW_TRY(cw__op_conv_prepare(be, &pr, &t->u.conv.algo, t->u.conv.algo.workspace, &used));
         if (used.id != t->u.conv.algo.id && used.workspace <= t->u.conv.algo.workspace) {
             int64_t ws = t->u.conv.algo.workspace; /* the buffer the plan sized stays */
             t->u.conv.algo = used;
             t->u.conv.algo.workspace = ws;
+        } else {
+            t->u.conv.algo.prepared = used.prepared; /* the task holds it: cw__plan_free drops it */
         }
     }
     return CW_OK;

@@ -15,18 +15,24 @@
 /* ---- views ------------------------------------------------------------------------------- */
 /* A view of a buffer in the buffer's own dtype: the graph's for activations, patch and
  * band buffers and externals; f32 for the compute-internal temporaries (no desc). */
+int64_t cw__vref_desc(const cw_tensor_desc *bd, const cw__vref *r, cw_tensor_desc *d) {
+    memset(d, 0, sizeof *d);
+    d->dtype = bd->dtype;
+    d->rank = r->rank;
+    int64_t off = 0;
+    for (int i = 0; i < r->rank; i++) {
+        d->dims[i] = r->dims[i];
+        d->strides[i] = bd->strides[i];
+        off += r->start[i] * bd->strides[i];
+    }
+    return off;
+}
+
 static cw__view cw__resolve(const cw_plan *p, const cw__vref *r) {
     cw__view v;
     memset(&v, 0, sizeof v);
     const cw_tensor_desc *bd = &p->rdesc[r->buf];
-    v.d.dtype = bd->dtype;
-    v.d.rank = r->rank;
-    int64_t off = 0;
-    for (int i = 0; i < r->rank; i++) {
-        v.d.dims[i] = r->dims[i];
-        v.d.strides[i] = bd->strides[i];
-        off += r->start[i] * bd->strides[i];
-    }
+    const int64_t off = cw__vref_desc(bd, r, &v.d);
     v.data = (char *)p->ptrs[r->buf] + off * (int64_t)cw_dtype_size(bd->dtype);
     return v;
 }

@@ -11,8 +11,10 @@ void cw__plan_free(cw_plan *p) {
     if (p->own_temp) cw__alloc_destroy(p->temp);
     else if (p->temp) cw__alloc_release_cached(p->temp); /* its arena in the context's pool */
     if (p->timer) p->ctx->be->rt->timer_destroy(p->ctx->be, p->timer);
-    for (int i = 0; i < p->n_tasks; i++)
+    for (int i = 0; i < p->n_tasks; i++) {
+        if (p->tasks[i].kind == CW__T_CONV) cw__op_conv_release(p->ctx->be, &p->tasks[i].u.conv.algo);
         cw__free(p->tasks[i].deps), cw__free(p->tasks[i].waits), cw__free(p->tasks[i].alloc_waits);
+    }
     for (int i = 0; i < p->n_acts; i++) cw__free(p->acts[i].joins), cw__free(p->acts[i].waits);
     if (p->act_arena) { /* through the context's activation pool: cw_context_get_memory_stats sees it */
         cw__alloc_free(p->ctx->act, p->act_arena, NULL);

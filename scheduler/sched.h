@@ -234,6 +234,9 @@ void cw__plan_free(cw_plan *p);
 /* plan.c: takes the activation arena again after cw_plan_release (a no-op while the plan
  * holds it). */
 cw_status cw__plan_acquire(cw_plan *p);
+/* execute.c: r's view of a buffer whose run-time desc is bd (dims r's, strides bd's) in *d;
+ * returns the view's first element's offset in elements. */
+int64_t cw__vref_desc(const cw_tensor_desc *bd, const cw__vref *r, cw_tensor_desc *d);
 /* execute.c: primes temp with the plan's arena (one free segment) unless it already holds
  * exactly that. */
 cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp);

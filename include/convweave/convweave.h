@@ -300,7 +300,10 @@ CW_API cw_status cw_context_set_allocator(cw_context *ctx, const cw_allocator *a
  * (blocks not in use) to the allocator that gave it, as torch.cuda.empty_cache does; plans
  * take their arena again at their next run (from the allocator then set). Plans with a pool
  * of their own keep their arena until destroyed, and every live plan keeps its activation
- * arena (in use, not cached): cw_plan_release gives a plan's back between runs. */
+ * arena (in use, not cached): cw_plan_release gives a plan's back between runs. On cpu it
+ * also drops the oneDNN kernels no live plan uses (they are process-wide; destroying the
+ * last context drops them too) and returns freed heap to the OS where the C library can
+ * (glibc: malloc_trim). */
 CW_API cw_status cw_context_empty_cache(cw_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
@@ -509,7 +512,8 @@ CW_API void cw_plan_destroy(cw_plan *p);
  * own under a budget of its own), that pool's cached segments, to the allocator that gave
  * them (cw_context_set_allocator's free, or the backend's). The plan stays valid: its next
  * cw_plan_run takes its arenas again (an allocation at the run's start, which can fail with
- * CW_ERR_OUT_OF_MEMORY). Call it between runs, not during one on another thread; it waits
+ * CW_ERR_OUT_OF_MEMORY). Compiled kernels stay with the plan (on cpu its oneDNN
+ * primitives, held until cw_plan_destroy), so the next run makes none. Call it between runs, not during one on another thread; it waits
  * for the context's streams first. A no-op for a plan that holds nothing. Returns
  * CW_ERR_INVALID_ARG for a NULL plan. */
 CW_API cw_status cw_plan_release(cw_plan *p);

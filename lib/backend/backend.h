@@ -34,6 +34,8 @@ typedef struct cw__conv_algo {
     double cost;            /* relative time estimate; lower is faster */
     int threads;            /* cpu: threads the call uses, fixed by the planner; 0: all the
                                backend's (device backends ignore it) */
+    void *prepared;         /* conv_prepare's state for this task (cpu: its oneDNN plan),
+                               owned by the task and dropped with conv_release; NULL: none */
 } cw__conv_algo;
 
 /* Fused light stage ("prep"): dst = act(src * scale[n,c] + shift[n,c]) with nearest
@@ -145,6 +147,11 @@ typedef struct cw__runtime_i {
     void (*timer_destroy)(cw__backend *be, cw__timer *t);
     cw_status (*timer_mark)(cw__backend *be, cw__timer *t, int k, cw__stream *s);
     cw_status (*timer_read)(cw__backend *be, cw__timer *t, int64_t *ns);
+
+    /* (optional) default: none. Frees what the backend keeps between calls that nothing
+     * live holds (cpu: oneDNN plans no plan uses) and returns freed memory to the OS where
+     * it can (cw_context_empty_cache). Host only; never fails. */
+    void (*empty_cache)(cw__backend *be);
 } cw__runtime_i;
 
 /* The operations only executing backends implement (cpu, cuda). Callers go through the
@@ -192,6 +199,9 @@ typedef struct cw__ops_i {
      * the device, synchronously, with scratch memory of its own: compile time only. */
     cw_status (*conv_autotune)(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *cands, int n,
                                int *best);
+    /* (optional) default: none. Drops what conv_prepare left in used->prepared (non-NULL);
+     * the owner (a compiled plan's task) calls it once, when it is destroyed. */
+    void (*conv_release)(cw__backend *be, void *prepared);
 } cw__ops_i;
 
 struct cw__backend {
@@ -225,6 +235,7 @@ cw_status cw__op_conv_prepare(cw__backend *be, const cw__conv_problem *p, const 
                               cw__conv_algo *used);
 cw_status cw__op_conv_autotune(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *cands, int n,
                                int *best);
+void cw__op_conv_release(cw__backend *be, cw__conv_algo *algo);
 cw_status cw__op_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p);
 cw_status cw__op_gn_stats(cw__backend *be, cw__stream *s, const cw__view *x, int64_t groups, double *out);
 cw_status cw__op_gn_finalize(cw__backend *be, cw__stream *s, const double *parts, int64_t n_parts, int64_t n,

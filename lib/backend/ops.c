@@ -115,6 +115,11 @@ cw_status cw__op_conv_prepare(cw__backend *be, const cw__conv_problem *p, const 
     return be->ops->conv_prepare(be, p, algo, ws_cap, used);
 }
 
+void cw__op_conv_release(cw__backend *be, cw__conv_algo *algo) {
+    if (algo->prepared && be->ops && be->ops->conv_release) be->ops->conv_release(be, algo->prepared);
+    algo->prepared = NULL;
+}
+
 cw_status cw__op_conv_autotune(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *cands, int n,
                                int *best) {
     CW_TRY(check_problem(be, "conv_autotune", p));

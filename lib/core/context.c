@@ -197,7 +197,9 @@ static cw_status cw__context_release(cw_context *ctx) {
 
 cw_status cw_context_empty_cache(cw_context *ctx) {
     if (!ctx) return CW_ERR_INVALID_ARG;
-    return cw__context_release(ctx);
+    cw_status st = cw__context_release(ctx);
+    if (st == CW_OK && ctx->be->rt->empty_cache) ctx->be->rt->empty_cache(ctx->be);
+    return st;
 }
 
 cw_status cw_context_set_allocator(cw_context *ctx, const cw_allocator *a) {

@@ -63,6 +63,10 @@ void *cw__malloc(size_t n);
 void *cw__calloc(size_t count, size_t n);
 void *cw__realloc(void *p, size_t n);
 void cw__free(void *p);
+/* Pages of their own (anonymous, zeroed, page-aligned), through the same failure hook:
+ * given back to the OS by cw__unmap(p, n) with the same n. NULL when out of memory. */
+void *cw__map(size_t n);
+void cw__unmap(void *p, size_t n);
 char *cw__strdup(const char *s);
 void cw__test_fail_after(int64_t n);
 /* Number of host allocations made so far (for sweeps). */

@@ -4,6 +4,7 @@
  * release hot path pays no atomic counter per allocation. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/core.h"
 
@@ -34,6 +35,14 @@ void *cw__calloc(size_t count, size_t n) {
 }
 void *cw__realloc(void *p, size_t n) { return cw__alloc_should_fail() ? NULL : realloc(p, n ? n : 1); }
 void cw__free(void *p) { free(p); }
+void *cw__map(size_t n) {
+    if (cw__alloc_should_fail()) return NULL;
+    void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+void cw__unmap(void *p, size_t n) {
+    if (p) munmap(p, n ? n : 1);
+}
 char *cw__strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = cw__malloc(n);

@@ -282,13 +282,11 @@ static void conv_gemm_half(const cv_geom *g, const void *x, const void *w, const
 
 /* ---- entry points --------------------------------------------------------------------- */
 
-/* DNNL: the plan's workspace (made now, or found in the plan cache). */
+/* DNNL: the plan's workspace (from its descriptors: no primitive is made). */
 static int64_t dnnl_workspace(const cw__conv_problem *p) {
-    cw__dnnl_plan *pl;
-    if (cw__cpu_dnnl_plan_get(NULL, p, &pl) != CW_OK) return -1;
     cw__dnnl_info info;
-    cw__cpu_dnnl_info(pl, &info);
-    cw__cpu_dnnl_release(pl);
+    int listed;
+    if (cw__cpu_dnnl_cost(NULL, p, &info, &listed) != CW_OK) return -1;
     return info.workspace;
 }
 
@@ -421,12 +419,14 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
     cw__conv_algo list[CW__CPU_ALGO_COUNT];
     int cnt = 0;
     if (cw__cpu_dnnl_compiled()) {
-        cw__dnnl_plan *pl;
-        st = cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl);
+        /* costed from descriptors: primitives are made only for the patches a plan keeps
+         * (cw__cpu_conv_prepare) */
+        cw__dnnl_info info;
+        int listed = 0;
+        st = cw__cpu_dnnl_cost(be ? be->ctx : NULL, p, &info, &listed);
         if (st == CW_ERR_OUT_OF_MEMORY) return st;
         if (st == CW_OK) {
-            cw__dnnl_info info;
-            if (cw__cpu_dnnl_info(pl, &info)) {
+            if (listed) {
                 cw__conv_algo *a = &list[cnt++];
                 memset(a, 0, sizeof *a);
                 a->id = CW__CPU_ALGO_DNNL;
@@ -434,7 +434,6 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
                 a->workspace = info.workspace;
                 a->cost = cost_dnnl(&g, &info);
             }
-            cw__cpu_dnnl_release(pl);
         } else {
             /* oneDNN failed unexpectedly for this shape: the other algorithms still run it */
             cw__log(be ? be->ctx : NULL, CW_LOG_DEBUG, "cpu conv_algos: oneDNN not listed for this conv");
@@ -476,20 +475,23 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
     return CW_OK;
 }
 
-/* Compile time (the scheduler calls it for every conv task): makes or finds the oneDNN
- * plan of each DNNL task, so no primitive is created inside a run. A plan whose workspace
+/* Compile time (the scheduler calls it for every conv task, with the views the run will
+ * give it: the plan's key holds x's and y's strides): makes or finds the oneDNN plan of
+ * each DNNL task, so no primitive is created inside a run. A plan whose workspace
  * exceeds ws_cap (the planner sizes it from the same problem, so only as a guard) is
  * replaced by cpu_direct, which needs none. */
 cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
                                cw__conv_algo *used) {
     *used = *algo;
+    used->prepared = NULL;
     if (algo->id != CW__CPU_ALGO_DNNL) return CW_OK;
     cw__dnnl_plan *pl;
     CW_TRY(cw__cpu_dnnl_plan_get(be ? be->ctx : NULL, p, &pl));
     cw__dnnl_info info;
     cw__cpu_dnnl_info(pl, &info);
-    cw__cpu_dnnl_release(pl); /* the cache keeps it */
+    used->prepared = pl; /* held by the task until cw__cpu_conv_release */
     if (ws_cap >= 0 && info.workspace > ws_cap) {
+        cw__cpu_dnnl_release(pl);
         memset(used, 0, sizeof *used);
         used->id = CW__CPU_ALGO_DIRECT;
         snprintf(used->name, sizeof used->name, "%s", "cpu_direct");
@@ -497,6 +499,8 @@ cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const
     }
     return CW_OK;
 }
+
+void cw__cpu_conv_release(cw__backend *be, void *prepared) { cw__cpu_dnnl_release(prepared); }
 
 /* ---- the asynchronous hook ------------------------------------------------------------ */
 typedef struct conv_job {
@@ -548,8 +552,9 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
                    : algo->id == CW__CPU_ALGO_WINOGRAD ? cw__cpu_wino_workspace(&g)
                                                        : 0;
     if (algo->id == CW__CPU_ALGO_DNNL) {
-        /* found in the plan cache (made when the algorithm was listed) */
-        CW_TRY(cw__cpu_dnnl_plan_get(ctx, p, &plan));
+        /* the task's own (cw__cpu_conv_prepare), else found in or added to the plan cache */
+        if (!algo->prepared || !cw__cpu_dnnl_hold(algo->prepared, p)) CW_TRY(cw__cpu_dnnl_plan_get(ctx, p, &plan));
+        else plan = algo->prepared;
         cw__dnnl_info info;
         cw__cpu_dnnl_info(plan, &info);
         need = info.workspace;

@@ -7,9 +7,13 @@
  * bits never depend on the thread count (docs/determinism.md), as for the GEMM blocks.
  *
  * The workspace holds the reordered weights, every sub-band's blocked input and output,
- * and one user-mode scratchpad per thread slot: all from the budget. Plans (primitives and
- * their layouts) are made when the algorithm is listed, at compile time, and kept in a
- * bounded process-wide cache keyed by the patch problem.
+ * and one user-mode scratchpad per thread slot: all from the budget. Listing and costing
+ * the algorithm makes primitive descriptors only (layouts, scratchpad sizes, kernel name:
+ * no JIT); primitives are made when a compiled plan prepares a patch that runs oneDNN. The
+ * plan's task holds them until the plan is destroyed; a process-wide cache keyed by the
+ * patch problem shares them between plans and keeps at most DN_CACHE_BYTES of those no
+ * plan holds. cw_context_empty_cache and the last context's destroy drop those, empty
+ * oneDNN's own primitive cache and trim the heap (cw__cpu_dnnl_trim).
  *
  * f16/bf16 problems ask oneDNN for a convolution in that dtype (x, w, bias, y alike); where
  * it has no kernel (AVX2 hosts: none at all, oneDNN 2.6) every sub-band falls back to
@@ -23,11 +27,19 @@
 
 int cw__cpu_dnnl_compiled(void) { return 0; }
 int cw__cpu_dnnl_threads_seen(void) { return 0; }
+void cw__cpu_dnnl_stats(cw__dnnl_stats *s) { memset(s, 0, sizeof *s); }
+cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_info *info, int *listed) {
+    memset(info, 0, sizeof *info);
+    *listed = 0;
+    return cw__error(ctx, CW_ERR_UNSUPPORTED, "cpu dnnl: convweave was built without oneDNN (CONVWEAVE_DNNL=OFF)");
+}
 cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
     *out = NULL;
     return cw__error(ctx, CW_ERR_UNSUPPORTED, "cpu dnnl: convweave was built without oneDNN (CONVWEAVE_DNNL=OFF)");
 }
 void cw__cpu_dnnl_release(cw__dnnl_plan *pl) {}
+int cw__cpu_dnnl_hold(cw__dnnl_plan *pl, const cw__conv_problem *p) { return 0; }
+void cw__cpu_dnnl_trim(void) {}
 int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info) {
     memset(info, 0, sizeof *info);
     return 0;
@@ -40,6 +52,9 @@ cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, c
 
 #else
 
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
@@ -51,7 +66,14 @@ cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, c
 #define DN_MAX_SUB 64     /* sub-bands per patch */
 #define DN_MAX_CLASS 8    /* distinct sub-band shapes per patch (first, last, interior) */
 #define DN_SLOTS 16       /* scratchpad slots = cw__cpu_parallel's thread cap */
-#define DN_CACHE_CAP 512  /* plans kept (~45 KiB each); least recently used evicted */
+/* Bytes of plans the cache keeps that nothing else holds (least recently used evicted
+ * beyond it). A plan is charged sizeof(cw__dnnl_plan) (~70 KiB of descriptors) plus
+ * DN_PRIM_BYTES per primitive: measured 16-96 KiB of heap and JIT pages per primitive
+ * (AVX2, C 32-256, W 64-1024; most at large W), ~0.6 MiB per plan for the tiny VAE at
+ * 1024^2, so the charge bounds the real bytes from above for those shapes. Plans a
+ * compiled plan or a queued job holds are never evicted: they are that plan's memory. */
+#define DN_CACHE_BYTES (INT64_C(64) << 20)
+#define DN_PRIM_BYTES (INT64_C(96) << 10)
 #define DN_KEY_LEN 48
 
 /* One distinct sub-band shape: its conv primitive and the two reorders around it. */
@@ -75,6 +97,9 @@ struct cw__dnnl_plan {
     uint64_t hash;
     struct cw__dnnl_plan *prev, *next; /* cache LRU list */
     int refs;                          /* the cache's + each holder's; guarded by cache_mu */
+    int in_cache;                      /* on the LRU list; guarded by cache_mu */
+    int built;                         /* its primitives made (else descriptors only) */
+    int64_t bytes;                     /* what the cache charges for it (DN_CACHE_BYTES) */
     int hd;                            /* H dim index in x / y (2 or 3) */
     dnnl_data_type_t dt;               /* x, w, bias and y */
     size_t es;                         /* bytes per element */
@@ -117,14 +142,20 @@ static void note_threads(void) {
 }
 int cw__cpu_dnnl_threads_seen(void) { return atomic_load(&g_threads_seen); }
 
+/* What oneDNN made (cw__cpu_dnnl_stats): primitive descriptors, primitives, built plans,
+ * built plans alive. */
+static _Atomic int64_t g_pds, g_prims, g_built, g_live;
+
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static cw__dnnl_plan *cache_head, *cache_tail;
 static int cache_n;
+static int64_t cache_bytes, idle_bytes; /* of the plans on the list; of those only it holds */
 
 int cw__cpu_dnnl_compiled(void) { return 1; }
 
 static void plan_destroy(cw__dnnl_plan *pl) {
     if (!pl) return;
+    if (pl->built) atomic_fetch_sub(&g_live, 1);
     for (int c = 0; c < pl->ncls; c++) {
         if (pl->cls[c].conv) dnnl_primitive_destroy(pl->cls[c].conv);
         if (pl->cls[c].rin) dnnl_primitive_destroy(pl->cls[c].rin);
@@ -134,12 +165,72 @@ static void plan_destroy(cw__dnnl_plan *pl) {
     cw__free(pl);
 }
 
+/* Takes q off the LRU list (cache_mu held). */
+static void cache_unlink(cw__dnnl_plan *q) {
+    if (q->prev) q->prev->next = q->next;
+    else cache_head = q->next;
+    if (q->next) q->next->prev = q->prev;
+    else cache_tail = q->prev;
+    q->prev = q->next = NULL;
+    q->in_cache = 0;
+    cache_n--;
+    cache_bytes -= q->bytes;
+}
+
+/* Evicts plans only the cache holds, least recently used first, until their bytes are at
+ * most cap (cache_mu held); returns them chained by next, to destroy outside the lock. */
+static cw__dnnl_plan *cache_evict_idle(int64_t cap) {
+    cw__dnnl_plan *dead = NULL, *q = cache_tail;
+    while (q && idle_bytes > cap) {
+        cw__dnnl_plan *prev = q->prev;
+        if (q->refs == 1) {
+            cache_unlink(q);
+            idle_bytes -= q->bytes;
+            q->refs = 0;
+            q->next = dead;
+            dead = q;
+        }
+        q = prev;
+    }
+    return dead;
+}
+
+static void destroy_chain(cw__dnnl_plan *q) {
+    while (q) {
+        cw__dnnl_plan *next = q->next;
+        plan_destroy(q);
+        q = next;
+    }
+}
+
 void cw__cpu_dnnl_release(cw__dnnl_plan *pl) {
     if (!pl) return;
+    cw__dnnl_plan *dead = NULL;
     pthread_mutex_lock(&cache_mu);
     int last = --pl->refs == 0;
+    if (pl->refs == 1 && pl->in_cache) { /* the cache's alone now */
+        idle_bytes += pl->bytes;
+        dead = cache_evict_idle(DN_CACHE_BYTES);
+    }
     pthread_mutex_unlock(&cache_mu);
+    destroy_chain(dead);
     if (last) plan_destroy(pl);
+}
+
+void cw__cpu_dnnl_trim(void) {
+    pthread_mutex_lock(&cache_mu);
+    cw__dnnl_plan *dead = cache_evict_idle(0);
+    pthread_mutex_unlock(&cache_mu);
+    destroy_chain(dead);
+    /* oneDNN keeps every primitive it made in its own cache (1024 by default): empty it */
+    int cap = 0;
+    if (dnnl_get_primitive_cache_capacity(&cap) == dnnl_success && cap > 0) {
+        dnnl_set_primitive_cache_capacity(0);
+        dnnl_set_primitive_cache_capacity(cap);
+    }
+#ifdef __GLIBC__
+    malloc_trim(0); /* glibc's main arena keeps freed pages otherwise */
+#endif
 }
 
 /* ---- the key: everything but the data pointers ----------------------------------------- */
@@ -181,6 +272,17 @@ static uint64_t key_hash(const int64_t *k) {
     return h;
 }
 
+int cw__cpu_dnnl_hold(cw__dnnl_plan *pl, const cw__conv_problem *p) {
+    int64_t key[DN_KEY_LEN];
+    make_key(p, key);
+    if (memcmp(pl->key, key, sizeof key) != 0) return 0;
+    pthread_mutex_lock(&cache_mu);
+    if (pl->refs == 1 && pl->in_cache) idle_bytes -= pl->bytes;
+    pl->refs++;
+    pthread_mutex_unlock(&cache_mu);
+    return 1;
+}
+
 /* ---- sub-bands: a function of the patch's shape only ----------------------------------- */
 /* Sub-bands of at least 4 halo rows (input read twice stays under ~25 %) and ~8 MFLOP
  * (~0.2 ms on one core, so oneDNN's per-call cost stays under 1 %), at most DN_MAX_SUB:
@@ -220,13 +322,22 @@ static dnnl_status_t view_md(dnnl_memory_desc_t *md, const cw_tensor_desc *d, in
     return dnnl_memory_desc_init_by_strides(md, d->rank, dims, dn_dtype(d->dtype), st);
 }
 
+/* Makes a primitive from pd (its JIT code and buffers: heap and mappings) and counts it. */
+static dnnl_status_t prim_create(dnnl_primitive_t *out, const_dnnl_primitive_desc_t pd) {
+    dnnl_status_t s = dnnl_primitive_create(out, pd);
+    if (s == dnnl_success) atomic_fetch_add(&g_prims, 1);
+    return s;
+}
+
+/* The reorder from -> to: its scratchpad's layout, and with build its primitive. */
 static dnnl_status_t make_reorder(dnnl_primitive_t *out, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
-                                  const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *scratch) {
+                                  const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *scratch, int build) {
     dnnl_primitive_desc_t pd;
     dnnl_status_t s = dnnl_reorder_primitive_desc_create(&pd, from, g_eng, to, g_eng, attr);
     if (s != dnnl_success) return s;
+    atomic_fetch_add(&g_pds, 1);
     *scratch = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-    s = dnnl_primitive_create(out, pd);
+    s = build ? prim_create(out, pd) : dnnl_success;
     dnnl_primitive_desc_destroy(pd);
     return s;
 }
@@ -237,7 +348,7 @@ static int64_t md_bytes(const dnnl_memory_desc_t *md) { return (int64_t)dnnl_mem
  * and *w_chosen gets what oneDNN chose). dnnl_unimplemented: oneDNN has no kernel, and the
  * class falls back. */
 static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, const dnnl_memory_desc_t *wfix,
-                                dnnl_memory_desc_t *w_chosen, const_dnnl_primitive_attr_t attr) {
+                                dnnl_memory_desc_t *w_chosen, const_dnnl_primitive_attr_t attr, int build) {
     const int sp = p->spatial, rank = sp + 2;
     dnnl_dims_t sd, dd, wd, bd, strd, dil, pl, pr;
     for (int i = 0; i < rank; i++) sd[i] = p->x.dims[i], dd[i] = p->y.dims[i];
@@ -271,6 +382,7 @@ static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, 
     if (s != dnnl_success) return s;
     dnnl_primitive_desc_t pd;
     if ((s = dnnl_primitive_desc_create(&pd, &cd, attr, g_eng, NULL)) != dnnl_success) return s;
+    atomic_fetch_add(&g_pds, 1);
     const char *impl = "";
     dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
     snprintf(c->impl, sizeof c->impl, "%s", impl);
@@ -278,7 +390,7 @@ static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, 
     c->dst = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
     c->scratch = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     if (w_chosen) *w_chosen = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    s = dnnl_primitive_create(&c->conv, pd);
+    s = build ? prim_create(&c->conv, pd) : dnnl_success;
     dnnl_primitive_desc_destroy(pd);
     return s;
 }
@@ -353,13 +465,13 @@ static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__d
  * set). A class oneDNN refuses (no kernel, or arguments it rejects) or one that reads
  * no input falls back to cpu_direct. */
 static cw_status class_make(cw_context *ctx, const cw__conv_problem *p, int hd, dn_class *c,
-                            const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w) {
+                            const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w, int build) {
     cw_status st = CW_OK;
     if (c->in_rows == 0) { /* pure padding: bias only */
         c->fallback = 1;
         return CW_OK;
     }
-    dnnl_status_t s = class_conv(p, hd, c, *have_w ? wfix : NULL, *have_w ? NULL : wfix, attr);
+    dnnl_status_t s = class_conv(p, hd, c, *have_w ? wfix : NULL, *have_w ? NULL : wfix, attr, build);
     if (s == dnnl_unimplemented || s == dnnl_invalid_arguments) {
         c->fallback = 1;
         if (c->conv) dnnl_primitive_destroy(c->conv), c->conv = NULL;
@@ -369,8 +481,8 @@ static cw_status class_make(cw_context *ctx, const cw__conv_problem *p, int hd, 
     *have_w = 1;
     DN_TRY(view_md(&c->src_user, &p->x, hd, c->in_rows), "input view");
     DN_TRY(view_md(&c->dst_user, &p->y, hd, c->out_rows), "output view");
-    DN_TRY(make_reorder(&c->rin, &c->src_user, &c->src, attr, &c->rin_scratch), "input reorder");
-    DN_TRY(make_reorder(&c->rout, &c->dst, &c->dst_user, attr, &c->rout_scratch), "output reorder");
+    DN_TRY(make_reorder(&c->rin, &c->src_user, &c->src, attr, &c->rin_scratch, build), "input reorder");
+    DN_TRY(make_reorder(&c->rout, &c->dst, &c->dst_user, attr, &c->rout_scratch, build), "output reorder");
     c->src_bytes = align_up(md_bytes(&c->src));
     c->dst_bytes = align_up(md_bytes(&c->dst));
     int64_t sc = md_bytes(&c->scratch);
@@ -384,11 +496,11 @@ fail:
 /* Makes every class, the main class first: it picks the weights layout (*wfix) and the
  * others take it as given. *have_w stays 0 when every class falls back. */
 static cw_status plan_classes(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl,
-                              const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w) {
+                              const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w, int build) {
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < pl->ncls; k++) {
             if ((pass == 0) != (k == pl->main_cls)) continue;
-            CW_TRY(class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w));
+            CW_TRY(class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w, build));
         }
     }
     return CW_OK;
@@ -397,7 +509,7 @@ static cw_status plan_classes(cw_context *ctx, const cw__conv_problem *p, cw__dn
 /* Makes the weights reorder: the user's [K, C/G, k...] (as [G, K/G, C/G, k...] when
  * grouped) into wfix; and the bias's memory desc. */
 static cw_status plan_weights(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl,
-                              const_dnnl_primitive_attr_t attr, const dnnl_memory_desc_t *wfix) {
+                              const_dnnl_primitive_attr_t attr, const dnnl_memory_desc_t *wfix, int build) {
     cw_status st = CW_OK;
     dnnl_dims_t wd, ws;
     int64_t wst[CW_MAX_RANK];
@@ -409,7 +521,7 @@ static cw_status plan_weights(cw_context *ctx, const cw__conv_problem *p, cw__dn
     for (int i = 1; i < p->spatial + 2; i++) wd[wr] = p->w.dims[i], ws[wr] = wst[i], wr++;
     DN_TRY(dnnl_memory_desc_init_by_strides(&pl->w_user, wr, wd, pl->dt, ws), "weights view");
     pl->w = *wfix;
-    DN_TRY(make_reorder(&pl->rw, &pl->w_user, &pl->w, attr, &pl->w_scratch), "weights reorder");
+    DN_TRY(make_reorder(&pl->rw, &pl->w_user, &pl->w, attr, &pl->w_scratch, build), "weights reorder");
     dnnl_dims_t bd = {p->y.dims[1]};
     DN_TRY(dnnl_memory_desc_init_by_tag(&pl->bias, 1, bd, pl->dt, dnnl_x), "bias");
 fail:
@@ -439,10 +551,12 @@ static void plan_workspace(cw__dnnl_plan *pl) {
     pl->ws = off;
 }
 
-/* Builds the plan for p (no cache). Errors are host OOM or oneDNN failures other than
- * "no kernel for this shape" (which makes sub-bands fall back to cpu_direct). Every
- * primitive is created with the calling thread's OpenMP ICV at 1 (see omp_single). */
-static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out) {
+/* Builds the plan for p (no cache): with build its primitives, without only their
+ * descriptors (layouts, scratchpads, kernel names: what cw__cpu_dnnl_info reads; such a
+ * plan cannot run). Errors are host OOM or oneDNN failures other than "no kernel for this
+ * shape" (which makes sub-bands fall back to cpu_direct). Every descriptor and primitive
+ * is created with the calling thread's OpenMP ICV at 1 (see omp_single). */
+static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, int build, cw__dnnl_plan **out) {
     cw_status st = CW_OK;
     dnnl_primitive_attr_t attr = NULL;
     cw__dnnl_plan *pl = cw__calloc(1, sizeof *pl);
@@ -467,9 +581,9 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_
     dnnl_memory_desc_t wfix;
     memset(&wfix, 0, sizeof wfix);
     int have_w = 0;
-    if ((st = plan_classes(ctx, p, pl, attr, &wfix, &have_w)) != CW_OK) goto fail;
+    if ((st = plan_classes(ctx, p, pl, attr, &wfix, &have_w, build)) != CW_OK) goto fail;
     if (!have_w) goto done; /* every sub-band falls back: no workspace */
-    if ((st = plan_weights(ctx, p, pl, attr, &wfix)) != CW_OK) goto fail;
+    if ((st = plan_weights(ctx, p, pl, attr, &wfix, build)) != CW_OK) goto fail;
     plan_workspace(pl);
 
 done:
@@ -502,6 +616,7 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
             cache_head->prev = q;
             cache_head = q;
         }
+        if (q->refs == 1) idle_bytes -= q->bytes;
         q->refs++;
         pthread_mutex_unlock(&cache_mu);
         *out = q;
@@ -512,27 +627,51 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
     /* made outside the lock (JIT takes ~0.3 ms a primitive); a racing maker of the same
      * key only adds a duplicate that ages out */
     cw__dnnl_plan *pl;
-    CW_TRY(plan_make(ctx, p, &pl));
+    CW_TRY(plan_make(ctx, p, 1, &pl));
+    pl->built = 1;
+    atomic_fetch_add(&g_built, 1);
+    atomic_fetch_add(&g_live, 1);
+    int nprims = pl->rw != NULL;
+    for (int c = 0; c < pl->ncls; c++)
+        nprims += (pl->cls[c].conv != NULL) + (pl->cls[c].rin != NULL) + (pl->cls[c].rout != NULL);
+    pl->bytes = (int64_t)sizeof *pl + nprims * DN_PRIM_BYTES;
     memcpy(pl->key, key, sizeof key);
     pl->hash = h;
     pl->refs = 2; /* the cache's and the caller's */
-    cw__dnnl_plan *evict = NULL;
+    pl->in_cache = 1;
     pthread_mutex_lock(&cache_mu);
     pl->next = cache_head;
     if (cache_head) cache_head->prev = pl;
     cache_head = pl;
     if (!cache_tail) cache_tail = pl;
-    if (++cache_n > DN_CACHE_CAP) {
-        evict = cache_tail;
-        cache_tail = evict->prev;
-        cache_tail->next = NULL;
-        cache_n--;
-        if (--evict->refs > 0) evict = NULL; /* still held by a queued job: its release frees it */
-    }
+    cache_n++;
+    cache_bytes += pl->bytes;
     pthread_mutex_unlock(&cache_mu);
-    plan_destroy(evict);
     *out = pl;
     return CW_OK;
+}
+
+cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_info *info, int *listed) {
+    cw__dnnl_plan *pl;
+    memset(info, 0, sizeof *info);
+    *listed = 0;
+    CW_TRY(plan_make(ctx, p, 0, &pl));
+    *listed = cw__cpu_dnnl_info(pl, info);
+    plan_destroy(pl);
+    return CW_OK;
+}
+
+void cw__cpu_dnnl_stats(cw__dnnl_stats *s) {
+    memset(s, 0, sizeof *s);
+    s->pds = atomic_load(&g_pds);
+    s->primitives = atomic_load(&g_prims);
+    s->plans_built = atomic_load(&g_built);
+    s->live_plans = atomic_load(&g_live);
+    pthread_mutex_lock(&cache_mu);
+    s->cache_plans = cache_n;
+    s->cache_bytes = cache_bytes;
+    s->idle_bytes = idle_bytes;
+    pthread_mutex_unlock(&cache_mu);
 }
 
 int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info) {

@@ -88,9 +88,12 @@ void cw__cpu_conv_direct(const cw__conv_problem *p, const void *x, const void *w
 cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__conv_algo *out, int max, int *n);
 cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_problem *p, const cw__conv_algo *algo,
                                const void *x, const void *w, const void *b, void *y, void *ws, int64_t ws_bytes);
-/* The conv_prepare hook: builds the oneDNN plan of a DNNL task at compile time. */
+/* The conv_prepare hook: builds the oneDNN plan of a DNNL task at compile time; used->prepared
+ * holds it until the conv_release hook. */
 cw_status cw__cpu_conv_prepare(cw__backend *be, const cw__conv_problem *p, const cw__conv_algo *algo, int64_t ws_cap,
                                cw__conv_algo *used);
+/* The conv_release hook: drops the hold conv_prepare put in prepared. */
+void cw__cpu_conv_release(cw__backend *be, void *prepared);
 /* Synchronous convolution (x, w, b, y of p's dtype: f32, f16 or bf16; f32 arithmetic) with
  * the given algorithm id on `threads` threads (the bits do not depend on it); ws >=
  * workspace bytes. */
@@ -116,8 +119,9 @@ void cw__cpu_wino_run(const cw__cpu_geom *g, const void *x, const void *w, const
                       int threads);
 
 /* conv_dnnl.c: oneDNN convolution on blocked layouts (CONVWEAVE_DNNL; stubs without). A
- * plan is one patch problem's sub-bands, primitives and workspace layout, made once and
- * kept in a bounded process-wide cache keyed by the problem (not the data pointers). */
+ * plan is one patch problem's sub-bands, primitives and workspace layout, made once, held
+ * by the compiled plans whose tasks run it, and kept in a process-wide cache keyed by the
+ * problem (not the data pointers) that holds at most 64 MiB of plans nothing else holds. */
 typedef struct cw__dnnl_plan cw__dnnl_plan;
 typedef struct cw__dnnl_info {
     int64_t workspace;   /* bytes the run uses: weights, sub-band buffers, scratchpads */
@@ -131,10 +135,29 @@ int cw__cpu_dnnl_compiled(void);
 /* The largest OpenMP max-threads value in effect on a thread when it created or ran a
  * oneDNN primitive (0 before any): 1 when every oneDNN call was single-threaded. */
 int cw__cpu_dnnl_threads_seen(void);
+/* Costs p without making a primitive (no JIT, nothing kept): fills info as
+ * cw__cpu_dnnl_info would for p's plan and sets *listed to its return value. Fails as
+ * cw__cpu_dnnl_plan_get does. */
+cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_info *info, int *listed);
+/* What oneDNN has made in this process (tests): primitive descriptors (costing and
+ * building), primitives, plans built with their primitives; built plans alive now, plans
+ * in the cache, the bytes it charges for them and for those only it holds (at most
+ * DN_CACHE_BYTES, 64 MiB). */
+typedef struct cw__dnnl_stats {
+    int64_t pds, primitives, plans_built;
+    int64_t live_plans, cache_plans, cache_bytes, idle_bytes;
+} cw__dnnl_stats;
+void cw__cpu_dnnl_stats(cw__dnnl_stats *s);
 /* The plan for p, held until cw__cpu_dnnl_release. Fails on host OOM or an unexpected
  * oneDNN error; sub-bands oneDNN has no kernel for run cpu_direct inside the plan. */
 cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan **out);
 void cw__cpu_dnnl_release(cw__dnnl_plan *pl);
+/* Takes another hold on pl (released by cw__cpu_dnnl_release) and returns 1 when pl was
+ * made for p's problem (same key); else 0 and nothing is held. */
+int cw__cpu_dnnl_hold(cw__dnnl_plan *pl, const cw__conv_problem *p);
+/* Drops the plans only the cache holds, empties oneDNN's primitive cache and gives freed
+ * heap back to the OS (glibc: malloc_trim). Plans held elsewhere stay. */
+void cw__cpu_dnnl_trim(void);
 /* Fills info; returns 1 when the plan is worth listing (a oneDNN kernel, not its
  * reference code, runs the bulk of the patch). */
 int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info);

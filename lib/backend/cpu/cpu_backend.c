@@ -13,6 +13,15 @@
 #include "backend/cpu/cpu.h"
 
 #define CPU_ALIGN 64 /* bytes: cache line, and enough for any SIMD load */
+/* Blocks from 1 MiB on (arenas, pools' segments) get pages of their own, unmapped when
+ * freed: glibc serves blocks under its mmap threshold (which grows to 32 MiB after the
+ * first such free) from the brk heap, and a freed arena there stays resident. Not under
+ * AddressSanitizer, which checks heap blocks' bounds and returns their pages itself. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CPU_MAP_MIN INT64_MAX
+#else
+#define CPU_MAP_MIN (INT64_C(1) << 20)
+#endif
 
 enum { ITEM_FN = 0, ITEM_RECORD = 1, ITEM_WAIT = 2 };
 
@@ -324,21 +333,32 @@ static cw_status cpu_dev_alloc(cw__backend *be, int64_t bytes, void **out) {
     if ((uint64_t)bytes > (uint64_t)(SIZE_MAX - extra))
         return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cpu dev_alloc: %" PRId64 " bytes exceed the address space",
                          bytes);
-    char *raw = cw__malloc((size_t)bytes + extra);
+    /* below p: the raw block's address (low bit set: mapped, then its length before it) */
+    const int map = bytes >= CPU_MAP_MIN;
+    const size_t len = map ? (size_t)bytes + CPU_ALIGN : (size_t)bytes + extra;
+    char *raw = map ? cw__map(len) : cw__malloc(len);
     if (!raw)
         return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cpu dev_alloc: out of host memory for %" PRId64 " bytes",
                          bytes);
     uintptr_t p = ((uintptr_t)raw + sizeof(void *) + CPU_ALIGN - 1) & ~(uintptr_t)(CPU_ALIGN - 1);
-    memcpy((char *)p - sizeof(void *), &raw, sizeof raw);
+    uintptr_t tag = (uintptr_t)raw | (uintptr_t)map; /* both are at least 16-byte aligned */
+    memcpy((char *)p - sizeof tag, &tag, sizeof tag);
+    if (map) memcpy((char *)p - sizeof tag - sizeof len, &len, sizeof len);
     *out = (void *)p;
     return CW_OK;
 }
 
 static void cpu_dev_free(cw__backend *be, void *p) {
     if (!p) return;
-    void *raw;
-    memcpy(&raw, (char *)p - sizeof(void *), sizeof raw);
-    cw__free(raw);
+    uintptr_t tag;
+    memcpy(&tag, (char *)p - sizeof tag, sizeof tag);
+    if (tag & 1) {
+        size_t len;
+        memcpy(&len, (char *)p - sizeof tag - sizeof len, sizeof len);
+        cw__unmap((void *)(tag & ~(uintptr_t)1), len);
+    } else {
+        cw__free((void *)tag);
+    }
 }
 
 static cw_status check_copy(cw__backend *be, const char *what, const void *dst, const void *src, int64_t bytes) {
@@ -411,6 +431,11 @@ static cw_status cpu_fill32_async(cw__backend *be, cw__stream *s, void *p, uint3
 /* ---- lifetime ------------------------------------------------------------------------ */
 /* Streams and events belong to the caller, who destroys them first. If streams are still
  * alive their workers use cb->mu, so the backend is leaked rather than freed under them. */
+/* cpu backends alive: the oneDNN plan cache is process-wide, and trimmed with the last. */
+static _Atomic int g_backends;
+
+static void cpu_empty_cache(cw__backend *be) { cw__cpu_dnnl_trim(); }
+
 static void cpu_destroy(cw__backend *be) {
     if (!be) return;
     cpu_backend *cb = cb_of(be);
@@ -424,12 +449,14 @@ static void cpu_destroy(cw__backend *be) {
     pthread_cond_destroy(&cb->ev_cv);
     pthread_mutex_destroy(&cb->mu);
     cw__free(cb);
+    if (atomic_fetch_sub(&g_backends, 1) == 1) cw__cpu_dnnl_trim();
 }
 
 static const cw__runtime_i cpu_rt = {
     .name = "cpu",
     .caps = CW__CAP_HOST_STREAMS,
     .destroy = cpu_destroy,
+    .empty_cache = cpu_empty_cache,
     .dev_alloc = cpu_dev_alloc,
     .dev_free = cpu_dev_free,
     .upload = cpu_upload,
@@ -483,6 +510,7 @@ cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, 
                     " reproduces it)", cb->chaos_seed, cb->chaos_seed);
         }
     }
+    atomic_fetch_add(&g_backends, 1);
     *out = &cb->base;
     return CW_OK;
 

@@ -719,6 +719,7 @@ const cw__ops_i cw__cpu_ops = {
     .conv_algos = cw__cpu_conv_algos,
     .conv_forward = cw__cpu_conv_forward,
     .conv_prepare = cw__cpu_conv_prepare,
+    .conv_release = cw__cpu_conv_release,
     .prep = cpu_prep,
     .gn_stats = cpu_gn_stats,
     .gn_finalize = cpu_gn_finalize,
