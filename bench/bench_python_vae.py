@@ -116,7 +116,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="calls per process; time: best, memory: max")
     ap.add_argument("--memory", default="none", help="convweave's memory= (a size, 'auto'; 'none': no cap)")
     ap.add_argument("--modes", default="diffusers,convweave",
-                    help="comma list of diffusers, convweave (enable: the hand mapping), wrap (convweave.torch.wrap)")
+                    help="comma list of diffusers, convweave (convweave.diffusers.enable), wrap (convweave.torch.wrap)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--child", choices=("diffusers", "convweave", "wrap"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -155,7 +155,7 @@ def main():
     print(f"{'configuration':52s} {'time s':>8s} {'working MiB':>12s} {'time':>6s} {'memory':>7s} {'max|diff|/max':>14s}")
     d = res["diffusers"]
     labels = {"diffusers": f"diffusers (torch {torch.__version__})",
-              "convweave": f"enable (hand mapping), budget {args.budget}, memory {args.memory}",
+              "convweave": f"diffusers.enable, budget {args.budget}, memory {args.memory}",
               "wrap": f"torch.wrap (export), budget {args.budget}, memory {args.memory}"}
     for m in modes:
         r = res[m]
