@@ -411,9 +411,13 @@ cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_bi
                          CW_BINARY_OP_COUNT - 1);
     if ((st = cw__check_act(g, a, -1, "cw_graph_binary", "a", &na)) != CW_OK) return st;
     if ((st = cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_binary", "b", &nb)) != CW_OK) return st;
-    if (!cw__same_dims(&na->desc, &nb->desc)) {
+    cw_tensor_desc bc = nb->desc; /* b as a's channels would make it: broadcasting over them */
+    bc.dims[1] = bc.dims[1] == 1 ? na->desc.dims[1] : bc.dims[1];
+    if (!cw__same_dims(&na->desc, &bc)) {
         char b1[96], b2[96];
-        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_binary: a %s and b %s differ in shape (no broadcasting)",
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG,
+                         "cw_graph_binary: a %s and b %s differ in shape (b must have a's dims, or 1 channel to "
+                         "broadcast over a's)",
                          cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2));
     }
     static const char *const names[CW_BINARY_OP_COUNT] = {"mul", "sub", "div", "max", "min"};

@@ -409,12 +409,15 @@ typedef enum cw_binary_op {
     CW_BINARY_MAX,     /* y = max(a, b), NaN if either is (torch.maximum) */
     CW_BINARY_MIN      /* y = min(a, b), NaN if either is (torch.minimum) */
 } cw_binary_op;
-/* y = op(a, b) elementwise on two activations of equal dims (no broadcasting; cw_graph_add
- * is the sum, cw_graph_scale and cw_graph_shift broadcast a per-channel vector). a, b:
- * [N, C, H, W] or [N, C, D, H, W] of the graph's dtype; y has their dims. In f16/bf16 graphs
- * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
- * naming the argument, for an op that is not a cw_binary_op, an a or b of another rank or
- * dtype or not a node, and naming both shapes when they differ. */
+/* y = op(a, b) elementwise on two activations: b has a's dims, or a's dims with one
+ * channel, broadcast over a's channels (a mask or a norm [N, 1, H, W] against
+ * [N, C, H, W]: y[n, c, ...] = op(a[n, c, ...], b[n, 0, ...])). cw_graph_add is the sum of
+ * equal shapes; cw_graph_scale and cw_graph_shift broadcast a per-channel vector. a:
+ * [N, C, H, W] or [N, C, D, H, W] of the graph's dtype, b: the same or [N, 1, H, W] /
+ * [N, 1, D, H, W]; y has a's dims. In f16/bf16 graphs each element is computed in f32 and
+ * rounded once on store. Returns CW_ERR_INVALID_ARG, naming the argument, for an op that is
+ * not a cw_binary_op, an a or b of another rank or dtype or not a node, and naming both
+ * shapes when b's dims are neither a's nor a's with dims[1] = 1. */
 CW_API cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
 /* y[n, c, ...] = x[n, c, ...] + v[c]: a per-channel shift (a bias broadcast as [C, 1, 1]).
  * x: [N, C, H, W] or [N, C, D, H, W]; v: a contiguous f32 constant (cw_graph_constant) of

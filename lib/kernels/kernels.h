@@ -178,7 +178,8 @@ typedef enum {
     CW_OP_CHANNEL = 0, /* out[n, c, ...] = cw_channel_elem(param.i[0], in0[n, c, ...], in1[c]) */
     CW_OP_AVG_POOL2,   /* out[.., h, w] = mean of in0[.., 2h + {0, 1}, 2w + {0, 1}] */
     CW_OP_UNARY,       /* out = cw_unary_elem(param.i[0], in0, param.f[0], param.f[1]) */
-    CW_OP_BINARY,      /* out = cw_binary_elem(param.i[0], in0, in1), in1 of in0's dims */
+    CW_OP_BINARY,      /* out = cw_binary_elem(param.i[0], in0, in1), in1 of in0's dims or of
+                          [N, 1, ...] (broadcast over in0's channels: cw_binary_bcast) */
     CW_OP_UPSAMPLE_NEAREST, /* out[.., d, h, w] = in0[.., d / i[0], h / i[1], w / i[2]] */
     CW_OP_COUNT
 } cw_op_code;
@@ -238,7 +239,7 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
     case CW_OP_BINARY: {
         if (pm->i[0] < 0 || pm->i[0] >= CW_BINARY_OP_COUNT || in[1]->rank != x->rank) return 0;
         for (int i = 0; i < x->rank; i++)
-            if (in[1]->dims[i] != x->dims[i]) return 0;
+            if (in[1]->dims[i] != x->dims[i] && !(i == 1 && in[1]->dims[1] == 1)) return 0;
         return 1;
     }
     case CW_OP_UPSAMPLE_NEAREST: { /* factors (D, H, W) in i[0..2], each 1..8; 4-D: i[0] = 1 */
@@ -251,6 +252,12 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
     }
     default: return 0;
     }
+}
+
+/* CW_OP_BINARY reads in1 broadcast over in0's channels (in1 is [N, 1, ...], in0 has C > 1):
+ * in1's channel stride is then 0. */
+static inline int cw_binary_bcast(const cw_tensor_desc *in0, const cw_tensor_desc *in1) {
+    return in1->rank >= 2 && in1->dims[1] == 1 && in0->dims[1] != 1;
 }
 
 /* CW_OP_AVG_POOL2's element: the mean of a 2x2 window, rows summed first (both backends). */

@@ -65,6 +65,17 @@ def test_binary(op, fn):
         np.testing.assert_array_equal(y, fn(a, b))  # one IEEE operation: exact
 
 
+@pytest.mark.parametrize("op,fn", [(C.CW_BINARY_MUL, np.multiply), (C.CW_BINARY_DIV, np.divide),
+                                   (C.CW_BINARY_SUB, np.subtract)])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (1, 2, 3, 4, 5)])
+def test_binary_broadcast_channels(op, fn, shape):
+    rng = np.random.default_rng(op)
+    a = rng.standard_normal(shape).astype(np.float32)
+    m = (rng.random((shape[0], 1) + shape[2:]) + 0.5).astype(np.float32)  # [N, 1, ...]
+    for y in _run(lambda g, n: g.binary(n[0], n[1], op), [a, m], a.shape):
+        np.testing.assert_array_equal(y, fn(a, m))  # NumPy broadcasts m over the channels
+
+
 def test_shift_and_upsample_nearest():
     x = np.random.default_rng(5).standard_normal((1, 2, 2, 3, 2)).astype(np.float32)
     v = np.array([10.0, -20.0], np.float32)
@@ -90,6 +101,10 @@ def test_argument_errors():
         g.unary(x, 7)
     with pytest.raises(convweave.Error, match=r"a \[1, 2, 4, 4\] and b \[1, 2, 4, 3\] differ in shape"):
         g.binary(x, z, C.CW_BINARY_MUL)
+    m = g.input("m", (1, 1, 4, 4))
+    with pytest.raises(convweave.Error, match=r"a \[1, 1, 4, 4\] and b \[1, 2, 4, 4\] differ in shape"):
+        g.binary(m, x, C.CW_BINARY_MUL)  # only b broadcasts
+    assert g.shape(g.binary(x, m, C.CW_BINARY_MUL)) == (1, 2, 4, 4)
     with pytest.raises(convweave.Error, match="factors\\[0\\] \\(D\\) = 2 must be 1 for a 4-D x"):
         g.upsample_nearest(x, (2, 2, 2))
     with pytest.raises(ValueError, match="factors"):

@@ -560,15 +560,19 @@ static void binary_tile(int op, float *x, const float *y, int64_t m) {
     }
 }
 
-/* An elementwise op of in[0] (and in[1] for CW_OP_BINARY) into out, equal dims: rows of W
- * in TILE chunks converted to f32 on load, computed, rounded once on store. Every chunk is
- * loaded before any of it is stored, so out may alias an input exactly. */
+/* An elementwise op of in[0] (and in[1] for CW_OP_BINARY) into out, equal dims (in[1] may
+ * be [N, 1, ...], read with channel stride 0): rows of W in TILE chunks converted to f32 on
+ * load, computed, rounded once on store. Every chunk is loaded before any of it is stored,
+ * so out may alias an input exactly. */
 static void map_run(const cw__op_args *a) {
     int64_t dim[5], sd[5], sx[5], sy[5], tmp[5];
     const int binary = a->code == CW_OP_BINARY;
     view_pad5(&a->out, dim, sd);
     view_pad5(&a->in[0], tmp, sx);
-    if (binary) view_pad5(&a->in[1], tmp, sy);
+    if (binary) {
+        view_pad5(&a->in[1], tmp, sy);
+        if (cw_binary_bcast(&a->in[0].d, &a->in[1].d)) sy[5 - a->in[1].d.rank + 1] = 0;
+    }
     const cw_dtype dt = a->out.d.dtype;
     const size_t es = cw_dtype_size(dt);
     const int op = (int)a->param.i[0];

@@ -788,7 +788,8 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-/* CW_OP_BINARY: as unary_kernel, of two views of d's dims. */
+/* CW_OP_BINARY: as unary_kernel, of two views of d's dims (y's channel stride 0 when it
+ * broadcasts over d's channels). */
 __global__ void __launch_bounds__(kThreads)
     binary_kernel(int op, int flat, const __grid_constant__ View d, void *dp, const __grid_constant__ View x,
                   const void *xp, const __grid_constant__ View y, const void *yp) {
@@ -858,7 +859,8 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
     }
     case CW_OP_BINARY: {
         View vd = make_view(&a->out), vx = make_view(&a->in[0]), vy = make_view(&a->in[1]);
-        const int flat = view_flat(vd) && view_flat(vx) && view_flat(vy);
+        if (cw_binary_bcast(&a->in[0].d, &a->in[1].d)) vy.strides[1] = 0; /* [N, 1, ...] over C */
+        const int flat = view_flat(vd) && view_flat(vx) && view_flat(vy) && vy.numel == vd.numel;
         binary_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], flat, vd, a->out.data, vx,
                                                                             a->in[0].data, vy, a->in[1].data);
         return cudaGetLastError();

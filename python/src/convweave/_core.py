@@ -550,8 +550,8 @@ class Graph:
         return self._node(lib.cw_graph_unary, x, int(op), float(a), float(b))
 
     def binary(self, a, b, op):
-        """cw_graph_binary: op(a, b) elementwise on two nodes of equal shape, op a CW_BINARY_*
-        code (convweave._lib)."""
+        """cw_graph_binary: op(a, b) elementwise on two nodes of equal shape (or b of one channel,
+        broadcast over a's), op a CW_BINARY_* code (convweave._lib)."""
         return self._node(lib.cw_graph_binary, a, b, int(op))
 
     def shift(self, x, v):
