@@ -450,3 +450,17 @@ cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const 
     const cw_op_param pm = {{factors[0], factors[1], factors[2]}, {0}};
     return cw__op_node(g, out, CW_OP_UPSAMPLE_NEAREST, &pm, &x, "cw_graph_upsample_nearest", "upsample_nearest");
 }
+
+cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_reduce_op op) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    if ((int)op < 0 || (int)op >= CW_REDUCE_OP_COUNT)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_reduce_channels: op = %d is not a cw_reduce_op (0..%d)",
+                         (int)op, CW_REDUCE_OP_COUNT - 1);
+    CW_TRY(cw__check_act(g, x, -1, "cw_graph_reduce_channels", "x", &nx));
+    static const char *const names[CW_REDUCE_OP_COUNT] = {"reduce_sum", "reduce_mean", "reduce_l2",
+                                                          "reduce_mean_square"};
+    const cw_op_param pm = {{op}, {0}};
+    return cw__op_node(g, out, CW_OP_REDUCE_CHANNELS, &pm, &x, "cw_graph_reduce_channels", names[op]);
+}

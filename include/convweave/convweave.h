@@ -434,6 +434,24 @@ CW_API cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v)
  * of another rank or dtype or not a node. */
 CW_API cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 
+/* The reductions of cw_graph_reduce_channels. Append only: plans store the codes. */
+typedef enum cw_reduce_op {
+    CW_REDUCE_SUM = 0,    /* y = sum over c of x[c] (x.sum(1, keepdim=True)) */
+    CW_REDUCE_MEAN,       /* y = the sum / C (x.mean(1, keepdim=True)) */
+    CW_REDUCE_L2,         /* y = sqrt(sum over c of x[c]^2) (linalg.vector_norm(x, 2, [1], True)) */
+    CW_REDUCE_MEAN_SQUARE /* y = sum over c of x[c]^2 / C (x.pow(2).mean(1, keepdim=True)) */
+} cw_reduce_op;
+/* y[n, 0, ...] = op over c of x[n, c, ...]: a reduction over the channels, keeping the dim
+ * (Wan's RMS norm takes CW_REDUCE_L2, LTX's pixel norm CW_REDUCE_MEAN_SQUARE; broadcast the
+ * result back with cw_graph_binary). x: [N, C, H, W] or [N, C, D, H, W] of the graph's dtype;
+ * y: x's dims with dims[1] = 1, of x's dtype. Each element is accumulated in double over c
+ * in ascending order (squares exact in double), then finished (/ C, sqrt) in double and
+ * rounded once to the dtype: the result does not depend on threads, streams, patches or the
+ * backend's launch shape. NaN in any channel gives NaN. Returns CW_ERR_INVALID_ARG, naming
+ * the argument, for an op that is not a cw_reduce_op, or an x of another rank or dtype or
+ * not a node. */
+CW_API cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_reduce_op op);
+
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */
     CW_PATCHES_FIXED = 1, /* `patches` bands per conv (capped at its output height) */

@@ -119,6 +119,7 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
 #define CW_UNARY_OP_COUNT ((int)CW_UNARY_CLAMP + 1)
 #define CW_BINARY_OP_COUNT ((int)CW_BINARY_MIN + 1)
 #define CW_UPSAMPLE_MAX_FACTOR 8 /* cw_graph_upsample_nearest's largest factor per dim */
+#define CW_REDUCE_OP_COUNT ((int)CW_REDUCE_MEAN_SQUARE + 1)
 
 /* 1 / (1 + e^-x) with exp taken of -|x| only (no overflow), as cw_silu. NaN propagates. */
 static inline CW_HD float cw_sigmoid(float x) {
@@ -165,6 +166,23 @@ static inline CW_HD float cw_binary_elem(int op, float a, float b) {
     }
 }
 
+/* ---- channel reductions (CW_OP_REDUCE_CHANNELS) ------------------------------------ */
+
+/* A reduction's term of one channel's element, in double (a square of a float is exact). */
+static inline CW_HD int cw_reduce_squares(int op) { return op == CW_REDUCE_L2 || op == CW_REDUCE_MEAN_SQUARE; }
+
+/* The reduction of the terms' sum acc over c channels, in double, rounded once to float.
+ * Both backends add the terms in double over c in ascending order, one accumulator per
+ * output element, so the result is the same on every backend and thread count. */
+static inline CW_HD float cw_reduce_finish(int op, double acc, int64_t c) {
+    switch (op) {
+    case CW_REDUCE_MEAN:
+    case CW_REDUCE_MEAN_SQUARE: return (float)(acc / (double)c);
+    case CW_REDUCE_L2: return (float)sqrt(acc);
+    default: return (float)acc;
+    }
+}
+
 /* ---- the generic ops: their contract (docs/adding-an-op.md) ------------------------- */
 
 /* An op of the generic form writes one tensor, `out`, from n_in inputs and a small parameter
@@ -181,6 +199,8 @@ typedef enum {
     CW_OP_BINARY,      /* out = cw_binary_elem(param.i[0], in0, in1), in1 of in0's dims or of
                           [N, 1, ...] (broadcast over in0's channels: cw_binary_bcast) */
     CW_OP_UPSAMPLE_NEAREST, /* out[.., d, h, w] = in0[.., d / i[0], h / i[1], w / i[2]] */
+    CW_OP_REDUCE_CHANNELS,  /* out[n, 0, ...] = cw_reduce_finish(i[0], sum over c ascending of
+                               in0[n, c, ...] (squared where cw_reduce_squares), C) */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -208,6 +228,8 @@ static inline cw_op_info cw_op_get_info(int code) {
     case CW_OP_UNARY: r.name = "unary", r.n_in = 1, r.flops = 4.0; break;
     case CW_OP_BINARY: r.name = "binary", r.n_in = 2, r.flops = 1.0; break;
     case CW_OP_UPSAMPLE_NEAREST: r.name = "upsample_nearest", r.n_in = 1, r.flops = 0.0; break;
+    /* per output element: 2 per channel read; the table has no C, so 2 (an undercount) */
+    case CW_OP_REDUCE_CHANNELS: r.name = "reduce_channels", r.n_in = 1, r.flops = 2.0; break;
     default: break;
     }
     return r;
@@ -250,6 +272,10 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
         for (int k = x->rank == 5 ? 0 : 1; k < 3; k++) out->dims[x->rank - 3 + k] = x->dims[x->rank - 3 + k] * pm->i[k];
         return 1;
     }
+    case CW_OP_REDUCE_CHANNELS: /* op in i[0]; C >= 1 */
+        if (x->rank < 2 || x->dims[1] < 1 || pm->i[0] < 0 || pm->i[0] >= CW_REDUCE_OP_COUNT) return 0;
+        out->dims[1] = 1;
+        return 1;
     default: return 0;
     }
 }

@@ -1,6 +1,7 @@
-"""Graph.unary, binary, shift and upsample_nearest (the ops convweave.torch.wrap lowers ATen's
-relu/tanh/sigmoid/gelu/mul/sub/div/clamp/bias adds/nearest upsampling to) on the cpu backend
-against NumPy, and their argument errors. NumPy only."""
+"""Graph.unary, binary, shift, upsample_nearest and reduce_channels (the ops
+convweave.torch.wrap lowers ATen's relu/tanh/sigmoid/gelu/mul/sub/div/clamp/bias adds/nearest
+upsampling/channel norms to) on the cpu backend against NumPy, and their argument errors.
+NumPy only."""
 import math
 
 import numpy as np
@@ -92,6 +93,38 @@ def test_shift_and_upsample_nearest():
         np.testing.assert_array_equal(y, np.repeat(np.repeat(x4, 2, axis=2), 2, axis=3))
 
 
+REDUCE = {
+    C.CW_REDUCE_SUM: lambda x: x.sum(1, keepdims=True),
+    C.CW_REDUCE_MEAN: lambda x: x.mean(1, keepdims=True),
+    C.CW_REDUCE_L2: lambda x: np.sqrt((x * x).sum(1, keepdims=True)),
+    C.CW_REDUCE_MEAN_SQUARE: lambda x: (x * x).mean(1, keepdims=True),
+}
+
+
+@pytest.mark.parametrize("op", sorted(REDUCE))
+@pytest.mark.parametrize("shape", [(2, 5, 3, 4), (1, 3, 2, 3, 4)])
+def test_reduce_channels(op, shape):
+    x = np.random.default_rng(op).standard_normal(shape).astype(np.float32)
+    ref = REDUCE[op](x.astype(np.float64)).astype(np.float32)  # the double result rounded once
+    out_shape = (shape[0], 1) + shape[2:]
+    for y in _run(lambda g, n: g.reduce_channels(n[0], op), [x], out_shape):
+        np.testing.assert_array_max_ulp(y, ref, 1)
+
+
+def test_rms_norm_chain():
+    """Wan's F.normalize(x, dim=1): x / clamp_min(vector_norm(x, 2, [1], keepdim), eps)."""
+    x = np.random.default_rng(9).standard_normal((1, 4, 3, 5)).astype(np.float32)
+
+    def build(g, n):
+        nrm = g.unary(g.reduce_channels(n[0], C.CW_REDUCE_L2), C.CW_UNARY_CLAMP, 1e-12, math.inf)
+        return g.binary(n[0], nrm, C.CW_BINARY_DIV)
+
+    x64 = x.astype(np.float64)
+    ref = x64 / np.maximum(np.sqrt((x64 * x64).sum(1, keepdims=True)), 1e-12)
+    for y in _run(build, [x], x.shape):
+        assert np.abs(y - ref).max() <= 4e-7
+
+
 def test_argument_errors():
     ctx = _core.Context(backend="cpu")
     g = _core.Graph(ctx)
@@ -107,6 +140,9 @@ def test_argument_errors():
     assert g.shape(g.binary(x, m, C.CW_BINARY_MUL)) == (1, 2, 4, 4)
     with pytest.raises(convweave.Error, match="factors\\[0\\] \\(D\\) = 2 must be 1 for a 4-D x"):
         g.upsample_nearest(x, (2, 2, 2))
+    with pytest.raises(convweave.Error, match=r"op = 4 is not a cw_reduce_op \(0..3\)"):
+        g.reduce_channels(x, 4)
+    assert g.shape(g.reduce_channels(x, C.CW_REDUCE_L2)) == (1, 1, 4, 4)
     with pytest.raises(ValueError, match="factors"):
         g.upsample_nearest(x, (2,))
     with pytest.raises(convweave.Error, match="cw_graph_shift: v must be"):

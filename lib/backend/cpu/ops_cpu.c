@@ -641,6 +641,41 @@ static void upsample_nearest_run(const cw__op_args *a) {
             }
 }
 
+/* The channel reduction: per output row of W, a TILE chunk of double accumulators, each
+ * channel's chunk converted to f32 and added (squared) in ascending c, then finished and
+ * rounded once on store. One accumulator per output element in a fixed order: the result
+ * is the cuda kernel's, on any thread count. */
+static void reduce_channels_run(const cw__op_args *a) {
+    ncdhw d, x;
+    view_ncdhw(&a->out, &d);
+    view_ncdhw(&a->in[0], &x);
+    const cw_dtype dt = a->out.d.dtype;
+    const size_t es = cw_dtype_size(dt);
+    const int op = (int)a->param.i[0], sq = cw_reduce_squares(op);
+    const int64_t nc = x.dim[1];
+    double acc[TILE];
+    float f[TILE];
+    for (int64_t n = 0; n < d.dim[0]; n++)
+        for (int64_t z = 0; z < d.dim[2]; z++)
+            for (int64_t h = 0; h < d.dim[3]; h++) {
+                const int64_t od = n * d.st[0] + z * d.st[2] + h * d.st[3];
+                const int64_t ox = n * x.st[0] + z * x.st[2] + h * x.st[3];
+                for (int64_t w0 = 0; w0 < d.dim[4]; w0 += TILE) {
+                    const int64_t m = d.dim[4] - w0 < TILE ? d.dim[4] - w0 : TILE;
+                    for (int64_t i = 0; i < m; i++) acc[i] = 0.0;
+                    for (int64_t c = 0; c < nc; c++) {
+                        cw__cpu_load_f32(f, elem_at(a->in[0].data, ox + c * x.st[1] + w0 * x.st[4], es), dt, m, x.st[4]);
+                        if (sq)
+                            for (int64_t i = 0; i < m; i++) acc[i] += (double)f[i] * (double)f[i];
+                        else
+                            for (int64_t i = 0; i < m; i++) acc[i] += (double)f[i];
+                    }
+                    for (int64_t i = 0; i < m; i++) f[i] = cw_reduce_finish(op, acc[i], nc);
+                    cw__cpu_store_f32(elem_at(a->out.data, od + w0 * d.st[4], es), dt, d.st[4], f, m);
+                }
+            }
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
@@ -648,6 +683,7 @@ void cw__cpu_op_exec(const cw__op_args *a) {
     case CW_OP_UNARY: map_run(a); break;
     case CW_OP_BINARY: map_run(a); break;
     case CW_OP_UPSAMPLE_NEAREST: upsample_nearest_run(a); break;
+    case CW_OP_REDUCE_CHANNELS: reduce_channels_run(a); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

@@ -818,6 +818,26 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* CW_OP_REDUCE_CHANNELS: one thread per output element (d: [N, 1, ...]), adding x's
+ * channels in double in ascending order, as the cpu loop does: the same bits. Adjacent
+ * threads read adjacent W elements of each channel. */
+__global__ void __launch_bounds__(kThreads)
+    reduce_channels_kernel(int op, const __grid_constant__ View d, void *dp, const __grid_constant__ View x,
+                           const void *xp) {
+    int64_t c[CW_MAX_RANK] = {0};
+    const int sq = cw_reduce_squares(op);
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        double acc = 0.0;
+        for (int64_t k = 0; k < x.dims[1]; k++) {
+            c[1] = k;
+            const double v = (double)load_dt(xp, offset_of(x, c), x.dtype);
+            acc += sq ? v * v : v;
+        }
+        store_dt(dp, od, d.dtype, cw_reduce_finish(op, acc, x.dims[1]));
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -877,6 +897,12 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
             upsample_nearest_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(
                 vd, static_cast<uint16_t *>(a->out.data), vx, static_cast<const uint16_t *>(a->in[0].data), f[0], f[1],
                 f[2]);
+        return cudaGetLastError();
+    }
+    case CW_OP_REDUCE_CHANNELS: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        reduce_channels_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], vd, a->out.data,
+                                                                                    vx, a->in[0].data);
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

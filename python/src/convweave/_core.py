@@ -567,6 +567,11 @@ class Graph:
             raise ValueError(f"convweave: upsample_nearest factors {factors!r}: give (fd, fh, fw) or (fh, fw)")
         return self._node(lib.cw_graph_upsample_nearest, x, (ctypes.c_int64 * 3)(*f))
 
+    def reduce_channels(self, x, op):
+        """cw_graph_reduce_channels: op over x's channels keeping the dim ([N, 1, ...]), op a
+        CW_REDUCE_* code (convweave._lib): SUM, MEAN, L2, MEAN_SQUARE; summed in double."""
+        return self._node(lib.cw_graph_reduce_channels, x, int(op))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""
