@@ -395,8 +395,8 @@ cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, f
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_unary: CW_UNARY_CLAMP's bounds a = %g, b = %g must not "
                          "be NaN (-INFINITY or INFINITY leaves a side open)", a, b);
     if ((st = cw__check_act(g, x, -1, "cw_graph_unary", "x", &nx)) != CW_OK) return st;
-    static const char *const names[CW_UNARY_OP_COUNT] = {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "affine",
-                                                         "clamp"};
+    static const char *const names[CW_UNARY_OP_COUNT] = {"relu",  "tanh",  "sigmoid", "gelu", "gelu_tanh",
+                                                         "affine", "clamp", "rsqrt",   "square", "pow"};
     const cw_op_param pm = {{op}, {a, b}};
     return cw__op_node(g, out, CW_OP_UNARY, &pm, &x, "cw_graph_unary", names[op]);
 }

@@ -1,8 +1,10 @@
-/* cw_graph_unary (relu, tanh, sigmoid, gelu, gelu_tanh, affine, clamp) against a
- * double-precision reference: every op between two 3x3 convs (4-D, unscheduled and patched
- * convs on 3 streams with chaos and poison) in f32, f16 and bf16 graphs, two ops in a row
- * on a 5-D tensor, the builder's argument checks, and the op's contract through cw__op_run
- * (special values: NaN, infinities, signed zeros). */
+/* cw_graph_unary (relu, tanh, sigmoid, gelu, gelu_tanh, affine, clamp, rsqrt, square, pow)
+ * against a double-precision reference: every op between two 3x3 convs (4-D, unscheduled and
+ * patched convs on 3 streams with chaos and poison; rsqrt and pow on sigmoid(conv) + 0.25, in
+ * their domain) in f32, f16 and bf16 graphs, two ops in a row on a 5-D tensor, LTX's pixel
+ * norm x * rsqrt(mean(x^2 over C) + eps) and a pow chain on 5-D tensors, the builder's
+ * argument checks, and the op's contract through cw__op_run (special values: NaN,
+ * infinities, signed zeros). */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -17,7 +19,8 @@
 
 enum { N = 2, C = 3, K = 4, H = 10, W = 6 };
 
-static const char *const op_names[] = {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "affine", "clamp"};
+static const char *const op_names[] = {"relu",  "tanh",  "sigmoid", "gelu",   "gelu_tanh",
+                                       "affine", "clamp", "rsqrt",   "square", "pow"};
 
 /* x's values as stored in dtype dt (rounded once), written back into x as floats. */
 static void round_to(float *x, int64_t n, cw_dtype dt) {
@@ -39,19 +42,31 @@ static double ref_unary(int op, double x, double a, double b) {
     case CW_UNARY_GELU_TANH: return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
     case CW_UNARY_AFFINE: return a * x + b;
     case CW_UNARY_CLAMP: return x != x ? x : fmin(fmax(x, a), b);
+    case CW_UNARY_RSQRT: return 1.0 / sqrt(x);
+    case CW_UNARY_SQUARE: return x * x;
+    case CW_UNARY_POW: return pow(x, a);
     default: return NAN;
     }
 }
 
 /* Scalars that make each op do something on values in about [-1.5, 1.5]. */
 static void op_scalars(int op, float *a, float *b) {
-    *a = op == CW_UNARY_AFFINE ? -1.5f : op == CW_UNARY_CLAMP ? -0.3f : 0.0f;
+    *a = op == CW_UNARY_AFFINE ? -1.5f : op == CW_UNARY_CLAMP ? -0.3f : op == CW_UNARY_POW ? 2.5f : 0.0f;
     *b = op == CW_UNARY_AFFINE ? 0.25f : op == CW_UNARY_CLAMP ? 0.4f : 0.0f;
 }
 
-/* y0 = op(conv3x3(x)); y1 = conv3x3(y0) (padding 1) in a graph of dtype dt: the op reads a
- * patched conv's output and feeds another. The reference starts from x, w and b as stored in
- * dt and computes in double, the op's input being conv1's exact result. */
+/* Ops defined on positive x only (rsqrt, pow with a non-integer exponent): the graph test
+ * feeds them sigmoid(h) + 0.25, in (0.25, 1.25). */
+static int positive_only(int op) { return op == CW_UNARY_RSQRT || op == CW_UNARY_POW; }
+
+/* The op's condition number |x f'(x) / f(x)| on the test's inputs (at most |a| = 1.5 for the
+ * others): relative errors of its input are multiplied by it. */
+static double op_cond(int op) { return op == CW_UNARY_RSQRT ? 0.5 : op == CW_UNARY_SQUARE ? 2.0 : op == CW_UNARY_POW ? 2.5 : 1.5; }
+
+/* y0 = op(conv3x3(x)) (op(sigmoid(conv3x3(x)) + 0.25) for positive_only ops); y1 =
+ * conv3x3(y0) (padding 1) in a graph of dtype dt: the op reads a patched conv's output and
+ * feeds another. The reference starts from x, w and b as stored in dt and computes in
+ * double, the op's input being conv1's exact result. */
 static void test_conv_unary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int op) {
     const int64_t xdims[4] = {N, C, H, W}, w1dims[4] = {K, C, 3, 3}, w2dims[4] = {K, K, 3, 3}, kdim = K;
     const int64_t nx = N * C * H * W;
@@ -75,7 +90,10 @@ static void test_conv_unary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int op
     double *ref1 = malloc((size_t)n1 * sizeof *ref1);
     float *yf = malloc((size_t)n1 * 4);
     cw_ref_conv(&xd, x, &w1d, w1, bias, &cp, &c1d, c1);
-    for (int64_t i = 0; i < n1; i++) ref0[i] = ref_unary(op, c1[i], a, b), yf[i] = (float)ref0[i];
+    for (int64_t i = 0; i < n1; i++) {
+        const double v = positive_only(op) ? 1.0 / (1.0 + exp(-c1[i])) + 0.25 : c1[i];
+        ref0[i] = ref_unary(op, v, a, b), yf[i] = (float)ref0[i];
+    }
     cw_tensor_desc y1d;
     ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, &y1d, &c1d, &w2d, &cp));
     cw_ref_conv(&c1d, yf, &w2d, w2, bias, &cp, &y1d, ref1);
@@ -89,16 +107,20 @@ static void test_conv_unary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int op
     cw_node in, h, y0, y1;
     ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, in, constant(ctx, g, tw1), constant(ctx, g, tb), &cp));
+    if (positive_only(op)) {
+        ASSERT_OK_CTX(ctx, cw_graph_unary(g, &h, h, CW_UNARY_SIGMOID, 0.0f, 0.0f));
+        ASSERT_OK_CTX(ctx, cw_graph_unary(g, &h, h, CW_UNARY_AFFINE, 1.0f, 0.25f));
+    }
     ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y0, h, (cw_unary_op)op, a, b));
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y1, y0, constant(ctx, g, tw2), constant(ctx, g, tb), &cp));
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y0, "op"));
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "conv"));
-    /* conv1 in float (C*9 products), stored in dt (u), the op's f32 math (a few ulps; its
-     * condition is at most |a| = 1.5 here) and the store (u); conv2 adds K*9 products of
-     * inputs perturbed by those */
-    const double u = unit(dt);
-    const double bound[2] = {4.0 * u + 16.0 * (C * 9 + 8) * FLT_EPSILON,
-                             16.0 * u + 16.0 * (C * 9 + K * 9 + 8) * FLT_EPSILON};
+    /* conv1 in float (C*9 products), stored in dt (u; for positive_only ops two more stores,
+     * 2u), the op's f32 math (a few ulps; its condition k = op_cond multiplies its input's
+     * error) and the store (u); conv2 adds K*9 products of inputs perturbed by those */
+    const double u = unit(dt), k = op_cond(op) / 1.5;
+    const double bound[2] = {4.0 * k * u + k * 16.0 * (C * 9 + 8) * FLT_EPSILON,
+                             16.0 * k * u + k * 16.0 * (C * 9 + K * 9 + 8) * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
     fprintf(stderr, "conv -> %s -> conv, %s\n", op_names[op], cw__dtype_name(dt));
     run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
@@ -152,6 +174,64 @@ static void test_unary_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     free(x), free(ref0), free(ref1);
 }
 
+/* 5-D in dtype dt: LTX's pixel norm y0 = x * rsqrt(mean over C of x^2 + eps) (reduce,
+ * affine, rsqrt, a broadcast multiply) and y1 = pow(square(x) + 0.5, -0.75). The reference
+ * rounds each stored intermediate to dt, as the plan stores them. */
+static void test_norm_pow_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
+    enum { NC = 6, SP = 3 * 5 * 4 };
+    const int64_t dims[5] = {2, NC, 3, 5, 4}, n = 2 * NC * SP;
+    const float eps = 1e-6f;
+    float *x = rnd(r, n, 2.0f, 0.0f);
+    round_to(x, n, dt);
+    cw_tensor *tx = upload(ctx, dt, 5, dims, x);
+    double *ref0 = malloc((size_t)n * sizeof *ref0), *ref1 = malloc((size_t)n * sizeof *ref1);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t b = i / (NC * SP), j = i % SP;
+        double ms = 0.0;
+        for (int c = 0; c < NC; c++) ms += (double)x[(b * NC + c) * SP + j] * x[(b * NC + c) * SP + j];
+        float v = (float)(ms / NC);
+        round_to(&v, 1, dt);
+        v = (float)((double)v + eps);
+        round_to(&v, 1, dt);
+        v = (float)(1.0 / sqrt(v));
+        round_to(&v, 1, dt);
+        ref0[i] = (double)x[i] * v;
+        float q = x[i] * x[i];
+        round_to(&q, 1, dt);
+        q = (float)((double)q + 0.5);
+        round_to(&q, 1, dt);
+        ref1[i] = pow(q, -0.75);
+    }
+    cw_tensor_desc yd[2];
+    ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 5, dims));
+    yd[1] = yd[0];
+    cw_graph *g;
+    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
+    cw_node in, ms, y0, q, y1;
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &yd[0]));
+    ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &ms, in, CW_REDUCE_MEAN_SQUARE));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &ms, ms, CW_UNARY_AFFINE, 1.0f, eps));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &ms, ms, CW_UNARY_RSQRT, 0.0f, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_binary(g, &y0, in, ms, CW_BINARY_MUL));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &q, in, CW_UNARY_SQUARE, 0.0f, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &q, q, CW_UNARY_AFFINE, 1.0f, 0.5f));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y1, q, CW_UNARY_POW, -0.75f, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y0, "pixel_norm"));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "pow"));
+    /* each stored value is its double result rounded once (u); the reference rounds at the
+     * same places, so where a value lands near a rounding boundary the two may differ by a
+     * unit, carried through the next op's condition (rsqrt 1/2, pow 3/4) */
+    const double u = unit(dt);
+    const double bound[2] = {4.0 * u + 16.0 * FLT_EPSILON, 4.0 * u + 16.0 * FLT_EPSILON};
+    double *refs[2] = {ref0, ref1};
+    fprintf(stderr, "5-D pixel norm and pow, %s\n", cw__dtype_name(dt));
+    run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
+    run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
+    cw_graph_destroy(g);
+    cw_tensor_destroy(tx);
+    free(x), free(ref0), free(ref1);
+}
+
 static void test_badargs(cw_context *ctx) {
     const int64_t xdims[4] = {1, 2, 4, 4}, flat[2] = {2, 8};
     cw_tensor_desc xd, fd;
@@ -164,9 +244,9 @@ static void test_badargs(cw_context *ctx) {
     ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &xd));
     ASSERT_OK_CTX(ctx, cw_graph_input(g, &m, "m", &fd));
     h = constant(ctx, g, half);
-    ASSERT_STATUS(cw_graph_unary(g, &out, x, (cw_unary_op)7, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
+    ASSERT_STATUS(cw_graph_unary(g, &out, x, (cw_unary_op)10, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
     CHECK(out == CW_NODE_NONE);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: op = 7 is not a cw_unary_op") != NULL);
+    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: op = 10 is not a cw_unary_op (0..9)") != NULL);
     ASSERT_STATUS(cw_graph_unary(g, &out, x, (cw_unary_op)-1, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
     CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: op = -1 is not a cw_unary_op") != NULL);
     ASSERT_STATUS(cw_graph_unary(g, &out, x, CW_UNARY_CLAMP, NAN, 1.0f), CW_ERR_INVALID_ARG);
@@ -245,6 +325,27 @@ static void test_contract(void) {
     ASSERT_OK(cw__op_run(be, s, &a));
     ASSERT_OK(be->rt->stream_synchronize(be, s));
     CHECK(isnan(y[0]) && y[1] == 1.0f && y[2] == 1.0f && y[8] == 1.0f);
+    a.param.i[0] = CW_UNARY_RSQRT; /* torch.rsqrt: +-0 -> +-inf, x < 0 -> NaN, inf -> 0 */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    CHECK(y[1] == 0.0f && isnan(y[2]) && y[3] == INFINITY && y[4] == -INFINITY && y[5] == 1.0f && isnan(y[6]));
+    CHECK(y[11] == 1e15f); /* 1e-30f: the double quotient rounded once */
+    a.param.i[0] = CW_UNARY_SQUARE; /* one IEEE product: bit for bit */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    for (int i = 1; i < E; i++) CHECK(y[i] == x[i] * x[i]);
+    a.param.i[0] = CW_UNARY_POW, a.param.f[0] = 2.0f; /* x^2 = x * x, bit for bit */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    for (int i = 1; i < E; i++) CHECK(y[i] == x[i] * x[i]);
+    a.param.f[0] = 0.0f; /* x^0 = 1, NaN included (C and torch.pow) */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    for (int i = 0; i < E; i++) CHECK(y[i] == 1.0f);
+    a.param.f[0] = 0.5f; /* negative x, non-integer exponent: NaN; inf^0.5 = inf */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    CHECK(isnan(y[0]) && y[1] == INFINITY && isnan(y[6]) && y[5] == 1.0f && y[7] == (float)sqrt(0.5));
 
     cw__op_args bad = a;
     bad.param.i[0] = CW_UNARY_OP_COUNT;
@@ -274,6 +375,7 @@ int main(void) {
     for (int d = 0; d < 3; d++) {
         for (int op = 0; op < CW_UNARY_OP_COUNT; op++) test_conv_unary_conv(ctx, &r, dts[d], op);
         test_unary_5d(ctx, &r, dts[d]);
+        test_norm_pow_5d(ctx, &r, dts[d]);
     }
     test_badargs(ctx);
     cw_context_destroy(ctx);

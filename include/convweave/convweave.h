@@ -391,12 +391,17 @@ typedef enum cw_unary_op {
     CW_UNARY_GELU,      /* y = x / 2 * (1 + erf(x / sqrt(2))) (F.gelu's default) */
     CW_UNARY_GELU_TANH, /* y = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) (approximate='tanh') */
     CW_UNARY_AFFINE,    /* y = a * x + b (a * x exact, within 1 ulp): mul, add, sub and rsub by scalars */
-    CW_UNARY_CLAMP      /* y = min(max(x, a), b): torch.clamp(x, a, b); NaN x gives NaN, a > b gives b;
+    CW_UNARY_CLAMP,     /* y = min(max(x, a), b): torch.clamp(x, a, b); NaN x gives NaN, a > b gives b;
                            -INFINITY or INFINITY leaves a side open */
+    CW_UNARY_RSQRT,     /* y = 1 / sqrt(x) (torch.rsqrt): x < 0 gives NaN, +-0 gives +-inf */
+    CW_UNARY_SQUARE,    /* y = x * x (torch.square, x.pow(2)) */
+    CW_UNARY_POW        /* y = x^a (torch.pow(x, a) with a float exponent; C's pow: x < 0 with a
+                           non-integer a gives NaN, x^0 = 1) */
 } cw_unary_op;
 /* y = op(x) elementwise, with the scalar parameters a and b where op uses them (ignored
  * otherwise). x: [N, C, H, W] or [N, C, D, H, W]; y has x's dims and dtype. In f16/bf16 graphs
- * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
+ * each element is computed in f32 and rounded once on store (RSQRT and POW in double, so
+ * they round once to within a last-place tie, the same on both backends). Returns CW_ERR_INVALID_ARG,
  * naming the argument, for an op that is not a cw_unary_op, a NaN a or b for
  * CW_UNARY_CLAMP, an x of another rank, another dtype than the graph's, or not a node. */
 CW_API cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);

@@ -116,7 +116,7 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
 
 /* Codes are the public cw_unary_op / cw_binary_op (append-only there); the counts bound
  * the shape rule's check of param.i[0]. */
-#define CW_UNARY_OP_COUNT ((int)CW_UNARY_CLAMP + 1)
+#define CW_UNARY_OP_COUNT ((int)CW_UNARY_POW + 1)
 #define CW_BINARY_OP_COUNT ((int)CW_BINARY_MIN + 1)
 #define CW_UPSAMPLE_MAX_FACTOR 8 /* cw_graph_upsample_nearest's largest factor per dim */
 #define CW_REDUCE_OP_COUNT ((int)CW_REDUCE_MEAN_SQUARE + 1)
@@ -129,7 +129,10 @@ static inline CW_HD float cw_sigmoid(float x) {
 
 /* The unary ops as PyTorch defines them: relu and clamp propagate NaN (torch.relu,
  * torch.clamp), clamp with a > b gives b, gelu is the erf form (F.gelu's default) or the
- * tanh form (approximate='tanh'). The gelus are written without PyTorch's cancellation in
+ * tanh form (approximate='tanh'). rsqrt and pow are taken in double (sqrt is correctly
+ * rounded, pow within 1 double ulp on glibc and cuda) and rounded once to float, so both
+ * backends agree but where the double lands on a float midpoint (cuda's rsqrtf and powf
+ * are 2 ulps). The gelus are written without PyTorch's cancellation in
  * 1 + erf(z) and 1 + tanh(z) for negative x (erfc(-z), and 2 sigmoid(2z)), so they stay
  * accurate to a few ulps where PyTorch's f32 loses digits. affine takes a * x exactly in
  * double (24 + 24 bits) and rounds the sum twice (to double, then to float: off from one
@@ -150,6 +153,9 @@ static inline CW_HD float cw_unary_elem(int op, float x, float a, float b) {
         const float t = x < a ? a : x; /* NaN x: both compares false, x stays */
         return t > b ? b : t;
     }
+    case CW_UNARY_RSQRT: return (float)(1.0 / sqrt((double)x));
+    case CW_UNARY_SQUARE: return x * x;
+    case CW_UNARY_POW: return (float)pow((double)x, (double)a);
     default: return x;
     }
 }

@@ -43,13 +43,18 @@ UNARY = {
     C.CW_UNARY_GELU_TANH: lambda x, a, b: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
     C.CW_UNARY_AFFINE: lambda x, a, b: a * x + b,
     C.CW_UNARY_CLAMP: lambda x, a, b: np.clip(x, a, b),
+    C.CW_UNARY_RSQRT: lambda x, a, b: 1 / np.sqrt(x),
+    C.CW_UNARY_SQUARE: lambda x, a, b: x * x,
+    C.CW_UNARY_POW: lambda x, a, b: x ** a,
 }
 
 
 @pytest.mark.parametrize("op", sorted(UNARY))
 def test_unary(op):
     x = np.random.default_rng(op).standard_normal((2, 3, 5, 4)).astype(np.float32)
-    a, b = (-1.5, 0.25) if op == C.CW_UNARY_AFFINE else (-0.3, 0.4)
+    if op in (C.CW_UNARY_RSQRT, C.CW_UNARY_POW):  # their domain: x > 0
+        x = np.abs(x) + np.float32(0.5)
+    a, b = (-1.5, 0.25) if op == C.CW_UNARY_AFFINE else (2.5, 0.0) if op == C.CW_UNARY_POW else (-0.3, 0.4)
     ref = UNARY[op](x.astype(np.float64), a, b)
     for y in _run(lambda g, n: g.unary(n[0], op, a, b), [x], x.shape):
         assert np.abs(y - ref).max() <= 1e-6 * max(1.0, np.abs(ref).max())
@@ -125,13 +130,27 @@ def test_rms_norm_chain():
         assert np.abs(y - ref).max() <= 4e-7
 
 
+def test_pixel_norm_chain():
+    """LTX's pixel norm: x * rsqrt(mean(x^2, dim=1, keepdim) + eps)."""
+    x = np.random.default_rng(11).standard_normal((1, 5, 2, 3, 4)).astype(np.float32)
+
+    def build(g, n):
+        ms = g.unary(g.reduce_channels(n[0], C.CW_REDUCE_MEAN_SQUARE), C.CW_UNARY_AFFINE, 1.0, 1e-6)
+        return g.binary(n[0], g.unary(ms, C.CW_UNARY_RSQRT), C.CW_BINARY_MUL)
+
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 * x64).mean(1, keepdims=True) + 1e-6)
+    for y in _run(build, [x], x.shape):
+        assert np.abs(y - ref).max() <= 4e-7 * np.abs(ref).max()
+
+
 def test_argument_errors():
     ctx = _core.Context(backend="cpu")
     g = _core.Graph(ctx)
     x = g.input("x", (1, 2, 4, 4))
     z = g.input("z", (1, 2, 4, 3))
-    with pytest.raises(convweave.Error, match="op = 7 is not a cw_unary_op"):
-        g.unary(x, 7)
+    with pytest.raises(convweave.Error, match=r"op = 10 is not a cw_unary_op \(0..9\)"):
+        g.unary(x, 10)
     with pytest.raises(convweave.Error, match=r"a \[1, 2, 4, 4\] and b \[1, 2, 4, 3\] differ in shape"):
         g.binary(x, z, C.CW_BINARY_MUL)
     m = g.input("m", (1, 1, 4, 4))

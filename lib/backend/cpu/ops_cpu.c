@@ -546,6 +546,8 @@ static void unary_tile(int op, float *x, int64_t m, float a, float b) {
         break;
     case CW_UNARY_AFFINE: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_AFFINE, x[i], a, b); break;
     case CW_UNARY_CLAMP: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_CLAMP, x[i], a, b); break;
+    case CW_UNARY_RSQRT: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_RSQRT, x[i], a, b); break;
+    case CW_UNARY_SQUARE: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_SQUARE, x[i], a, b); break;
     default: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(op, x[i], a, b); break;
     }
 }

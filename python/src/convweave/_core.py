@@ -546,7 +546,7 @@ class Graph:
 
     def unary(self, x, op, a=0.0, b=0.0):
         """cw_graph_unary: op(x) elementwise, op a CW_UNARY_* code (convweave._lib); a and b
-        are AFFINE's a * x + b and CLAMP's bounds (ignored by the other ops)."""
+        are AFFINE's a * x + b and CLAMP's bounds, a POW's exponent (ignored by the other ops)."""
         return self._node(lib.cw_graph_unary, x, int(op), float(a), float(b))
 
     def binary(self, a, b, op):

@@ -80,6 +80,7 @@ PLAN_STAGE_COUNT = 6
 PLAN_STREAM_COUNT = 8
 # cw_unary_op (cw_graph_unary)
 CW_UNARY_RELU, CW_UNARY_TANH, CW_UNARY_SIGMOID, CW_UNARY_GELU, CW_UNARY_GELU_TANH, CW_UNARY_AFFINE, CW_UNARY_CLAMP = range(7)
+CW_UNARY_RSQRT, CW_UNARY_SQUARE, CW_UNARY_POW = range(7, 10)
 # cw_binary_op (cw_graph_binary)
 CW_BINARY_MUL, CW_BINARY_SUB, CW_BINARY_DIV, CW_BINARY_MAX, CW_BINARY_MIN = range(5)
 # cw_reduce_op (cw_graph_reduce_channels)
