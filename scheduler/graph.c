@@ -464,3 +464,24 @@ cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_redu
     const cw_op_param pm = {{op}, {0}};
     return cw__op_node(g, out, CW_OP_REDUCE_CHANNELS, &pm, &x, "cw_graph_reduce_channels", names[op]);
 }
+
+cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *na = NULL, *nb = NULL;
+    if (dim != 1 && dim != 2)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG,
+                         "cw_graph_concat: dim = %d must be 1 (channels) or 2 (T of a 5-D tensor, H of a 4-D one)", dim);
+    CW_TRY(cw__check_act(g, a, -1, "cw_graph_concat", "a", &na));
+    CW_TRY(cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_concat", "b", &nb));
+    cw_tensor_desc bd = nb->desc; /* b with a's extent in dim: equal to a where the op fits */
+    bd.dims[dim] = na->desc.dims[dim];
+    if (!cw__same_dims(&na->desc, &bd)) {
+        char b1[96], b2[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_concat: a %s and b %s must have equal dims but dims[%d]",
+                         cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2), dim);
+    }
+    const cw_op_param pm = {{dim}, {0}};
+    const cw_node in[2] = {a, b};
+    return cw__op_node(g, out, CW_OP_CONCAT, &pm, in, "cw_graph_concat", "concat");
+}

@@ -456,6 +456,13 @@ typedef enum cw_reduce_op {
  * the argument, for an op that is not a cw_reduce_op, or an x of another rank or dtype or
  * not a node. */
 CW_API cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_reduce_op op);
+/* y = a and b concatenated along dim (torch.cat([a, b], dim)): dim 1 joins channels, dim 2
+ * the outermost spatial dim (T of [N, C, T, H, W], H of [N, C, H, W]). a, b: [N, C, H, W] or
+ * [N, C, D, H, W] of the graph's dtype, equal but in dim; y: their dims with dims[dim] =
+ * a's + b's, elements copied exactly (bits, NaN payloads included). Returns
+ * CW_ERR_INVALID_ARG, naming the argument, for a dim other than 1 or 2, an a or b of another
+ * rank or dtype or not a node, and naming both shapes when they differ outside dim. */
+CW_API cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */

@@ -207,6 +207,7 @@ typedef enum {
     CW_OP_UPSAMPLE_NEAREST, /* out[.., d, h, w] = in0[.., d / i[0], h / i[1], w / i[2]] */
     CW_OP_REDUCE_CHANNELS,  /* out[n, 0, ...] = cw_reduce_finish(i[0], sum over c ascending of
                                in0[n, c, ...] (squared where cw_reduce_squares), C) */
+    CW_OP_CONCAT,           /* out = in0 then in1 along dim i[0] (1 or 2), bits copied */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -236,6 +237,7 @@ static inline cw_op_info cw_op_get_info(int code) {
     case CW_OP_UPSAMPLE_NEAREST: r.name = "upsample_nearest", r.n_in = 1, r.flops = 0.0; break;
     /* per output element: 2 per channel read; the table has no C, so 2 (an undercount) */
     case CW_OP_REDUCE_CHANNELS: r.name = "reduce_channels", r.n_in = 1, r.flops = 2.0; break;
+    case CW_OP_CONCAT: r.name = "concat", r.n_in = 2, r.flops = 0.0; break;
     default: break;
     }
     return r;
@@ -282,6 +284,14 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
         if (x->rank < 2 || x->dims[1] < 1 || pm->i[0] < 0 || pm->i[0] >= CW_REDUCE_OP_COUNT) return 0;
         out->dims[1] = 1;
         return 1;
+    case CW_OP_CONCAT: { /* dim in i[0]: 1 or 2; in1 of in0's rank and dims but in dim */
+        const int64_t d = pm->i[0];
+        if ((d != 1 && d != 2) || x->rank < 3 || in[1]->rank != x->rank) return 0;
+        for (int i = 0; i < x->rank; i++)
+            if (i != d && in[1]->dims[i] != x->dims[i]) return 0;
+        out->dims[d] = x->dims[d] + in[1]->dims[d];
+        return 1;
+    }
     default: return 0;
     }
 }

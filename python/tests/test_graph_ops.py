@@ -1,6 +1,6 @@
-"""Graph.unary, binary, shift, upsample_nearest and reduce_channels (the ops
+"""Graph.unary, binary, shift, upsample_nearest, reduce_channels and concat (the ops
 convweave.torch.wrap lowers ATen's relu/tanh/sigmoid/gelu/mul/sub/div/clamp/bias adds/nearest
-upsampling/channel norms to) on the cpu backend against NumPy, and their argument errors.
+upsampling/channel norms/cat to) on the cpu backend against NumPy, and their argument errors.
 NumPy only."""
 import math
 
@@ -144,6 +144,21 @@ def test_pixel_norm_chain():
         assert np.abs(y - ref).max() <= 4e-7 * np.abs(ref).max()
 
 
+@pytest.mark.parametrize("dim", [1, 2])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1, 2, 3, 4, 5)])
+def test_concat(dim, shape):
+    rng = np.random.default_rng(dim)
+    a = rng.standard_normal(shape).astype(np.float32)
+    bshape = list(shape)
+    bshape[dim] += 1
+    b = rng.standard_normal(bshape).astype(np.float32)
+    b.flat[3] = np.nan
+    out_shape = list(shape)
+    out_shape[dim] += bshape[dim]
+    for y in _run(lambda g, n: g.concat(n[0], n[1], dim), [a, b], tuple(out_shape)):
+        np.testing.assert_array_equal(y.view(np.uint32), np.concatenate([a, b], dim).view(np.uint32))  # bits
+
+
 def test_argument_errors():
     ctx = _core.Context(backend="cpu")
     g = _core.Graph(ctx)
@@ -162,6 +177,11 @@ def test_argument_errors():
     with pytest.raises(convweave.Error, match=r"op = 4 is not a cw_reduce_op \(0..3\)"):
         g.reduce_channels(x, 4)
     assert g.shape(g.reduce_channels(x, C.CW_REDUCE_L2)) == (1, 1, 4, 4)
+    with pytest.raises(convweave.Error, match=r"dim = 3 must be 1 \(channels\) or 2"):
+        g.concat(x, x, 3)
+    with pytest.raises(convweave.Error, match=r"a \[1, 2, 4, 4\] and b \[1, 2, 4, 3\] must have equal dims but dims\[1\]"):
+        g.concat(x, z, 1)
+    assert g.shape(g.concat(x, x, 2)) == (1, 2, 8, 4)
     with pytest.raises(ValueError, match="factors"):
         g.upsample_nearest(x, (2,))
     with pytest.raises(convweave.Error, match="cw_graph_shift: v must be"):

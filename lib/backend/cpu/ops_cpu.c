@@ -678,6 +678,36 @@ static void reduce_channels_run(const cw__op_args *a) {
             }
 }
 
+/* Concatenation along dim 1 or 2 (never W): each input's rows of W copied as bits into
+ * out, in[1]'s shifted by in[0]'s extent in dim. */
+static void concat_run(const cw__op_args *a) {
+    int64_t dim[5], sd[5];
+    view_pad5(&a->out, dim, sd);
+    const size_t es = cw_dtype_size(a->out.d.dtype);
+    const int p = (int)a->param.i[0] + 5 - a->out.d.rank; /* dim among the 5 padded dims, <= 3 */
+    int64_t shift = 0;
+    for (int k = 0; k < 2; k++) {
+        int64_t xd[5], sx[5];
+        view_pad5(&a->in[k], xd, sx);
+        const char *xp = a->in[k].data;
+        char *dp = a->out.data;
+        for (int64_t i0 = 0; i0 < xd[0]; i0++)
+            for (int64_t i1 = 0; i1 < xd[1]; i1++)
+                for (int64_t i2 = 0; i2 < xd[2]; i2++)
+                    for (int64_t i3 = 0; i3 < xd[3]; i3++) {
+                        int64_t c[4] = {i0, i1, i2, i3};
+                        const int64_t ox = i0 * sx[0] + i1 * sx[1] + i2 * sx[2] + i3 * sx[3];
+                        c[p] += shift;
+                        const int64_t od = c[0] * sd[0] + c[1] * sd[1] + c[2] * sd[2] + c[3] * sd[3];
+                        if (sd[4] == 1 && sx[4] == 1)
+                            memcpy(dp + od * (int64_t)es, xp + ox * (int64_t)es, (size_t)xd[4] * es);
+                        else
+                            up_row(dp + od * (int64_t)es, sd[4], xp + ox * (int64_t)es, sx[4], xd[4], 1, es);
+                    }
+        shift = xd[p];
+    }
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
@@ -686,6 +716,7 @@ void cw__cpu_op_exec(const cw__op_args *a) {
     case CW_OP_BINARY: map_run(a); break;
     case CW_OP_UPSAMPLE_NEAREST: upsample_nearest_run(a); break;
     case CW_OP_REDUCE_CHANNELS: reduce_channels_run(a); break;
+    case CW_OP_CONCAT: concat_run(a); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

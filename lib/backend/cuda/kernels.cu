@@ -838,6 +838,24 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* CW_OP_CONCAT: one thread per output element, its bits copied from a, or from b where its
+ * coordinate in dim is past a's extent (T: a 2- or 4-byte word). */
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    concat_kernel(const __grid_constant__ View d, T *dp, const __grid_constant__ View a, const T *ap,
+                  const __grid_constant__ View b, const T *bp, int dim) {
+    int64_t c[CW_MAX_RANK];
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        if (c[dim] < a.dims[dim]) {
+            dp[od] = ap[offset_of(a, c)];
+        } else {
+            c[dim] -= a.dims[dim];
+            dp[od] = bp[offset_of(b, c)];
+        }
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -903,6 +921,20 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
         View vd = make_view(&a->out), vx = make_view(&a->in[0]);
         reduce_channels_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], vd, a->out.data,
                                                                                     vx, a->in[0].data);
+        return cudaGetLastError();
+    }
+    case CW_OP_CONCAT: {
+        View vd = make_view(&a->out), va = make_view(&a->in[0]), vb = make_view(&a->in[1]);
+        const unsigned blocks = blocks_for(vd.numel, kThreads);
+        const int dim = (int)a->param.i[0];
+        if (cw_dtype_size(a->out.d.dtype) == 4)
+            concat_kernel<uint32_t><<<blocks, kThreads, 0, s>>>(
+                vd, static_cast<uint32_t *>(a->out.data), va, static_cast<const uint32_t *>(a->in[0].data), vb,
+                static_cast<const uint32_t *>(a->in[1].data), dim);
+        else
+            concat_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(
+                vd, static_cast<uint16_t *>(a->out.data), va, static_cast<const uint16_t *>(a->in[0].data), vb,
+                static_cast<const uint16_t *>(a->in[1].data), dim);
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

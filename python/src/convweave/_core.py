@@ -572,6 +572,11 @@ class Graph:
         CW_REDUCE_* code (convweave._lib): SUM, MEAN, L2, MEAN_SQUARE; summed in double."""
         return self._node(lib.cw_graph_reduce_channels, x, int(op))
 
+    def concat(self, a, b, dim):
+        """cw_graph_concat: torch.cat([a, b], dim) for dim 1 (channels) or 2 (T of a 5-D node, H
+        of a 4-D one); shapes equal but in dim, values copied exactly."""
+        return self._node(lib.cw_graph_concat, a, b, int(dim))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""
