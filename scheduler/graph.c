@@ -395,8 +395,8 @@ cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, f
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_unary: CW_UNARY_CLAMP's bounds a = %g, b = %g must not "
                          "be NaN (-INFINITY or INFINITY leaves a side open)", a, b);
     if ((st = cw__check_act(g, x, -1, "cw_graph_unary", "x", &nx)) != CW_OK) return st;
-    static const char *const names[CW_UNARY_OP_COUNT] = {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "affine",
-                                                         "clamp"};
+    static const char *const names[CW_UNARY_OP_COUNT] = {"relu",  "tanh",  "sigmoid", "gelu", "gelu_tanh",
+                                                         "affine", "clamp", "rsqrt",   "square", "pow"};
     const cw_op_param pm = {{op}, {a, b}};
     return cw__op_node(g, out, CW_OP_UNARY, &pm, &x, "cw_graph_unary", names[op]);
 }
@@ -411,9 +411,13 @@ cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_bi
                          CW_BINARY_OP_COUNT - 1);
     if ((st = cw__check_act(g, a, -1, "cw_graph_binary", "a", &na)) != CW_OK) return st;
     if ((st = cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_binary", "b", &nb)) != CW_OK) return st;
-    if (!cw__same_dims(&na->desc, &nb->desc)) {
+    cw_tensor_desc bc = nb->desc; /* b as a's channels would make it: broadcasting over them */
+    bc.dims[1] = bc.dims[1] == 1 ? na->desc.dims[1] : bc.dims[1];
+    if (!cw__same_dims(&na->desc, &bc)) {
         char b1[96], b2[96];
-        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_binary: a %s and b %s differ in shape (no broadcasting)",
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG,
+                         "cw_graph_binary: a %s and b %s differ in shape (b must have a's dims, or 1 channel to "
+                         "broadcast over a's)",
                          cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2));
     }
     static const char *const names[CW_BINARY_OP_COUNT] = {"mul", "sub", "div", "max", "min"};
@@ -445,4 +449,39 @@ cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const 
     }
     const cw_op_param pm = {{factors[0], factors[1], factors[2]}, {0}};
     return cw__op_node(g, out, CW_OP_UPSAMPLE_NEAREST, &pm, &x, "cw_graph_upsample_nearest", "upsample_nearest");
+}
+
+cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_reduce_op op) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    if ((int)op < 0 || (int)op >= CW_REDUCE_OP_COUNT)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_reduce_channels: op = %d is not a cw_reduce_op (0..%d)",
+                         (int)op, CW_REDUCE_OP_COUNT - 1);
+    CW_TRY(cw__check_act(g, x, -1, "cw_graph_reduce_channels", "x", &nx));
+    static const char *const names[CW_REDUCE_OP_COUNT] = {"reduce_sum", "reduce_mean", "reduce_l2",
+                                                          "reduce_mean_square"};
+    const cw_op_param pm = {{op}, {0}};
+    return cw__op_node(g, out, CW_OP_REDUCE_CHANNELS, &pm, &x, "cw_graph_reduce_channels", names[op]);
+}
+
+cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *na = NULL, *nb = NULL;
+    if (dim != 1 && dim != 2)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG,
+                         "cw_graph_concat: dim = %d must be 1 (channels) or 2 (T of a 5-D tensor, H of a 4-D one)", dim);
+    CW_TRY(cw__check_act(g, a, -1, "cw_graph_concat", "a", &na));
+    CW_TRY(cw__check_act(g, b, cw__dtype_ref(g, a), "cw_graph_concat", "b", &nb));
+    cw_tensor_desc bd = nb->desc; /* b with a's extent in dim: equal to a where the op fits */
+    bd.dims[dim] = na->desc.dims[dim];
+    if (!cw__same_dims(&na->desc, &bd)) {
+        char b1[96], b2[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_concat: a %s and b %s must have equal dims but dims[%d]",
+                         cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2), dim);
+    }
+    const cw_op_param pm = {{dim}, {0}};
+    const cw_node in[2] = {a, b};
+    return cw__op_node(g, out, CW_OP_CONCAT, &pm, in, "cw_graph_concat", "concat");
 }

@@ -1,13 +1,36 @@
-/* cw_graph_unary (relu, tanh, sigmoid, gelu, gelu_tanh, affine, clamp) against a
- * double-precision reference: every op between two 3x3 convs (4-D, unscheduled and patched
- * convs on 3 streams with chaos and poison) in f32, f16 and bf16 graphs, two ops in a row
- * on a 5-D tensor, the builder's argument checks, and the op's contract through cw__op_run
- * (special values: NaN, infinities, signed zeros). */
+/* cw_graph_unary (relu, tanh, sigmoid, gelu, gelu_tanh, affine, clamp, rsqrt, square, pow)
+ * against a double-precision reference: every op between two 3x3 convs (4-D, unscheduled and
+ * patched convs on 3 streams with chaos and poison; rsqrt and pow on sigmoid(conv) + 0.25, in
+ * their domain) in f32, f16 and bf16 graphs, two ops in a row on a 5-D tensor, LTX's pixel
+ * norm x * rsqrt(mean(x^2 over C) + eps) and a pow chain on 5-D tensors, the builder's
+ * argument checks, and the op's contract through cw__op_run (special values: NaN,
+ * infinities, signed zeros). */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "conv_ref.h"
+#include "convweave/convweave.h"
+#include "core/half.h"
 #include "graph_run.h"
+#include "kernels/kernels.h"
+#include "testutil.h"
 
 enum { N = 2, C = 3, K = 4, H = 10, W = 6 };
 
-static const char *const op_names[] = {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "affine", "clamp"};
+static const char *const op_names[] = {"relu",  "tanh",  "sigmoid", "gelu",   "gelu_tanh",
+                                       "affine", "clamp", "rsqrt",   "square", "pow"};
+
+/* x's values as stored in dtype dt (rounded once), written back into x as floats. */
+static void round_to(float *x, int64_t n, cw_dtype dt) {
+    for (int64_t i = 0; i < n; i++)
+        if (dt == CW_F16) x[i] = cw__f16_to_f32(cw__f32_to_f16(x[i]));
+        else if (dt == CW_BF16) x[i] = cw__bf16_to_f32(cw__f32_to_bf16(x[i]));
+}
+
+/* The unit roundoff of dt. */
+static double unit(cw_dtype dt) { return dt == CW_F16 ? ldexp(1.0, -11) : dt == CW_BF16 ? ldexp(1.0, -8) : FLT_EPSILON / 2; }
 
 /* The op in double, as PyTorch defines it. */
 static double ref_unary(int op, double x, double a, double b) {
@@ -19,38 +42,92 @@ static double ref_unary(int op, double x, double a, double b) {
     case CW_UNARY_GELU_TANH: return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
     case CW_UNARY_AFFINE: return a * x + b;
     case CW_UNARY_CLAMP: return x != x ? x : fmin(fmax(x, a), b);
+    case CW_UNARY_RSQRT: return 1.0 / sqrt(x);
+    case CW_UNARY_SQUARE: return x * x;
+    case CW_UNARY_POW: return pow(x, a);
     default: return NAN;
     }
 }
 
 /* Scalars that make each op do something on values in about [-1.5, 1.5]. */
 static void op_scalars(int op, float *a, float *b) {
-    *a = op == CW_UNARY_AFFINE ? -1.5f : op == CW_UNARY_CLAMP ? -0.3f : 0.0f;
+    *a = op == CW_UNARY_AFFINE ? -1.5f : op == CW_UNARY_CLAMP ? -0.3f : op == CW_UNARY_POW ? 2.5f : 0.0f;
     *b = op == CW_UNARY_AFFINE ? 0.25f : op == CW_UNARY_CLAMP ? 0.4f : 0.0f;
 }
 
-/* y0 = op(conv3x3(x)); y1 = conv3x3(y0) (padding 1) in a graph of dtype dt: the op reads a
- * patched conv's output and feeds another. The reference starts from x, w and b as stored in
- * dt and computes in double, the op's input being conv1's exact result. */
+/* Ops defined on positive x only (rsqrt, pow with a non-integer exponent): the graph test
+ * feeds them sigmoid(h) + 0.25, in (0.25, 1.25). */
+static int positive_only(int op) { return op == CW_UNARY_RSQRT || op == CW_UNARY_POW; }
+
+/* The op's condition number |x f'(x) / f(x)| on the test's inputs (at most |a| = 1.5 for the
+ * others): relative errors of its input are multiplied by it. */
+static double op_cond(int op) { return op == CW_UNARY_RSQRT ? 0.5 : op == CW_UNARY_SQUARE ? 2.0 : op == CW_UNARY_POW ? 2.5 : 1.5; }
+
+/* y0 = op(conv3x3(x)) (op(sigmoid(conv3x3(x)) + 0.25) for positive_only ops); y1 =
+ * conv3x3(y0) (padding 1) in a graph of dtype dt: the op reads a patched conv's output and
+ * feeds another. The reference starts from x, w and b as stored in dt and computes in
+ * double, the op's input being conv1's exact result. */
 static void test_conv_unary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int op) {
-    const int64_t xdims[4] = {N, C, H, W};
+    const int64_t xdims[4] = {N, C, H, W}, w1dims[4] = {K, C, 3, 3}, w2dims[4] = {K, K, 3, 3}, kdim = K;
+    const int64_t nx = N * C * H * W;
     float a, b;
     op_scalars(op, &a, &b);
-    sandwich s;
-    sandwich_open(&s, ctx, r, dt, 4, xdims, K, 0.0f);
-    const int64_t n1 = cw_tensor_desc_numel(&s.c1d);
-    double *ref0 = malloc((size_t)n1 * sizeof *ref0);
-    for (int64_t i = 0; i < n1; i++) ref0[i] = ref_unary(op, s.c1[i], a, b);
-    cw_node y0;
-    ASSERT_OK_CTX(ctx, cw_graph_unary(s.g, &y0, s.h, (cw_unary_op)op, a, b));
-    /* conv1 in float (C*9 products), stored in dt (u), the op's f32 math (a few ulps; its
-     * condition is at most |a| = 1.5 here) and the store (u); conv2 adds K*9 products of
-     * inputs perturbed by those */
-    const double u = unit_roundoff(dt);
-    const double bound[2] = {4.0 * u + 16.0 * (C * 9 + 8) * FLT_EPSILON,
-                             16.0 * u + 16.0 * (C * 9 + K * 9 + 8) * FLT_EPSILON};
-    sandwich_close(&s, y0, s.c1d.dims, ref0, bound, op_names[op]);
-    free(ref0);
+    float *x = rnd(r, nx, 1.0f, 0.0f), *w1 = rnd(r, K * C * 9, 0.3f, 0.0f), *w2 = rnd(r, K * K * 9, 0.3f, 0.0f);
+    float *bias = rnd(r, K, 0.1f, 0.0f);
+    round_to(x, nx, dt), round_to(w1, K * C * 9, dt), round_to(w2, K * K * 9, dt), round_to(bias, K, dt);
+    cw_tensor *tx = upload(ctx, dt, 4, xdims, x), *tw1 = upload(ctx, dt, 4, w1dims, w1);
+    cw_tensor *tw2 = upload(ctx, dt, 4, w2dims, w2), *tb = upload(ctx, dt, 1, &kdim, bias);
+    cw_conv_params cp = CW_CONV_PARAMS_INIT;
+    cp.pad_pre[0] = cp.pad_post[0] = cp.pad_pre[1] = cp.pad_post[1] = 1;
+
+    cw_tensor_desc xd, w1d, w2d, c1d, yd[2];
+    ASSERT_OK(cw_tensor_desc_make(&xd, CW_F32, 4, xdims));
+    ASSERT_OK(cw_tensor_desc_make(&w1d, CW_F32, 4, w1dims));
+    ASSERT_OK(cw_tensor_desc_make(&w2d, CW_F32, 4, w2dims));
+    ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, &c1d, &xd, &w1d, &cp));
+    const int64_t n1 = cw_tensor_desc_numel(&c1d);
+    double *c1 = malloc((size_t)n1 * sizeof *c1), *ref0 = malloc((size_t)n1 * sizeof *ref0);
+    double *ref1 = malloc((size_t)n1 * sizeof *ref1);
+    float *yf = malloc((size_t)n1 * 4);
+    cw_ref_conv(&xd, x, &w1d, w1, bias, &cp, &c1d, c1);
+    for (int64_t i = 0; i < n1; i++) {
+        const double v = positive_only(op) ? 1.0 / (1.0 + exp(-c1[i])) + 0.25 : c1[i];
+        ref0[i] = ref_unary(op, v, a, b), yf[i] = (float)ref0[i];
+    }
+    cw_tensor_desc y1d;
+    ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, &y1d, &c1d, &w2d, &cp));
+    cw_ref_conv(&c1d, yf, &w2d, w2, bias, &cp, &y1d, ref1);
+
+    cw_tensor_desc xdt;
+    ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 4, xdims));
+    ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 4, c1d.dims));
+    ASSERT_OK(cw_tensor_desc_make(&yd[1], dt, 4, y1d.dims));
+    cw_graph *g;
+    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
+    cw_node in, h, y0, y1;
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, in, constant(ctx, g, tw1), constant(ctx, g, tb), &cp));
+    if (positive_only(op)) {
+        ASSERT_OK_CTX(ctx, cw_graph_unary(g, &h, h, CW_UNARY_SIGMOID, 0.0f, 0.0f));
+        ASSERT_OK_CTX(ctx, cw_graph_unary(g, &h, h, CW_UNARY_AFFINE, 1.0f, 0.25f));
+    }
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y0, h, (cw_unary_op)op, a, b));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y1, y0, constant(ctx, g, tw2), constant(ctx, g, tb), &cp));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y0, "op"));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "conv"));
+    /* conv1 in float (C*9 products), stored in dt (u; for positive_only ops two more stores,
+     * 2u), the op's f32 math (a few ulps; its condition k = op_cond multiplies its input's
+     * error) and the store (u); conv2 adds K*9 products of inputs perturbed by those */
+    const double u = unit(dt), k = op_cond(op) / 1.5;
+    const double bound[2] = {4.0 * k * u + k * 16.0 * (C * 9 + 8) * FLT_EPSILON,
+                             16.0 * k * u + k * 16.0 * (C * 9 + K * 9 + 8) * FLT_EPSILON};
+    double *refs[2] = {ref0, ref1};
+    fprintf(stderr, "conv -> %s -> conv, %s\n", op_names[op], cw__dtype_name(dt));
+    run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
+    run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
+    cw_graph_destroy(g);
+    cw_tensor_destroy(tx), cw_tensor_destroy(tw1), cw_tensor_destroy(tw2), cw_tensor_destroy(tb);
+    free(x), free(w1), free(w2), free(bias), free(c1), free(ref0), free(ref1), free(yf);
 }
 
 /* 5-D in dtype dt: y0 = gelu(x), y1 = clamp(sigmoid(y0) * 2 - 1, -0.2, 0.3) (an op reading an
@@ -58,54 +135,130 @@ static void test_conv_unary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int op
  * plan stores them. */
 static void test_unary_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     const int64_t dims[5] = {2, 3, 3, 5, 4}, n = 2 * 3 * 3 * 5 * 4;
-    cw_tensor *tx;
-    float *x = rnd_stored(ctx, r, dt, 5, dims, 2.0f, 0.0f, &tx);
+    float *x = rnd(r, n, 2.0f, 0.0f);
+    round_to(x, n, dt);
+    cw_tensor *tx = upload(ctx, dt, 5, dims, x);
     double *ref0 = malloc((size_t)n * sizeof *ref0), *ref1 = malloc((size_t)n * sizeof *ref1);
     for (int64_t i = 0; i < n; i++) {
         ref0[i] = ref_unary(CW_UNARY_GELU, x[i], 0, 0);
-        float v = rd((float)ref0[i], dt);
-        v = rd((float)ref_unary(CW_UNARY_SIGMOID, v, 0, 0), dt);
-        v = rd((float)ref_unary(CW_UNARY_AFFINE, v, 2.0, -1.0), dt);
+        float v = (float)ref0[i];
+        round_to(&v, 1, dt);
+        v = (float)ref_unary(CW_UNARY_SIGMOID, v, 0, 0);
+        round_to(&v, 1, dt);
+        v = (float)ref_unary(CW_UNARY_AFFINE, v, 2.0, -1.0);
+        round_to(&v, 1, dt);
         ref1[i] = ref_unary(CW_UNARY_CLAMP, v, -0.2, 0.3);
     }
     cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 5, dims));
     yd[1] = yd[0];
-    cw_node in, y[2];
-    cw_graph *g = graph_open(ctx, dt, 5, dims, &in);
-    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y[0], in, CW_UNARY_GELU, 0.0f, 0.0f));
-    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y[1], y[0], CW_UNARY_SIGMOID, 0.0f, 0.0f));
-    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y[1], y[1], CW_UNARY_AFFINE, 2.0f, -1.0f));
-    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y[1], y[1], CW_UNARY_CLAMP, -0.2f, 0.3f));
+    cw_graph *g;
+    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
+    cw_node in, y0, y1;
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &yd[0]));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y0, in, CW_UNARY_GELU, 0.0f, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y1, y0, CW_UNARY_SIGMOID, 0.0f, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y1, y1, CW_UNARY_AFFINE, 2.0f, -1.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y1, y1, CW_UNARY_CLAMP, -0.2f, 0.3f));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y0, "gelu"));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "clamped"));
     /* each stored value is the f32 result (a few ulps) rounded once (u); the reference
      * rounds at the same places, so a rounding boundary may differ by one unit each */
-    const double u = unit_roundoff(dt);
+    const double u = unit(dt);
     const double bound[2] = {u + 16.0 * FLT_EPSILON, 8.0 * u + 64.0 * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
-    check_graph(ctx, g, tx, 2, y, yd, refs, bound);
+    run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
+    run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
+    cw_graph_destroy(g);
+    cw_tensor_destroy(tx);
+    free(x), free(ref0), free(ref1);
+}
+
+/* 5-D in dtype dt: LTX's pixel norm y0 = x * rsqrt(mean over C of x^2 + eps) (reduce,
+ * affine, rsqrt, a broadcast multiply) and y1 = pow(square(x) + 0.5, -0.75). The reference
+ * rounds each stored intermediate to dt, as the plan stores them. */
+static void test_norm_pow_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
+    enum { NC = 6, SP = 3 * 5 * 4 };
+    const int64_t dims[5] = {2, NC, 3, 5, 4}, n = 2 * NC * SP;
+    const float eps = 1e-6f;
+    float *x = rnd(r, n, 2.0f, 0.0f);
+    round_to(x, n, dt);
+    cw_tensor *tx = upload(ctx, dt, 5, dims, x);
+    double *ref0 = malloc((size_t)n * sizeof *ref0), *ref1 = malloc((size_t)n * sizeof *ref1);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t b = i / (NC * SP), j = i % SP;
+        double ms = 0.0;
+        for (int c = 0; c < NC; c++) ms += (double)x[(b * NC + c) * SP + j] * x[(b * NC + c) * SP + j];
+        float v = (float)(ms / NC);
+        round_to(&v, 1, dt);
+        v = (float)((double)v + eps);
+        round_to(&v, 1, dt);
+        v = (float)(1.0 / sqrt(v));
+        round_to(&v, 1, dt);
+        ref0[i] = (double)x[i] * v;
+        float q = x[i] * x[i];
+        round_to(&q, 1, dt);
+        q = (float)((double)q + 0.5);
+        round_to(&q, 1, dt);
+        ref1[i] = pow(q, -0.75);
+    }
+    cw_tensor_desc yd[2];
+    ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 5, dims));
+    yd[1] = yd[0];
+    cw_graph *g;
+    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
+    cw_node in, ms, y0, q, y1;
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &yd[0]));
+    ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &ms, in, CW_REDUCE_MEAN_SQUARE));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &ms, ms, CW_UNARY_AFFINE, 1.0f, eps));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &ms, ms, CW_UNARY_RSQRT, 0.0f, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_binary(g, &y0, in, ms, CW_BINARY_MUL));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &q, in, CW_UNARY_SQUARE, 0.0f, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &q, q, CW_UNARY_AFFINE, 1.0f, 0.5f));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &y1, q, CW_UNARY_POW, -0.75f, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y0, "pixel_norm"));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "pow"));
+    /* each stored value is its double result rounded once (u); the reference rounds at the
+     * same places, so where a value lands near a rounding boundary the two may differ by a
+     * unit, carried through the next op's condition (rsqrt 1/2, pow 3/4) */
+    const double u = unit(dt);
+    const double bound[2] = {4.0 * u + 16.0 * FLT_EPSILON, 4.0 * u + 16.0 * FLT_EPSILON};
+    double *refs[2] = {ref0, ref1};
+    fprintf(stderr, "5-D pixel norm and pow, %s\n", cw__dtype_name(dt));
+    run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
+    run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
+    cw_graph_destroy(g);
     cw_tensor_destroy(tx);
     free(x), free(ref0), free(ref1);
 }
 
 static void test_badargs(cw_context *ctx) {
     const int64_t xdims[4] = {1, 2, 4, 4}, flat[2] = {2, 8};
+    cw_tensor_desc xd, fd;
+    ASSERT_OK(cw_tensor_desc_make(&xd, CW_F32, 4, xdims));
+    ASSERT_OK(cw_tensor_desc_make(&fd, CW_F32, 2, flat));
     cw_tensor *half = upload(ctx, CW_F16, 4, xdims, NULL);
-    cw_node x, out;
-    cw_graph *g = graph_open(ctx, CW_F32, 4, xdims, &x);
-    const cw_node m = input(ctx, g, "m", CW_F32, 2, flat), h = constant(ctx, g, half);
-    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, x, (cw_unary_op)7, 0.0f, 0.0f),
-                  "cw_graph_unary: op = 7 is not a cw_unary_op");
+    cw_graph *g;
+    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
+    cw_node x, m, h, out;
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &xd));
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &m, "m", &fd));
+    h = constant(ctx, g, half);
+    ASSERT_STATUS(cw_graph_unary(g, &out, x, (cw_unary_op)10, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
     CHECK(out == CW_NODE_NONE);
-    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, x, (cw_unary_op)-1, 0.0f, 0.0f),
-                  "cw_graph_unary: op = -1 is not a cw_unary_op");
-    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, x, CW_UNARY_CLAMP, NAN, 1.0f),
-                  "cw_graph_unary: CW_UNARY_CLAMP's bounds a = nan");
-    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, m, CW_UNARY_RELU, 0.0f, 0.0f),
-                  "cw_graph_unary: x must be [N, C, H, W] or [N, C, D, H, W], got [2, 8]");
-    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, h, CW_UNARY_RELU, 0.0f, 0.0f),
-                  "cw_graph_unary: x, constant 'c' (node 2), is f16 but the graph is f32");
-    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, 99, CW_UNARY_RELU, 0.0f, 0.0f),
-                  "cw_graph_unary: x = 99 is not a node of this graph");
+    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: op = 10 is not a cw_unary_op (0..9)") != NULL);
+    ASSERT_STATUS(cw_graph_unary(g, &out, x, (cw_unary_op)-1, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: op = -1 is not a cw_unary_op") != NULL);
+    ASSERT_STATUS(cw_graph_unary(g, &out, x, CW_UNARY_CLAMP, NAN, 1.0f), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: CW_UNARY_CLAMP's bounds a = nan") != NULL);
+    ASSERT_STATUS(cw_graph_unary(g, &out, m, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: x must be [N, C, H, W] or [N, C, D, H, W], got [2, 8]") !=
+          NULL);
+    ASSERT_STATUS(cw_graph_unary(g, &out, h, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: x, constant 'c' (node 2), is f16 but the graph is f32") !=
+          NULL);
+    ASSERT_STATUS(cw_graph_unary(g, &out, 99, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: x = 99 is not a node of this graph") != NULL);
     ASSERT_STATUS(cw_graph_unary(g, NULL, x, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
     ASSERT_STATUS(cw_graph_unary(NULL, &out, x, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
     /* NaN scalars are fine where the op ignores them; infinite bounds open a side */
@@ -123,8 +276,13 @@ static void test_badargs(cw_context *ctx) {
  * amplify that by up to |2z| ~ 7 at x = -3; exact where IEEE fixes the result), and each
  * violation refused by name. */
 static void test_contract(void) {
-    op_rig k;
-    op_rig_open(&k);
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cw_context *ctx;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    cw__backend *be = NULL;
+    ASSERT_OK(cw__backend_cpu_create(ctx, &cfg, &be));
+    cw__stream *s = NULL;
+    ASSERT_OK(be->rt->stream_create(be, &s));
     enum { E = 12 };
     const float x[E] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -1.0f, 0.5f, -3.0f, 20.0f, -120.0f, 1e-30f};
     float y[E];
@@ -139,7 +297,8 @@ static void test_contract(void) {
         float pa, pb;
         op_scalars(op, &pa, &pb);
         a.param.i[0] = op, a.param.f[0] = pa, a.param.f[1] = pb;
-        OP_RUN(&k, &a);
+        ASSERT_OK(cw__op_run(be, s, &a));
+        ASSERT_OK(be->rt->stream_synchronize(be, s));
         for (int i = 0; i < E; i++) {
             const double ref = ref_unary(op, x[i], pa, pb);
             if (isnan(ref)) {
@@ -155,25 +314,58 @@ static void test_contract(void) {
     CHECK(isnan(y[0])); /* clamp, the last op run: NaN propagates */
     /* exact results IEEE fixes */
     a.param.i[0] = CW_UNARY_RELU;
-    OP_RUN(&k, &a);
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
     CHECK(isnan(y[0]) && y[1] == INFINITY && y[2] == 0.0f && y[5] == 1.0f && y[6] == 0.0f);
     a.param.i[0] = CW_UNARY_SIGMOID;
-    OP_RUN(&k, &a);
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
     CHECK(y[1] == 1.0f && y[2] == 0.0f && y[3] == 0.5f && y[9] == 1.0f && y[10] == 0.0f);
     a.param.i[0] = CW_UNARY_CLAMP, a.param.f[0] = 2.0f, a.param.f[1] = 1.0f; /* a > b: b */
-    OP_RUN(&k, &a);
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
     CHECK(isnan(y[0]) && y[1] == 1.0f && y[2] == 1.0f && y[8] == 1.0f);
+    a.param.i[0] = CW_UNARY_RSQRT; /* torch.rsqrt: +-0 -> +-inf, x < 0 -> NaN, inf -> 0 */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    CHECK(y[1] == 0.0f && isnan(y[2]) && y[3] == INFINITY && y[4] == -INFINITY && y[5] == 1.0f && isnan(y[6]));
+    CHECK(y[11] == 1e15f); /* 1e-30f: the double quotient rounded once */
+    a.param.i[0] = CW_UNARY_SQUARE; /* one IEEE product: bit for bit */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    for (int i = 1; i < E; i++) CHECK(y[i] == x[i] * x[i]);
+    a.param.i[0] = CW_UNARY_POW, a.param.f[0] = 2.0f; /* x^2 = x * x, bit for bit */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    for (int i = 1; i < E; i++) CHECK(y[i] == x[i] * x[i]);
+    a.param.f[0] = 0.0f; /* x^0 = 1, NaN included (C and torch.pow) */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    for (int i = 0; i < E; i++) CHECK(y[i] == 1.0f);
+    a.param.f[0] = 0.5f; /* negative x, non-integer exponent: NaN; inf^0.5 = inf */
+    ASSERT_OK(cw__op_run(be, s, &a));
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    CHECK(isnan(y[0]) && y[1] == INFINITY && isnan(y[6]) && y[5] == 1.0f && y[7] == (float)sqrt(0.5));
 
     cw__op_args bad = a;
     bad.param.i[0] = CW_UNARY_OP_COUNT;
-    OP_REFUSED(&k, &bad, "unary: in[0] [1, 1, 3, 4] and the parameters are outside");
-    bad = a, bad.out.d.dims[3] = 3;
-    OP_REFUSED(&k, &bad, "unary: out is [1, 1, 3, 3], the op makes [1, 1, 3, 4] of in[0]");
-    bad = a, bad.in[0].d.dtype = CW_BF16;
-    OP_REFUSED(&k, &bad, "unary: in[0] is bf16, expected f32");
-    bad = a, bad.out.data = NULL;
-    OP_REFUSED(&k, &bad, "unary: out");
-    op_rig_close(&k);
+    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(ctx), "unary: in[0] [1, 1, 3, 4] and the parameters are outside") != NULL);
+    bad = a;
+    bad.out.d.dims[3] = 3;
+    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(ctx), "unary: out is [1, 1, 3, 3], the op makes [1, 1, 3, 4] of in[0]") != NULL);
+    bad = a;
+    bad.in[0].d.dtype = CW_BF16;
+    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(ctx), "unary: in[0] is bf16, expected f32") != NULL);
+    bad = a;
+    bad.out.data = NULL;
+    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(ctx), "unary: out") != NULL);
+    be->rt->stream_destroy(be, s);
+    be->rt->destroy(be);
+    cw_context_destroy(ctx);
 }
 
 int main(void) {
@@ -183,6 +375,7 @@ int main(void) {
     for (int d = 0; d < 3; d++) {
         for (int op = 0; op < CW_UNARY_OP_COUNT; op++) test_conv_unary_conv(ctx, &r, dts[d], op);
         test_unary_5d(ctx, &r, dts[d]);
+        test_norm_pow_5d(ctx, &r, dts[d]);
     }
     test_badargs(ctx);
     cw_context_destroy(ctx);

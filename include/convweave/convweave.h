@@ -394,12 +394,17 @@ typedef enum cw_unary_op {
     CW_UNARY_GELU,      /* y = x / 2 * (1 + erf(x / sqrt(2))) (F.gelu's default) */
     CW_UNARY_GELU_TANH, /* y = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) (approximate='tanh') */
     CW_UNARY_AFFINE,    /* y = a * x + b (a * x exact, within 1 ulp): mul, add, sub and rsub by scalars */
-    CW_UNARY_CLAMP      /* y = min(max(x, a), b): torch.clamp(x, a, b); NaN x gives NaN, a > b gives b;
+    CW_UNARY_CLAMP,     /* y = min(max(x, a), b): torch.clamp(x, a, b); NaN x gives NaN, a > b gives b;
                            -INFINITY or INFINITY leaves a side open */
+    CW_UNARY_RSQRT,     /* y = 1 / sqrt(x) (torch.rsqrt): x < 0 gives NaN, +-0 gives +-inf */
+    CW_UNARY_SQUARE,    /* y = x * x (torch.square, x.pow(2)) */
+    CW_UNARY_POW        /* y = x^a (torch.pow(x, a) with a float exponent; C's pow: x < 0 with a
+                           non-integer a gives NaN, x^0 = 1) */
 } cw_unary_op;
 /* y = op(x) elementwise, with the scalar parameters a and b where op uses them (ignored
  * otherwise). x: [N, C, H, W] or [N, C, D, H, W]; y has x's dims and dtype. In f16/bf16 graphs
- * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
+ * each element is computed in f32 and rounded once on store (RSQRT and POW in double, so
+ * they round once to within a last-place tie, the same on both backends). Returns CW_ERR_INVALID_ARG,
  * naming the argument, for an op that is not a cw_unary_op, a NaN a or b for
  * CW_UNARY_CLAMP, an x of another rank, another dtype than the graph's, or not a node. */
 CW_API cw_status cw_graph_unary(cw_graph *g, cw_node *out, cw_node x, cw_unary_op op, float a, float b);
@@ -412,12 +417,15 @@ typedef enum cw_binary_op {
     CW_BINARY_MAX,     /* y = max(a, b), NaN if either is (torch.maximum) */
     CW_BINARY_MIN      /* y = min(a, b), NaN if either is (torch.minimum) */
 } cw_binary_op;
-/* y = op(a, b) elementwise on two activations of equal dims (no broadcasting; cw_graph_add
- * is the sum, cw_graph_scale and cw_graph_shift broadcast a per-channel vector). a, b:
- * [N, C, H, W] or [N, C, D, H, W] of the graph's dtype; y has their dims. In f16/bf16 graphs
- * each element is computed in f32 and rounded once on store. Returns CW_ERR_INVALID_ARG,
- * naming the argument, for an op that is not a cw_binary_op, an a or b of another rank or
- * dtype or not a node, and naming both shapes when they differ. */
+/* y = op(a, b) elementwise on two activations: b has a's dims, or a's dims with one
+ * channel, broadcast over a's channels (a mask or a norm [N, 1, H, W] against
+ * [N, C, H, W]: y[n, c, ...] = op(a[n, c, ...], b[n, 0, ...])). cw_graph_add is the sum of
+ * equal shapes; cw_graph_scale and cw_graph_shift broadcast a per-channel vector. a:
+ * [N, C, H, W] or [N, C, D, H, W] of the graph's dtype, b: the same or [N, 1, H, W] /
+ * [N, 1, D, H, W]; y has a's dims. In f16/bf16 graphs each element is computed in f32 and
+ * rounded once on store. Returns CW_ERR_INVALID_ARG, naming the argument, for an op that is
+ * not a cw_binary_op, an a or b of another rank or dtype or not a node, and naming both
+ * shapes when b's dims are neither a's nor a's with dims[1] = 1. */
 CW_API cw_status cw_graph_binary(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_binary_op op);
 /* y[n, c, ...] = x[n, c, ...] + v[c]: a per-channel shift (a bias broadcast as [C, 1, 1]).
  * x: [N, C, H, W] or [N, C, D, H, W]; v: a contiguous f32 constant (cw_graph_constant) of
@@ -433,6 +441,31 @@ CW_API cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v)
  * argument, for a NULL factors, a factor outside 1..8, factors[0] != 1 with a 4-D x, or an x
  * of another rank or dtype or not a node. */
 CW_API cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
+
+/* The reductions of cw_graph_reduce_channels. Append only: plans store the codes. */
+typedef enum cw_reduce_op {
+    CW_REDUCE_SUM = 0,    /* y = sum over c of x[c] (x.sum(1, keepdim=True)) */
+    CW_REDUCE_MEAN,       /* y = the sum / C (x.mean(1, keepdim=True)) */
+    CW_REDUCE_L2,         /* y = sqrt(sum over c of x[c]^2) (linalg.vector_norm(x, 2, [1], True)) */
+    CW_REDUCE_MEAN_SQUARE /* y = sum over c of x[c]^2 / C (x.pow(2).mean(1, keepdim=True)) */
+} cw_reduce_op;
+/* y[n, 0, ...] = op over c of x[n, c, ...]: a reduction over the channels, keeping the dim
+ * (Wan's RMS norm takes CW_REDUCE_L2, LTX's pixel norm CW_REDUCE_MEAN_SQUARE; broadcast the
+ * result back with cw_graph_binary). x: [N, C, H, W] or [N, C, D, H, W] of the graph's dtype;
+ * y: x's dims with dims[1] = 1, of x's dtype. Each element is accumulated in double over c
+ * in ascending order (squares exact in double), then finished (/ C, sqrt) in double and
+ * rounded once to the dtype: the result does not depend on threads, streams, patches or the
+ * backend's launch shape. NaN in any channel gives NaN. Returns CW_ERR_INVALID_ARG, naming
+ * the argument, for an op that is not a cw_reduce_op, or an x of another rank or dtype or
+ * not a node. */
+CW_API cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_reduce_op op);
+/* y = a and b concatenated along dim (torch.cat([a, b], dim)): dim 1 joins channels, dim 2
+ * the outermost spatial dim (T of [N, C, T, H, W], H of [N, C, H, W]). a, b: [N, C, H, W] or
+ * [N, C, D, H, W] of the graph's dtype, equal but in dim; y: their dims with dims[dim] =
+ * a's + b's, elements copied exactly (bits, NaN payloads included). Returns
+ * CW_ERR_INVALID_ARG, naming the argument, for a dim other than 1 or 2, an a or b of another
+ * rank or dtype or not a node, and naming both shapes when they differ outside dim. */
+CW_API cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */

@@ -116,9 +116,10 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
 
 /* Codes are the public cw_unary_op / cw_binary_op (append-only there); the counts bound
  * the shape rule's check of param.i[0]. */
-#define CW_UNARY_OP_COUNT ((int)CW_UNARY_CLAMP + 1)
+#define CW_UNARY_OP_COUNT ((int)CW_UNARY_POW + 1)
 #define CW_BINARY_OP_COUNT ((int)CW_BINARY_MIN + 1)
 #define CW_UPSAMPLE_MAX_FACTOR 8 /* cw_graph_upsample_nearest's largest factor per dim */
+#define CW_REDUCE_OP_COUNT ((int)CW_REDUCE_MEAN_SQUARE + 1)
 
 /* 1 / (1 + e^-x) with exp taken of -|x| only (no overflow), as cw_silu. NaN propagates. */
 static inline CW_HD float cw_sigmoid(float x) {
@@ -128,7 +129,10 @@ static inline CW_HD float cw_sigmoid(float x) {
 
 /* The unary ops as PyTorch defines them: relu and clamp propagate NaN (torch.relu,
  * torch.clamp), clamp with a > b gives b, gelu is the erf form (F.gelu's default) or the
- * tanh form (approximate='tanh'). The gelus are written without PyTorch's cancellation in
+ * tanh form (approximate='tanh'). rsqrt and pow are taken in double (sqrt is correctly
+ * rounded, pow within 1 double ulp on glibc and cuda) and rounded once to float, so both
+ * backends agree but where the double lands on a float midpoint (cuda's rsqrtf and powf
+ * are 2 ulps). The gelus are written without PyTorch's cancellation in
  * 1 + erf(z) and 1 + tanh(z) for negative x (erfc(-z), and 2 sigmoid(2z)), so they stay
  * accurate to a few ulps where PyTorch's f32 loses digits. affine takes a * x exactly in
  * double (24 + 24 bits) and rounds the sum twice (to double, then to float: off from one
@@ -149,6 +153,9 @@ static inline CW_HD float cw_unary_elem(int op, float x, float a, float b) {
         const float t = x < a ? a : x; /* NaN x: both compares false, x stays */
         return t > b ? b : t;
     }
+    case CW_UNARY_RSQRT: return (float)(1.0 / sqrt((double)x));
+    case CW_UNARY_SQUARE: return x * x;
+    case CW_UNARY_POW: return (float)pow((double)x, (double)a);
     default: return x;
     }
 }
@@ -165,6 +172,23 @@ static inline CW_HD float cw_binary_elem(int op, float a, float b) {
     }
 }
 
+/* ---- channel reductions (CW_OP_REDUCE_CHANNELS) ------------------------------------ */
+
+/* A reduction's term of one channel's element, in double (a square of a float is exact). */
+static inline CW_HD int cw_reduce_squares(int op) { return op == CW_REDUCE_L2 || op == CW_REDUCE_MEAN_SQUARE; }
+
+/* The reduction of the terms' sum acc over c channels, in double, rounded once to float.
+ * Both backends add the terms in double over c in ascending order, one accumulator per
+ * output element, so the result is the same on every backend and thread count. */
+static inline CW_HD float cw_reduce_finish(int op, double acc, int64_t c) {
+    switch (op) {
+    case CW_REDUCE_MEAN:
+    case CW_REDUCE_MEAN_SQUARE: return (float)(acc / (double)c);
+    case CW_REDUCE_L2: return (float)sqrt(acc);
+    default: return (float)acc;
+    }
+}
+
 /* ---- the generic ops: their contract (docs/adding-an-op.md) ------------------------- */
 
 /* An op of the generic form writes one tensor, `out`, from n_in inputs and a small parameter
@@ -178,8 +202,12 @@ typedef enum {
     CW_OP_CHANNEL = 0, /* out[n, c, ...] = cw_channel_elem(param.i[0], in0[n, c, ...], in1[c]) */
     CW_OP_AVG_POOL2,   /* out[.., h, w] = mean of in0[.., 2h + {0, 1}, 2w + {0, 1}] */
     CW_OP_UNARY,       /* out = cw_unary_elem(param.i[0], in0, param.f[0], param.f[1]) */
-    CW_OP_BINARY,      /* out = cw_binary_elem(param.i[0], in0, in1), in1 of in0's dims */
+    CW_OP_BINARY,      /* out = cw_binary_elem(param.i[0], in0, in1), in1 of in0's dims or of
+                          [N, 1, ...] (broadcast over in0's channels: cw_binary_bcast) */
     CW_OP_UPSAMPLE_NEAREST, /* out[.., d, h, w] = in0[.., d / i[0], h / i[1], w / i[2]] */
+    CW_OP_REDUCE_CHANNELS,  /* out[n, 0, ...] = cw_reduce_finish(i[0], sum over c ascending of
+                               in0[n, c, ...] (squared where cw_reduce_squares), C) */
+    CW_OP_CONCAT,           /* out = in0 then in1 along dim i[0] (1 or 2), bits copied */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -207,6 +235,9 @@ static inline cw_op_info cw_op_get_info(int code) {
     case CW_OP_UNARY: r.name = "unary", r.n_in = 1, r.flops = 4.0; break;
     case CW_OP_BINARY: r.name = "binary", r.n_in = 2, r.flops = 1.0; break;
     case CW_OP_UPSAMPLE_NEAREST: r.name = "upsample_nearest", r.n_in = 1, r.flops = 0.0; break;
+    /* per output element: 2 per channel read; the table has no C, so 2 (an undercount) */
+    case CW_OP_REDUCE_CHANNELS: r.name = "reduce_channels", r.n_in = 1, r.flops = 2.0; break;
+    case CW_OP_CONCAT: r.name = "concat", r.n_in = 2, r.flops = 0.0; break;
     default: break;
     }
     return r;
@@ -238,7 +269,7 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
     case CW_OP_BINARY: {
         if (pm->i[0] < 0 || pm->i[0] >= CW_BINARY_OP_COUNT || in[1]->rank != x->rank) return 0;
         for (int i = 0; i < x->rank; i++)
-            if (in[1]->dims[i] != x->dims[i]) return 0;
+            if (in[1]->dims[i] != x->dims[i] && !(i == 1 && in[1]->dims[1] == 1)) return 0;
         return 1;
     }
     case CW_OP_UPSAMPLE_NEAREST: { /* factors (D, H, W) in i[0..2], each 1..8; 4-D: i[0] = 1 */
@@ -249,8 +280,26 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
         for (int k = x->rank == 5 ? 0 : 1; k < 3; k++) out->dims[x->rank - 3 + k] = x->dims[x->rank - 3 + k] * pm->i[k];
         return 1;
     }
+    case CW_OP_REDUCE_CHANNELS: /* op in i[0]; C >= 1 */
+        if (x->rank < 2 || x->dims[1] < 1 || pm->i[0] < 0 || pm->i[0] >= CW_REDUCE_OP_COUNT) return 0;
+        out->dims[1] = 1;
+        return 1;
+    case CW_OP_CONCAT: { /* dim in i[0]: 1 or 2; in1 of in0's rank and dims but in dim */
+        const int64_t d = pm->i[0];
+        if ((d != 1 && d != 2) || x->rank < 3 || in[1]->rank != x->rank) return 0;
+        for (int i = 0; i < x->rank; i++)
+            if (i != d && in[1]->dims[i] != x->dims[i]) return 0;
+        out->dims[d] = x->dims[d] + in[1]->dims[d];
+        return 1;
+    }
     default: return 0;
     }
+}
+
+/* CW_OP_BINARY reads in1 broadcast over in0's channels (in1 is [N, 1, ...], in0 has C > 1):
+ * in1's channel stride is then 0. */
+static inline int cw_binary_bcast(const cw_tensor_desc *in0, const cw_tensor_desc *in1) {
+    return in1->rank >= 2 && in1->dims[1] == 1 && in0->dims[1] != 1;
 }
 
 /* CW_OP_AVG_POOL2's element: the mean of a 2x2 window, rows summed first (both backends). */

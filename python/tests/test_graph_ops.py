@@ -1,6 +1,7 @@
-"""Graph.unary, binary, shift and upsample_nearest (the ops convweave.torch.wrap lowers ATen's
-relu/tanh/sigmoid/gelu/mul/sub/div/clamp/bias adds/nearest upsampling to) on the cpu backend
-against NumPy, and their argument errors. NumPy only."""
+"""Graph.unary, binary, shift, upsample_nearest, reduce_channels and concat (the ops
+convweave.torch.wrap lowers ATen's relu/tanh/sigmoid/gelu/mul/sub/div/clamp/bias adds/nearest
+upsampling/channel norms/cat to) on the cpu backend against NumPy, and their argument errors.
+NumPy only."""
 import math
 
 import numpy as np
@@ -42,13 +43,18 @@ UNARY = {
     C.CW_UNARY_GELU_TANH: lambda x, a, b: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
     C.CW_UNARY_AFFINE: lambda x, a, b: a * x + b,
     C.CW_UNARY_CLAMP: lambda x, a, b: np.clip(x, a, b),
+    C.CW_UNARY_RSQRT: lambda x, a, b: 1 / np.sqrt(x),
+    C.CW_UNARY_SQUARE: lambda x, a, b: x * x,
+    C.CW_UNARY_POW: lambda x, a, b: x ** a,
 }
 
 
 @pytest.mark.parametrize("op", sorted(UNARY))
 def test_unary(op):
     x = np.random.default_rng(op).standard_normal((2, 3, 5, 4)).astype(np.float32)
-    a, b = (-1.5, 0.25) if op == C.CW_UNARY_AFFINE else (-0.3, 0.4)
+    if op in (C.CW_UNARY_RSQRT, C.CW_UNARY_POW):  # their domain: x > 0
+        x = np.abs(x) + np.float32(0.5)
+    a, b = (-1.5, 0.25) if op == C.CW_UNARY_AFFINE else (2.5, 0.0) if op == C.CW_UNARY_POW else (-0.3, 0.4)
     ref = UNARY[op](x.astype(np.float64), a, b)
     for y in _run(lambda g, n: g.unary(n[0], op, a, b), [x], x.shape):
         assert np.abs(y - ref).max() <= 1e-6 * max(1.0, np.abs(ref).max())
@@ -63,6 +69,17 @@ def test_binary(op, fn):
     b = (rng.random((1, 2, 3, 4, 5)) + 0.5).astype(np.float32)
     for y in _run(lambda g, n: g.binary(n[0], n[1], op), [a, b], a.shape):
         np.testing.assert_array_equal(y, fn(a, b))  # one IEEE operation: exact
+
+
+@pytest.mark.parametrize("op,fn", [(C.CW_BINARY_MUL, np.multiply), (C.CW_BINARY_DIV, np.divide),
+                                   (C.CW_BINARY_SUB, np.subtract)])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (1, 2, 3, 4, 5)])
+def test_binary_broadcast_channels(op, fn, shape):
+    rng = np.random.default_rng(op)
+    a = rng.standard_normal(shape).astype(np.float32)
+    m = (rng.random((shape[0], 1) + shape[2:]) + 0.5).astype(np.float32)  # [N, 1, ...]
+    for y in _run(lambda g, n: g.binary(n[0], n[1], op), [a, m], a.shape):
+        np.testing.assert_array_equal(y, fn(a, m))  # NumPy broadcasts m over the channels
 
 
 def test_shift_and_upsample_nearest():
@@ -81,17 +98,90 @@ def test_shift_and_upsample_nearest():
         np.testing.assert_array_equal(y, np.repeat(np.repeat(x4, 2, axis=2), 2, axis=3))
 
 
+REDUCE = {
+    C.CW_REDUCE_SUM: lambda x: x.sum(1, keepdims=True),
+    C.CW_REDUCE_MEAN: lambda x: x.mean(1, keepdims=True),
+    C.CW_REDUCE_L2: lambda x: np.sqrt((x * x).sum(1, keepdims=True)),
+    C.CW_REDUCE_MEAN_SQUARE: lambda x: (x * x).mean(1, keepdims=True),
+}
+
+
+@pytest.mark.parametrize("op", sorted(REDUCE))
+@pytest.mark.parametrize("shape", [(2, 5, 3, 4), (1, 3, 2, 3, 4)])
+def test_reduce_channels(op, shape):
+    x = np.random.default_rng(op).standard_normal(shape).astype(np.float32)
+    ref = REDUCE[op](x.astype(np.float64)).astype(np.float32)  # the double result rounded once
+    out_shape = (shape[0], 1) + shape[2:]
+    for y in _run(lambda g, n: g.reduce_channels(n[0], op), [x], out_shape):
+        np.testing.assert_array_max_ulp(y, ref, 1)
+
+
+def test_rms_norm_chain():
+    """Wan's F.normalize(x, dim=1): x / clamp_min(vector_norm(x, 2, [1], keepdim), eps)."""
+    x = np.random.default_rng(9).standard_normal((1, 4, 3, 5)).astype(np.float32)
+
+    def build(g, n):
+        nrm = g.unary(g.reduce_channels(n[0], C.CW_REDUCE_L2), C.CW_UNARY_CLAMP, 1e-12, math.inf)
+        return g.binary(n[0], nrm, C.CW_BINARY_DIV)
+
+    x64 = x.astype(np.float64)
+    ref = x64 / np.maximum(np.sqrt((x64 * x64).sum(1, keepdims=True)), 1e-12)
+    for y in _run(build, [x], x.shape):
+        assert np.abs(y - ref).max() <= 4e-7
+
+
+def test_pixel_norm_chain():
+    """LTX's pixel norm: x * rsqrt(mean(x^2, dim=1, keepdim) + eps)."""
+    x = np.random.default_rng(11).standard_normal((1, 5, 2, 3, 4)).astype(np.float32)
+
+    def build(g, n):
+        ms = g.unary(g.reduce_channels(n[0], C.CW_REDUCE_MEAN_SQUARE), C.CW_UNARY_AFFINE, 1.0, 1e-6)
+        return g.binary(n[0], g.unary(ms, C.CW_UNARY_RSQRT), C.CW_BINARY_MUL)
+
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 * x64).mean(1, keepdims=True) + 1e-6)
+    for y in _run(build, [x], x.shape):
+        assert np.abs(y - ref).max() <= 4e-7 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1, 2, 3, 4, 5)])
+def test_concat(dim, shape):
+    rng = np.random.default_rng(dim)
+    a = rng.standard_normal(shape).astype(np.float32)
+    bshape = list(shape)
+    bshape[dim] += 1
+    b = rng.standard_normal(bshape).astype(np.float32)
+    b.flat[3] = np.nan
+    out_shape = list(shape)
+    out_shape[dim] += bshape[dim]
+    for y in _run(lambda g, n: g.concat(n[0], n[1], dim), [a, b], tuple(out_shape)):
+        np.testing.assert_array_equal(y.view(np.uint32), np.concatenate([a, b], dim).view(np.uint32))  # bits
+
+
 def test_argument_errors():
     ctx = _core.Context(backend="cpu")
     g = _core.Graph(ctx)
     x = g.input("x", (1, 2, 4, 4))
     z = g.input("z", (1, 2, 4, 3))
-    with pytest.raises(convweave.Error, match="op = 7 is not a cw_unary_op"):
-        g.unary(x, 7)
+    with pytest.raises(convweave.Error, match=r"op = 10 is not a cw_unary_op \(0..9\)"):
+        g.unary(x, 10)
     with pytest.raises(convweave.Error, match=r"a \[1, 2, 4, 4\] and b \[1, 2, 4, 3\] differ in shape"):
         g.binary(x, z, C.CW_BINARY_MUL)
+    m = g.input("m", (1, 1, 4, 4))
+    with pytest.raises(convweave.Error, match=r"a \[1, 1, 4, 4\] and b \[1, 2, 4, 4\] differ in shape"):
+        g.binary(m, x, C.CW_BINARY_MUL)  # only b broadcasts
+    assert g.shape(g.binary(x, m, C.CW_BINARY_MUL)) == (1, 2, 4, 4)
     with pytest.raises(convweave.Error, match="factors\\[0\\] \\(D\\) = 2 must be 1 for a 4-D x"):
         g.upsample_nearest(x, (2, 2, 2))
+    with pytest.raises(convweave.Error, match=r"op = 4 is not a cw_reduce_op \(0..3\)"):
+        g.reduce_channels(x, 4)
+    assert g.shape(g.reduce_channels(x, C.CW_REDUCE_L2)) == (1, 1, 4, 4)
+    with pytest.raises(convweave.Error, match=r"dim = 3 must be 1 \(channels\) or 2"):
+        g.concat(x, x, 3)
+    with pytest.raises(convweave.Error, match=r"a \[1, 2, 4, 4\] and b \[1, 2, 4, 3\] must have equal dims but dims\[1\]"):
+        g.concat(x, z, 1)
+    assert g.shape(g.concat(x, x, 2)) == (1, 2, 8, 4)
     with pytest.raises(ValueError, match="factors"):
         g.upsample_nearest(x, (2,))
     with pytest.raises(convweave.Error, match="cw_graph_shift: v must be"):

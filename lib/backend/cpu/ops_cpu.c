@@ -546,6 +546,8 @@ static void unary_tile(int op, float *x, int64_t m, float a, float b) {
         break;
     case CW_UNARY_AFFINE: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_AFFINE, x[i], a, b); break;
     case CW_UNARY_CLAMP: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_CLAMP, x[i], a, b); break;
+    case CW_UNARY_RSQRT: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_RSQRT, x[i], a, b); break;
+    case CW_UNARY_SQUARE: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(CW_UNARY_SQUARE, x[i], a, b); break;
     default: for (int64_t i = 0; i < m; i++) x[i] = cw_unary_elem(op, x[i], a, b); break;
     }
 }
@@ -560,15 +562,19 @@ static void binary_tile(int op, float *x, const float *y, int64_t m) {
     }
 }
 
-/* An elementwise op of in[0] (and in[1] for CW_OP_BINARY) into out, equal dims: rows of W
- * in TILE chunks converted to f32 on load, computed, rounded once on store. Every chunk is
- * loaded before any of it is stored, so out may alias an input exactly. */
+/* An elementwise op of in[0] (and in[1] for CW_OP_BINARY) into out, equal dims (in[1] may
+ * be [N, 1, ...], read with channel stride 0): rows of W in TILE chunks converted to f32 on
+ * load, computed, rounded once on store. Every chunk is loaded before any of it is stored,
+ * so out may alias an input exactly. */
 static void map_run(const cw__op_args *a) {
     int64_t dim[5], sd[5], sx[5], sy[5], tmp[5];
     const int binary = a->code == CW_OP_BINARY;
     view_pad5(&a->out, dim, sd);
     view_pad5(&a->in[0], tmp, sx);
-    if (binary) view_pad5(&a->in[1], tmp, sy);
+    if (binary) {
+        view_pad5(&a->in[1], tmp, sy);
+        if (cw_binary_bcast(&a->in[0].d, &a->in[1].d)) sy[5 - a->in[1].d.rank + 1] = 0;
+    }
     const cw_dtype dt = a->out.d.dtype;
     const size_t es = cw_dtype_size(dt);
     const int op = (int)a->param.i[0];
@@ -637,6 +643,71 @@ static void upsample_nearest_run(const cw__op_args *a) {
             }
 }
 
+/* The channel reduction: per output row of W, a TILE chunk of double accumulators, each
+ * channel's chunk converted to f32 and added (squared) in ascending c, then finished and
+ * rounded once on store. One accumulator per output element in a fixed order: the result
+ * is the cuda kernel's, on any thread count. */
+static void reduce_channels_run(const cw__op_args *a) {
+    ncdhw d, x;
+    view_ncdhw(&a->out, &d);
+    view_ncdhw(&a->in[0], &x);
+    const cw_dtype dt = a->out.d.dtype;
+    const size_t es = cw_dtype_size(dt);
+    const int op = (int)a->param.i[0], sq = cw_reduce_squares(op);
+    const int64_t nc = x.dim[1];
+    double acc[TILE];
+    float f[TILE];
+    for (int64_t n = 0; n < d.dim[0]; n++)
+        for (int64_t z = 0; z < d.dim[2]; z++)
+            for (int64_t h = 0; h < d.dim[3]; h++) {
+                const int64_t od = n * d.st[0] + z * d.st[2] + h * d.st[3];
+                const int64_t ox = n * x.st[0] + z * x.st[2] + h * x.st[3];
+                for (int64_t w0 = 0; w0 < d.dim[4]; w0 += TILE) {
+                    const int64_t m = d.dim[4] - w0 < TILE ? d.dim[4] - w0 : TILE;
+                    for (int64_t i = 0; i < m; i++) acc[i] = 0.0;
+                    for (int64_t c = 0; c < nc; c++) {
+                        cw__cpu_load_f32(f, elem_at(a->in[0].data, ox + c * x.st[1] + w0 * x.st[4], es), dt, m, x.st[4]);
+                        if (sq)
+                            for (int64_t i = 0; i < m; i++) acc[i] += (double)f[i] * (double)f[i];
+                        else
+                            for (int64_t i = 0; i < m; i++) acc[i] += (double)f[i];
+                    }
+                    for (int64_t i = 0; i < m; i++) f[i] = cw_reduce_finish(op, acc[i], nc);
+                    cw__cpu_store_f32(elem_at(a->out.data, od + w0 * d.st[4], es), dt, d.st[4], f, m);
+                }
+            }
+}
+
+/* Concatenation along dim 1 or 2 (never W): each input's rows of W copied as bits into
+ * out, in[1]'s shifted by in[0]'s extent in dim. */
+static void concat_run(const cw__op_args *a) {
+    int64_t dim[5], sd[5];
+    view_pad5(&a->out, dim, sd);
+    const size_t es = cw_dtype_size(a->out.d.dtype);
+    const int p = (int)a->param.i[0] + 5 - a->out.d.rank; /* dim among the 5 padded dims, <= 3 */
+    int64_t shift = 0;
+    for (int k = 0; k < 2; k++) {
+        int64_t xd[5], sx[5];
+        view_pad5(&a->in[k], xd, sx);
+        const char *xp = a->in[k].data;
+        char *dp = a->out.data;
+        for (int64_t i0 = 0; i0 < xd[0]; i0++)
+            for (int64_t i1 = 0; i1 < xd[1]; i1++)
+                for (int64_t i2 = 0; i2 < xd[2]; i2++)
+                    for (int64_t i3 = 0; i3 < xd[3]; i3++) {
+                        int64_t c[4] = {i0, i1, i2, i3};
+                        const int64_t ox = i0 * sx[0] + i1 * sx[1] + i2 * sx[2] + i3 * sx[3];
+                        c[p] += shift;
+                        const int64_t od = c[0] * sd[0] + c[1] * sd[1] + c[2] * sd[2] + c[3] * sd[3];
+                        if (sd[4] == 1 && sx[4] == 1)
+                            memcpy(dp + od * (int64_t)es, xp + ox * (int64_t)es, (size_t)xd[4] * es);
+                        else
+                            up_row(dp + od * (int64_t)es, sd[4], xp + ox * (int64_t)es, sx[4], xd[4], 1, es);
+                    }
+        shift = xd[p];
+    }
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
@@ -644,6 +715,8 @@ void cw__cpu_op_exec(const cw__op_args *a) {
     case CW_OP_UNARY: map_run(a); break;
     case CW_OP_BINARY: map_run(a); break;
     case CW_OP_UPSAMPLE_NEAREST: upsample_nearest_run(a); break;
+    case CW_OP_REDUCE_CHANNELS: reduce_channels_run(a); break;
+    case CW_OP_CONCAT: concat_run(a); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

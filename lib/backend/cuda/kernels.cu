@@ -788,7 +788,8 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-/* CW_OP_BINARY: as unary_kernel, of two views of d's dims. */
+/* CW_OP_BINARY: as unary_kernel, of two views of d's dims (y's channel stride 0 when it
+ * broadcasts over d's channels). */
 __global__ void __launch_bounds__(kThreads)
     binary_kernel(int op, int flat, const __grid_constant__ View d, void *dp, const __grid_constant__ View x,
                   const void *xp, const __grid_constant__ View y, const void *yp) {
@@ -814,6 +815,44 @@ __global__ void __launch_bounds__(kThreads)
         if (r == 5) c[2] /= fd;
         c[r - 2] /= fh, c[r - 1] /= fw;
         dp[od] = xp[offset_of(x, c)];
+    }
+}
+
+/* CW_OP_REDUCE_CHANNELS: one thread per output element (d: [N, 1, ...]), adding x's
+ * channels in double in ascending order, as the cpu loop does: the same bits. Adjacent
+ * threads read adjacent W elements of each channel. */
+__global__ void __launch_bounds__(kThreads)
+    reduce_channels_kernel(int op, const __grid_constant__ View d, void *dp, const __grid_constant__ View x,
+                           const void *xp) {
+    int64_t c[CW_MAX_RANK] = {0};
+    const int sq = cw_reduce_squares(op);
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        double acc = 0.0;
+        for (int64_t k = 0; k < x.dims[1]; k++) {
+            c[1] = k;
+            const double v = (double)load_dt(xp, offset_of(x, c), x.dtype);
+            acc += sq ? v * v : v;
+        }
+        store_dt(dp, od, d.dtype, cw_reduce_finish(op, acc, x.dims[1]));
+    }
+}
+
+/* CW_OP_CONCAT: one thread per output element, its bits copied from a, or from b where its
+ * coordinate in dim is past a's extent (T: a 2- or 4-byte word). */
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    concat_kernel(const __grid_constant__ View d, T *dp, const __grid_constant__ View a, const T *ap,
+                  const __grid_constant__ View b, const T *bp, int dim) {
+    int64_t c[CW_MAX_RANK];
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        if (c[dim] < a.dims[dim]) {
+            dp[od] = ap[offset_of(a, c)];
+        } else {
+            c[dim] -= a.dims[dim];
+            dp[od] = bp[offset_of(b, c)];
+        }
     }
 }
 
@@ -858,7 +897,8 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
     }
     case CW_OP_BINARY: {
         View vd = make_view(&a->out), vx = make_view(&a->in[0]), vy = make_view(&a->in[1]);
-        const int flat = view_flat(vd) && view_flat(vx) && view_flat(vy);
+        if (cw_binary_bcast(&a->in[0].d, &a->in[1].d)) vy.strides[1] = 0; /* [N, 1, ...] over C */
+        const int flat = view_flat(vd) && view_flat(vx) && view_flat(vy) && vy.numel == vd.numel;
         binary_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], flat, vd, a->out.data, vx,
                                                                             a->in[0].data, vy, a->in[1].data);
         return cudaGetLastError();
@@ -875,6 +915,26 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
             upsample_nearest_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(
                 vd, static_cast<uint16_t *>(a->out.data), vx, static_cast<const uint16_t *>(a->in[0].data), f[0], f[1],
                 f[2]);
+        return cudaGetLastError();
+    }
+    case CW_OP_REDUCE_CHANNELS: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        reduce_channels_kernel<<<blocks_for(vd.numel, kThreads), kThreads, 0, s>>>((int)a->param.i[0], vd, a->out.data,
+                                                                                    vx, a->in[0].data);
+        return cudaGetLastError();
+    }
+    case CW_OP_CONCAT: {
+        View vd = make_view(&a->out), va = make_view(&a->in[0]), vb = make_view(&a->in[1]);
+        const unsigned blocks = blocks_for(vd.numel, kThreads);
+        const int dim = (int)a->param.i[0];
+        if (cw_dtype_size(a->out.d.dtype) == 4)
+            concat_kernel<uint32_t><<<blocks, kThreads, 0, s>>>(
+                vd, static_cast<uint32_t *>(a->out.data), va, static_cast<const uint32_t *>(a->in[0].data), vb,
+                static_cast<const uint32_t *>(a->in[1].data), dim);
+        else
+            concat_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(
+                vd, static_cast<uint16_t *>(a->out.data), va, static_cast<const uint16_t *>(a->in[0].data), vb,
+                static_cast<const uint16_t *>(a->in[1].data), dim);
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

@@ -546,12 +546,12 @@ class Graph:
 
     def unary(self, x, op, a=0.0, b=0.0):
         """cw_graph_unary: op(x) elementwise, op a CW_UNARY_* code (convweave._lib); a and b
-        are AFFINE's a * x + b and CLAMP's bounds (ignored by the other ops)."""
+        are AFFINE's a * x + b and CLAMP's bounds, a POW's exponent (ignored by the other ops)."""
         return self._node(lib.cw_graph_unary, x, int(op), float(a), float(b))
 
     def binary(self, a, b, op):
-        """cw_graph_binary: op(a, b) elementwise on two nodes of equal shape, op a CW_BINARY_*
-        code (convweave._lib)."""
+        """cw_graph_binary: op(a, b) elementwise on two nodes of equal shape (or b of one channel,
+        broadcast over a's), op a CW_BINARY_* code (convweave._lib)."""
         return self._node(lib.cw_graph_binary, a, b, int(op))
 
     def shift(self, x, v):
@@ -566,6 +566,16 @@ class Graph:
         if len(f) != 3:
             raise ValueError(f"convweave: upsample_nearest factors {factors!r}: give (fd, fh, fw) or (fh, fw)")
         return self._node(lib.cw_graph_upsample_nearest, x, (ctypes.c_int64 * 3)(*f))
+
+    def reduce_channels(self, x, op):
+        """cw_graph_reduce_channels: op over x's channels keeping the dim ([N, 1, ...]), op a
+        CW_REDUCE_* code (convweave._lib): SUM, MEAN, L2, MEAN_SQUARE; summed in double."""
+        return self._node(lib.cw_graph_reduce_channels, x, int(op))
+
+    def concat(self, a, b, dim):
+        """cw_graph_concat: torch.cat([a, b], dim) for dim 1 (channels) or 2 (T of a 5-D node, H
+        of a 4-D one); shapes equal but in dim, values copied exactly."""
+        return self._node(lib.cw_graph_concat, a, b, int(dim))
 
 
 class Plan:
