@@ -11,7 +11,7 @@ import torch
 from .. import _lib as C
 from .._core import Graph, conv_params
 from .layout import Layout, Unsupported
-from .values import Const, Cw, Pad, Torch, is_tensor
+from .values import Bcast, Const, Cw, Pad, Torch, is_tensor
 
 aten = torch.ops.aten
 TABLE = {}
@@ -64,7 +64,10 @@ def t(L, node, x):
 @op(aten.expand.default, aten.slice.Tensor, aten.select.int)
 def same_elements(L, node, x, *args):
     """expand to the same shape, a slice over a whole dim, a select of a size-1 dim: the
-    same elements in the same order."""
+    same elements in the same order. An expand of one channel to C is a Bcast."""
+    out = _out_shape(node)
+    if node.target == aten.expand.default and isinstance(x, Cw) and _channel_bcast(x, out):
+        return Bcast(x, out)
     if not isinstance(x, Cw) or math.prod(_out_shape(node)) != math.prod(x.layout.shape):
         raise Unsupported("expand, slice or select that changes the elements")
     if node.target == aten.slice.Tensor:
@@ -173,10 +176,28 @@ def _held(L, v):
     return v
 
 
-def _two(L, a, b, what):
-    """Two activations of one shape and layout, as nodes of the open segment."""
+def _channel_bcast(b, shape):
+    """Whether b (identity layout, 4-D or 5-D) is shape with one channel, broadcast over C."""
+    bs = tuple(b.shape)
+    return len(bs) == len(shape) and len(bs) in (4, 5) and bs[1] == 1 and shape[1] > 1 and \
+        bs[:1] + bs[2:] == tuple(shape[:1]) + tuple(shape[2:]) and \
+        (not isinstance(b, Cw) or b.layout == Layout.identity(bs))
+
+
+def _two(L, a, b, what, commutes=False):
+    """Two activations of one shape and layout, as nodes of the open segment; b may have one
+    channel where a has C (broadcast by binary ops; commutes: either operand)."""
+    if commutes and (isinstance(a, Bcast) or _channel_bcast(a, tuple(b.shape))):
+        a, b = b, a
+    if isinstance(b, Bcast):
+        b = b.base
     if tuple(a.shape) != tuple(b.shape):
-        raise Unsupported(f"{what} with broadcasting")
+        if not _channel_bcast(b, tuple(a.shape)) or L.layout_of(a) != Layout.identity(tuple(a.shape)):
+            raise Unsupported(f"{what} with broadcasting other than one channel over C")
+        _has("binary")
+        na, lay = L.act(a)
+        nb, _ = L.act(b)
+        return na, nb, lay
     lay = L.layout_of(a)
     if lay != L.layout_of(b):
         raise Unsupported(f"{what} of two values laid out differently")
@@ -242,7 +263,7 @@ def mul_div(L, node, x, s):
         vec, roots = (1.0 / vec.double() if div else vec), s.roots
     elif is_tensor(s) and not isinstance(s, Const):
         _has("binary")
-        na, nb, lay = _two(L, x, s, "mul or div")
+        na, nb, lay = _two(L, x, s, "mul or div", commutes=not div)
         return L.new(L.g.binary(na, nb, C.CW_BINARY_DIV if div else C.CW_BINARY_MUL), lay)
     else:
         raise Unsupported("mul or div by a constant that is not per channel")
@@ -455,3 +476,72 @@ def sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale
     nk, _ = L.act(k)
     nv, _ = L.act(v)
     return L.new(L.g.attention(nq, nk, nv, s), lay)
+
+
+# ---- channel reductions, powers, concatenation (Graph.reduce_channels, .concat) -------------
+def _reduce(L, node, x, code):
+    """A reduction over the node's channels (dim 1 of an identity-layout 4-D/5-D value)."""
+    _has("reduce_channels")
+    shape = tuple(x.shape)
+    if L.layout_of(x) != Layout.identity(shape) or len(shape) not in (4, 5):
+        raise Unsupported("a reduction over a view")
+    nx, _ = L.act(x)
+    y = L.g.reduce_channels(nx, getattr(C, "CW_REDUCE_" + code))
+    return L.new(y, Layout.identity(L.g.shape(y)).reshape(_out_shape(node)))
+
+
+def _over_channels(x, dims):
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    return [d % len(x.shape) for d in dims] == [1]
+
+
+@op(aten.linalg_vector_norm.default)
+def vector_norm(L, node, x, ord=2, dim=None, keepdim=False, dtype=None):
+    if ord != 2 or dtype is not None or not _over_channels(x, dim):
+        raise Unsupported("a norm other than L2 over the channels")
+    return _reduce(L, node, x, "L2")
+
+
+@op(aten.mean.dim, aten.sum.dim_IntList)
+def mean_sum(L, node, x, dim, keepdim=False, dtype=None):
+    if dtype is not None or not _over_channels(x, dim):
+        raise Unsupported("a mean or sum other than over the channels")
+    return _reduce(L, node, x, "MEAN" if node.target == aten.mean.dim else "SUM")
+
+
+@op(aten.pow.Tensor_Scalar)
+def pow_scalar(L, node, x, e):
+    _has("unary")
+    if e == 1:
+        return x
+    code = "SQUARE" if e == 2 else "POW"
+    if not hasattr(C, "CW_UNARY_" + code):
+        raise Unsupported(f"x ** {e}")
+    nx, lay = L.act(x)
+    return L.new(L.g.unary(nx, getattr(C, "CW_UNARY_" + code), float(e), 0.0), lay)
+
+
+@op(aten.rsqrt.default)
+def rsqrt(L, node, x):
+    _has("unary")
+    if not hasattr(C, "CW_UNARY_RSQRT"):
+        raise Unsupported("rsqrt")
+    nx, lay = L.act(x)
+    return L.new(L.g.unary(nx, C.CW_UNARY_RSQRT), lay)
+
+
+@op(aten.cat.default, aten.concatenate.default)
+def cat(L, node, tensors, dim=0):
+    """cat along the channels or the outermost spatial dim, pair by pair (a copy)."""
+    _has("concat")
+    tensors = list(tensors)
+    shape = tuple(tensors[0].shape)
+    d = dim % len(shape)
+    if len(shape) not in (4, 5) or d not in (1, 2) or \
+            any(L.layout_of(t) != Layout.identity(tuple(t.shape)) for t in tensors):
+        raise Unsupported(f"cat along dim {dim} of views or of rank {len(shape)}")
+    nodes = [L.act(t)[0] for t in tensors]
+    y = nodes[0]
+    for n in nodes[1:]:
+        y = L.g.concat(y, n, d)
+    return L.new(y, Layout.identity(_out_shape(node)))

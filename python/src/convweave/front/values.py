@@ -53,5 +53,18 @@ class Pad:
         return self.base.dtype
 
 
+class Bcast:
+    """expand(base, shape) of a one-channel value over C channels, read only as the second
+    operand of a binary op (which broadcasts it); anything else reads base.expand(shape)."""
+    __slots__ = ("base", "shape")
+
+    def __init__(self, base, shape):
+        self.base, self.shape = base, tuple(shape)
+
+    @property
+    def dtype(self):
+        return self.base.dtype
+
+
 def is_tensor(v):
-    return isinstance(v, (Const, Torch, Cw, Pad))
+    return isinstance(v, (Const, Torch, Cw, Pad, Bcast))
