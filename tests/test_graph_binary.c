@@ -20,19 +20,6 @@ enum { N = 2, C = 3, K = 4, H = 10, W = 6 };
 
 static const char *const op_names[] = {"mul", "sub", "div", "max", "min"};
 
-/* v as stored in dtype dt (rounded once). */
-static float rd(float v, cw_dtype dt) {
-    if (dt == CW_F16) return cw__f16_to_f32(cw__f32_to_f16(v));
-    if (dt == CW_BF16) return cw__bf16_to_f32(cw__f32_to_bf16(v));
-    return v;
-}
-
-static void round_to(float *x, int64_t n, cw_dtype dt) {
-    for (int64_t i = 0; i < n; i++) x[i] = rd(x[i], dt);
-}
-
-static double unit(cw_dtype dt) { return dt == CW_F16 ? ldexp(1.0, -11) : dt == CW_BF16 ? ldexp(1.0, -8) : FLT_EPSILON / 2; }
-
 /* The op in double; max and min propagate NaN as torch.maximum / torch.minimum. */
 static double ref_binary(int op, double a, double b) {
     switch (op) {
@@ -103,7 +90,7 @@ static void test_conv_binary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int o
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "conv"));
     /* each operand: a conv in float (C*9 products) stored in dt (u), the second through two
      * more stores (2u); the op in f32 and its store (u); conv3 adds K*9 products of those */
-    const double u = unit(dt);
+    const double u = unit_roundoff(dt);
     const double bound[2] = {8.0 * u + 16.0 * (C * 9 + 8) * FLT_EPSILON,
                              32.0 * u + 16.0 * (C * 9 + K * 9 + 8) * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
@@ -151,7 +138,7 @@ static void test_binary_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "y"));
     /* the square rounds once (u); the chain's reference rounds where the plan stores, so
      * they differ only where f32 and double land on two sides of a rounding boundary */
-    const double u = unit(dt);
+    const double u = unit_roundoff(dt);
     const double bound[2] = {u + 4.0 * FLT_EPSILON, 8.0 * u + 64.0 * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
     run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
@@ -200,7 +187,7 @@ static void test_binary_5d_mask(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "y"));
     /* m: a 3-term conv and a sigmoid rounded to dt (u, where the f32 conv and the double one
      * round m apart: one ulp of dt, u relative); each op one more rounding */
-    const double u = unit(dt);
+    const double u = unit_roundoff(dt);
     const double bound[2] = {4.0 * u + 64.0 * FLT_EPSILON, 16.0 * u + 64.0 * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
     fprintf(stderr, "5-D mask [2, 1, 3, 5, 4] over [2, 3, 3, 5, 4], %s\n", cw__dtype_name(dt));

@@ -18,13 +18,7 @@
 
 enum { N = 2, C = 3, K1 = 4, K2 = 2, K = 3, H = 10, W = 6 };
 
-static void round_to(float *x, int64_t n, cw_dtype dt) {
-    for (int64_t i = 0; i < n; i++)
-        if (dt == CW_F16) x[i] = cw__f16_to_f32(cw__f32_to_f16(x[i]));
-        else if (dt == CW_BF16) x[i] = cw__bf16_to_f32(cw__f32_to_bf16(x[i]));
-}
 
-static double unit(cw_dtype dt) { return dt == CW_F16 ? ldexp(1.0, -11) : dt == CW_BF16 ? ldexp(1.0, -8) : FLT_EPSILON / 2; }
 
 /* y0 = cat(conv1(x), conv2(x), dim); y1 = conv3(y0) (3x3) in a graph of dtype dt. dim 1:
  * conv1 gives K1 channels, conv2 K2 (both padding 1). dim 2: both give K1 channels, conv2
@@ -91,7 +85,7 @@ static void test_conv_concat_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int d
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "conv"));
     /* the cat is its inputs' values: a conv in float (C*9 products) stored in dt (u); conv3
      * adds kc*9 products of those */
-    const double u = unit(dt);
+    const double u = unit_roundoff(dt);
     const double bound[2] = {2.0 * u + 16.0 * (C * 9 + 8) * FLT_EPSILON,
                              8.0 * u + 16.0 * (C * 9 + kc * 9 + 8) * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};

@@ -21,18 +21,8 @@ enum { N = 2, C = 3, K = 5, H = 10, W = 6 };
 
 static const char *const op_names[] = {"sum", "mean", "l2", "mean_square"};
 
-/* v as stored in dtype dt (rounded once). */
-static float rd(float v, cw_dtype dt) {
-    if (dt == CW_F16) return cw__f16_to_f32(cw__f32_to_f16(v));
-    if (dt == CW_BF16) return cw__bf16_to_f32(cw__f32_to_bf16(v));
-    return v;
-}
 
-static void round_to(float *x, int64_t n, cw_dtype dt) {
-    for (int64_t i = 0; i < n; i++) x[i] = rd(x[i], dt);
-}
 
-static double unit(cw_dtype dt) { return dt == CW_F16 ? ldexp(1.0, -11) : dt == CW_BF16 ? ldexp(1.0, -8) : FLT_EPSILON / 2; }
 
 static int squares(int op) { return op == CW_REDUCE_L2 || op == CW_REDUCE_MEAN_SQUARE; }
 
@@ -111,7 +101,7 @@ static void test_conv_reduce_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int o
      * (2u); their errors add up to (2u + conv) times the terms' magnitude sum (amax), of the
      * result's scale rmax where nothing cancels (squares); the result stored in dt (u);
      * conv2 adds 9 products of those */
-    const double u = unit(dt), conv = 16.0 * (C * 9 + 8) * FLT_EPSILON;
+    const double u = unit_roundoff(dt), conv = 16.0 * (C * 9 + 8) * FLT_EPSILON;
     const double b0 = 2.0 * (2.0 * u + conv) * amax / rmax + 2.0 * u;
     const double bound[2] = {b0, 8.0 * b0 + 16.0 * (9 + 8) * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
@@ -172,7 +162,7 @@ static void test_rms_norm(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "conv"));
     /* h: conv in float stored in dt (u); the norm: those squared (2u), summed, rooted (u),
      * stored (u); the quotient (u) stored: |y0| <= 1, so relative to its max ~ 1 */
-    const double u = unit(dt), conv = 16.0 * (C * 9 + 8) * FLT_EPSILON;
+    const double u = unit_roundoff(dt), conv = 16.0 * (C * 9 + 8) * FLT_EPSILON;
     const double bound[2] = {8.0 * u + 2.0 * conv, 64.0 * u + 2.0 * conv + 16.0 * (K * 9 + 8) * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
     fprintf(stderr, "conv -> rms norm (l2, clamp, broadcast div) -> conv, %s\n", cw__dtype_name(dt));
@@ -214,7 +204,7 @@ static void test_reduce_5d(cw_context *ctx, cw_rng *r, cw_dtype dt, int64_t nc) 
         ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &y1, in, (cw_reduce_op)op2));
         ASSERT_OK_CTX(ctx, cw_graph_output(g, y0, "y0"));
         ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "y1"));
-        const double bound[2] = {unit(dt) * (1.0 + 1e-9), unit(dt) * (1.0 + 1e-9)};
+        const double bound[2] = {unit_roundoff(dt) * (1.0 + 1e-9), unit_roundoff(dt) * (1.0 + 1e-9)};
         double *refs[2] = {ref0, ref1};
         fprintf(stderr, "5-D reduce %s and %s over %d channels, %s\n", op_names[op], op_names[op2], (int)nc,
                 cw__dtype_name(dt));

@@ -23,14 +23,8 @@ static const char *const op_names[] = {"relu",  "tanh",  "sigmoid", "gelu",   "g
                                        "affine", "clamp", "rsqrt",   "square", "pow"};
 
 /* x's values as stored in dtype dt (rounded once), written back into x as floats. */
-static void round_to(float *x, int64_t n, cw_dtype dt) {
-    for (int64_t i = 0; i < n; i++)
-        if (dt == CW_F16) x[i] = cw__f16_to_f32(cw__f32_to_f16(x[i]));
-        else if (dt == CW_BF16) x[i] = cw__bf16_to_f32(cw__f32_to_bf16(x[i]));
-}
 
 /* The unit roundoff of dt. */
-static double unit(cw_dtype dt) { return dt == CW_F16 ? ldexp(1.0, -11) : dt == CW_BF16 ? ldexp(1.0, -8) : FLT_EPSILON / 2; }
 
 /* The op in double, as PyTorch defines it. */
 static double ref_unary(int op, double x, double a, double b) {
@@ -118,7 +112,7 @@ static void test_conv_unary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int op
     /* conv1 in float (C*9 products), stored in dt (u; for positive_only ops two more stores,
      * 2u), the op's f32 math (a few ulps; its condition k = op_cond multiplies its input's
      * error) and the store (u); conv2 adds K*9 products of inputs perturbed by those */
-    const double u = unit(dt), k = op_cond(op) / 1.5;
+    const double u = unit_roundoff(dt), k = op_cond(op) / 1.5;
     const double bound[2] = {4.0 * k * u + k * 16.0 * (C * 9 + 8) * FLT_EPSILON,
                              16.0 * k * u + k * 16.0 * (C * 9 + K * 9 + 8) * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
@@ -164,7 +158,7 @@ static void test_unary_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "clamped"));
     /* each stored value is the f32 result (a few ulps) rounded once (u); the reference
      * rounds at the same places, so a rounding boundary may differ by one unit each */
-    const double u = unit(dt);
+    const double u = unit_roundoff(dt);
     const double bound[2] = {u + 16.0 * FLT_EPSILON, 8.0 * u + 64.0 * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
     run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
@@ -221,7 +215,7 @@ static void test_norm_pow_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     /* each stored value is its double result rounded once (u); the reference rounds at the
      * same places, so where a value lands near a rounding boundary the two may differ by a
      * unit, carried through the next op's condition (rsqrt 1/2, pow 3/4) */
-    const double u = unit(dt);
+    const double u = unit_roundoff(dt);
     const double bound[2] = {4.0 * u + 16.0 * FLT_EPSILON, 4.0 * u + 16.0 * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
     fprintf(stderr, "5-D pixel norm and pow, %s\n", cw__dtype_name(dt));
