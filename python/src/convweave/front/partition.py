@@ -57,6 +57,13 @@ def _walk(v, fn):
     return fn(v)
 
 
+def _base(v):
+    """The value a Pad or Bcast reads (itself for any other)."""
+    while isinstance(v, (Pad, Bcast)):
+        v = v.base
+    return v
+
+
 def _tensors(v):
     out = []
     _walk(v, lambda a: out.append(a) if is_tensor(a) else None)
@@ -193,7 +200,7 @@ class Lowering:
         return _walk(out, wrap) if isinstance(out, (list, tuple)) else wrap(out)
 
     def _torch_step(self, node, args, kwargs):
-        if self.seg is not None and any(isinstance(t, Cw) and t.seg is self.seg
+        if self.seg is not None and any(isinstance(_base(t), Cw) and _base(t).seg is self.seg
                                         for t in _tensors((args, kwargs))):
             self.close()
         self.steps.append(("torch", Call(node.name, node.target), args, kwargs))
