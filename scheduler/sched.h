@@ -23,6 +23,7 @@ typedef struct cw__node {
     cw_conv_params conv;
     int64_t groups;
     float eps, scale;
+    int64_t block;       /* CW__N_ATTN: tokens per causal block (0: no mask) */
     int op;              /* CW__N_OP: its CW_OP_* code and parameters */
     cw_op_param param;
     const cw_tensor *t;  /* constants */
@@ -121,6 +122,7 @@ typedef struct cw__task {
         struct {
             cw__vref q, k, v, o;
             int64_t n, t0, t1, T, C;
+            int64_t block;   /* 0, or query t attends keys s with s / block <= t / block */
             int s_buf;
             float scale;
         } attn;

@@ -483,7 +483,11 @@ class Graph:
     def avg_pool2(self, x):
         return self._node(lib.cw_graph_avg_pool2, x)
 
-    def attention(self, q, k, v, scale):
+    def attention(self, q, k, v, scale, block=0):
+        """Single-head attention over the spatial positions; block > 0: under a block-causal
+        mask (token t sees keys s with s // block <= t // block; cw_graph_attention_causal)."""
+        if block:
+            return self._node(lib.cw_graph_attention_causal, q, k, v, scale, block)
         return self._node(lib.cw_graph_attention, q, k, v, scale)
 
     def output(self, node, name):

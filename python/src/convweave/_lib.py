@@ -40,6 +40,7 @@ cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
 cw_status cw_graph_scale(cw_graph *g, cw_node *out, cw_node x, cw_node s);
 cw_status cw_graph_avg_pool2(cw_graph *g, cw_node *out, cw_node x);
 cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
+cw_status cw_graph_attention_causal(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale, int64_t block);
 cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);
 cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
