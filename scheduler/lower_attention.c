@@ -111,14 +111,11 @@ static cw_status cw__attn_chunk_tasks(cw__lower *L, int i, int64_t b, int64_t t0
     t->u.attn.s_buf = sb;
     t->u.attn.scale = n->scale;
     t->u.attn.block = n->block;
-    double keys = (double)(t1 - t0) * (double)T; /* score entries computed */
-    if (n->block > 0) {
-        keys = 0.0;
-        for (int64_t r = t0; r < t1;) {
-            const int64_t lim = (r / n->block + 1) * n->block, e = lim < t1 ? lim : t1;
-            keys += (double)(e - r) * (double)(lim < T ? lim : T);
-            r = e;
-        }
+    t->u.attn.mask = n->mask;
+    double keys = 0.0; /* score entries computed */
+    for (int64_t r = t0, k0, k1, e; r < t1; r = e < t1 ? e : t1) {
+        cw__attn_keys(n->block, n->mask, T, r, &k0, &k1, &e);
+        keys += (double)((e < t1 ? e : t1) - r) * (double)(k1 - k0);
     }
     t->flops = 4.0 * keys * (double)d->dims[1];
     snprintf(t->name, sizeof t->name, "attention L%d n%" PRId64 " tokens %" PRId64 "-%" PRId64, i, b, t0, t1);

@@ -380,16 +380,23 @@ CW_API cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
  * f16/bf16 graph each sample's q, k, v and output are staged in f32 temporaries (16 * C *
  * H * W bytes, from the temp budget). */
 CW_API cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
-/* cw_graph_attention under a block-causal mask: token t (the spatial positions flattened, D
- * outermost) attends only keys s with s / block <= t / block, as if the scores of the others
- * were -inf (HunyuanVideo's mid-block attention: block = H * W, each frame sees itself and
- * the frames before it; block = 1 is the causal mask). No mask is ever materialised: each
- * query chunk's scores are computed only up to its last block's end, and its rows' softmax
- * and output only over the keys they see (a chunk's FLOPs shrink accordingly). Returns
- * CW_ERR_INVALID_ARG, naming the argument, for a block outside 1..T (T = D * H * W tokens)
- * and as cw_graph_attention for the rest. */
-CW_API cw_status cw_graph_attention_causal(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale,
-                                           int64_t block);
+/* The masks of cw_graph_attention_blocks. Append only: plans store the codes. */
+typedef enum cw_attention_mask {
+    CW_ATTENTION_BLOCK_CAUSAL = 0,  /* token t sees keys s with s / block <= t / block */
+    CW_ATTENTION_BLOCK_DIAGONAL = 1 /* token t sees keys s with s / block == t / block */
+} cw_attention_mask;
+/* cw_graph_attention under a block mask, as if the scores of the keys a token does not see
+ * were -inf. Tokens are the spatial positions flattened (D outermost), blocks runs of `block`
+ * of them (the last may be shorter). BLOCK_CAUSAL is HunyuanVideo's mid-block attention
+ * (block = H * W: each frame sees itself and the frames before it; block = 1: the causal
+ * mask); BLOCK_DIAGONAL is attention within each block alone (block = H * W: per-frame
+ * attention, frames folded into the batch, as Wan's). No mask is materialised: each query
+ * chunk's rows are computed, softmaxed and summed only over the keys they see (the chunk's
+ * FLOPs shrink accordingly). Returns CW_ERR_INVALID_ARG, naming the argument, for a mask
+ * that is not a cw_attention_mask or a block outside 1..T (T = D * H * W tokens), and as
+ * cw_graph_attention for the rest. */
+CW_API cw_status cw_graph_attention_blocks(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale,
+                                           int64_t block, cw_attention_mask mask);
 /* Marks a node as the plan's next output: outputs are numbered from 0 in call order, and
  * cw_plan_run takes them in that order. name (may be NULL) names it in error messages. */
 CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);

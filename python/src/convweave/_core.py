@@ -483,11 +483,12 @@ class Graph:
     def avg_pool2(self, x):
         return self._node(lib.cw_graph_avg_pool2, x)
 
-    def attention(self, q, k, v, scale, block=0):
-        """Single-head attention over the spatial positions; block > 0: under a block-causal
-        mask (token t sees keys s with s // block <= t // block; cw_graph_attention_causal)."""
+    def attention(self, q, k, v, scale, block=0, mask=0):
+        """Single-head attention over the spatial positions; block > 0: under the block mask
+        `mask` (CW_ATTENTION_BLOCK_CAUSAL: token t sees keys s with s // block <= t // block;
+        _BLOCK_DIAGONAL: s // block == t // block), cw_graph_attention_blocks."""
         if block:
-            return self._node(lib.cw_graph_attention_causal, q, k, v, scale, block)
+            return self._node(lib.cw_graph_attention_blocks, q, k, v, scale, block, mask)
         return self._node(lib.cw_graph_attention, q, k, v, scale)
 
     def output(self, node, name):

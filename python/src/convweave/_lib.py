@@ -40,7 +40,7 @@ cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
 cw_status cw_graph_scale(cw_graph *g, cw_node *out, cw_node x, cw_node s);
 cw_status cw_graph_avg_pool2(cw_graph *g, cw_node *out, cw_node x);
 cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
-cw_status cw_graph_attention_causal(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale, int64_t block);
+cw_status cw_graph_attention_blocks(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale, int64_t block, cw_attention_mask mask);
 cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);
 cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
@@ -80,6 +80,8 @@ CW_ALLOCATOR_ALIGN = 256
 STAGES = ("conv", "prep", "epilogue", "stats", "attention", "other")
 PLAN_STAGE_COUNT = 6
 PLAN_STREAM_COUNT = 8
+# cw_attention_mask (cw_graph_attention_blocks)
+CW_ATTENTION_BLOCK_CAUSAL, CW_ATTENTION_BLOCK_DIAGONAL = 0, 1
 # cw_unary_op (cw_graph_unary)
 CW_UNARY_RELU, CW_UNARY_TANH, CW_UNARY_SIGMOID, CW_UNARY_GELU, CW_UNARY_GELU_TANH, CW_UNARY_AFFINE, CW_UNARY_CLAMP = range(7)
 CW_UNARY_RSQRT, CW_UNARY_SQUARE, CW_UNARY_POW = range(7, 10)
@@ -166,7 +168,8 @@ STRUCTS = (cw_context_config, cw_allocator, cw_tensor_desc, cw_memory_stats, cw_
 _HANDLES = {"cw_context", "cw_tensor", "cw_graph", "cw_plan", "void"}
 _VALUES = {"void": None, "int": c_int, "float": c_float, "int64_t": c_int64, "size_t": c_size_t,
            "cw_status": c_int, "cw_node": c_int32, "cw_dtype": c_int, "cw_log_fn": cw_log_fn,
-           "cw_unary_op": c_int, "cw_binary_op": c_int, "cw_reduce_op": c_int}
+           "cw_unary_op": c_int, "cw_binary_op": c_int, "cw_reduce_op": c_int,
+           "cw_attention_mask": c_int}
 _STRUCTS = {s.__name__: s for s in STRUCTS}
 _PROTO = re.compile(r"^(?P<ret>[\w\s\*]+?)\s*\b(?P<name>cw_\w+)\s*\((?P<args>[^)]*)\)\s*;$")
 
