@@ -65,6 +65,28 @@ def test_cogvideox_decode(frames):
                                                         generator=torch.Generator().manual_seed(frames)))
 
 
+def _check_encode(vae, encoder, x):
+    m64 = copy.deepcopy(vae).double()
+    with torch.no_grad():
+        h = encoder(x)
+        ht = vae.encode(x).latent_dist.parameters
+        h64 = m64.encode(x.double()).latent_dist.parameters
+    e_cw, e_t = max_err(h, h64), max_err(ht, h64)
+    assert e_cw <= max(4 * e_t, 64 * EPS[torch.float32]), (e_cw, e_t)
+
+
+@pytest.mark.parametrize("frames", [1, 9])
+def test_wan_encode(frames):
+    vae = _wan()
+    _check_encode(vae, cv.wan_encoder(vae), torch.randn(1, 3, frames, 16, 16))
+
+
+@pytest.mark.parametrize("frames", [5, 9])
+def test_cogvideox_encode(frames):
+    vae = _cogvideox()
+    _check_encode(vae, cv.cogvideox_encoder(vae), torch.randn(1, 3, frames, 16, 16))
+
+
 def test_out_and_callback():
     vae = _wan()
     dec = cv.wan_decoder(vae)

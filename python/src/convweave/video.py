@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 
 from ._core import Error
 
-__all__ = ["Stream", "wan_decoder", "cogvideox_decoder"]
+__all__ = ["Stream", "wan_decoder", "wan_encoder", "cogvideox_decoder", "cogvideox_encoder"]
 
 
 class _Tensor:
@@ -192,9 +192,56 @@ def cogvideox_decoder(vae, **wrap_opts):
     s = Stream(vae, _cogvideox_decode, None, **wrap_opts)
 
     def decode(z, out=None, callback=None):
-        fbs, n = vae.num_latent_frames_batch_size, z.shape[2]
-        rem, batches = n % fbs, max(n // fbs, 1)
-        bounds = [(fbs * i + (0 if i == 0 else rem), fbs * (i + 1) + rem) for i in range(batches)]
-        return s([z[:, :, a:b] for a, b in bounds], out=out, callback=callback)
+        return s(_batches(z, vae.num_latent_frames_batch_size), out=out, callback=callback)
     decode.stream = s
     return decode
+
+
+def _wan_encode(vae, x, feats):
+    feats = list(feats)
+    h = vae.encoder(x, feat_cache=feats, feat_idx=[0])
+    return vae.quant_conv(h), feats  # quant_conv: kernel 1, frame by frame
+
+
+def wan_encoder(vae, **wrap_opts):
+    """AutoencoderKLWan's encode through convweave, in diffusers' chunks (the first frame, then
+    4 frames at a time) with its feature cache, quant_conv per chunk (a 1x1x1 conv):
+    `wan_encoder(vae, **opts)(x)` gives the moments `h` of `vae.encode(x).latent_dist`
+    (DiagonalGaussianDistribution(h)) with tiling off."""
+    s = Stream(vae, _wan_encode, None, **wrap_opts)
+
+    def encode(x, out=None, callback=None):
+        if vae.config.patch_size is not None:
+            from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
+            x = patchify(x, patch_size=vae.config.patch_size)
+        s.first = [None] * vae._cached_conv_counts["encoder"]
+        n = 1 + (x.shape[2] - 1) // 4
+        chunks = [x[:, :, :1]] + [x[:, :, 1 + 4 * (i - 1):1 + 4 * i] for i in range(1, n)]
+        return s(chunks, out=out, callback=callback)
+    encode.stream = s
+    return encode
+
+
+def _cogvideox_encode(vae, x, cache):
+    h, cache = vae.encoder(x, conv_cache=cache)
+    return (vae.quant_conv(h) if vae.quant_conv is not None else h), cache
+
+
+def cogvideox_encoder(vae, **wrap_opts):
+    """AutoencoderKLCogVideoX's encode through convweave in diffusers' frame batches
+    (`num_sample_frames_batch_size`, the remainder in the first) with the conv cache:
+    `cogvideox_encoder(vae, **opts)(x)` gives the moments `h` of `vae.encode(x).latent_dist`
+    with tiling off."""
+    s = Stream(vae, _cogvideox_encode, None, **wrap_opts)
+
+    def encode(x, out=None, callback=None):
+        return s(_batches(x, vae.num_sample_frames_batch_size), out=out, callback=callback)
+    encode.stream = s
+    return encode
+
+
+def _batches(x, fbs):
+    """CogVideoX's chunks of x along dim 2: batches of fbs frames, the remainder in the first."""
+    n = x.shape[2]
+    rem, batches = n % fbs, max(n // fbs, 1)
+    return [x[:, :, fbs * i + (0 if i == 0 else rem):fbs * (i + 1) + rem] for i in range(batches)]
