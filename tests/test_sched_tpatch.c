@@ -1,7 +1,7 @@
 /* Patches along time (D) as well as H for 5-D convs (video VAEs): a block like a video VAE's
  * (GroupNorm + SiLU fused into a causal 3x3x3 conv, pad 2/0 in T and 1/1 in H, W; residual
- * epilogue; nearest upsample of H, W; a (1,3,3) conv; GroupNorm + SiLU into a causal conv of
- * stride 2 in T; a (3,1,1) conv of stride 2 in T without prep), with T >= 9 frames. Run with
+ * epilogue written in place; nearest upsample of H, W; a (1,3,3) conv; GroupNorm + SiLU into
+ * a causal conv of stride 2 in T; a (3,1,1) conv of stride 2 in T without prep), T = 11. Run with
  * D patches forced, H patches forced and the axis chosen per conv, at several budgets and
  * 1-3 streams, each against a naive double-precision reference and against the unpatched
  * plan (CW_PATCHES_NONE). Then the frame bands' halo math on the causal conv, and a long
@@ -137,93 +137,109 @@ static void test_frame_halos(void) {
     ASSERT_STATUS(cw__patch_make_ax(&f4, CW__PATCH_DDIM + 5, 0, 1, &pt), CW_ERR_INVALID_ARG);
 }
 
-/* The video block against its reference and its unpatched plan. */
+/* The video block against its reference and its unpatched plan:
+ *   r0 = conv0(x)                                   (1,3,3), pad 1 in H, W
+ *   h  = conv1(silu(gn1(r0)))                       causal 3x3x3: pad 2/0 in T, 1/1 in H, W
+ *   r  = r0 + conv2(silu(gn2(h)))                   causal 3x3x3; r0 dies here: r takes its
+ *                                                   storage (the in-place residual epilogue)
+ *   c2 = conv3(upsample2x(r))                       (1,3,3), upsample of H, W only
+ *   y1 = conv4(silu(gn3(c2)))                       causal 3x3x3, stride 2 in T
+ *   y2 = conv5(c2)                                  (3,1,1), stride 2 in T, pad 1/1, no prep */
+enum { NCONV = 6 };
+
 static void test_block(cw_context *ctx) {
     cw_rng r = {cw_test_seed(24)};
     const cw_tensor_desc xd = desc5(N, C, T, H, W), ud = desc5(N, C, T, 2 * H, 2 * W);
-    const int64_t n_x = N * C * T * H * W, n_u = 4 * n_x, cdim = C, kdim = K2;
-    const int64_t w1d[5] = {C, C, 3, 3, 3}, w2d[5] = {K2, C, 1, 3, 3}, w3d[5] = {C, K2, 3, 3, 3},
-                  w4d[5] = {C, K2, 3, 1, 1};
-    float *x = rnd(&r, n_x, 1.0f, 0.3f), *g1 = rnd(&r, C, 0.2f, 1.0f), *be1 = rnd(&r, C, 0.2f, 0.0f);
-    float *g2 = rnd(&r, K2, 0.2f, 1.0f), *be2 = rnd(&r, K2, 0.2f, 0.0f);
-    float *w1 = rnd(&r, C * C * 27, 0.2f, 0.0f), *b1 = rnd(&r, C, 0.1f, 0.0f);
-    float *w2 = rnd(&r, K2 * C * 9, 0.3f, 0.0f), *b2 = rnd(&r, K2, 0.1f, 0.0f);
-    float *w3 = rnd(&r, C * K2 * 27, 0.15f, 0.0f), *b3 = rnd(&r, C, 0.1f, 0.0f);
-    float *w4 = rnd(&r, C * K2 * 3, 0.3f, 0.0f), *b4 = rnd(&r, C, 0.1f, 0.0f);
-    cw_conv_params p1 = CW_CONV_PARAMS_INIT, p2 = CW_CONV_PARAMS_INIT, p3 = CW_CONV_PARAMS_INIT,
-                   p4 = CW_CONV_PARAMS_INIT;
-    p1.spatial = p2.spatial = p3.spatial = p4.spatial = 3;
-    p1.pad_pre[0] = 2, p1.pad_post[0] = 0; /* causal in T */
-    p1.pad_pre[1] = p1.pad_post[1] = p1.pad_pre[2] = p1.pad_post[2] = 1;
-    p2.pad_pre[1] = p2.pad_post[1] = p2.pad_pre[2] = p2.pad_post[2] = 1;
-    p3 = p1;
-    p3.stride[0] = 2; /* causal downsample in T */
-    p4.stride[0] = 2, p4.pad_pre[0] = p4.pad_post[0] = 1;
+    const int64_t n_x = N * C * T * H * W, n_u = 4 * n_x;
+    const int64_t wdims[NCONV][5] = {{C, C, 1, 3, 3}, {C, C, 3, 3, 3}, {C, C, 3, 3, 3},
+                                     {K2, C, 1, 3, 3}, {C, K2, 3, 3, 3}, {C, K2, 3, 1, 1}};
+    const int64_t kout[NCONV] = {C, C, C, K2, C, C};
+    const float wscale[NCONV] = {0.3f, 0.2f, 0.2f, 0.3f, 0.15f, 0.3f};
+    float *x = rnd(&r, n_x, 1.0f, 0.3f), *wt[NCONV], *bs[NCONV], *gm[3], *bt[3];
+    const int64_t gch[3] = {C, C, K2};
+    for (int k = 0; k < 3; k++) gm[k] = rnd(&r, gch[k], 0.2f, 1.0f), bt[k] = rnd(&r, gch[k], 0.2f, 0.0f);
+    cw_tensor_desc wdesc[NCONV];
+    for (int k = 0; k < NCONV; k++) {
+        ASSERT_OK(cw_tensor_desc_make(&wdesc[k], CW_F32, 5, wdims[k]));
+        wt[k] = rnd(&r, cw_tensor_desc_numel(&wdesc[k]), wscale[k], 0.0f);
+        bs[k] = rnd(&r, kout[k], 0.1f, 0.0f);
+    }
+    cw_conv_params pc[NCONV];
+    for (int k = 0; k < NCONV; k++) {
+        pc[k] = (cw_conv_params)CW_CONV_PARAMS_INIT;
+        pc[k].spatial = 3;
+        pc[k].pad_pre[1] = pc[k].pad_post[1] = pc[k].pad_pre[2] = pc[k].pad_post[2] = 1;
+    }
+    pc[1].pad_pre[0] = pc[2].pad_pre[0] = pc[4].pad_pre[0] = 2; /* causal in T: 2 before, 0 after */
+    pc[4].stride[0] = 2;                                          /* causal downsample in T */
+    pc[5].stride[0] = 2, pc[5].pad_pre[0] = pc[5].pad_post[0] = 1;
+    pc[5].pad_pre[1] = pc[5].pad_post[1] = pc[5].pad_pre[2] = pc[5].pad_post[2] = 0;
 
     /* ---- reference: float activations between stages, each conv in double ---- */
-    cw_tensor_desc w1desc, w2desc, w3desc, w4desc, c2d, y1d, y2d;
-    ASSERT_OK(cw_tensor_desc_make(&w1desc, CW_F32, 5, w1d));
-    ASSERT_OK(cw_tensor_desc_make(&w2desc, CW_F32, 5, w2d));
-    ASSERT_OK(cw_tensor_desc_make(&w3desc, CW_F32, 5, w3d));
-    ASSERT_OK(cw_tensor_desc_make(&w4desc, CW_F32, 5, w4d));
-    c2d = desc5(N, K2, T, 2 * H, 2 * W);
-    ASSERT_OK(cw_conv_output_desc(NULL, &y1d, &c2d, &w3desc, &p3));
-    ASSERT_OK(cw_conv_output_desc(NULL, &y2d, &c2d, &w4desc, &p4));
+    cw_tensor_desc c2d = desc5(N, K2, T, 2 * H, 2 * W), y1d, y2d;
+    ASSERT_OK(cw_conv_output_desc(NULL, &y1d, &c2d, &wdesc[4], &pc[4]));
+    ASSERT_OK(cw_conv_output_desc(NULL, &y2d, &c2d, &wdesc[5], &pc[5]));
     ASSERT_EQ_I(y1d.dims[2], (T + 1) / 2);
     ASSERT_EQ_I(y2d.dims[2], (T + 1) / 2);
-    float *h1 = malloc((size_t)n_x * sizeof *h1), *u = malloc((size_t)n_u * sizeof *u);
-    double *c1 = malloc((size_t)n_x * sizeof *c1);
-    ref_gn_silu(x, N, C, T * H * W, G, g1, be1, h1);
-    cw_ref_conv(&xd, h1, &w1desc, w1, b1, &p1, &xd, c1);
+    float *f1 = malloc((size_t)n_x * sizeof *f1), *f2 = malloc((size_t)n_x * sizeof *f2);
+    float *u = malloc((size_t)n_u * sizeof *u);
+    double *d1 = malloc((size_t)n_x * sizeof *d1);
+    cw_ref_conv(&xd, x, &wdesc[0], wt[0], bs[0], &pc[0], &xd, d1);
+    float *r0 = to_float(d1, n_x);
+    ref_gn_silu(r0, N, C, T * H * W, G, gm[0], bt[0], f1);
+    cw_ref_conv(&xd, f1, &wdesc[1], wt[1], bs[1], &pc[1], &xd, d1);
+    float *hh = to_float(d1, n_x);
+    ref_gn_silu(hh, N, C, T * H * W, G, gm[1], bt[1], f2);
+    cw_ref_conv(&xd, f2, &wdesc[2], wt[2], bs[2], &pc[2], &xd, d1);
     for (int64_t ct = 0; ct < N * C * T; ct++) /* residual, then nearest upsample of H, W */
         for (int64_t yy = 0; yy < 2 * H; yy++)
             for (int64_t xx = 0; xx < 2 * W; xx++) {
                 int64_t s = (ct * H + yy / 2) * W + xx / 2;
-                u[(ct * 2 * H + yy) * 2 * W + xx] = (float)((double)x[s] + c1[s]);
+                u[(ct * 2 * H + yy) * 2 * W + xx] = (float)((double)r0[s] + d1[s]);
             }
     const int64_t n_c2 = cw_tensor_desc_numel(&c2d), n_y1 = cw_tensor_desc_numel(&y1d), n_y2 = cw_tensor_desc_numel(&y2d);
     double *c2 = malloc((size_t)n_c2 * sizeof *c2), *ref1 = malloc((size_t)n_y1 * sizeof *ref1),
            *ref2 = malloc((size_t)n_y2 * sizeof *ref2);
-    cw_ref_conv(&ud, u, &w2desc, w2, b2, &p2, &c2d, c2);
+    cw_ref_conv(&ud, u, &wdesc[3], wt[3], bs[3], &pc[3], &c2d, c2);
     float *c2f = to_float(c2, n_c2), *h2 = malloc((size_t)n_c2 * sizeof *h2);
-    ref_gn_silu(c2f, N, K2, T * 4 * H * W, G, g2, be2, h2);
-    cw_ref_conv(&c2d, h2, &w3desc, w3, b3, &p3, &y1d, ref1);
-    cw_ref_conv(&c2d, c2f, &w4desc, w4, b4, &p4, &y2d, ref2);
+    ref_gn_silu(c2f, N, K2, T * 4 * H * W, G, gm[2], bt[2], h2);
+    cw_ref_conv(&c2d, h2, &wdesc[4], wt[4], bs[4], &pc[4], &y1d, ref1);
+    cw_ref_conv(&c2d, c2f, &wdesc[5], wt[5], bs[5], &pc[5], &y2d, ref2);
 
     /* ---- the graph ---- */
-    cw_tensor *tg1 = upload(ctx, 1, &cdim, g1), *tbe1 = upload(ctx, 1, &cdim, be1);
-    cw_tensor *tg2 = upload(ctx, 1, &kdim, g2), *tbe2 = upload(ctx, 1, &kdim, be2);
-    cw_tensor *tw1 = upload(ctx, 5, w1d, w1), *tb1 = upload(ctx, 1, &cdim, b1);
-    cw_tensor *tw2 = upload(ctx, 5, w2d, w2), *tb2 = upload(ctx, 1, &kdim, b2);
-    cw_tensor *tw3 = upload(ctx, 5, w3d, w3), *tb3 = upload(ctx, 1, &cdim, b3);
-    cw_tensor *tw4 = upload(ctx, 5, w4d, w4), *tb4 = upload(ctx, 1, &cdim, b4);
+    cw_tensor *tgm[3], *tbt[3], *tw[NCONV], *tb[NCONV];
+    for (int k = 0; k < 3; k++) tgm[k] = upload(ctx, 1, &gch[k], gm[k]), tbt[k] = upload(ctx, 1, &gch[k], bt[k]);
+    for (int k = 0; k < NCONV; k++) tw[k] = upload(ctx, 5, wdims[k], wt[k]), tb[k] = upload(ctx, 1, &kout[k], bs[k]);
     const int64_t xdims[5] = {N, C, T, H, W};
     cw_tensor *tx = upload(ctx, 5, xdims, x), *ty[2];
     ASSERT_OK_CTX(ctx, cw_tensor_create(&ty[0], ctx, &y1d));
     ASSERT_OK_CTX(ctx, cw_tensor_create(&ty[1], ctx, &y2d));
     cw_graph *g;
     ASSERT_OK(cw_graph_create(&g, ctx));
-    cw_node nx, ng1, nbe1, ng2, nbe2, nw[4], nb[4], a, c2n, y1, y2;
-    cw_tensor *tws[4] = {tw1, tw2, tw3, tw4}, *tbs[4] = {tb1, tb2, tb3, tb4};
+    cw_node nx, ng[3], nbt[3], nw[NCONV], nb[NCONV], a, rn0, c2n, y1, y2;
     ASSERT_OK_CTX(ctx, cw_graph_input(g, &nx, "x", &xd));
-    ASSERT_OK_CTX(ctx, cw_graph_constant(g, &ng1, "g1", tg1));
-    ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nbe1, "be1", tbe1));
-    ASSERT_OK_CTX(ctx, cw_graph_constant(g, &ng2, "g2", tg2));
-    ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nbe2, "be2", tbe2));
-    for (int k = 0; k < 4; k++) {
-        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nw[k], "w", tws[k]));
-        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nb[k], "b", tbs[k]));
+    for (int k = 0; k < 3; k++) {
+        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &ng[k], "gamma", tgm[k]));
+        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nbt[k], "beta", tbt[k]));
     }
-    ASSERT_OK_CTX(ctx, cw_graph_group_norm(g, &a, nx, ng1, nbe1, G, 1e-6f));
+    for (int k = 0; k < NCONV; k++) {
+        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nw[k], "w", tw[k]));
+        ASSERT_OK_CTX(ctx, cw_graph_constant(g, &nb[k], "b", tb[k]));
+    }
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &rn0, nx, nw[0], nb[0], &pc[0]));
+    ASSERT_OK_CTX(ctx, cw_graph_group_norm(g, &a, rn0, ng[0], nbt[0], G, 1e-6f));
     ASSERT_OK_CTX(ctx, cw_graph_silu(g, &a, a));
-    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &a, a, nw[0], nb[0], &p1));
-    ASSERT_OK_CTX(ctx, cw_graph_add(g, &a, nx, a));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &a, a, nw[1], nb[1], &pc[1]));
+    ASSERT_OK_CTX(ctx, cw_graph_group_norm(g, &a, a, ng[1], nbt[1], G, 1e-6f));
+    ASSERT_OK_CTX(ctx, cw_graph_silu(g, &a, a));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &a, a, nw[2], nb[2], &pc[2]));
+    ASSERT_OK_CTX(ctx, cw_graph_add(g, &a, rn0, a));
     ASSERT_OK_CTX(ctx, cw_graph_upsample2x(g, &a, a));
-    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &c2n, a, nw[1], nb[1], &p2));
-    ASSERT_OK_CTX(ctx, cw_graph_group_norm(g, &a, c2n, ng2, nbe2, G, 1e-6f));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &c2n, a, nw[3], nb[3], &pc[3]));
+    ASSERT_OK_CTX(ctx, cw_graph_group_norm(g, &a, c2n, ng[2], nbt[2], G, 1e-6f));
     ASSERT_OK_CTX(ctx, cw_graph_silu(g, &a, a));
-    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y1, a, nw[2], nb[2], &p3));
-    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y2, c2n, nw[3], nb[3], &p4));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y1, a, nw[4], nb[4], &pc[4]));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y2, c2n, nw[5], nb[5], &pc[5]));
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y1, "y1"));
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y2, "y2"));
 
@@ -252,7 +268,7 @@ static void test_block(cw_context *ctx) {
     cw_plan_destroy(plan);
 
     static const char *axn[3] = {"auto", "H", "D"};
-    int runs = 0, d_plans = 0;
+    int runs = 0, d_plans = 0, inplace_d = 0;
     for (int ax = 0; ax < 3; ax++)
         for (int streams = 1; streams <= 3; streams++)
             for (int bi = 0; bi < 4; bi++) {
@@ -293,22 +309,71 @@ static void test_block(cw_context *ctx) {
                     cw_test_failures++;
                 }
                 if (ax == CW_PATCH_AXIS_AUTO) all_axes(plan, "D", &nd, &nc);
-                if (ax == CW_PATCH_AXIS_D && bi >= 2) /* 4 convs: 4 patches each, or one per frame */
-                    ASSERT_EQ_I(st.n_patches, bi == 2 ? 16 : T + T + (T + 1) / 2 * 2);
-                if (ax == CW_PATCH_AXIS_D && bi == 0) ASSERT_TRUE(st.n_patches > 4);
+                ASSERT_EQ_I(nc, NCONV);
+                if (ax == CW_PATCH_AXIS_D && bi >= 2) /* 4 patches per conv, or one per output frame */
+                    ASSERT_EQ_I(st.n_patches, bi == 2 ? 4 * NCONV : 4 * T + 2 * ((T + 1) / 2));
+                if (ax == CW_PATCH_AXIS_D && bi == 0) ASSERT_TRUE(st.n_patches > NCONV);
+                if (ax == CW_PATCH_AXIS_D) { /* r takes r0's storage: conv2 writes band buffers */
+                    char *txt = NULL;
+                    ASSERT_OK(cw_plan_describe(plan, &txt, 0));
+                    inplace_d += strstr(txt, "band buffer") != NULL;
+                    cw_free(txt);
+                }
                 d_plans += nd > 0;
                 cw_plan_destroy(plan);
                 runs++;
             }
-    printf("video block (T=%d): %d plans checked against the reference and the unpatched plan, %d with D patches\n",
-           T, runs, d_plans);
+    printf("video block (T=%d): %d plans checked against the reference and the unpatched plan, %d with D patches "
+           "(%d of them with the in-place residual)\n",
+           T, runs, d_plans, inplace_d);
+    ASSERT_TRUE(inplace_d > 0);
+
+    /* under a memory budget: the least-memory point of the ladder recomputes the blocks' inner
+     * activations; those convs (both passes and their readers) stay on H bands, the others
+     * keep the forced or chosen axis */
+    for (int ax = 0; ax < 3; ax += 2) {
+        o = (cw_compile_options)CW_COMPILE_OPTIONS_INIT;
+        o.patch_axis = (cw_patch_axis)ax;
+        o.streams = 2;
+        int64_t minb = 0;
+        ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &minb, &o));
+        o.temp_budget = 2 * minb;
+        cw_memory_point pts[8];
+        int npts = 0;
+        ASSERT_OK_CTX(ctx, cw_graph_memory_ladder(g, pts, &npts, 8, &o));
+        o.memory_budget = pts[0].total_bytes;
+        ASSERT_OK_CTX(ctx, cw_graph_compile(g, &plan, &o));
+        ASSERT_OK_CTX(ctx, cw_plan_run(plan, &tx, 1, ty, 2));
+        cw_plan_stats st;
+        ASSERT_OK(cw_plan_get_stats(plan, &st));
+        for (int k = 0; k < 2; k++) {
+            ASSERT_OK(cw_tensor_download(ty[k], out[k], (size_t)n_y[k] * 4));
+            double e = cw_ref_rel_err(yds[k], out[k], refs[k]), e_u = cw_err_rel(out[k], un[k], n_y[k]);
+            if (!(e <= 1e-5) || !(e_u <= 1e-5)) {
+                fprintf(stderr, "memory budget, axis %s: y%d rel err %g vs reference, %g vs unpatched\n", axn[ax],
+                        k + 1, e, e_u);
+                cw_test_failures++;
+            }
+        }
+        int nd = 0, nc = 0;
+        all_axes(plan, "D", &nd, &nc);
+        printf("memory budget %lld B, axis %s: %d blocks recomputed, %d of %d conv units cut along D\n",
+               (long long)o.memory_budget, axn[ax], st.n_recomputed, nd, nc);
+        if (st.activations_peak + st.temp_peak > o.memory_budget) {
+            fprintf(stderr, "memory budget, axis %s: %lld + %lld > %lld\n", axn[ax], (long long)st.activations_peak,
+                    (long long)st.temp_peak, (long long)o.memory_budget);
+            cw_test_failures++;
+        }
+        cw_plan_destroy(plan);
+    }
 
     cw_graph_destroy(g);
-    cw_tensor *all[] = {tg1, tbe1, tg2, tbe2, tw1, tb1, tw2, tb2, tw3, tb3, tw4, tb4, tx, ty[0], ty[1]};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) cw_tensor_destroy(all[i]);
+    for (int k = 0; k < 3; k++) cw_tensor_destroy(tgm[k]), cw_tensor_destroy(tbt[k]), free(gm[k]), free(bt[k]);
+    for (int k = 0; k < NCONV; k++) cw_tensor_destroy(tw[k]), cw_tensor_destroy(tb[k]), free(wt[k]), free(bs[k]);
+    cw_tensor_destroy(tx), cw_tensor_destroy(ty[0]), cw_tensor_destroy(ty[1]);
     for (int k = 0; k < 2; k++) free(un[k]), free(out[k]);
-    free(x), free(g1), free(be1), free(g2), free(be2), free(w1), free(b1), free(w2), free(b2), free(w3), free(b3);
-    free(w4), free(b4), free(h1), free(u), free(c1), free(c2), free(ref1), free(ref2), free(c2f), free(h2);
+    free(x), free(f1), free(f2), free(u), free(d1), free(r0), free(hh), free(c2), free(ref1), free(ref2), free(c2f);
+    free(h2);
 }
 
 /* A long clip (many more frames than rows) under a tight budget: the planner cuts the causal

@@ -493,7 +493,8 @@ typedef struct cw_compile_options {
     cw_patch_policy policy;
     int patches;              /* for CW_PATCHES_FIXED */
     int fuse;                 /* fuse GroupNorm-apply + SiLU + upsample into conv prep; default 1 */
-    int64_t max_patch_rows;   /* 0: no cap; else cap on output rows per patch (bounds prep buffers) */
+    int64_t max_patch_rows;   /* 0: no cap; else cap on output rows per patch (bounds prep buffers);
+                                 frames per patch of 5-D convs under CW_PATCH_AXIS_D */
     /* 0: none. Else a cap on activations + temporaries, bytes (weights apart; what
      * cw_plan_stats.activations_peak + temp_predicted count): when the plan
      * would need more, the planner recomputes instead of storing the inner activation of
