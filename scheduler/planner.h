@@ -1,6 +1,7 @@
-/* Height patches: the exact halo math of DESIGN.md and the planner that picks a conv's patch
- * count and algorithm from its share of the budget (planner.c, used by the lowering, the
- * tests and bench_conv); and convolution parameter validation (conv_check.c).
+/* Patches along H (rows) or, for 5-D convs, D (frames): the exact halo math of DESIGN.md and
+ * the planner that picks a conv's patch axis, count and algorithm from its share of the
+ * budget (planner.c, used by the lowering, the tests and bench_conv); and convolution
+ * parameter validation (conv_check.c).
  * A patch is a view into the full input/output tensors: same strides, fewer rows. */
 #ifndef CW_PLANNER_H
 #define CW_PLANNER_H
