@@ -158,7 +158,8 @@ typedef struct cw__conv_info {
     int node;
     int patches;
     int *tasks;          /* its conv task per patch */
-    int64_t h_out;
+    int axis;            /* the tensor dim its patches cut: H (rank - 2) or D (2, 5-D only) */
+    int64_t out_rows;    /* its output's extent along that axis */
     int fused_prep;
     double halo_pct;
 } cw__conv_info;

@@ -70,10 +70,11 @@ CW_BACKEND_AUTO, CW_BACKEND_CPU, CW_BACKEND_CUDA = 0, 1, 2
 CW_FLAG_POISON, CW_FLAG_CHAOS, CW_FLAG_NVTX, CW_FLAG_TIMING = 1, 2, 4, 8
 CW_LOG_ERROR, CW_LOG_WARN, CW_LOG_INFO, CW_LOG_DEBUG = 0, 1, 2, 3
 CW_PATCHES_AUTO, CW_PATCHES_FIXED, CW_PATCHES_NONE = 0, 1, 2
+CW_PATCH_AXIS_AUTO, CW_PATCH_AXIS_H, CW_PATCH_AXIS_D = 0, 1, 2
 CW_NODE_NONE = -1
 CW_CONTEXT_CONFIG_VERSION = 1
 CW_CONV_PARAMS_VERSION = 1
-CW_COMPILE_OPTIONS_VERSION = 2
+CW_COMPILE_OPTIONS_VERSION = 3
 CW_ALLOCATOR_VERSION = 1
 CW_ALLOCATOR_ALIGN = 256
 # names of cw_plan_stats.stage_ms's entries (CW_STAGE_*), in index order
@@ -140,10 +141,11 @@ class cw_conv_params(ctypes.Structure):
 class cw_compile_options(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("version", c_int), ("temp_budget", c_int64), ("streams", c_int),
                 ("policy", c_int), ("patches", c_int), ("fuse", c_int), ("max_patch_rows", c_int64),
-                ("memory_budget", c_int64)]
+                ("memory_budget", c_int64), ("patch_axis", c_int)]
 
     def __init__(self):  # CW_COMPILE_OPTIONS_INIT
-        super().__init__(ctypes.sizeof(self), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0)
+        super().__init__(ctypes.sizeof(self), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0,
+                         CW_PATCH_AXIS_AUTO)
 
 
 class cw_plan_stats(ctypes.Structure):
