@@ -336,7 +336,8 @@ def test_copy_ops_half(dtype):
     x = torch.from_numpy(np.random.default_rng(3).standard_normal((1, 8, 2, 4, 6)).astype(np.float32)).to(tdt)
     cases = [
         (lambda g, n: g.slice(n, 2, 1, 1), x.narrow(2, 1, 1)),
-        (lambda g, n: g.pad(n, (2, 1, 1), (0, 1, 1), C.CW_PAD_REPLICATE), F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate")),
+        (lambda g, n: g.pad(n, (2, 1, 1), (0, 1, 1), C.CW_PAD_REPLICATE),
+         F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate")),
         (lambda g, n: g.pad(n, (0, 1, 0), (1, 0, 2), C.CW_PAD_CONSTANT, 0.1), F.pad(x, (0, 2, 1, 0, 0, 1), value=0.1)),
         (lambda g, n: g.depth_to_space(n, (2, 2, 2)), _ltx_depth_to_space(x, (2, 2, 2))),
         (lambda g, n: g.space_to_depth(n, (2, 2, 3)), _ltx_space_to_depth(x, (2, 2, 3))),
