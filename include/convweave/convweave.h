@@ -483,6 +483,59 @@ CW_API cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, 
  * CW_ERR_INVALID_ARG, naming the argument, for a dim other than 1 or 2, an a or b of another
  * rank or dtype or not a node, and naming both shapes when they differ outside dim. */
 CW_API cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim);
+/* y = x.narrow(dim, start, length): the elements of x whose index in dim is start ..
+ * start + length - 1, copied exactly (bits, NaN payloads included): torch's slice with step
+ * 1 (x[:, :, 2:5]), and select kept as a dim of extent 1 (x[:, :, 3:4]). dim: 1 (C) to
+ * rank - 1 (D, H, W of [N, C, D, H, W]; H, W of [N, C, H, W]). x: [N, C, H, W] or
+ * [N, C, D, H, W] of the graph's dtype; y: x's dims with dims[dim] = length. The copy is its
+ * own task on the light stream. Returns CW_ERR_INVALID_ARG, naming the argument and x's
+ * dims, for a dim outside 1..rank - 1, a start < 0, a length < 1 or start + length past x's
+ * extent in dim, and for an x of another rank or dtype or not a node. */
+CW_API cw_status cw_graph_slice(cw_graph *g, cw_node *out, cw_node x, int dim, int64_t start, int64_t length);
+
+/* How cw_graph_pad fills the border (F.pad's modes). Append only: plans store the codes. */
+typedef enum cw_pad_mode {
+    CW_PAD_CONSTANT = 0, /* every padded element is value (F.pad(mode='constant', value=value)) */
+    CW_PAD_REPLICATE = 1 /* a padded element repeats the nearest edge element: the source index
+                            clamped into x (F.pad(mode='replicate')) */
+} cw_pad_mode;
+/* y = x padded by pre[k] elements before and post[k] after along D, H, W (k = 0, 1, 2): F.pad
+ * with (pre[2], post[2], pre[1], post[1], pre[0], post[0]) on [N, C, D, H, W]. x: [N, C, D, H,
+ * W], or [N, C, H, W] with pre[0] = post[0] = 0; y: x's dims with pre[k] + post[k] added to D,
+ * H, W, of x's dtype. y's interior is x's elements copied exactly (bits), and so is a
+ * replicated border; a constant border is value rounded once to the graph's dtype (NaN and
+ * infinities allowed). HunyuanVideo's causal conv pads with CW_PAD_REPLICATE, pre = {2, 1, 1},
+ * post = {0, 1, 1}, then convolves unpadded. The copy is its own task on the light stream.
+ * Returns CW_ERR_INVALID_ARG, naming the argument, for a NULL pre or post, a pad outside
+ * 0..64, pre[0] or post[0] != 0 with a 4-D x, a mode that is not a cw_pad_mode, or an x of
+ * another rank or dtype or not a node. */
+CW_API cw_status cw_graph_pad(cw_graph *g, cw_node *out, cw_node x, const int64_t pre[3], const int64_t post[3],
+                              cw_pad_mode mode, float value);
+/* Depth to space by factors = {fd, fh, fw} (D, H, W), each 1..8, F = fd * fh * fw:
+ *   y[n, c, d * fd + i, h * fh + j, w * fw + k] = x[n, c * F + (i * fh + j) * fw + k, d, h, w],
+ * elements copied exactly (bits). x: [N, C * F, D, H, W], or [N, C * F, H, W] with fd = 1
+ * (then exactly torch.pixel_shuffle(x, r) for fh = fw = r); y: [N, C, D * fd, H * fh, W * fw],
+ * of x's dtype. The order is LTX-Video's upsampler's (diffusers' LTXVideoUpsampler3d:
+ * reshape to [N, C, fd, fh, fw, D, H, W], permute(0, 1, 5, 2, 6, 3, 7, 4), flatten), checked
+ * against it; the frames it then drops (the first fd - 1) are a cw_graph_slice. The copy is
+ * its own task on the light stream. Returns CW_ERR_INVALID_ARG, naming the argument, for a
+ * NULL factors, a factor outside 1..8, factors[0] != 1 with a 4-D x, an x whose channels F
+ * does not divide, or an x of another rank or dtype or not a node. */
+CW_API cw_status cw_graph_depth_to_space(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
+/* Space to depth, the inverse of cw_graph_depth_to_space with the same factors (each 1..8,
+ * F = fd * fh * fw):
+ *   y[n, c * F + (i * fh + j) * fw + k, d, h, w] = x[n, c, d * fd + i, h * fh + j, w * fw + k],
+ * elements copied exactly (bits). x: [N, C, D, H, W] with D, H, W multiples of their factors,
+ * or [N, C, H, W] with fd = 1 (then exactly torch.pixel_unshuffle(x, r) for fh = fw = r); y:
+ * [N, C * F, D / fd, H / fh, W / fw], of x's dtype. This is the reshape-permute of LTX-Video's
+ * downsampler (diffusers' LTXVideoDownsampler3d: unflatten D, H, W by the factors,
+ * permute(0, 1, 3, 5, 7, 2, 4, 6), flatten(1, 4)) alone: that module also repeats its first
+ * fd - 1 frames in front (a cw_graph_slice and cw_graph_concat) and averages groups of the
+ * result's channels for its residual (not part of this op). Returns CW_ERR_INVALID_ARG, naming
+ * the argument, for a NULL factors, a factor outside 1..8, factors[0] != 1 with a 4-D x, an x
+ * whose D, H or W its factor does not divide, or an x of another rank or dtype or not a
+ * node. */
+CW_API cw_status cw_graph_space_to_depth(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */

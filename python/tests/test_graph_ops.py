@@ -1,7 +1,8 @@
 """Graph.unary, binary, shift, upsample_nearest, reduce_channels and concat (the ops
 convweave.torch.wrap lowers ATen's relu/tanh/sigmoid/gelu/mul/sub/div/clamp/bias adds/nearest
-upsampling/channel norms/cat to) on the cpu backend against NumPy, and their argument errors.
-NumPy only."""
+upsampling/channel norms/cat to) on the cpu backend against NumPy, and their argument errors;
+slice, pad, depth_to_space and space_to_depth against torch (narrow, F.pad, pixel_shuffle and
+LTX-Video's reshape-permute), skipped where torch is not installed."""
 import math
 
 import numpy as np
@@ -188,3 +189,170 @@ def test_argument_errors():
         g.shift(x, g.constant("v", np.zeros(3, np.float32)))
     g.close()
     ctx.close()
+
+
+# ---- slice, pad, depth_to_space / space_to_depth: against torch where it is installed -------
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("shape,dim,start,length", [((2, 3, 4, 5), 1, 1, 2), ((2, 3, 4, 5), 3, 4, 1),
+                                                     ((1, 4, 5, 3, 6), 2, 1, 4), ((1, 4, 5, 3, 6), 4, 2, 3),
+                                                     ((1, 4, 5, 3, 6), 3, 0, 3)])
+def test_slice(shape, dim, start, length):
+    torch = _torch()
+    x = np.random.default_rng(dim).standard_normal(shape).astype(np.float32)
+    x.flat[7] = np.nan
+    ref = torch.from_numpy(x).narrow(dim, start, length).contiguous().numpy()
+    for y in _run(lambda g, n: g.slice(n[0], dim, start, length), [x], ref.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32))  # bits
+
+
+def test_slice_errors():
+    ctx = _core.Context(backend="cpu")
+    g = _core.Graph(ctx)
+    x = g.input("x", (1, 2, 4, 5))
+    with pytest.raises(convweave.Error, match=r"dim = 0 must be in 1..3 for x \[1, 2, 4, 5\]"):
+        g.slice(x, 0, 0, 1)
+    with pytest.raises(convweave.Error, match=r"start = 4 must be in 0..3 for x \[1, 2, 4, 5\] along dim 2"):
+        g.slice(x, 2, 4, 1)
+    with pytest.raises(convweave.Error, match=r"length = 3 must be in 1..2"):
+        g.slice(x, 2, 2, 3)
+    assert g.shape(g.slice(x, 3, 1, 4)) == (1, 2, 4, 4)
+    g.close()
+    ctx.close()
+
+
+@pytest.mark.parametrize("mode", ["constant", "replicate"])
+@pytest.mark.parametrize("shape,pre,post", [((2, 3, 4, 5), (0, 1, 2), (0, 3, 0)),
+                                            ((1, 2, 3, 4, 5), (2, 1, 1), (0, 1, 1)),  # HunyuanVideo's causal pad
+                                            ((1, 2, 2, 3, 2), (3, 0, 5), (1, 4, 0))])
+def test_pad(mode, shape, pre, post):
+    torch = _torch()
+    F = torch.nn.functional
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    x.flat[5] = np.nan
+    torch_pad = []
+    for k in (2, 1, 0)[: len(shape) - 2]:  # F.pad lists the last dim first
+        torch_pad += [pre[k], post[k]]
+    kw = {"value": -0.75} if mode == "constant" else {}
+    ref = F.pad(torch.from_numpy(x), torch_pad, mode=mode, **kw).numpy()
+    code = C.CW_PAD_CONSTANT if mode == "constant" else C.CW_PAD_REPLICATE
+    for y in _run(lambda g, n: g.pad(n[0], pre, post, code, -0.75), [x], ref.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32))  # bits
+
+
+def test_pad_errors():
+    ctx = _core.Context(backend="cpu")
+    g = _core.Graph(ctx)
+    x = g.input("x", (1, 2, 4, 5))
+    with pytest.raises(convweave.Error, match=r"pre\[1\] \(H\) = -1 must be in 0..64"):
+        g.pad(x, (-1, 0), (0, 0))
+    with pytest.raises(convweave.Error, match=r"post\[2\] \(W\) = 65 must be in 0..64"):
+        g.pad(x, (0, 0), (0, 65))
+    with pytest.raises(convweave.Error, match=r"pre\[0\] = 1 and post\[0\] = 0 \(D\) must be 0 for a 4-D x"):
+        g.pad(x, (1, 0, 0), (0, 0, 0))
+    with pytest.raises(convweave.Error, match=r"mode = 2 is not a cw_pad_mode \(0..1\)"):
+        g.pad(x, (0, 0), (0, 0), 2)
+    with pytest.raises(ValueError, match="pad pre"):
+        g.pad(x, (1,), (0, 0))
+    assert g.shape(g.pad(x, (1, 2), (3, 4), C.CW_PAD_REPLICATE)) == (1, 2, 8, 11)
+    g.close()
+    ctx.close()
+
+
+def _ltx_depth_to_space(x, f):
+    """LTXVideoUpsampler3d's shuffle (diffusers), without its frame drop."""
+    b, c, t, h, w = x.shape
+    x = x.reshape(b, -1, f[0], f[1], f[2], t, h, w)
+    return x.permute(0, 1, 5, 2, 6, 3, 7, 4).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+
+def _ltx_space_to_depth(x, f):
+    """LTXVideoDownsampler3d's shuffle (diffusers), without its frame repeat and group mean."""
+    x = x.unflatten(4, (-1, f[2])).unflatten(3, (-1, f[1])).unflatten(2, (-1, f[0]))
+    return x.permute(0, 1, 3, 5, 7, 2, 4, 6).flatten(1, 4)
+
+
+@pytest.mark.parametrize("f", [(2, 2, 2), (1, 2, 2), (2, 1, 1), (2, 3, 1)])
+def test_depth_to_space_ltx(f):
+    torch = _torch()
+    F = f[0] * f[1] * f[2]
+    x = np.random.default_rng(F).standard_normal((1, 2 * F, 3, 2, 3)).astype(np.float32)
+    x.flat[4] = np.nan
+    up = _ltx_depth_to_space(torch.from_numpy(x), f).contiguous().numpy()
+    for y in _run(lambda g, n: g.depth_to_space(n[0], f), [x], up.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), up.view(np.uint32))  # bits
+    # LTX's upsampler then drops the first fd - 1 frames: a slice
+    drop = up[:, :, f[0] - 1:]
+    for y in _run(lambda g, n: g.slice(g.depth_to_space(n[0], f), 2, f[0] - 1, up.shape[2] - f[0] + 1), [x],
+                  drop.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), np.ascontiguousarray(drop).view(np.uint32))
+    down = _ltx_space_to_depth(torch.from_numpy(up), f).contiguous().numpy()
+    np.testing.assert_array_equal(down.view(np.uint32), x.view(np.uint32))  # LTX's pair: inverses
+    for y in _run(lambda g, n: g.space_to_depth(n[0], f), [up], x.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), down.view(np.uint32))
+
+
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_pixel_shuffle(r):
+    torch = _torch()
+    x = np.random.default_rng(r).standard_normal((2, 2 * r * r, 3, 4)).astype(np.float32)
+    ref = torch.nn.functional.pixel_shuffle(torch.from_numpy(x), r).numpy()
+    for y in _run(lambda g, n: g.depth_to_space(n[0], (r, r)), [x], ref.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32))
+    back = torch.nn.functional.pixel_unshuffle(torch.from_numpy(ref), r).numpy()
+    for y in _run(lambda g, n: g.space_to_depth(n[0], (1, r, r)), [ref], back.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), back.view(np.uint32))
+
+
+def test_depth_to_space_errors():
+    ctx = _core.Context(backend="cpu")
+    g = _core.Graph(ctx)
+    x = g.input("x", (1, 12, 4, 6))
+    with pytest.raises(convweave.Error, match=r"channels C = 12 must be a multiple of fd \* fh \* fw = 9"):
+        g.depth_to_space(x, (3, 3))
+    with pytest.raises(convweave.Error, match=r"x \[1, 12, 4, 6\]'s W = 6 must be a multiple of factors\[2\] = 4"):
+        g.space_to_depth(x, (1, 4))
+    with pytest.raises(convweave.Error, match=r"factors\[0\] \(D\) = 2 must be 1 for a 4-D x"):
+        g.depth_to_space(x, (2, 1, 1))
+    with pytest.raises(ValueError, match="space_to_depth factors"):
+        g.space_to_depth(x, (2,))
+    assert g.shape(g.depth_to_space(x, (2, 2))) == (1, 3, 8, 12)
+    assert g.shape(g.space_to_depth(x, (2, 3))) == (1, 72, 2, 2)
+    g.close()
+    ctx.close()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_copy_ops_half(dtype):
+    """slice, pad (the constant rounded to the dtype as torch rounds it), depth_to_space and
+    space_to_depth in a half-precision graph: torch's bits."""
+    torch = _torch()
+    F = torch.nn.functional
+    tdt = getattr(torch, dtype)
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((1, 8, 2, 4, 6)).astype(np.float32)).to(tdt)
+    cases = [
+        (lambda g, n: g.slice(n, 2, 1, 1), x.narrow(2, 1, 1)),
+        (lambda g, n: g.pad(n, (2, 1, 1), (0, 1, 1), C.CW_PAD_REPLICATE),
+         F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate")),
+        (lambda g, n: g.pad(n, (0, 1, 0), (1, 0, 2), C.CW_PAD_CONSTANT, 0.1), F.pad(x, (0, 2, 1, 0, 0, 1), value=0.1)),
+        (lambda g, n: g.depth_to_space(n, (2, 2, 2)), _ltx_depth_to_space(x, (2, 2, 2))),
+        (lambda g, n: g.space_to_depth(n, (2, 2, 3)), _ltx_space_to_depth(x, (2, 2, 3))),
+    ]
+    for build, ref in cases:
+        ref = ref.contiguous()
+        ctx = _core.Context(backend="cpu", streams=3)
+        g = _core.Graph(ctx)
+        y = build(g, g.input("x", tuple(x.shape), dtype=dtype))
+        g.output(y, "y")
+        assert g.shape(y) == tuple(ref.shape)
+        p = g.compile(patches="none", streams=1)
+        out = torch.full(ref.shape, float("nan"), dtype=tdt)
+        p.run([x], [out])
+        p.close()
+        g.close()
+        ctx.close()
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16))  # bits

@@ -708,6 +708,122 @@ static void concat_run(const cw__op_args *a) {
     }
 }
 
+/* Copies the 5-D (padded) view dim/sd at dp from xp, read with strides sx: rows of W as
+ * bits of es bytes (memcpy where both rows are contiguous). */
+static void copy_bits5(char *dp, const int64_t dim[5], const int64_t sd[5], const char *xp, const int64_t sx[5],
+                       size_t es) {
+    for (int64_t i0 = 0; i0 < dim[0]; i0++)
+        for (int64_t i1 = 0; i1 < dim[1]; i1++)
+            for (int64_t i2 = 0; i2 < dim[2]; i2++)
+                for (int64_t i3 = 0; i3 < dim[3]; i3++) {
+                    char *d = dp + (i0 * sd[0] + i1 * sd[1] + i2 * sd[2] + i3 * sd[3]) * (int64_t)es;
+                    const char *x = xp + (i0 * sx[0] + i1 * sx[1] + i2 * sx[2] + i3 * sx[3]) * (int64_t)es;
+                    if (sd[4] == 1 && sx[4] == 1)
+                        memcpy(d, x, (size_t)dim[4] * es);
+                    else
+                        up_row(d, sd[4], x, sx[4], dim[4], 1, es);
+                }
+}
+
+/* The slice: in[0] read from its element start along dim, with its strides, over out's dims. */
+static void slice_run(const cw__op_args *a) {
+    int64_t dim[5], sd[5], xd[5], sx[5];
+    view_pad5(&a->out, dim, sd);
+    view_pad5(&a->in[0], xd, sx);
+    const size_t es = cw_dtype_size(a->out.d.dtype);
+    const int p = (int)a->param.i[0] + 5 - a->out.d.rank; /* dim among the 5 padded dims */
+    copy_bits5(a->out.data, dim, sd, (const char *)a->in[0].data + a->param.i[1] * sx[p] * (int64_t)es, sx, es);
+}
+
+/* n elements of es bytes at d (stride sd), each set to the es bytes at v. */
+static void set_row(char *d, int64_t sd, int64_t n, const void *v, size_t es) {
+    for (int64_t i = 0; i < n; i++) memcpy(d + i * sd * (int64_t)es, v, es);
+}
+
+/* The pad: per output row, its source row (cw_pad_src of D and H), or the fill where either
+ * is outside a constant pad; along W the border before and after, each of the fill or the
+ * row's first or last element, and the row itself copied as bits between. */
+static void pad_run(const cw__op_args *a) {
+    ncdhw d, x;
+    view_ncdhw(&a->out, &d);
+    view_ncdhw(&a->in[0], &x);
+    const cw_dtype dt = a->out.d.dtype;
+    const size_t es = cw_dtype_size(dt);
+    const int mode = (int)a->param.i[0];
+    const int64_t pz = cw_pad_get(a->param.i[1], 0), ph = cw_pad_get(a->param.i[1], 1);
+    const int64_t pw = cw_pad_get(a->param.i[1], 2), qw = cw_pad_get(a->param.i[2], 2);
+    const uint32_t fill32 = cw_pad_fill_bits(a->param.f[0], dt);
+    const uint16_t fill16 = (uint16_t)fill32;
+    const void *fill = es == 4 ? (const void *)&fill32 : (const void *)&fill16;
+    const int64_t xw = x.dim[4];
+    for (int64_t n = 0; n < d.dim[0]; n++)
+        for (int64_t c = 0; c < d.dim[1]; c++)
+            for (int64_t z = 0; z < d.dim[2]; z++)
+                for (int64_t h = 0; h < d.dim[3]; h++) {
+                    char *dr = elem_at(a->out.data, n * d.st[0] + c * d.st[1] + z * d.st[2] + h * d.st[3], es);
+                    const int64_t sz = cw_pad_src(z, pz, x.dim[2], mode), sh = cw_pad_src(h, ph, x.dim[3], mode);
+                    if (sz < 0 || sh < 0) {
+                        set_row(dr, d.st[4], d.dim[4], fill, es);
+                        continue;
+                    }
+                    const int64_t ox = n * x.st[0] + c * x.st[1] + sz * x.st[2] + sh * x.st[3];
+                    const char *xr = elem_at(a->in[0].data, ox, es);
+                    const int rep = mode == CW_PAD_REPLICATE;
+                    set_row(dr, d.st[4], pw, rep ? xr : fill, es);
+                    char *dm = dr + pw * d.st[4] * (int64_t)es;
+                    if (d.st[4] == 1 && x.st[4] == 1)
+                        memcpy(dm, xr, (size_t)xw * es);
+                    else
+                        up_row(dm, d.st[4], xr, x.st[4], xw, 1, es);
+                    set_row(dm + xw * d.st[4] * (int64_t)es, d.st[4], qw,
+                            rep ? xr + (xw - 1) * x.st[4] * (int64_t)es : fill, es);
+                }
+}
+
+/* One output row of depth to space along W: o[(s fw + k) sd] = x[k cs + s ws] for s < xw,
+ * k < fw (cs: the channel stride, the source's k-th channel), bits of es bytes. */
+static void d2s_row(char *d, int64_t sd, const char *x, int64_t xw, int64_t fw, int64_t cs, int64_t ws, size_t es) {
+    if (es == 4) {
+        uint32_t *o = (uint32_t *)d;
+        const uint32_t *i = (const uint32_t *)x;
+        for (int64_t s = 0; s < xw; s++)
+            for (int64_t k = 0; k < fw; k++) o[(s * fw + k) * sd] = i[k * cs + s * ws];
+    } else {
+        uint16_t *o = (uint16_t *)d;
+        const uint16_t *i = (const uint16_t *)x;
+        for (int64_t s = 0; s < xw; s++)
+            for (int64_t k = 0; k < fw; k++) o[(s * fw + k) * sd] = i[k * cs + s * ws];
+    }
+}
+
+/* Depth to space (d2s) or space to depth, per output row of W. d2s: output row (c, z, y)
+ * reads channels c F + ((z % fd) fh + y % fh) fw + 0..fw-1 at (z / fd, y / fh), interleaved
+ * along W. Space to depth: output row (c, z, y) reads input row (c / F, z fd + i, y fh + j)
+ * from element k with stride fw, where c % F = (i fh + j) fw + k. */
+static void shuffle_run(const cw__op_args *a, int d2s) {
+    ncdhw d, x;
+    view_ncdhw(&a->out, &d);
+    view_ncdhw(&a->in[0], &x);
+    const size_t es = cw_dtype_size(a->out.d.dtype);
+    const int64_t fd = a->param.i[0], fh = a->param.i[1], fw = a->param.i[2], f = fd * fh * fw;
+    for (int64_t n = 0; n < d.dim[0]; n++)
+        for (int64_t c = 0; c < d.dim[1]; c++)
+            for (int64_t z = 0; z < d.dim[2]; z++)
+                for (int64_t y = 0; y < d.dim[3]; y++) {
+                    char *dr = elem_at(a->out.data, n * d.st[0] + c * d.st[1] + z * d.st[2] + y * d.st[3], es);
+                    if (d2s) {
+                        const int64_t xc = c * f + ((z % fd) * fh + y % fh) * fw;
+                        const int64_t ox = n * x.st[0] + xc * x.st[1] + (z / fd) * x.st[2] + (y / fh) * x.st[3];
+                        d2s_row(dr, d.st[4], elem_at(a->in[0].data, ox, es), x.dim[4], fw, x.st[1], x.st[4], es);
+                    } else {
+                        const int64_t r = c % f, i = r / (fh * fw), j = r / fw % fh, k = r % fw;
+                        const int64_t ox = n * x.st[0] + (c / f) * x.st[1] + (z * fd + i) * x.st[2] +
+                                           (y * fh + j) * x.st[3] + k * x.st[4];
+                        up_row(dr, d.st[4], elem_at(a->in[0].data, ox, es), x.st[4] * fw, d.dim[4], 1, es);
+                    }
+                }
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
@@ -717,6 +833,10 @@ void cw__cpu_op_exec(const cw__op_args *a) {
     case CW_OP_UPSAMPLE_NEAREST: upsample_nearest_run(a); break;
     case CW_OP_REDUCE_CHANNELS: reduce_channels_run(a); break;
     case CW_OP_CONCAT: concat_run(a); break;
+    case CW_OP_SLICE: slice_run(a); break;
+    case CW_OP_PAD: pad_run(a); break;
+    case CW_OP_DEPTH_TO_SPACE: shuffle_run(a, 1); break;
+    case CW_OP_SPACE_TO_DEPTH: shuffle_run(a, 0); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

@@ -587,6 +587,44 @@ class Graph:
         of a 4-D one); shapes equal but in dim, values copied exactly."""
         return self._node(lib.cw_graph_concat, a, b, int(dim))
 
+    def slice(self, x, dim, start, length):
+        """cw_graph_slice: x.narrow(dim, start, length) for dim 1 (C) to rank - 1 (D, H, W), values
+        copied exactly (torch's slice with step 1; select as a dim of extent 1)."""
+        return self._node(lib.cw_graph_slice, x, int(dim), int(start), int(length))
+
+    def pad(self, x, pre, post, mode=C.CW_PAD_CONSTANT, value=0.0):
+        """cw_graph_pad: x padded by pre[k] before and post[k] after along (D, H, W), each 0..64
+        (a pair (H, W) means D 0; a 4-D x takes D 0); mode a CW_PAD_* code (convweave._lib):
+        CONSTANT fills value (rounded to the graph's dtype), REPLICATE repeats the edge.
+        F.pad(x, (pw, qw, ph, qh, pd, qd)) is pad(x, (pd, ph, pw), (qd, qh, qw))."""
+        pads = []
+        for name, p in (("pre", pre), ("post", post)):
+            p = tuple(int(v) for v in p)
+            p = (0,) + p if len(p) == 2 else p
+            if len(p) != 3:
+                raise ValueError(f"convweave: pad {name} {p!r}: give (D, H, W) or (H, W)")
+            pads.append((ctypes.c_int64 * 3)(*p))
+        return self._node(lib.cw_graph_pad, x, pads[0], pads[1], int(mode), float(value))
+
+    @staticmethod
+    def _factors(name, factors):
+        f = tuple(int(v) for v in factors)
+        f = (1,) + f if len(f) == 2 else f
+        if len(f) != 3:
+            raise ValueError(f"convweave: {name} factors {factors!r}: give (fd, fh, fw) or (fh, fw)")
+        return (ctypes.c_int64 * 3)(*f)
+
+    def depth_to_space(self, x, factors):
+        """cw_graph_depth_to_space: [N, C*fd*fh*fw, D, H, W] -> [N, C, D*fd, H*fh, W*fw], channel
+        c*F + (i*fh + j)*fw + k to (d*fd + i, h*fh + j, w*fw + k): LTX-Video's upsampler order, and
+        torch.pixel_shuffle for a 4-D x and factors (1, r, r) (a pair (fh, fw) means fd 1)."""
+        return self._node(lib.cw_graph_depth_to_space, x, self._factors("depth_to_space", factors))
+
+    def space_to_depth(self, x, factors):
+        """cw_graph_space_to_depth: the inverse of depth_to_space (LTX-Video's downsampler's
+        reshape-permute; torch.pixel_unshuffle for a 4-D x and factors (1, r, r))."""
+        return self._node(lib.cw_graph_space_to_depth, x, self._factors("space_to_depth", factors))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""
