@@ -69,14 +69,3 @@ def test_tiling_is_turned_off():
     cd.disable(vae)
     assert vae.use_tiling and vae.use_framewise_decoding
 
-
-def test_decode_with_timestep():
-    """LTX-Video 0.9.1's layout: the decoder conditioned on the decode timestep (temb), an
-    input of the signature like the latent."""
-    vae, _ = build("ltx")
-    import diffusers
-    torch.manual_seed(0)
-    vae = diffusers.AutoencoderKLLTXVideo(**dict(vae.config, timestep_conditioning=True)).eval()
-    temb = torch.tensor([0.05])
-    y, _, _, state, _ = check(vae, lambda v, z: v.decode(z, temb.to(z.dtype)).sample, latent(2))
-    assert len(state.plans) == 1 and len(next(iter(state.plans))) == 2  # (latent, temb) signature

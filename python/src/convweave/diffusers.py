@@ -379,7 +379,10 @@ class ConvweaveVideo(_ConvweavePart):
         else:
             s = getattr(self.module, "spatial_compression_ratio", None) or 8
             shape = (1, getattr(cfg, "in_channels", 3), 1, s, s)
-        self._program([torch.zeros(shape, dtype=p.dtype, device=p.device)], compile=False)
+        ins = [torch.zeros(shape, dtype=p.dtype, device=p.device)]
+        if self.part == "decoder" and getattr(cfg, "timestep_conditioning", False):
+            ins.append(torch.zeros(1, dtype=p.dtype, device=p.device))  # LTX 0.9.1+: decode(z, temb)
+        self._program(ins, compile=False)
 
     def _pytorch(self, why, x, *extra):
         if why not in self.warned:
