@@ -71,3 +71,16 @@ def test_tiling_is_turned_off():
     assert (y - exact).abs().max().item() <= 1e-4
     cd.disable(vae)
     assert vae.use_tiling
+
+
+def test_return_dict_false_and_deepcopy():
+    import copy
+    vae, _ = build("cogvideox")
+    cd.enable(vae)
+    z = latent(3)
+    with torch.no_grad():
+        (y,) = vae.decode(z, return_dict=False)
+        (post,) = vae.encode(video_for(vae, z), return_dict=False)
+        twin = copy.deepcopy(vae)  # enabled with the same options; compiles its own plans
+        assert cd.is_enabled(twin) and torch.equal(twin.decode(z).sample, y)
+    assert post.mean.shape[2] == 3

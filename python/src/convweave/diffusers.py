@@ -481,10 +481,13 @@ class _VideoDecode:
         self.state = state
 
     @torch.compiler.disable
-    def __call__(self, z, *args, return_dict=True, **kwargs):
-        temb = args[0] if args else kwargs.pop("temb", None)  # LTX-Video's timestep embedding
-        if len(args) > 1:
-            return_dict = args[1]
+    def __call__(self, z, *args, return_dict=True, temb=None):
+        # LTX-Video's is _decode(z, temb=None, return_dict=True), the others' _decode(z, return_dict=True)
+        if self.state.cls == "AutoencoderKLLTXVideo":
+            args = args + (temb, return_dict)[len(args):]
+            temb, return_dict = args[0], args[1]
+        elif args:
+            return_dict = args[0]
         from diffusers.models.autoencoders.vae import DecoderOutput
         out = self.state.run(z, temb)
         return DecoderOutput(sample=out) if return_dict else (out,)
