@@ -180,9 +180,7 @@ def one(args, mib=1 << 20):
     with tempfile.TemporaryDirectory() as tmp:
         res = {m: run_mode(args, m, os.path.join(tmp, f"{m}.pt")) for m in modes}
         outs = {m: torch.load(os.path.join(tmp, f"{m}.pt")) for m in modes if "error" not in res[m]}
-    exact = outs.get("convweave", outs.get("least"))
-    if exact is None or (args.model == "hunyuanvideo" and "diffusers" in outs):  # noqa: SIM108
-        exact = exact if exact is not None else outs.get("diffusers")
+    exact = outs.get("convweave", outs.get("least", outs.get("diffusers")))  # the untiled decode
     ref = {m: res[m] for m in ("diffusers", "tiled") if m in outs}
     for m in outs:
         if exact is not None and outs[m].shape == exact.shape:
