@@ -197,13 +197,15 @@ def one(args, mib=1 << 20):
         rat = []
         for b in ("diffusers", "tiled"):
             if b in ref:
-                rat.append(f"{r['seconds'] / ref[b]['seconds']:.2f}x/{r['working_bytes'] / ref[b]['working_bytes']:.2f}x")
+                t, w = r["seconds"] / ref[b]["seconds"], r["working_bytes"] / ref[b]["working_bytes"]
+                rat.append(f"{t:.2f}x/{w:.2f}x")
             else:
                 rat.append("-")
         notes = ""
         if "fallbacks" in r:
             notes = (f"compile {r['compile_s']:.1f}s, {r['segments']} segs, {r['nodes_convweave']} cw / "
-                     f"{r['fallbacks']} torch nodes, temp {r['temp_peak'] / mib:.0f} MiB, acts {r['activations_peak'] / mib:.0f} MiB")
+                     f"{r['fallbacks']} torch nodes, temp {r['temp_peak'] / mib:.0f} MiB, "
+                     f"acts {r['activations_peak'] / mib:.0f} MiB")
         print(f"{m:10s} {r['seconds']:8.2f} {r['working_bytes'] / mib:12.1f} {rat[0]:>19s} {rat[1]:>15s} "
               f"{r.get('max_diff_exact', float('nan')):12.2e}  {notes}")
     for m in modes:

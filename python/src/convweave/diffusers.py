@@ -590,7 +590,8 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
            fuse=True, memory=None, torch_allocator=False, keep_memory=False, max_plans=4, exact=True):
     """Makes vae.decode(z) and vae.encode(x) (vae: a diffusers AutoencoderKL, or its .decoder
     or .encoder alone; or one of the video autoencoders AutoencoderKLCogVideoX, AutoencoderKLWan,
-    AutoencoderKLHunyuanVideo, AutoencoderKLLTXVideo, see below) run convweave: at most `budget` of temporary memory (bytes, '256MiB',
+    AutoencoderKLHunyuanVideo, AutoencoderKLLTXVideo, see below) run convweave: at most
+    `budget` of temporary memory (bytes, '256MiB',
     or None for no cap; one budget for both parts, which share a context) on `streams`
     streams (1: in order; N: N-1 heavy + 1 light). encoder=False / decoder=False leave that
     part to PyTorch (for a bare Encoder or Decoder only its own flag counts). Plans compile
