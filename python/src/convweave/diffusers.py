@@ -3,7 +3,12 @@
     import convweave.diffusers
     convweave.diffusers.enable(vae, budget="256MiB", streams=2)
 
-enable() replaces vae.decoder.forward and vae.encoder.forward with plans compiled from the
+For the video autoencoders (CogVideoX, Wan, HunyuanVideo, LTX-Video) enable() replaces the
+vae's _decode and _encode with their untiled methods exported whole (frame-chunk loops
+unrolled), run as convweave segments with PyTorch steps for the nodes convweave lacks; see
+enable() and docs/torch-front.md, "Video VAEs".
+
+For AutoencoderKL, enable() replaces vae.decoder.forward and vae.encoder.forward with plans compiled from the
 modules' own parameters (read in place, never copied), one plan per input shape and dtype.
 diffusers still runs quant_conv, post_quant_conv, slicing and tiling itself, exactly as
 before. disable(vae) restores the modules' own forwards. There is no mapping per class: each
@@ -23,7 +28,8 @@ from ._core import ArgumentError, Context, Error, format_bytes, memory_auto_pct,
 from . import _lib as C
 from .front.runner import Program
 
-__all__ = ["enable", "disable", "is_enabled", "last_plan", "ConvweaveDecoder", "ConvweaveEncoder"]
+__all__ = ["enable", "disable", "is_enabled", "last_plan", "describe", "ConvweaveDecoder", "ConvweaveEncoder",
+           "ConvweaveVideo"]
 
 PARTS = ("decoder", "encoder")  # the order enable() checks and wraps them in
 
@@ -288,6 +294,251 @@ class ConvweaveEncoder(_ConvweavePart):
         return self._run(sample)
 
 
+# ---- video autoencoders ---------------------------------------------------------------------
+# CogVideoX, Wan, HunyuanVideo and LTX-Video decode and encode through methods of the vae
+# itself (_decode, _encode), not one forward of a part: CogVideoX and Wan loop over frame
+# chunks carrying conv caches in Python. enable() lowers the whole untiled method through
+# torch.export for a fixed input shape, which unrolls those loops into one graph, and runs
+# it as convweave segments with PyTorch steps between them (the nodes the op table lacks).
+# The tiling and framewise switches are forced off while exporting: convweave's memory
+# scheduling replaces them, and its result is the untiled one.
+_VIDEO = ("AutoencoderKLCogVideoX", "AutoencoderKLWan", "AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo")
+_TILING = ("use_tiling", "use_framewise_encoding", "use_framewise_decoding")
+
+
+def _video_class(vae):
+    """The name of the diffusers video autoencoder class vae is (or subclasses), else None."""
+    try:
+        import diffusers
+    except ImportError:
+        return None
+    for name in _VIDEO:
+        cls = getattr(diffusers, name, None)
+        if cls is not None and isinstance(vae, cls):
+            return name
+    return None
+
+
+class _Untiled(nn.Module):
+    """What torch.export sees of a video vae's decode or encode: the class's own _decode
+    (_encode) with tiling off (and framewise off where exact), returning the tensor."""
+
+    def __init__(self, vae, part, exact):
+        super().__init__()
+        self.vae = vae
+        self.method = "_decode" if part == "decoder" else "_encode"
+        self.off = tuple(f for f in _TILING if hasattr(vae, f) and (f == "use_tiling" or exact))
+        # as _Own: a vae in training mode exports as in eval where the two compute the same
+        self.training = any((isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0) or
+                            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in vae.modules()) and vae.training
+
+    def forward(self, x, *extra):
+        vae = self.vae
+        saved = {f: getattr(vae, f) for f in self.off}
+        try:
+            for f in self.off:
+                setattr(vae, f, False)
+            fn = getattr(type(vae), self.method)
+            if self.method == "_encode":
+                return fn(vae, x)
+            out = fn(vae, x, *extra, return_dict=False)
+            return out[0]
+        finally:
+            for f, v in saved.items():
+                setattr(vae, f, v)
+
+
+class ConvweaveVideo(_ConvweavePart):
+    """enable()'s state on one part of a video autoencoder, installed as the vae's _decode
+    (part "decoder": latent [N, C, T, h, w] -> video) or _encode (part "encoder": video
+    [N, 3, T, H, W] -> moments, before DiagonalGaussianDistribution), so vae.decode and
+    vae.encode keep diffusers' return types and slicing. One compiled Program per input
+    signature (shape, dtype, device, LTX's temb), at most max_plans; nodes the op table lacks
+    run in PyTorch between convweave segments (describe()["fallbacks"])."""
+
+    def __init__(self, vae, part, exact, *args, **kwargs):
+        self.part = part
+        self.what = "latent" if part == "decoder" else "video"
+        self.cls = _video_class(vae)
+        self.exact = exact
+        super().__init__(vae, *args, **kwargs)
+
+    def _program(self, flat, compile=True):
+        spec = pytree.tree_flatten(((*flat,), {}))[1]
+        return Program(_Untiled(self.module, self.part, self.exact), list(flat), spec, self._context, fallback=True,
+                       compile=compile, budget=0, streams=0, patches=self.patches, fuse=self.fuse, memory=self.memory)
+
+    def probe(self):
+        """Exports and lowers (does not compile) the part on a small input, so that an
+        export failure raises at enable() time."""
+        p = next(self.module.parameters())
+        cfg = self.module.config
+        if self.part == "decoder":
+            c = getattr(cfg, "latent_channels", None) or getattr(cfg, "z_dim", None)
+            shape = (1, c, 1, 2, 2)
+        else:
+            s = getattr(self.module, "spatial_compression_ratio", None) or 8
+            shape = (1, getattr(cfg, "in_channels", 3), 1, s, s)
+        ins = [torch.zeros(shape, dtype=p.dtype, device=p.device)]
+        if self.part == "decoder" and getattr(cfg, "timestep_conditioning", False):
+            ins.append(torch.zeros(1, dtype=p.dtype, device=p.device))  # LTX 0.9.1+: decode(z, temb)
+        self._program(ins, compile=False)
+
+    def _pytorch(self, why, x, *extra):
+        if why not in self.warned:
+            self.warned.add(why)
+            warnings.warn(f"convweave.diffusers: the {self.cls} {self.part} ran in PyTorch, not convweave: {why}. "
+                          "Warned once.", RuntimeWarning, stacklevel=4)
+        fn = getattr(type(self.module), "_decode" if self.part == "decoder" else "_encode")
+        if self.part == "encoder":
+            return fn(self.module, x)
+        return fn(self.module, x, *extra, return_dict=False)[0]
+
+    def program_for(self, inputs):
+        """The Program for these inputs, compiled on first use and again when the parameters
+        are not those it read. Call under self.lock."""
+        key = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
+        self._context(inputs[0].device)
+        hit = self.plans.get(key)
+        if hit is not None and not hit.valid():
+            del self.plans[key]
+            hit = None
+        if hit is None:
+            hit = self._program(inputs)
+            self.plans[key] = hit
+            while len(self.plans) > self.max_plans:
+                self.plans.popitem(last=False)
+        self.plans.move_to_end(key)
+        self.last_program = hit
+        plans = hit.plans()
+        self.last_plan = plans[0] if plans else None
+        return hit
+
+    def _init_runtime(self):
+        super()._init_runtime()
+        self.last_program = None
+
+    def __getstate__(self):
+        return {k: v for k, v in super().__getstate__().items() if k != "last_program"}
+
+    def close(self):
+        with self.lock:
+            super().close()
+            self.last_program = None
+
+    def describe(self):
+        """The last call's Program: its convweave segments (each plan's stats()), the nodes
+        run by convweave, folded, and run by PyTorch (op, shape, bytes, reason, source line);
+        None before the first call."""
+        return self.last_program.describe() if self.last_program is not None else None
+
+    def run(self, x, *extra):
+        """The untiled _decode(x, *extra) (_encode(x)) tensor, run by convweave."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 5:
+            raise ArgumentError(f"convweave.diffusers: the {self.cls} {self.part} takes a [N, C, T, H, W] tensor, got "
+                                f"{getattr(x, 'shape', type(x).__name__)}")
+        extra = tuple(e for e in extra if e is not None)
+        on = [f for f in _TILING if getattr(self.module, f, False) and (f == "use_tiling" or self.exact)]
+        if on:
+            why = ", ".join(on)
+            if why not in self.warned:
+                self.warned.add(why)
+                warnings.warn(f"convweave.diffusers: {self.cls}.{why} is set but enable()d {self.part}s compute the "
+                              "untiled result (convweave bounds the memory instead); disable(vae) for diffusers' "
+                              "tiled one. Warned once.", RuntimeWarning, stacklevel=4)
+        try:
+            state = self._params_state()
+        except _Mixed as e:
+            return self._pytorch(f"its parameters are in several dtypes ({e.message.split(': ', 1)[1]})", x, *extra)
+        dtype, device, params = state[0], state[1], state[4]
+        self.dtype = dtype
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
+            return self._pytorch(f"grad mode is on and its {self.what} or parameters require grad (convweave "
+                                 "computes no gradients; use torch.no_grad() or torch.inference_mode() for convweave)",
+                                 x, *extra)
+        if x.dtype != dtype:
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.diffusers: the {self.what} is {x.dtype}, the "
+                        f"{self.cls}'s parameters {dtype} (as torch, convweave takes them in one dtype)")
+        if x.device != device:
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.diffusers: the {self.what} is on {x.device}, "
+                        f"the {self.cls}'s parameters on {device}")
+        if x.shape[0] == 0:
+            raise ArgumentError(f"convweave.diffusers: the {self.what} {tuple(x.shape)} is a batch of 0 samples")
+        with self.lock:
+            prog = self.program_for((x, *extra))
+            with torch.no_grad():
+                return prog.run([x, *extra], self.keep_memory)
+
+    def __repr__(self):
+        b = format_bytes(self.budget) if self.budget > 0 else "unlimited"
+        return f"<convweave {self.cls} {self.part}: budget {b}, {self.streams} streams, {len(self.plans)} plan(s)>"
+
+
+class _VideoDecode:
+    """The vae's _decode while enabled: diffusers' decode() calls it per slice."""
+
+    def __init__(self, state):
+        self.state = state
+
+    @torch.compiler.disable
+    def __call__(self, z, *args, return_dict=True, temb=None):
+        # LTX-Video's is _decode(z, temb=None, return_dict=True), the others' _decode(z, return_dict=True)
+        if self.state.cls == "AutoencoderKLLTXVideo":
+            args = args + (temb, return_dict)[len(args):]
+            temb, return_dict = args[0], args[1]
+        elif args:
+            return_dict = args[0]
+        from diffusers.models.autoencoders.vae import DecoderOutput
+        out = self.state.run(z, temb)
+        return DecoderOutput(sample=out) if return_dict else (out,)
+
+
+class _VideoEncode:
+    """The vae's _encode while enabled: the moments diffusers' encode() wraps in a
+    DiagonalGaussianDistribution."""
+
+    def __init__(self, state):
+        self.state = state
+
+    @torch.compiler.disable
+    def __call__(self, x):
+        return self.state.run(x)
+
+
+def _enable_video(vae, name, want, exact, **opts):
+    """enable() on a video autoencoder (name: its class): every check, then the change."""
+    shared = _Shared(opts.pop("budget"), opts["streams"], opts["timing"], opts["threads"], opts.pop("torch_allocator"))
+    states = {}
+    for part in PARTS:
+        if not want[part]:
+            continue
+        if not isinstance(getattr(vae, part, None), nn.Module):
+            raise _unsupported(name, f"no {part} to wrap ({part}=True; pass {part}=False)")
+        states[part] = ConvweaveVideo(vae, part, exact, shared.budget, opts["streams"], opts["timing"],
+                                      opts["patches"], opts["threads"], opts["fuse"], opts["memory"], shared,
+                                      keep_memory=bool(opts["keep_memory"]), max_plans=opts["max_plans"])
+        try:
+            states[part].probe()
+        except Error as e:
+            if e.status != "CW_ERR_UNSUPPORTED":
+                raise
+            raise _unsupported(f"{name}.{part}", f"cannot export its untiled {part} ({e.message})") from e
+    disable(vae)
+    on = [f for f in _TILING if getattr(vae, f, False) and (f == "use_tiling" or exact)]
+    if getattr(vae, "use_tiling", False):  # the framewise switches are on by default (HunyuanVideo): no warning
+        warnings.warn(f"convweave.diffusers: enable() turned {name}.use_tiling off: convweave computes the "
+                      "untiled result under its memory cap; disable(vae) turns it back on", RuntimeWarning,
+                      stacklevel=3)
+    vae.__dict__["_convweave_video"] = {"states": states, "saved": {f: getattr(vae, f) for f in on}}
+    for f in on:
+        setattr(vae, f, False)
+    if "decoder" in states:
+        vae.__dict__["_decode"] = _VideoDecode(states["decoder"])
+    if "encoder" in states:
+        vae.__dict__["_encode"] = _VideoEncode(states["encoder"])
+    return states.get("decoder") or states["encoder"]
+
+
 _CLASSES = {"decoder": ConvweaveDecoder, "encoder": ConvweaveEncoder}
 _LAYOUT = {"decoder": ("conv_in", "mid_block", "up_blocks", "conv_norm_out", "conv_act", "conv_out"),
            "encoder": ("conv_in", "down_blocks", "mid_block", "conv_norm_out", "conv_act", "conv_out")}
@@ -336,9 +587,11 @@ def _check_options(streams, threads, max_plans, patches):
 
 
 def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timing=True, patches=None, threads=0,
-           fuse=True, memory=None, torch_allocator=False, keep_memory=False, max_plans=4):
+           fuse=True, memory=None, torch_allocator=False, keep_memory=False, max_plans=4, exact=True):
     """Makes vae.decode(z) and vae.encode(x) (vae: a diffusers AutoencoderKL, or its .decoder
-    or .encoder alone) run convweave: at most `budget` of temporary memory (bytes, '256MiB',
+    or .encoder alone; or one of the video autoencoders AutoencoderKLCogVideoX, AutoencoderKLWan,
+    AutoencoderKLHunyuanVideo, AutoencoderKLLTXVideo, see below) run convweave: at most
+    `budget` of temporary memory (bytes, '256MiB',
     or None for no cap; one budget for both parts, which share a context) on `streams`
     streams (1: in order; N: N-1 heavy + 1 light). encoder=False / decoder=False leave that
     part to PyTorch (for a bare Encoder or Decoder only its own flag counts). Plans compile
@@ -366,7 +619,21 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
     torch.compile (torch.compiler.disable). deepcopy / pickle / torch.save of an enabled vae
     work: the copy is enabled with the same options and compiles its own plans.
     Returns the ConvweaveDecoder attached to the decoder (the ConvweaveEncoder
-    where only the encoder is wrapped): .last_plan has describe(), stats(), write_trace()."""
+    where only the encoder is wrapped): .last_plan has describe(), stats(), write_trace().
+
+    Video autoencoders: the vae's own _decode / _encode (diffusers' decode() and encode() call
+    them, so their return types and slicing stay) are replaced by the untiled method exported
+    whole through convweave.torch.wrap's front for each input shape (CogVideoX's and Wan's
+    frame-chunk loops with their conv caches unroll into one graph); nodes the op table lacks
+    run in PyTorch between convweave segments (ConvweaveVideo.describe()["fallbacks"], or
+    convweave.diffusers.describe(vae)). The result is the untiled one: enable() turns
+    use_tiling off (a warning when it was on) and disable() turns it back on; tiling switched
+    on later is ignored (warned once). exact=True (the default): HunyuanVideo's and LTX's
+    use_framewise_encoding / use_framewise_decoding are turned off too, so the result is the
+    true un-windowed decode (HunyuanVideo turns framewise decoding on by default: diffusers'
+    decode of more than 4 latent frames blends overlapping windows and differs from it);
+    exact=False keeps them as set and computes diffusers' framewise result. Returns the
+    ConvweaveVideo of the decoder (of the encoder where only it is wrapped)."""
     _check_options(streams, threads, max_plans, patches)
     found = _parts_of(vae)
     want = {"decoder": decoder, "encoder": encoder}
@@ -379,6 +646,13 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
         raise ArgumentError("convweave.diffusers: encoder=False and decoder=False: nothing to wrap")
     if memory is not None and memory_auto_pct(memory) is None:
         parse_bytes(memory)  # a bad size raises here, before anything is wrapped
+    video = _video_class(vae)
+    if video is not None:
+        if not isinstance(exact, bool):
+            raise ArgumentError(f"convweave.diffusers: exact={exact!r}: expected True or False")
+        return _enable_video(vae, video, want, exact, budget=budget, streams=streams, timing=timing, patches=patches,
+                             threads=threads, fuse=fuse, memory=memory, torch_allocator=torch_allocator,
+                             keep_memory=keep_memory, max_plans=max_plans)
     if torch_allocator:
         devices = {p.device.type for m in found.values() for p in m.parameters()}
         if devices != {"cuda"}:
@@ -413,6 +687,14 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
 def disable(vae):
     """Restores the decoder's and the encoder's own forwards and frees their plans. A no-op
     for a part that is not enabled."""
+    video = vae.__dict__.pop("_convweave_video", None) if isinstance(vae, nn.Module) else None
+    if video is not None:
+        vae.__dict__.pop("_decode", None)
+        vae.__dict__.pop("_encode", None)
+        for f, v in video["saved"].items():
+            setattr(vae, f, v)
+        for state in video["states"].values():
+            state.close()
     for mod in _parts_of(vae).values():
         state = mod.__dict__.pop("_convweave", None)
         mod.__dict__.pop("forward", None)
@@ -421,6 +703,12 @@ def disable(vae):
 
 
 def _state(vae, part):
+    video = vae.__dict__.get("_convweave_video") if isinstance(vae, nn.Module) else None
+    if video is not None:
+        if part is not None and part not in PARTS:
+            raise ArgumentError(f"convweave.diffusers: part {part!r}: expected 'decoder' or 'encoder'")
+        states = video["states"]
+        return states.get(part) if part else states.get("decoder") or states.get("encoder")
     found = _parts_of(vae)
     if part is None:
         part = "decoder" if "decoder" in found else "encoder"
@@ -433,7 +721,7 @@ def _state(vae, part):
 def is_enabled(vae, part=None):
     """Whether enable() wrapped the vae's `part` ('decoder' or 'encoder'); part None: either."""
     if part is None:
-        return any("_convweave" in m.__dict__ for m in _parts_of(vae).values())
+        return _state(vae, None) is not None or any("_convweave" in m.__dict__ for m in _parts_of(vae).values())
     return _state(vae, part) is not None
 
 
@@ -442,3 +730,16 @@ def last_plan(vae, part=None):
     encode (part 'encoder'): describe(), stats(), write_trace(); None before one."""
     state = _state(vae, part)
     return state.last_plan if state else None
+
+
+def describe(vae, part=None):
+    """What the last decode (part 'decoder', the default where there is one) or encode ran:
+    for a video autoencoder, its Program's segments (each plan's stats()), the nodes run by
+    convweave, folded and run by PyTorch (describe()["fallbacks"]: op, shape, bytes, reason,
+    source line); for an AutoencoderKL, its one plan's describe(). None before a call."""
+    state = _state(vae, part)
+    if state is None:
+        return None
+    if isinstance(state, ConvweaveVideo):
+        return state.describe()
+    return state.last_plan.describe() if state.last_plan is not None else None

@@ -1,0 +1,86 @@
+"""AutoencoderKLCogVideoX through convweave.diffusers.enable (wrap_coverage.py's small random
+config): vae.decode and vae.encode against the vae's own chunked decode / encode in float64.
+Its frame-chunk loop with conv caches is exported whole for a fixed T, so it unrolls."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+import convweave.diffusers as cd  # noqa: E402
+from video_util import build, check, decode, encode, tiled_diff, video_for  # noqa: E402
+
+
+def latent(t=5, s=8):
+    # 5 latent frames: two chunks of diffusers' loop (frames 0-2, then 3-4 with the first's caches)
+    return torch.randn(1, 4, t, s, s, generator=torch.Generator().manual_seed(1))
+
+
+def test_decode():
+    vae, _ = build("cogvideox")
+    y, _, _, state, cw = check(vae, decode, latent())
+    d = state.describe()
+    assert d["nodes_convweave"] > 0 and len(d["segments"]) >= 1
+    print(f"CogVideoX decode: {d['nodes_convweave']} nodes in convweave, {d['nodes_fallback']} in PyTorch, "
+          f"{len(d['segments'])} segments")
+    assert all(f["op"] and f["reason"] for f in d["fallbacks"])
+    assert cd.describe(cw) is d or cd.describe(cw) == d
+
+
+def test_encode():
+    vae, _ = build("cogvideox")
+    x = video_for(vae, latent(3))
+    check(vae, encode, x)
+
+
+def test_bf16_decode():
+    vae, _ = build("cogvideox")
+    check(vae, decode, latent(3), dtype=torch.bfloat16, factor=1.5)
+
+
+def test_signature_cache_and_disable():
+    vae, _ = build("cogvideox")
+    state = cd.enable(vae)
+    with torch.no_grad():
+        vae.decode(latent(3))
+        first = state.last_program
+        vae.decode(latent(3))
+        assert state.last_program is first and len(state.plans) == 1  # same signature: no new export
+        vae.decode(latent(5))
+        assert len(state.plans) == 2
+    assert cd.is_enabled(vae)
+    cd.disable(vae)
+    assert not cd.is_enabled(vae) and "_decode" not in vae.__dict__ and "_encode" not in vae.__dict__
+
+
+def test_tiling_is_turned_off():
+    """enable() turns use_tiling off (a warning) and computes the untiled decode; disable()
+    turns it back on. diffusers' tiled result's difference is printed, not judged."""
+    vae, _ = build("cogvideox")
+    z = latent(3, 12)
+    tiles = dict(tile_sample_min_height=16, tile_sample_min_width=16, tile_overlap_factor_height=0.25,
+                 tile_overlap_factor_width=0.25)  # 2 x 2 tiles whose crops add up to the image
+    with torch.no_grad():
+        exact = vae.decode(z).sample
+    assert tiled_diff(vae, z, exact, **tiles) is not None
+    vae.enable_tiling(**tiles)
+    with pytest.warns(RuntimeWarning, match="use_tiling off"):
+        cd.enable(vae)
+    assert not vae.use_tiling
+    with torch.no_grad():
+        y = vae.decode(z).sample
+    assert (y - exact).abs().max().item() <= 1e-4
+    cd.disable(vae)
+    assert vae.use_tiling
+
+
+def test_return_dict_false_and_deepcopy():
+    import copy
+    vae, _ = build("cogvideox")
+    cd.enable(vae)
+    z = latent(3)
+    with torch.no_grad():
+        (y,) = vae.decode(z, return_dict=False)
+        (post,) = vae.encode(video_for(vae, z), return_dict=False)
+        twin = copy.deepcopy(vae)  # enabled with the same options; compiles its own plans
+        assert cd.is_enabled(twin) and torch.equal(twin.decode(z).sample, y)
+    assert post.mean.shape[2] == 3
