@@ -37,16 +37,22 @@ def test_bf16_decode():
     check(vae, decode, latent(3), dtype=torch.bfloat16, factor=1.5)
 
 
-def test_signature_cache_and_disable():
+def test_streamed_programs_and_disable():
+    """CogVideoX's decode runs one batch of latent frames per step (convweave.video): one
+    program per cache kind and chunk shape, however many frames."""
     vae, _ = build("cogvideox")
     state = cd.enable(vae)
     with torch.no_grad():
-        vae.decode(latent(3))
+        vae.decode(latent(3))  # one chunk of 3 frames (2 + the remainder)
         first = state.last_program
         vae.decode(latent(3))
-        assert state.last_program is first and len(state.plans) == 1  # same signature: no new export
-        vae.decode(latent(5))
-        assert len(state.plans) == 2
+        assert state.last_program is first and state.stream.stream.describe()["programs"] == 1
+        vae.decode(latent(5))  # the same first chunk, then 2 frames with a cache
+        assert state.stream.stream.describe()["programs"] == 2
+        vae.decode(latent(7))  # the third chunk's caches come from a 2-frame chunk, not a 3-frame one
+        assert state.stream.stream.describe()["programs"] == 3
+        vae.decode(latent(9))
+        assert state.stream.stream.describe()["programs"] == 3
     assert cd.is_enabled(vae)
     cd.disable(vae)
     assert not cd.is_enabled(vae) and "_decode" not in vae.__dict__ and "_encode" not in vae.__dict__

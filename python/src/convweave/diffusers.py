@@ -303,6 +303,12 @@ class ConvweaveEncoder(_ConvweavePart):
 # The tiling and framewise switches are forced off while exporting: convweave's memory
 # scheduling replaces them, and its result is the untiled one.
 _VIDEO = ("AutoencoderKLCogVideoX", "AutoencoderKLWan", "AutoencoderKLHunyuanVideo", "AutoencoderKLLTXVideo")
+# The parts whose diffusers method is a loop over frame chunks with a cache: run as one chunk
+# step wrapped once per cache kind (convweave.video), so their programs and their peak do not
+# grow with the frame count; the others export their method whole.
+_STREAMED = {("AutoencoderKLWan", "decoder"): "wan_decoder", ("AutoencoderKLWan", "encoder"): "wan_encoder",
+             ("AutoencoderKLCogVideoX", "decoder"): "cogvideox_decoder",
+             ("AutoencoderKLCogVideoX", "encoder"): "cogvideox_encoder"}
 _TILING = ("use_tiling", "use_framewise_encoding", "use_framewise_decoding")
 
 
@@ -361,6 +367,8 @@ class ConvweaveVideo(_ConvweavePart):
         self.what = "latent" if part == "decoder" else "video"
         self.cls = _video_class(vae)
         self.exact = exact
+        self.streamed = _STREAMED.get((self.cls, part))
+        self.stream = None
         super().__init__(vae, *args, **kwargs)
 
     def _program(self, flat, compile=True):
@@ -417,14 +425,16 @@ class ConvweaveVideo(_ConvweavePart):
     def _init_runtime(self):
         super()._init_runtime()
         self.last_program = None
+        self.stream = None  # convweave.video's runner of a streamed part, made at its first call
 
     def __getstate__(self):
-        return {k: v for k, v in super().__getstate__().items() if k != "last_program"}
+        return {k: v for k, v in super().__getstate__().items() if k not in ("last_program", "stream")}
 
     def close(self):
         with self.lock:
             super().close()
             self.last_program = None
+            self.stream = None
 
     def describe(self):
         """The last call's Program: its convweave segments (each plan's stats()), the nodes
@@ -465,9 +475,27 @@ class ConvweaveVideo(_ConvweavePart):
         if x.shape[0] == 0:
             raise ArgumentError(f"convweave.diffusers: the {self.what} {tuple(x.shape)} is a batch of 0 samples")
         with self.lock:
+            if self.streamed:
+                return self._run_stream(x)
             prog = self.program_for((x, *extra))
             with torch.no_grad():
                 return prog.run([x, *extra], self.keep_memory)
+
+    def _run_stream(self, x):
+        """Wan's and CogVideoX's chunked loop, one chunk step at a time (convweave.video)."""
+        if self.stream is None:
+            from . import video
+            self.stream = getattr(video, self.streamed)(
+                self.module, budget=self.budget if self.budget > 0 else None, streams=self.streams,
+                patches=self.patches, fuse=self.fuse, memory=self.memory, keep_memory=self.keep_memory,
+                max_plans=max(4, self.max_plans), threads=self.threads, timing=self.timing)
+        with torch.no_grad():
+            out = self.stream(x)
+        w = self.stream.stream.wrapped
+        self.last_program = w.last_program
+        plans = w.plans()
+        self.last_plan = plans[0] if plans else None
+        return out
 
     def __repr__(self):
         b = format_bytes(self.budget) if self.budget > 0 else "unlimited"
