@@ -64,23 +64,81 @@ def t(L, node, x):
 @op(aten.expand.default, aten.slice.Tensor, aten.select.int)
 def same_elements(L, node, x, *args):
     """expand to the same shape, a slice over a whole dim, a select of a size-1 dim: the
-    same elements in the same order. An expand of one channel to C is a Bcast."""
+    same elements in the same order. An expand of one channel to C is a Bcast. A slice or
+    select that drops elements copies them (cw_graph_slice)."""
     out = _out_shape(node)
-    if node.target == aten.expand.default and isinstance(x, Cw) and _channel_bcast(x, out):
+    if node.target == aten.expand.default and _channel_bcast(x, out, L):
         return Bcast(x, out)
-    if not isinstance(x, Cw) or math.prod(_out_shape(node)) != math.prod(x.layout.shape):
-        raise Unsupported("expand, slice or select that changes the elements")
+    if not _holdable(x):
+        raise Unsupported("expand, slice or select of a value convweave does not hold")
+    if math.prod(out) != math.prod(x.shape):
+        if node.target == aten.expand.default:
+            raise Unsupported("expand, slice or select that changes the elements")
+        dim = args[0] % len(x.shape)
+        n = x.shape[dim]
+        if node.target == aten.select.int:
+            start, length = args[1] % n, 1
+        else:
+            start, end = (list(args[1:]) + [None, None])[:2]
+            step = args[3] if len(args) > 3 else 1
+            if step != 1:
+                raise Unsupported("a strided slice")
+            start, end = _clip(start, n, 0), _clip(end, n, n)
+            length = max(end - start, 0)
+        return _narrow(L, x, dim, start, length, out)
     if node.target == aten.slice.Tensor:
-        dim, start, end = (list(args) + [0, None, None, 1])[:3]
         step = args[3] if len(args) > 3 else 1
-        if step != 1 or (start or 0) != 0:
-            raise Unsupported("a strided or offset slice")
-    return _regroup(L, x, lambda lay: lay.reshape(_out_shape(node)))
+        if step != 1:
+            raise Unsupported("a strided slice")
+    return _regroup(L, x, lambda lay: lay.reshape(out))
+
+
+def _clip(i, n, default):
+    if i is None:
+        return default
+    i = i + n if i < 0 else i
+    return min(max(i, 0), n)
+
+
+def _narrow(L, x, dim, start, length, out):
+    """x.narrow(dim, start, length) viewed as out: logical dim `dim` must merge node dims
+    whose outermost one alone is cut (a frame range of frames folded into the batch, a
+    channel range), copied by cw_graph_slice. The batch dim is not cut."""
+    _has("slice")
+    lay = L.layout_of(x)
+    g = lay.groups[dim]
+    if length <= 0 or not g:
+        raise Unsupported("an empty slice")
+    inner = math.prod(lay.udims[j] for j in g[1:])
+    if g[0] == 0 or start % inner or length % inner:
+        raise Unsupported(f"a slice of dim {dim} that cuts the batch or inside a merged dim")
+    nx, lay = L.act(_held(L, x))
+    y = L.g.slice(nx, g[0], start // inner, length // inner)
+    return L.new(y, Layout(L.g.shape(y), lay.groups).reshape(out))
+
+
+@op(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor)
+def split(L, node, x, sizes, dim=0):
+    """split / chunk: the pieces some getitem reads, each a _narrow."""
+    if not _holdable(x):
+        raise Unsupported("a split of a value convweave does not hold")
+    outs = [tuple(v.shape) for v in node.meta["val"]]
+    dim = dim % len(x.shape)
+    used = {u.args[1] for u in node.users if u.target == operator.getitem}
+    if len(used) != len(node.users):
+        raise Unsupported("a split whose pieces are read as a list")
+    pieces, start = [], 0
+    for i, o in enumerate(outs):
+        pieces.append(_narrow(L, x, dim, start, o[dim], o) if i in used else None)
+        start += o[dim]
+    return tuple(pieces)
 
 
 @op(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
     aten.contiguous.default)
 def identity(L, node, x, *args, **kwargs):
+    if isinstance(x, Torch):  # the exported graph is functional: the same tensor serves
+        return x
     if not isinstance(x, Cw):
         raise Unsupported("a copy of a value convweave does not hold")
     return x
@@ -91,6 +149,13 @@ def to_copy(L, node, x, *args, **kwargs):
     val = node.meta["val"]
     if not isinstance(x, Cw) or val.dtype != x.dtype or val.device != L.device:
         raise Unsupported("a cast to another dtype or device")
+    return x
+
+
+@op(aten.type_as.default)
+def type_as(L, node, x, other):
+    if not isinstance(x, (Cw, Torch)) or x.dtype != other.dtype:
+        raise Unsupported("a cast to another dtype")
     return x
 
 
@@ -176,23 +241,43 @@ def _held(L, v):
     return v
 
 
-def _channel_bcast(b, shape):
-    """Whether b (identity layout, 4-D or 5-D) is shape with one channel, broadcast over C."""
-    bs = tuple(b.shape)
-    return len(bs) == len(shape) and len(bs) in (4, 5) and bs[1] == 1 and shape[1] > 1 and \
-        bs[:1] + bs[2:] == tuple(shape[:1]) + tuple(shape[2:]) and \
-        (not isinstance(b, Cw) or b.layout == Layout.identity(bs))
+def _holdable(v):
+    """A value L.act takes as an activation: a node, or a 4-D or 5-D PyTorch tensor."""
+    return isinstance(v, Cw) or (isinstance(v, Torch) and len(v.shape) in (4, 5))
+
+
+def _channel_bcast(b, shape, L):
+    """Whether expand(b, shape) spreads one channel of b's node over C: b has one channel
+    and shape differs from b's only in one dim where b has 1 (which dim is the node's
+    channels of the other operand, _bcast_of checks where the Bcast is read)."""
+    if not _holdable(b) or len(b.shape) != len(shape):
+        return False
+    lb = L.layout_of(b)
+    diff = [k for k, (m, n) in enumerate(zip(b.shape, shape)) if m != n]
+    return len(lb.udims) in (4, 5) and lb.udims[1] == 1 and len(diff) == 1 and b.shape[diff[0]] == 1
+
+
+def _bcast_of(L, a, b):
+    """Whether b is a with its node's channels reduced to one (b's node [N, 1, ...] under
+    a's regrouping), so that torch's broadcast of b against a is cw_graph_binary's."""
+    if not all(_holdable(t) for t in (a, b)) or len(a.shape) != len(b.shape):
+        return False
+    la, lb = L.layout_of(a), L.layout_of(b)
+    diff = [k for k, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n]
+    return len(la.udims) in (4, 5) and len(diff) == 1 and b.shape[diff[0]] == 1 and \
+        la.groups[diff[0]] == (1,) and lb.udims == la.udims[:1] + (1,) + la.udims[2:] and \
+        lb == Layout(lb.udims, la.groups)
 
 
 def _two(L, a, b, what, commutes=False):
     """Two activations of one shape and layout, as nodes of the open segment; b may have one
     channel where a has C (broadcast by binary ops; commutes: either operand)."""
-    if commutes and (isinstance(a, Bcast) or _channel_bcast(a, tuple(b.shape))):
+    if commutes and (isinstance(a, Bcast) or math.prod(a.shape) < math.prod(b.shape)):
         a, b = b, a
     if isinstance(b, Bcast):
         b = b.base
     if tuple(a.shape) != tuple(b.shape):
-        if not _channel_bcast(b, tuple(a.shape)) or L.layout_of(a) != Layout.identity(tuple(a.shape)):
+        if not _bcast_of(L, a, b):
             raise Unsupported(f"{what} with broadcasting other than one channel over C")
         _has("binary")
         na, lay = L.act(a)
@@ -321,7 +406,10 @@ def constant_pad(L, node, x, pad, *args):
     """A zero pad read only by convs folds into their padding (the conv entry takes it)."""
     mode, value = (args[0] if args else "constant", args[1] if len(args) > 1 else 0.0) \
         if node.target == aten.pad.default else ("constant", args[0] if args else 0.0)
-    if mode != "constant" or (value or 0) != 0 or not L.pad_folds(node) or not is_tensor(x) or isinstance(x, (Const, Pad)):
+    folds = mode == "constant" and (value or 0) == 0 and L.pad_folds(node) and is_tensor(x) and \
+        not isinstance(x, (Const, Pad))
+    if not folds and (mode not in ("constant", "replicate") or not _holdable(x) or
+                      L.layout_of(x) != Layout.identity(tuple(x.shape))):
         raise Unsupported("a pad that is not a conv's zero padding")
     rank = len(x.shape)
     if len(pad) % 2 or len(pad) // 2 > rank - 2 or any(p < 0 for p in pad):
@@ -329,7 +417,14 @@ def constant_pad(L, node, x, pad, *args):
     pre, post = [0] * (rank - 2), [0] * (rank - 2)
     for i in range(len(pad) // 2):  # pad lists the last dim first
         pre[rank - 3 - i], post[rank - 3 - i] = pad[2 * i], pad[2 * i + 1]
-    return Pad(x, tuple(pre), tuple(post), _out_shape(node))
+    if folds:
+        return Pad(x, tuple(pre), tuple(post), _out_shape(node))
+    # a replicate pad (HunyuanVideo's causal conv), or a constant one read by other ops
+    _has("pad")
+    nx, _ = L.act(x)
+    pre, post = [0] * (5 - rank) + pre, [0] * (5 - rank) + post
+    code = C.CW_PAD_REPLICATE if mode == "replicate" else C.CW_PAD_CONSTANT
+    return L.new(L.g.pad(nx, pre, post, code, float(value or 0.0)), Layout.identity(_out_shape(node)))
 
 
 @op(aten.conv2d.default, aten.conv3d.default, aten.conv2d.padding, aten.conv3d.padding, aten.convolution.default)
@@ -359,14 +454,35 @@ def conv(L, node, x, w, b=None, stride=1, padding=0, dilation=1, *rest):
         pre = [a + p for a, p in zip(pre, x.pre)]
         post = [a + p for a, p in zip(post, x.post)]
         x = x.base
-    if L.layout_of(x) != Layout.identity(tuple(x.shape)):
+    lay = L.layout_of(x)
+    if lay == Layout.identity(tuple(x.shape)):
+        out_groups = None
+    elif spatial == 2 and _frames_folded(lay):
+        # a conv2d per frame of frames folded into the batch ([B*T, C, H, W] over the node
+        # [B, C, T, H, W]) is a conv3d with kernel (1, kh, kw); the weight is viewed, not copied
+        w = Const(w.tensor.unsqueeze(2), w.roots, w.copied)
+        spatial, stride, dilation, pre, post = 3, [1] + stride, [1] + dilation, [0] + pre, [0] + post
+        out_groups = lay.groups
+    else:
         raise Unsupported("a conv over a permuted view")
-    nx, lay = L.act(x)
+    nx, _ = L.act(x)
     p = conv_params(spatial, stride, dilation, pre, post, groups)
     nw = L.const(w, "weight")
     nb = L.const(b, "bias") if b is not None else None
     y = L.g.conv(nx, nw, nb, p)
-    return L.new(y, Layout.identity(L.g.shape(y)))
+    shape = L.g.shape(y)
+    return L.new(y, Layout.identity(shape) if out_groups is None else Layout(shape, out_groups))
+
+
+def _frames_folded(lay):
+    """Whether a 4-D value is the 5-D node [B, C, T, H, W] with B and T merged (in either
+    order) into its batch dim, C, H and W in place: a 2-D op per frame."""
+    if len(lay.udims) != 5 or len(lay.groups) != 4:
+        return False
+    for k, j in ((1, 1), (2, 3), (3, 4)):
+        if lay.groups[k] != ((j,) if lay.udims[j] != 1 else ()):
+            return False
+    return sorted(lay.groups[0]) == [d for d in (0, 2) if lay.udims[d] != 1]
 
 
 @op(aten.linear.default)
@@ -430,15 +546,46 @@ def upsample(L, node, x, *args):
     shape, out = tuple(x.shape), _out_shape(node)
     if out == shape and isinstance(x, Cw):  # a factor of 1 everywhere
         return x
-    if L.layout_of(x) != Layout.identity(shape) or len(out) != len(shape) or out[:2] != shape[:2] or \
+    if not _holdable(x) or len(out) != len(shape) or out[:2] != shape[:2] or \
             any(o % i for o, i in zip(out[2:], shape[2:])):
         raise Unsupported(f"nearest upsampling {list(shape)} -> {list(out)} (integer factors only)")
-    factors = [o // i for o, i in zip(out[2:], shape[2:])]
+    # each upsampled logical dim is one node dim (D, H or W): frames folded into the batch
+    # upsample as the 5-D node with a factor of 1 in T
+    lay = L.layout_of(x)
+    factors = [1] * (len(lay.udims) - 2)
+    for k in range(2, len(shape)):
+        f = out[k] // shape[k]
+        if f != 1:
+            if len(lay.groups[k]) != 1 or lay.groups[k][0] < 2:
+                raise Unsupported(f"nearest upsampling of a dim that is not one of the node's D, H, W")
+            factors[lay.groups[k][0] - 2] = f
+    if lay.groups[1] != (1,):
+        raise Unsupported("nearest upsampling of a view whose dim 1 is not the node's channels")
     nx, lay = L.act(x)
+    udims = lay.udims[:2] + tuple(u * f for u, f in zip(lay.udims[2:], factors))
     if factors[-2:] == [2, 2] and all(f == 1 for f in factors[:-2]):
-        return L.new(L.g.upsample2x(nx), Layout.identity(out))
+        return L.new(L.g.upsample2x(nx), Layout(udims, lay.groups))
     _has("upsample_nearest")
-    return L.new(L.g.upsample_nearest(nx, ([1] * (3 - len(factors)) + factors)), Layout.identity(out))
+    return L.new(L.g.upsample_nearest(nx, ([1] * (3 - len(factors)) + factors)), Layout(udims, lay.groups))
+
+
+@op(aten.repeat.default)
+def repeat(L, node, x, reps):
+    """repeat along D, H or W where x has extent 1 there: nearest upsampling by the count
+    (LTX's causal padding repeats the first frame)."""
+    shape = tuple(x.shape)
+    if not _holdable(x) or len(reps) != len(shape) or \
+            any(r != 1 and (k < 2 or shape[k] != 1) for k, r in enumerate(reps)) or \
+            L.layout_of(x) != Layout.identity(shape):
+        raise Unsupported("a repeat other than of a D, H or W of extent 1")
+    if all(r == 1 for r in reps):
+        return _regroup(L, x, lambda lay: lay)
+    factors = [1] * (3 - (len(shape) - 2)) + list(reps[2:])
+    if any(f > 8 for f in factors):
+        raise Unsupported("a repeat more than 8 times")
+    _has("upsample_nearest")
+    nx, _ = L.act(x)
+    return L.new(L.g.upsample_nearest(nx, factors), Layout.identity(_out_shape(node)))
 
 
 @op(aten.avg_pool2d.default)
@@ -479,34 +626,30 @@ def sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale
 
 
 # ---- channel reductions, powers, concatenation (Graph.reduce_channels, .concat) -------------
-def _reduce(L, node, x, code):
-    """A reduction over the node's channels (dim 1 of an identity-layout 4-D/5-D value)."""
+def _reduce(L, node, x, dims, code):
+    """A reduction over the node's channels: the logical dim reduced is the node's dim 1
+    alone (dim 1 of a [N, C, ...] value, the last of a channels-last permute)."""
     _has("reduce_channels")
-    shape = tuple(x.shape)
-    if L.layout_of(x) != Layout.identity(shape) or len(shape) not in (4, 5):
-        raise Unsupported("a reduction over a view")
-    nx, _ = L.act(x)
-    y = L.g.reduce_channels(nx, getattr(C, "CW_REDUCE_" + code))
-    return L.new(y, Layout.identity(L.g.shape(y)).reshape(_out_shape(node)))
-
-
-def _over_channels(x, dims):
     dims = [dims] if isinstance(dims, int) else list(dims or [])
-    return [d % len(x.shape) for d in dims] == [1]
+    if not _holdable(x) or len(dims) != 1 or L.layout_of(x).groups[dims[0] % len(x.shape)] != (1,):
+        raise Unsupported("a reduction other than over the node's channels")
+    nx, lay = L.act(x)
+    y = L.g.reduce_channels(nx, getattr(C, "CW_REDUCE_" + code))
+    return L.new(y, Layout(L.g.shape(y), lay.groups).reshape(_out_shape(node)))
 
 
 @op(aten.linalg_vector_norm.default)
 def vector_norm(L, node, x, ord=2, dim=None, keepdim=False, dtype=None):
-    if ord != 2 or dtype is not None or not _over_channels(x, dim):
+    if ord != 2 or dtype is not None:
         raise Unsupported("a norm other than L2 over the channels")
-    return _reduce(L, node, x, "L2")
+    return _reduce(L, node, x, dim, "L2")
 
 
 @op(aten.mean.dim, aten.sum.dim_IntList)
 def mean_sum(L, node, x, dim, keepdim=False, dtype=None):
-    if dtype is not None or not _over_channels(x, dim):
-        raise Unsupported("a mean or sum other than over the channels")
-    return _reduce(L, node, x, "MEAN" if node.target == aten.mean.dim else "SUM")
+    if dtype is not None:
+        raise Unsupported("a mean or sum with a dtype")
+    return _reduce(L, node, x, dim, "MEAN" if node.target == aten.mean.dim else "SUM")
 
 
 @op(aten.pow.Tensor_Scalar)
@@ -532,16 +675,57 @@ def rsqrt(L, node, x):
 
 @op(aten.cat.default, aten.concatenate.default)
 def cat(L, node, tensors, dim=0):
-    """cat along the channels or the outermost spatial dim, pair by pair (a copy)."""
+    """cat along the node's channels or its dim 2 (T of a 5-D node, H of a 4-D one), the
+    values of one regrouping, pair by pair (a copy)."""
     _has("concat")
-    tensors = list(tensors)
-    shape = tuple(tensors[0].shape)
-    d = dim % len(shape)
-    if len(shape) not in (4, 5) or d not in (1, 2) or \
-            any(L.layout_of(t) != Layout.identity(tuple(t.shape)) for t in tensors):
-        raise Unsupported(f"cat along dim {dim} of views or of rank {len(shape)}")
+    tensors = [t for t in tensors if math.prod(t.shape)]  # torch drops empty ones
+    d = dim % len(tensors[0].shape)
+    if len(tensors) == 1:
+        return _regroup(L, tensors[0], lambda lay: lay)
+    if not all(_holdable(t) for t in tensors):
+        raise Unsupported(f"cat of values convweave does not hold")
+    lays = [L.layout_of(t) for t in tensors]
+    ref = next((lay.groups for lay in lays if len(lay.groups[d]) == 1 and lay.groups[d][0] in (1, 2)), None)
+    if ref is None or len({len(lay.udims) for lay in lays}) != 1 or any(lay != Layout(lay.udims, ref) for lay in lays):
+        raise Unsupported(f"cat along dim {dim} other than the node's dim 1 or 2 of one regrouping")
+    j = ref[d][0]
     nodes = [L.act(t)[0] for t in tensors]
     y = nodes[0]
     for n in nodes[1:]:
-        y = L.g.concat(y, n, d)
-    return L.new(y, Layout.identity(_out_shape(node)))
+        y = L.g.concat(y, n, j)
+    return L.new(y, Layout(L.g.shape(y), ref))
+
+
+@op(aten.stack.default)
+def stack(L, node, tensors, dim=0):
+    """stack = cat of the tensors with a dim of extent 1 added at dim: the same layouts."""
+    _has("concat")
+    tensors = list(tensors)
+    d = dim % (len(tensors[0].shape) + 1)
+    if not all(_holdable(t) for t in tensors):
+        raise Unsupported("stack of values convweave does not hold")
+    shape1 = tuple(tensors[0].shape[:d]) + (1,) + tuple(tensors[0].shape[d:])
+    views = [_regroup(L, t, lambda lay: lay.reshape(shape1)) for t in tensors]
+    if len(views) == 1:
+        return views[0]
+    lays = [v.layout for v in views]
+    # the new dim has extent 1 in every node: which node dim it is, the layout cannot tell;
+    # only a cat of whole nodes along their dim 1 or 2 of extent 1 is one
+    j = next((j for j in (1, 2) if all(lay.udims[j] == 1 and lay.group_of(j) is None for lay in lays)), None)
+    groups = [list(g) for g in lays[0].groups]
+    if j is None or any(g for g in groups[d]):
+        raise Unsupported("stack other than along a node's dim 1 or 2 of extent 1")
+    groups[d] = [j]
+    udims = list(lays[0].udims)
+    udims[j] = len(views)
+    out = Layout(udims, groups)
+    for v in views:
+        if v.layout != Layout(v.layout.udims, groups):
+            raise Unsupported("stack of values laid out differently")
+    nodes = [L.act(v)[0] for v in views]
+    y = nodes[0]
+    for n in nodes[1:]:
+        y = L.g.concat(y, n, j)
+    if L.g.shape(y) != tuple(udims):
+        raise Unsupported("stack of values laid out differently")
+    return L.new(y, out)

@@ -16,6 +16,8 @@ from .export import export, placeholders, slot
 from .partition import Lowering, _tensors, _walk
 from .values import Bcast, Const, Cw, Pad, Torch
 
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
 
 
 class Program:
@@ -128,6 +130,10 @@ class Program:
             if step[0] == "torch":
                 _, node, args, kwargs = step
                 a, k = _walk((args, kwargs), lambda v: self._value(env, v))
+                if node.target in _VIEWS and isinstance(a[0], torch.Tensor):
+                    # a node's regrouping can be a permuted tensor where the module had a
+                    # contiguous one (its clone or contiguous was no task)
+                    a = (a[0].contiguous(),) + tuple(a[1:])
                 env[node.name] = node.target(*a, **k)
             else:
                 self._run_segment(env, step[1], keep_memory)
