@@ -485,3 +485,26 @@ cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int d
     const cw_node in[2] = {a, b};
     return cw__op_node(g, out, CW_OP_CONCAT, &pm, in, "cw_graph_concat", "concat");
 }
+
+cw_status cw_graph_slice(cw_graph *g, cw_node *out, cw_node x, int dim, int64_t start, int64_t length) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    char buf[96];
+    CW_TRY(cw__check_act(g, x, -1, "cw_graph_slice", "x", &nx));
+    const cw_tensor_desc *xd = &nx->desc;
+    cw__dims_str(xd, buf, sizeof buf);
+    if (dim < 1 || dim >= xd->rank)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_slice: dim = %d must be in 1..%d for x %s (N, dim 0, "
+                         "is never sliced)", dim, xd->rank - 1, buf);
+    const int64_t ext = xd->dims[dim];
+    if (start < 0 || start >= ext)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_slice: start = %" PRId64 " must be in 0..%" PRId64
+                         " for x %s along dim %d", start, ext - 1, buf, dim);
+    if (length < 1 || length > ext - start)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_slice: length = %" PRId64 " must be in 1..%" PRId64
+                         " (start = %" PRId64 " + length must not pass x %s's extent %" PRId64 " along dim %d)",
+                         length, ext - start, start, buf, ext, dim);
+    const cw_op_param pm = {{dim, start, length}, {0}};
+    return cw__op_node(g, out, CW_OP_SLICE, &pm, &x, "cw_graph_slice", "slice");
+}

@@ -466,6 +466,15 @@ CW_API cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, 
  * CW_ERR_INVALID_ARG, naming the argument, for a dim other than 1 or 2, an a or b of another
  * rank or dtype or not a node, and naming both shapes when they differ outside dim. */
 CW_API cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim);
+/* y = x.narrow(dim, start, length): the elements of x whose index in dim is start ..
+ * start + length - 1, copied exactly (bits, NaN payloads included): torch's slice with step
+ * 1 (x[:, :, 2:5]), and select kept as a dim of extent 1 (x[:, :, 3:4]). dim: 1 (C) to
+ * rank - 1 (D, H, W of [N, C, D, H, W]; H, W of [N, C, H, W]). x: [N, C, H, W] or
+ * [N, C, D, H, W] of the graph's dtype; y: x's dims with dims[dim] = length. The copy is its
+ * own task on the light stream. Returns CW_ERR_INVALID_ARG, naming the argument and x's
+ * dims, for a dim outside 1..rank - 1, a start < 0, a length < 1 or start + length past x's
+ * extent in dim, and for an x of another rank or dtype or not a node. */
+CW_API cw_status cw_graph_slice(cw_graph *g, cw_node *out, cw_node x, int dim, int64_t start, int64_t length);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */

@@ -208,6 +208,8 @@ typedef enum {
     CW_OP_REDUCE_CHANNELS,  /* out[n, 0, ...] = cw_reduce_finish(i[0], sum over c ascending of
                                in0[n, c, ...] (squared where cw_reduce_squares), C) */
     CW_OP_CONCAT,           /* out = in0 then in1 along dim i[0] (1 or 2), bits copied */
+    CW_OP_SLICE,            /* out = in0.narrow(i[0], i[1], i[2]): dim 1..rank-1, start, length;
+                               bits copied */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -238,6 +240,7 @@ static inline cw_op_info cw_op_get_info(int code) {
     /* per output element: 2 per channel read; the table has no C, so 2 (an undercount) */
     case CW_OP_REDUCE_CHANNELS: r.name = "reduce_channels", r.n_in = 1, r.flops = 2.0; break;
     case CW_OP_CONCAT: r.name = "concat", r.n_in = 2, r.flops = 0.0; break;
+    case CW_OP_SLICE: r.name = "slice", r.n_in = 1, r.flops = 0.0; break;
     default: break;
     }
     return r;
@@ -290,6 +293,14 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
         for (int i = 0; i < x->rank; i++)
             if (i != d && in[1]->dims[i] != x->dims[i]) return 0;
         out->dims[d] = x->dims[d] + in[1]->dims[d];
+        return 1;
+    }
+    case CW_OP_SLICE: { /* dim i[0] in 1..rank-1, start i[1] >= 0, length i[2] >= 1, within x */
+        const int64_t d = pm->i[0], start = pm->i[1], len = pm->i[2];
+        if ((x->rank != 4 && x->rank != 5) || d < 1 || d >= x->rank || start < 0 || len < 1 ||
+            start > x->dims[d] - len)
+            return 0;
+        out->dims[d] = len;
         return 1;
     }
     default: return 0;

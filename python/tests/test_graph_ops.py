@@ -188,3 +188,37 @@ def test_argument_errors():
         g.shift(x, g.constant("v", np.zeros(3, np.float32)))
     g.close()
     ctx.close()
+
+
+# ---- slice, pad, depth_to_space / space_to_depth: against torch where it is installed -------
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("shape,dim,start,length", [((2, 3, 4, 5), 1, 1, 2), ((2, 3, 4, 5), 3, 4, 1),
+                                                     ((1, 4, 5, 3, 6), 2, 1, 4), ((1, 4, 5, 3, 6), 4, 2, 3),
+                                                     ((1, 4, 5, 3, 6), 3, 0, 3)])
+def test_slice(shape, dim, start, length):
+    torch = _torch()
+    x = np.random.default_rng(dim).standard_normal(shape).astype(np.float32)
+    x.flat[7] = np.nan
+    ref = torch.from_numpy(x).narrow(dim, start, length).contiguous().numpy()
+    for y in _run(lambda g, n: g.slice(n[0], dim, start, length), [x], ref.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32))  # bits
+
+
+def test_slice_errors():
+    ctx = _core.Context(backend="cpu")
+    g = _core.Graph(ctx)
+    x = g.input("x", (1, 2, 4, 5))
+    with pytest.raises(convweave.Error, match=r"dim = 0 must be in 1..3 for x \[1, 2, 4, 5\]"):
+        g.slice(x, 0, 0, 1)
+    with pytest.raises(convweave.Error, match=r"start = 4 must be in 0..3 for x \[1, 2, 4, 5\] along dim 2"):
+        g.slice(x, 2, 4, 1)
+    with pytest.raises(convweave.Error, match=r"length = 3 must be in 1..2"):
+        g.slice(x, 2, 2, 3)
+    assert g.shape(g.slice(x, 3, 1, 4)) == (1, 2, 4, 4)
+    g.close()
+    ctx.close()

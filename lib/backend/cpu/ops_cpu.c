@@ -708,6 +708,33 @@ static void concat_run(const cw__op_args *a) {
     }
 }
 
+/* Copies the 5-D (padded) view dim/sd at dp from xp, read with strides sx: rows of W as
+ * bits of es bytes (memcpy where both rows are contiguous). */
+static void copy_bits5(char *dp, const int64_t dim[5], const int64_t sd[5], const char *xp, const int64_t sx[5],
+                       size_t es) {
+    for (int64_t i0 = 0; i0 < dim[0]; i0++)
+        for (int64_t i1 = 0; i1 < dim[1]; i1++)
+            for (int64_t i2 = 0; i2 < dim[2]; i2++)
+                for (int64_t i3 = 0; i3 < dim[3]; i3++) {
+                    char *d = dp + (i0 * sd[0] + i1 * sd[1] + i2 * sd[2] + i3 * sd[3]) * (int64_t)es;
+                    const char *x = xp + (i0 * sx[0] + i1 * sx[1] + i2 * sx[2] + i3 * sx[3]) * (int64_t)es;
+                    if (sd[4] == 1 && sx[4] == 1)
+                        memcpy(d, x, (size_t)dim[4] * es);
+                    else
+                        up_row(d, sd[4], x, sx[4], dim[4], 1, es);
+                }
+}
+
+/* The slice: in[0] read from its element start along dim, with its strides, over out's dims. */
+static void slice_run(const cw__op_args *a) {
+    int64_t dim[5], sd[5], xd[5], sx[5];
+    view_pad5(&a->out, dim, sd);
+    view_pad5(&a->in[0], xd, sx);
+    const size_t es = cw_dtype_size(a->out.d.dtype);
+    const int p = (int)a->param.i[0] + 5 - a->out.d.rank; /* dim among the 5 padded dims */
+    copy_bits5(a->out.data, dim, sd, (const char *)a->in[0].data + a->param.i[1] * sx[p] * (int64_t)es, sx, es);
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
@@ -717,6 +744,7 @@ void cw__cpu_op_exec(const cw__op_args *a) {
     case CW_OP_UPSAMPLE_NEAREST: upsample_nearest_run(a); break;
     case CW_OP_REDUCE_CHANNELS: reduce_channels_run(a); break;
     case CW_OP_CONCAT: concat_run(a); break;
+    case CW_OP_SLICE: slice_run(a); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

@@ -856,6 +856,20 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* CW_OP_SLICE: one thread per output element, its bits copied from x at the same
+ * coordinates but start further along dim (T: a 2- or 4-byte word). */
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    slice_kernel(const __grid_constant__ View d, T *dp, const __grid_constant__ View x, const T *xp, int dim,
+                 int64_t start) {
+    int64_t c[CW_MAX_RANK];
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        c[dim] += start;
+        dp[od] = xp[offset_of(x, c)];
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -935,6 +949,20 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
             concat_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(
                 vd, static_cast<uint16_t *>(a->out.data), va, static_cast<const uint16_t *>(a->in[0].data), vb,
                 static_cast<const uint16_t *>(a->in[1].data), dim);
+        return cudaGetLastError();
+    }
+    case CW_OP_SLICE: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        const unsigned blocks = blocks_for(vd.numel, kThreads);
+        const int dim = (int)a->param.i[0];
+        if (cw_dtype_size(a->out.d.dtype) == 4)
+            slice_kernel<uint32_t><<<blocks, kThreads, 0, s>>>(vd, static_cast<uint32_t *>(a->out.data), vx,
+                                                               static_cast<const uint32_t *>(a->in[0].data), dim,
+                                                               a->param.i[1]);
+        else
+            slice_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(vd, static_cast<uint16_t *>(a->out.data), vx,
+                                                               static_cast<const uint16_t *>(a->in[0].data), dim,
+                                                               a->param.i[1]);
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

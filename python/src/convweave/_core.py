@@ -577,6 +577,11 @@ class Graph:
         of a 4-D one); shapes equal but in dim, values copied exactly."""
         return self._node(lib.cw_graph_concat, a, b, int(dim))
 
+    def slice(self, x, dim, start, length):
+        """cw_graph_slice: x.narrow(dim, start, length) for dim 1 (C) to rank - 1 (D, H, W), values
+        copied exactly (torch's slice with step 1; select as a dim of extent 1)."""
+        return self._node(lib.cw_graph_slice, x, int(dim), int(start), int(length))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""

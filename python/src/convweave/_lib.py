@@ -60,6 +60,7 @@ cw_status cw_graph_shift(cw_graph *g, cw_node *out, cw_node x, cw_node v);
 cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_reduce_op op);
 cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim);
+cw_status cw_graph_slice(cw_graph *g, cw_node *out, cw_node x, int dim, int64_t start, int64_t length);
 """
 
 # ---- constants and structs of the header ---------------------------------------------------
