@@ -1,0 +1,166 @@
+"""convweave.torch.wrap on the ATen patterns of the video VAEs (CogVideoX, Wan, HunyuanVideo,
+LTX-Video): frames folded into the batch, channels-last norms, causal-conv caches (slices,
+selects, cats, repeats, replicate pads), each wrapped with fallback=False so a node that
+falls back fails the test, and judged against the module's float64 forward."""
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import convweave  # noqa: E402
+from convweave._core import Graph  # noqa: E402
+from wrap_util import check_module  # noqa: E402
+
+
+class Fn(nn.Module):
+    def __init__(self, fn, **mods):
+        super().__init__()
+        self.fn = fn
+        for k, m in mods.items():
+            setattr(self, k, m)
+
+    def forward(self, *x):
+        return self.fn(self, *x)
+
+
+def rand(*s, seed=0):
+    return torch.randn(*s, generator=torch.Generator().manual_seed(seed))
+
+
+def needs(method):
+    return pytest.mark.skipif(not hasattr(Graph, method), reason=f"this build has no Graph.{method}")
+
+
+def fold(x):
+    """[B, C, T, H, W] -> [B*T, C, H, W] (CogVideoX's and Wan's per-frame 2-D ops)."""
+    b, c, t, h, w = x.shape
+    return x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+
+
+def unfold(x, b):
+    bt, c, h, w = x.shape
+    return x.reshape(b, bt // b, c, h, w).permute(0, 2, 1, 3, 4)
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_conv2d_per_frame_is_a_conv3d(b):
+    """conv2d over frames folded into the batch: a (1, kh, kw) conv3d on the 5-D node."""
+    c3 = nn.Conv3d(3, 4, 3, padding=1)
+    c2 = nn.Conv2d(4, 5, 3, stride=2, padding=1)
+    mod = Fn(lambda s, x: unfold(s.c2(fold(s.c3(x))), b), c3=c3, c2=c2)
+    check_module(mod, (rand(b, 3, 3, 6, 6),), fallback=False)
+
+
+def test_upsample_per_frame_and_nearest_exact():
+    """Wan's Resample: nearest-exact x2 of a frame-folded view (a (1, 2, 2) upsampling), and
+    a factor 3 in W only."""
+    c = nn.Conv3d(2, 4, 3, padding=1)
+    mod = Fn(lambda s, x: unfold(F.interpolate(F.interpolate(fold(s.c(x)), scale_factor=2.0, mode="nearest-exact"),
+                                               scale_factor=(1, 3), mode="nearest"), 1), c=c)
+    check_module(mod, (rand(1, 2, 3, 4, 5),), fallback=False)
+
+
+def test_rms_norm_channels_last():
+    """LTX's RMSNorm: movedim(1, -1), mean of squares over the last dim (the node's channels),
+    rsqrt, a per-channel weight, movedim back."""
+    c = nn.Conv3d(3, 6, 3, padding=1)
+    wt = nn.Parameter(rand(6, seed=2))
+
+    def f(s, x):
+        h = s.c(x).movedim(1, -1)
+        var = h.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(var + 1e-8)
+        h = (h * s.w).type_as(h)
+        return h.movedim(-1, 1)
+    m = Fn(f, c=c)
+    m.w = wt
+    check_module(m, (rand(1, 3, 3, 5, 4),), fallback=False)
+
+
+def test_l2_norm_per_frame():
+    """Wan's RMS_norm: F.normalize over the channels of a frame-folded view, times sqrt(C) and
+    a per-channel gamma."""
+    c = nn.Conv3d(3, 4, 3, padding=1)
+    gamma = nn.Parameter(rand(4, 1, 1, seed=3))
+
+    def f(s, x):
+        h = fold(s.c(x))
+        return unfold(F.normalize(h, dim=1) * 2.0 * s.g, 1)
+    m = Fn(f, c=c)
+    m.g = gamma
+    check_module(m, (rand(1, 3, 2, 4, 4),), fallback=False)
+
+
+def test_alias_and_type_as_of_an_input():
+    c = nn.Conv3d(2, 2, 1)
+    mod = Fn(lambda s, x: s.c(torch.ops.aten.alias(x)).type_as(x), c=c)
+    check_module(mod, (rand(1, 2, 2, 3, 3),), fallback=False)
+
+
+@needs("slice")
+@pytest.mark.parametrize("k", [2, 3])
+def test_causal_padding_by_repeat_and_cat(k):
+    """LTX's causal conv: the first frame repeated k - 1 times before the frames (a slice, a
+    repeat as nearest upsampling in T, a cat along T), conv3d with no T padding."""
+    c = nn.Conv3d(3, 4, (k + 1, 3, 3), padding=(0, 1, 1))
+    c0 = nn.Conv3d(3, 3, 1)
+
+    def f(s, x):
+        h = s.c0(x)
+        h = torch.cat([h[:, :, :1].repeat(1, 1, k, 1, 1), h], dim=2)
+        return s.c(h)
+    check_module(Fn(f, c=c, c0=c0), (rand(1, 3, 4, 5, 5),), fallback=False)
+
+
+@needs("slice")
+def test_cogvideox_cache_slices_select_and_cat():
+    """CogVideoX: cat([x[:, :, :1]] * 2 + [x]) before a causal conv; the cache x[:, :, -2:];
+    the first frame selected, upsampled in 2-D, put back with the rest upsampled in 3-D."""
+    c = nn.Conv3d(3, 4, 3, padding=(0, 1, 1))
+    c0 = nn.Conv3d(3, 3, 1)
+
+    def f(s, x):
+        h = s.c0(x)
+        h = s.c(torch.cat([h[:, :, :1]] * 2 + [h], dim=2))
+        cache = h[:, :, -2:].clone()
+        first, rest = h[:, :, 0], h[:, :, 1:]
+        first = F.interpolate(first, scale_factor=2.0)[:, :, None]
+        rest = F.interpolate(rest, scale_factor=2.0)
+        return torch.cat([first, rest], dim=2), cache
+    check_module(Fn(f, c=c, c0=c0), (rand(1, 3, 4, 4, 4),), fallback=False)
+
+
+@needs("slice")
+def test_split_chunk_and_stack():
+    """split along the channels (a chunk) and along T, a stack of selected frames."""
+    c = nn.Conv3d(3, 6, 1)
+
+    def f(s, x):
+        h = s.c(x)
+        a, b = h.chunk(2, dim=1)
+        p, q = torch.split(a, [1, 3], dim=2)
+        st = torch.stack([b[:, :, 0], b[:, :, 3]], dim=2)
+        return q * 2.0, p + 1.0, st
+    check_module(Fn(f, c=c), (rand(1, 3, 4, 3, 3),), fallback=False)
+
+
+@needs("slice")
+def test_slice_of_frames_folded_into_the_batch():
+    """A slice of a [T, C, H, W] frame-folded view along its batch is a slice of T."""
+    c = nn.Conv3d(2, 3, 1)
+    mod = Fn(lambda s, x: fold(s.c(x))[1:3] * 3.0, c=c)
+    check_module(mod, (rand(1, 2, 4, 3, 3),), fallback=False)
+
+
+@needs("pad")
+def test_replicate_pad_then_conv():
+    """HunyuanVideo's causal conv: a replicate pad (2 frames before, 1 row and column each
+    side), then a conv with no padding; and a constant pad read by another op."""
+    c = nn.Conv3d(3, 4, 3)
+    c0 = nn.Conv3d(3, 3, 1)
+
+    def f(s, x):
+        h = s.c0(x)
+        return s.c(F.pad(h, (1, 1, 1, 1, 2, 0), mode="replicate")), F.pad(h, (1, 0, 0, 2), value=0.5) + 1.0
+    check_module(Fn(f, c=c, c0=c0), (rand(1, 3, 3, 4, 5),), fallback=False)
