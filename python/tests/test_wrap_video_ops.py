@@ -78,6 +78,29 @@ def test_rms_norm_channels_last():
     check_module(m, (rand(1, 3, 3, 5, 4),), fallback=False)
 
 
+def test_layer_norm_channels_last():
+    """LTX's norm3: nn.LayerNorm over a movedim(1, -1) view: the node's channels."""
+    c = nn.Conv3d(3, 6, 3, padding=1)
+    ln = nn.LayerNorm(6, eps=1e-6)
+    with torch.no_grad():
+        ln.weight.copy_(rand(6, seed=4))
+        ln.bias.copy_(rand(6, seed=5))
+    mod = Fn(lambda s, x: s.ln((s.c(x) + 3.0).movedim(1, -1)).movedim(-1, 1), c=c, ln=ln)
+    check_module(mod, (rand(1, 3, 2, 4, 5),), fallback=False)
+
+
+def test_zeros_like_cache_and_cat_of_single_frames():
+    """Wan's first chunk: cat([zeros_like(cache), cache]) and a cat of two one-frame values."""
+    c = nn.Conv3d(3, 4, 1)
+
+    def f(s, x):
+        h = s.c(x)
+        last = h[:, :, -1:]
+        z = torch.cat([torch.zeros_like(last), last], dim=2)
+        return z, torch.cat([h[:, :, 0].unsqueeze(2), last], dim=2)
+    check_module(Fn(f, c=c), (rand(1, 3, 3, 4, 4),), fallback=False)
+
+
 def test_l2_norm_per_frame():
     """Wan's RMS_norm: F.normalize over the channels of a frame-folded view, times sqrt(C) and
     a per-channel gamma."""

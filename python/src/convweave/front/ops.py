@@ -652,6 +652,29 @@ def mean_sum(L, node, x, dim, keepdim=False, dtype=None):
     return _reduce(L, node, x, dim, "MEAN" if node.target == aten.mean.dim else "SUM")
 
 
+@op(aten.layer_norm.default)
+def layer_norm(L, node, x, shape, w=None, b=None, eps=1e-5, cudnn_enable=True):
+    """LayerNorm over the node's channels (the last dim of a channels-last view, LTX):
+    mean, centred values, their mean square (each a channel reduction in double), rsqrt, a
+    one-channel broadcast product, then the per-channel weight and bias."""
+    for name in ("reduce_channels", "binary", "unary"):
+        _has(name)
+    if len(shape) != 1 or not _holdable(x) or L.layout_of(x).groups[-1] != (1,) or \
+            any(v is not None and _per_channel(L.layout_of(x), v) is None for v in (w, b)):
+        raise Unsupported("a LayerNorm other than over the node's channels")
+    nx, lay = L.act(x)
+    g = L.g
+    d = g.binary(nx, g.reduce_channels(nx, C.CW_REDUCE_MEAN), C.CW_BINARY_SUB)
+    r = g.unary(g.unary(g.reduce_channels(d, C.CW_REDUCE_MEAN_SQUARE), C.CW_UNARY_AFFINE, 1.0, float(eps)),
+                C.CW_UNARY_RSQRT)
+    y = g.binary(d, r, C.CW_BINARY_MUL)
+    if w is not None:
+        y = g.scale(y, L.const_f32(_per_channel(lay, w), "scale", w.roots))
+    if b is not None:
+        y = g.shift(y, L.const_f32(_per_channel(lay, b), "shift", b.roots))
+    return L.new(y, lay)
+
+
 @op(aten.pow.Tensor_Scalar)
 def pow_scalar(L, node, x, e):
     _has("unary")
@@ -682,10 +705,13 @@ def cat(L, node, tensors, dim=0):
     d = dim % len(tensors[0].shape)
     if len(tensors) == 1:
         return _regroup(L, tensors[0], lambda lay: lay)
-    if not all(_holdable(t) for t in tensors):
-        raise Unsupported(f"cat of values convweave does not hold")
+    if not all(_holdable(t) or (isinstance(t, Const) and len(t.shape) in (4, 5)) for t in tensors):
+        raise Unsupported("cat of values convweave does not hold")
     lays = [L.layout_of(t) for t in tensors]
-    ref = next((lay.groups for lay in lays if len(lay.groups[d]) == 1 and lay.groups[d][0] in (1, 2)), None)
+    cands = [lay.groups for lay in lays]
+    if all(len(lay.udims) == len(tensors[0].shape) for lay in lays):  # extent 1 along d everywhere
+        cands.append(tuple((i,) for i in range(len(tensors[0].shape))))
+    ref = next((g for g in cands if len(g[d]) == 1 and g[d][0] in (1, 2)), None)
     if ref is None or len({len(lay.udims) for lay in lays}) != 1 or any(lay != Layout(lay.udims, ref) for lay in lays):
         raise Unsupported(f"cat along dim {dim} other than the node's dim 1 or 2 of one regrouping")
     j = ref[d][0]
@@ -694,6 +720,17 @@ def cat(L, node, tensors, dim=0):
     for n in nodes[1:]:
         y = L.g.concat(y, n, j)
     return L.new(y, Layout(L.g.shape(y), ref))
+
+
+@op(aten.zeros_like.default, aten.ones_like.default)
+def filled_like(L, node, x, *args, **kwargs):
+    """zeros_like / ones_like: a constant of the shape (Wan's first-chunk cache)."""
+    val = node.meta["val"]
+    if val.device != L.device:
+        raise Unsupported("a constant on another device")
+    t = (torch.zeros if node.target == aten.zeros_like.default else torch.ones)(val.shape, dtype=val.dtype, device=L.device)
+    L._copied(t, ())
+    return Const(t, (), t.numel() * t.element_size())
 
 
 @op(aten.stack.default)
