@@ -508,3 +508,30 @@ cw_status cw_graph_slice(cw_graph *g, cw_node *out, cw_node x, int dim, int64_t 
     const cw_op_param pm = {{dim, start, length}, {0}};
     return cw__op_node(g, out, CW_OP_SLICE, &pm, &x, "cw_graph_slice", "slice");
 }
+
+cw_status cw_graph_pad(cw_graph *g, cw_node *out, cw_node x, const int64_t pre[3], const int64_t post[3],
+                       cw_pad_mode mode, float value) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    if (!pre || !post)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_pad: %s is NULL", !pre ? "pre" : "post");
+    if ((int)mode < 0 || (int)mode >= CW_PAD_MODE_COUNT)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_pad: mode = %d is not a cw_pad_mode (0..%d)", (int)mode,
+                         CW_PAD_MODE_COUNT - 1);
+    CW_TRY(cw__check_act(g, x, -1, "cw_graph_pad", "x", &nx));
+    static const char dim_names[3] = {'D', 'H', 'W'};
+    for (int k = 0; k < 6; k++) {
+        const int64_t v = k < 3 ? pre[k] : post[k - 3];
+        if (v < 0 || v > CW_PAD_MAX)
+            return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_pad: %s[%d] (%c) = %" PRId64 " must be in 0..%d",
+                             k < 3 ? "pre" : "post", k % 3, dim_names[k % 3], v, CW_PAD_MAX);
+    }
+    if (nx->desc.rank == 4 && (pre[0] || post[0])) {
+        char buf[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_pad: pre[0] = %" PRId64 " and post[0] = %" PRId64
+                         " (D) must be 0 for a 4-D x %s", pre[0], post[0], cw__dims_str(&nx->desc, buf, sizeof buf));
+    }
+    const cw_op_param pm = {{mode, cw_pad_pack(pre), cw_pad_pack(post)}, {value}};
+    return cw__op_node(g, out, CW_OP_PAD, &pm, &x, "cw_graph_pad", mode == CW_PAD_REPLICATE ? "pad_replicate" : "pad");
+}

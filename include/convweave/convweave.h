@@ -476,6 +476,25 @@ CW_API cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b
  * extent in dim, and for an x of another rank or dtype or not a node. */
 CW_API cw_status cw_graph_slice(cw_graph *g, cw_node *out, cw_node x, int dim, int64_t start, int64_t length);
 
+/* How cw_graph_pad fills the border (F.pad's modes). Append only: plans store the codes. */
+typedef enum cw_pad_mode {
+    CW_PAD_CONSTANT = 0, /* every padded element is value (F.pad(mode='constant', value=value)) */
+    CW_PAD_REPLICATE = 1 /* a padded element repeats the nearest edge element: the source index
+                            clamped into x (F.pad(mode='replicate')) */
+} cw_pad_mode;
+/* y = x padded by pre[k] elements before and post[k] after along D, H, W (k = 0, 1, 2): F.pad
+ * with (pre[2], post[2], pre[1], post[1], pre[0], post[0]) on [N, C, D, H, W]. x: [N, C, D, H,
+ * W], or [N, C, H, W] with pre[0] = post[0] = 0; y: x's dims with pre[k] + post[k] added to D,
+ * H, W, of x's dtype. y's interior is x's elements copied exactly (bits), and so is a
+ * replicated border; a constant border is value rounded once to the graph's dtype (NaN and
+ * infinities allowed). HunyuanVideo's causal conv pads with CW_PAD_REPLICATE, pre = {2, 1, 1},
+ * post = {0, 1, 1}, then convolves unpadded. The copy is its own task on the light stream.
+ * Returns CW_ERR_INVALID_ARG, naming the argument, for a NULL pre or post, a pad outside
+ * 0..64, pre[0] or post[0] != 0 with a 4-D x, a mode that is not a cw_pad_mode, or an x of
+ * another rank or dtype or not a node. */
+CW_API cw_status cw_graph_pad(cw_graph *g, cw_node *out, cw_node x, const int64_t pre[3], const int64_t post[3],
+                              cw_pad_mode mode, float value);
+
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */
     CW_PATCHES_FIXED = 1, /* `patches` bands per conv (capped at its output height) */

@@ -120,6 +120,32 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
 #define CW_BINARY_OP_COUNT ((int)CW_BINARY_MIN + 1)
 #define CW_UPSAMPLE_MAX_FACTOR 8 /* cw_graph_upsample_nearest's largest factor per dim */
 #define CW_REDUCE_OP_COUNT ((int)CW_REDUCE_MEAN_SQUARE + 1)
+#define CW_PAD_MODE_COUNT ((int)CW_PAD_REPLICATE + 1)
+#define CW_PAD_MAX 64 /* cw_graph_pad's largest pad per side, in elements */
+
+/* CW_OP_PAD keeps its six pads (before and after, each of D, H, W) in two of the parameter
+ * block's four integers, 16 bits per dim, D lowest: each is 0..CW_PAD_MAX, checked before
+ * packing (a negative pad would spill into the next field). */
+static inline CW_HD int64_t cw_pad_pack(const int64_t p[3]) { return p[0] | p[1] << 16 | p[2] << 32; }
+static inline CW_HD int64_t cw_pad_get(int64_t packed, int k) { return (packed >> (16 * k)) & 0xffff; }
+
+/* CW_OP_PAD's source index along one dim: output index o less the pad before, inside x's
+ * extent n; outside it, clamped into 0..n-1 (CW_PAD_REPLICATE) or -1: the fill value
+ * (CW_PAD_CONSTANT). */
+static inline CW_HD int64_t cw_pad_src(int64_t o, int64_t pre, int64_t n, int mode) {
+    const int64_t s = o - pre;
+    if (s >= 0 && s < n) return s;
+    if (mode == CW_PAD_REPLICATE) return s < 0 ? 0 : n - 1;
+    return -1;
+}
+
+/* CW_OP_PAD's fill value f[0] as stored in dtype dt (rounded once to f16/bf16): its bits in
+ * the low 16 or all 32 bits. Host code (the cuda launcher passes the bits to its kernel). */
+static inline uint32_t cw_pad_fill_bits(float v, cw_dtype dt) {
+    if (dt == CW_F16) return cw__f32_to_f16(v);
+    if (dt == CW_BF16) return cw__f32_to_bf16(v);
+    return cw__f32_as_u32(v);
+}
 
 /* 1 / (1 + e^-x) with exp taken of -|x| only (no overflow), as cw_silu. NaN propagates. */
 static inline CW_HD float cw_sigmoid(float x) {
@@ -210,6 +236,9 @@ typedef enum {
     CW_OP_CONCAT,           /* out = in0 then in1 along dim i[0] (1 or 2), bits copied */
     CW_OP_SLICE,            /* out = in0.narrow(i[0], i[1], i[2]): dim 1..rank-1, start, length;
                                bits copied */
+    CW_OP_PAD,              /* out[.., d, h, w] = in0[.., cw_pad_src(d), cw_pad_src(h), cw_pad_src(w)]
+                               or f[0] where a source is -1: mode i[0] (cw_pad_mode), pads of
+                               (D, H, W) before in i[1], after in i[2] (cw_pad_pack) */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -241,6 +270,7 @@ static inline cw_op_info cw_op_get_info(int code) {
     case CW_OP_REDUCE_CHANNELS: r.name = "reduce_channels", r.n_in = 1, r.flops = 2.0; break;
     case CW_OP_CONCAT: r.name = "concat", r.n_in = 2, r.flops = 0.0; break;
     case CW_OP_SLICE: r.name = "slice", r.n_in = 1, r.flops = 0.0; break;
+    case CW_OP_PAD: r.name = "pad", r.n_in = 1, r.flops = 0.0; break;
     default: break;
     }
     return r;
@@ -302,6 +332,15 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
             return 0;
         out->dims[d] = len;
         return 1;
+    }
+    case CW_OP_PAD: { /* mode i[0]; pads in i[1], i[2], each 0..CW_PAD_MAX; 4-D: D's are 0 */
+        if ((x->rank != 4 && x->rank != 5) || pm->i[0] < 0 || pm->i[0] >= CW_PAD_MODE_COUNT) return 0;
+        for (int k = 0; k < 3; k++) {
+            const int64_t a = cw_pad_get(pm->i[1], k), b = cw_pad_get(pm->i[2], k);
+            if (a > CW_PAD_MAX || b > CW_PAD_MAX || (x->rank == 4 && k == 0 && (a || b))) return 0;
+            if (x->rank == 5 || k > 0) out->dims[x->rank - 3 + k] += a + b;
+        }
+        return (pm->i[1] >> 48) == 0 && (pm->i[2] >> 48) == 0; /* nothing outside the three fields */
     }
     default: return 0;
     }

@@ -222,3 +222,41 @@ def test_slice_errors():
     assert g.shape(g.slice(x, 3, 1, 4)) == (1, 2, 4, 4)
     g.close()
     ctx.close()
+
+
+@pytest.mark.parametrize("mode", ["constant", "replicate"])
+@pytest.mark.parametrize("shape,pre,post", [((2, 3, 4, 5), (0, 1, 2), (0, 3, 0)),
+                                            ((1, 2, 3, 4, 5), (2, 1, 1), (0, 1, 1)),  # HunyuanVideo's causal pad
+                                            ((1, 2, 2, 3, 2), (3, 0, 5), (1, 4, 0))])
+def test_pad(mode, shape, pre, post):
+    torch = _torch()
+    F = torch.nn.functional
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    x.flat[5] = np.nan
+    torch_pad = []
+    for k in (2, 1, 0)[: len(shape) - 2]:  # F.pad lists the last dim first
+        torch_pad += [pre[k], post[k]]
+    kw = {"value": -0.75} if mode == "constant" else {}
+    ref = F.pad(torch.from_numpy(x), torch_pad, mode=mode, **kw).numpy()
+    code = C.CW_PAD_CONSTANT if mode == "constant" else C.CW_PAD_REPLICATE
+    for y in _run(lambda g, n: g.pad(n[0], pre, post, code, -0.75), [x], ref.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32))  # bits
+
+
+def test_pad_errors():
+    ctx = _core.Context(backend="cpu")
+    g = _core.Graph(ctx)
+    x = g.input("x", (1, 2, 4, 5))
+    with pytest.raises(convweave.Error, match=r"pre\[1\] \(H\) = -1 must be in 0..64"):
+        g.pad(x, (-1, 0), (0, 0))
+    with pytest.raises(convweave.Error, match=r"post\[2\] \(W\) = 65 must be in 0..64"):
+        g.pad(x, (0, 0), (0, 65))
+    with pytest.raises(convweave.Error, match=r"pre\[0\] = 1 and post\[0\] = 0 \(D\) must be 0 for a 4-D x"):
+        g.pad(x, (1, 0, 0), (0, 0, 0))
+    with pytest.raises(convweave.Error, match=r"mode = 2 is not a cw_pad_mode \(0..1\)"):
+        g.pad(x, (0, 0), (0, 0), 2)
+    with pytest.raises(ValueError, match="pad pre"):
+        g.pad(x, (1,), (0, 0))
+    assert g.shape(g.pad(x, (1, 2), (3, 4), C.CW_PAD_REPLICATE)) == (1, 2, 8, 11)
+    g.close()
+    ctx.close()

@@ -735,6 +735,50 @@ static void slice_run(const cw__op_args *a) {
     copy_bits5(a->out.data, dim, sd, (const char *)a->in[0].data + a->param.i[1] * sx[p] * (int64_t)es, sx, es);
 }
 
+/* n elements of es bytes at d (stride sd), each set to the es bytes at v. */
+static void set_row(char *d, int64_t sd, int64_t n, const void *v, size_t es) {
+    for (int64_t i = 0; i < n; i++) memcpy(d + i * sd * (int64_t)es, v, es);
+}
+
+/* The pad: per output row, its source row (cw_pad_src of D and H), or the fill where either
+ * is outside a constant pad; along W the border before and after, each of the fill or the
+ * row's first or last element, and the row itself copied as bits between. */
+static void pad_run(const cw__op_args *a) {
+    ncdhw d, x;
+    view_ncdhw(&a->out, &d);
+    view_ncdhw(&a->in[0], &x);
+    const cw_dtype dt = a->out.d.dtype;
+    const size_t es = cw_dtype_size(dt);
+    const int mode = (int)a->param.i[0];
+    const int64_t pz = cw_pad_get(a->param.i[1], 0), ph = cw_pad_get(a->param.i[1], 1);
+    const int64_t pw = cw_pad_get(a->param.i[1], 2), qw = cw_pad_get(a->param.i[2], 2);
+    const uint32_t fill32 = cw_pad_fill_bits(a->param.f[0], dt);
+    const uint16_t fill16 = (uint16_t)fill32;
+    const void *fill = es == 4 ? (const void *)&fill32 : (const void *)&fill16;
+    const int64_t xw = x.dim[4];
+    for (int64_t n = 0; n < d.dim[0]; n++)
+        for (int64_t c = 0; c < d.dim[1]; c++)
+            for (int64_t z = 0; z < d.dim[2]; z++)
+                for (int64_t h = 0; h < d.dim[3]; h++) {
+                    char *dr = elem_at(a->out.data, n * d.st[0] + c * d.st[1] + z * d.st[2] + h * d.st[3], es);
+                    const int64_t sz = cw_pad_src(z, pz, x.dim[2], mode), sh = cw_pad_src(h, ph, x.dim[3], mode);
+                    if (sz < 0 || sh < 0) {
+                        set_row(dr, d.st[4], d.dim[4], fill, es);
+                        continue;
+                    }
+                    const char *xr = elem_at(a->in[0].data, n * x.st[0] + c * x.st[1] + sz * x.st[2] + sh * x.st[3], es);
+                    const int rep = mode == CW_PAD_REPLICATE;
+                    set_row(dr, d.st[4], pw, rep ? xr : fill, es);
+                    char *dm = dr + pw * d.st[4] * (int64_t)es;
+                    if (d.st[4] == 1 && x.st[4] == 1)
+                        memcpy(dm, xr, (size_t)xw * es);
+                    else
+                        up_row(dm, d.st[4], xr, x.st[4], xw, 1, es);
+                    set_row(dm + xw * d.st[4] * (int64_t)es, d.st[4], qw,
+                            rep ? xr + (xw - 1) * x.st[4] * (int64_t)es : fill, es);
+                }
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
@@ -745,6 +789,7 @@ void cw__cpu_op_exec(const cw__op_args *a) {
     case CW_OP_REDUCE_CHANNELS: reduce_channels_run(a); break;
     case CW_OP_CONCAT: concat_run(a); break;
     case CW_OP_SLICE: slice_run(a); break;
+    case CW_OP_PAD: pad_run(a); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

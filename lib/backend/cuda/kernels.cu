@@ -870,6 +870,27 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* CW_OP_PAD: one thread per output element, its bits copied from x at cw_pad_src of its
+ * D, H, W coordinates (4-D views: H, W), or the fill (bits of the dtype) where a source is
+ * outside a constant pad. pre, post: the packed pads (cw_pad_pack). */
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    pad_kernel(const __grid_constant__ View d, T *dp, const __grid_constant__ View x, const T *xp, int mode,
+               int64_t pre, T fill) {
+    int64_t c[CW_MAX_RANK];
+    const int r = d.rank;
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        int inside = 1;
+        for (int k = r == 5 ? 0 : 1; k < 3; k++) {
+            const int j = r - 3 + k;
+            c[j] = cw_pad_src(c[j], cw_pad_get(pre, k), x.dims[j], mode);
+            inside &= c[j] >= 0;
+        }
+        dp[od] = inside ? xp[offset_of(x, c)] : fill;
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -963,6 +984,21 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
             slice_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(vd, static_cast<uint16_t *>(a->out.data), vx,
                                                                static_cast<const uint16_t *>(a->in[0].data), dim,
                                                                a->param.i[1]);
+        return cudaGetLastError();
+    }
+    case CW_OP_PAD: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        const unsigned blocks = blocks_for(vd.numel, kThreads);
+        const int mode = (int)a->param.i[0];
+        const uint32_t fill = cw_pad_fill_bits(a->param.f[0], a->out.d.dtype);
+        if (cw_dtype_size(a->out.d.dtype) == 4)
+            pad_kernel<uint32_t><<<blocks, kThreads, 0, s>>>(vd, static_cast<uint32_t *>(a->out.data), vx,
+                                                             static_cast<const uint32_t *>(a->in[0].data), mode,
+                                                             a->param.i[1], fill);
+        else
+            pad_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(vd, static_cast<uint16_t *>(a->out.data), vx,
+                                                             static_cast<const uint16_t *>(a->in[0].data), mode,
+                                                             a->param.i[1], static_cast<uint16_t>(fill));
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

@@ -582,6 +582,20 @@ class Graph:
         copied exactly (torch's slice with step 1; select as a dim of extent 1)."""
         return self._node(lib.cw_graph_slice, x, int(dim), int(start), int(length))
 
+    def pad(self, x, pre, post, mode=C.CW_PAD_CONSTANT, value=0.0):
+        """cw_graph_pad: x padded by pre[k] before and post[k] after along (D, H, W), each 0..64
+        (a pair (H, W) means D 0; a 4-D x takes D 0); mode a CW_PAD_* code (convweave._lib):
+        CONSTANT fills value (rounded to the graph's dtype), REPLICATE repeats the edge.
+        F.pad(x, (pw, qw, ph, qh, pd, qd)) is pad(x, (pd, ph, pw), (qd, qh, qw))."""
+        pads = []
+        for name, p in (("pre", pre), ("post", post)):
+            p = tuple(int(v) for v in p)
+            p = (0,) + p if len(p) == 2 else p
+            if len(p) != 3:
+                raise ValueError(f"convweave: pad {name} {p!r}: give (D, H, W) or (H, W)")
+            pads.append((ctypes.c_int64 * 3)(*p))
+        return self._node(lib.cw_graph_pad, x, pads[0], pads[1], int(mode), float(value))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""

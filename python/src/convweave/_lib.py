@@ -61,6 +61,7 @@ cw_status cw_graph_upsample_nearest(cw_graph *g, cw_node *out, cw_node x, const 
 cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_reduce_op op);
 cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim);
 cw_status cw_graph_slice(cw_graph *g, cw_node *out, cw_node x, int dim, int64_t start, int64_t length);
+cw_status cw_graph_pad(cw_graph *g, cw_node *out, cw_node x, const int64_t pre[3], const int64_t post[3], cw_pad_mode mode, float value);
 """
 
 # ---- constants and structs of the header ---------------------------------------------------
@@ -87,6 +88,8 @@ CW_UNARY_RSQRT, CW_UNARY_SQUARE, CW_UNARY_POW = range(7, 10)
 CW_BINARY_MUL, CW_BINARY_SUB, CW_BINARY_DIV, CW_BINARY_MAX, CW_BINARY_MIN = range(5)
 # cw_reduce_op (cw_graph_reduce_channels)
 CW_REDUCE_SUM, CW_REDUCE_MEAN, CW_REDUCE_L2, CW_REDUCE_MEAN_SQUARE = range(4)
+# cw_pad_mode (cw_graph_pad)
+CW_PAD_CONSTANT, CW_PAD_REPLICATE = range(2)
 
 cw_log_fn = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 cw_alloc_fn = ctypes.CFUNCTYPE(c_void_p, c_void_p, c_int64, c_void_p)  # (user, bytes, stream) -> ptr
@@ -166,7 +169,8 @@ STRUCTS = (cw_context_config, cw_allocator, cw_tensor_desc, cw_memory_stats, cw_
 _HANDLES = {"cw_context", "cw_tensor", "cw_graph", "cw_plan", "void"}
 _VALUES = {"void": None, "int": c_int, "float": c_float, "int64_t": c_int64, "size_t": c_size_t,
            "cw_status": c_int, "cw_node": c_int32, "cw_dtype": c_int, "cw_log_fn": cw_log_fn,
-           "cw_unary_op": c_int, "cw_binary_op": c_int, "cw_reduce_op": c_int}
+           "cw_unary_op": c_int, "cw_binary_op": c_int, "cw_reduce_op": c_int,
+           "cw_pad_mode": c_int}
 _STRUCTS = {s.__name__: s for s in STRUCTS}
 _PROTO = re.compile(r"^(?P<ret>[\w\s\*]+?)\s*\b(?P<name>cw_\w+)\s*\((?P<args>[^)]*)\)\s*;$")
 
