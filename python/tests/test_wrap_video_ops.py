@@ -137,6 +137,18 @@ def test_causal_padding_by_repeat_and_cat(k):
 
 
 @needs("slice")
+def test_non_causal_padding_by_repeat_of_none():
+    """LTX's non-causal conv with a kernel of 1 frame repeats the edge frames 0 times: empty
+    tensors that the cat drops."""
+    c = nn.Conv3d(3, 4, 1)
+
+    def f(s, x):
+        h = s.c(x)
+        return torch.cat([h[:, :, :1].repeat(1, 1, 0, 1, 1), h, h[:, :, -1:].repeat(1, 1, 0, 1, 1)], dim=2)
+    check_module(Fn(f, c=c), (rand(1, 3, 3, 4, 4),), fallback=False)
+
+
+@needs("slice")
 def test_cogvideox_cache_slices_select_and_cat():
     """CogVideoX: cat([x[:, :, :1]] * 2 + [x]) before a causal conv; the cache x[:, :, -2:];
     the first frame selected, upsampled in 2-D, put back with the rest upsampled in 3-D."""

@@ -574,6 +574,9 @@ def repeat(L, node, x, reps):
     """repeat along D, H or W where x has extent 1 there: nearest upsampling by the count
     (LTX's causal padding repeats the first frame)."""
     shape = tuple(x.shape)
+    if 0 in reps and is_tensor(x):  # nothing (LTX's non-causal pad by a kernel of 1 frame)
+        val = node.meta["val"]
+        return Const(torch.empty(val.shape, dtype=val.dtype, device=L.device))
     if not _holdable(x) or len(reps) != len(shape) or \
             any(r != 1 and (k < 2 or shape[k] != 1) for k, r in enumerate(reps)) or \
             L.layout_of(x) != Layout.identity(shape):
