@@ -61,6 +61,20 @@ def test_upsample_per_frame_and_nearest_exact():
     check_module(mod, (rand(1, 2, 3, 4, 5),), fallback=False)
 
 
+@needs("slice")
+def test_upsample_of_one_frame():
+    """HunyuanVideo's upsampler: the first frame upsampled in H, W, the others in T, H, W; a
+    dim of extent 1 that grows is still the node's own."""
+    c = nn.Conv3d(2, 3, 1)
+
+    def f(s, x):
+        h = s.c(x)
+        first = F.interpolate(h[:, :, :1], scale_factor=(1, 2, 2), mode="nearest")
+        rest = F.interpolate(h[:, :, 1:], scale_factor=2.0, mode="nearest")
+        return torch.cat([first, rest], dim=2)
+    check_module(Fn(f, c=c), (rand(1, 2, 2, 3, 3),), fallback=False)
+
+
 def test_rms_norm_channels_last():
     """LTX's RMSNorm: movedim(1, -1), mean of squares over the last dim (the node's channels),
     rsqrt, a per-channel weight, movedim back."""

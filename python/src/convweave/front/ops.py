@@ -552,21 +552,25 @@ def upsample(L, node, x, *args):
     # each upsampled logical dim is one node dim (D, H or W): frames folded into the batch
     # upsample as the 5-D node with a factor of 1 in T
     lay = L.layout_of(x)
+    groups = lay.groups
+    full = tuple((i,) for i in range(len(shape)))
+    if len(lay.udims) == len(shape) and lay == Layout(lay.udims, full):
+        groups = full  # the node itself: a dim of extent 1 is still its own
     factors = [1] * (len(lay.udims) - 2)
     for k in range(2, len(shape)):
         f = out[k] // shape[k]
         if f != 1:
-            if len(lay.groups[k]) != 1 or lay.groups[k][0] < 2:
+            if len(groups[k]) != 1 or groups[k][0] < 2:
                 raise Unsupported(f"nearest upsampling of a dim that is not one of the node's D, H, W")
-            factors[lay.groups[k][0] - 2] = f
-    if lay.groups[1] != (1,):
+            factors[groups[k][0] - 2] = f
+    if groups[1] != (1,):
         raise Unsupported("nearest upsampling of a view whose dim 1 is not the node's channels")
-    nx, lay = L.act(x)
+    nx, _ = L.act(x)
     udims = lay.udims[:2] + tuple(u * f for u, f in zip(lay.udims[2:], factors))
     if factors[-2:] == [2, 2] and all(f == 1 for f in factors[:-2]):
-        return L.new(L.g.upsample2x(nx), Layout(udims, lay.groups))
+        return L.new(L.g.upsample2x(nx), Layout(udims, groups))
     _has("upsample_nearest")
-    return L.new(L.g.upsample_nearest(nx, ([1] * (3 - len(factors)) + factors)), Layout(udims, lay.groups))
+    return L.new(L.g.upsample_nearest(nx, ([1] * (3 - len(factors)) + factors)), Layout(udims, groups))
 
 
 @op(aten.repeat.default)
