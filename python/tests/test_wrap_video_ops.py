@@ -195,6 +195,21 @@ def test_split_chunk_and_stack():
 
 
 @needs("slice")
+def test_channel_halves_stacked_in_time():
+    """Wan's time upsampler on one frame: a conv's 2C channels reshaped to (2, C), each half
+    selected and the halves stacked after T (of extent 1): two channel slices and a cat in T."""
+    c = nn.Conv3d(3, 8, 1)
+
+    def f(s, x):
+        h = s.c(x)
+        b, c2, t, hh, ww = h.shape
+        h = h.reshape(b, 2, c2 // 2, t, hh, ww)
+        h = torch.stack((h[:, 0, :, :, :, :], h[:, 1, :, :, :, :]), 3)
+        return h.reshape(b, c2 // 2, t * 2, hh, ww)
+    check_module(Fn(f, c=c), (rand(1, 3, 1, 4, 4),), fallback=False)
+
+
+@needs("slice")
 def test_slice_of_frames_folded_into_the_batch():
     """A slice of a [T, C, H, W] frame-folded view along its batch is a slice of T."""
     c = nn.Conv3d(2, 3, 1)

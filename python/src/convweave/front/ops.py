@@ -11,7 +11,7 @@ import torch
 from .. import _lib as C
 from .._core import Graph, conv_params
 from .layout import Layout, Unsupported
-from .values import Bcast, Const, Cw, Pad, Torch, is_tensor
+from .values import Bcast, Const, Cw, Pad, Split, Torch, is_tensor
 
 aten = torch.ops.aten
 TABLE = {}
@@ -38,7 +38,29 @@ def _ints(v, n):
 @op(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
     aten.squeeze.default, aten.unsqueeze.default, aten.flatten.using_ints, aten.unflatten.int)
 def reshape(L, node, x, *args):
-    return _regroup(L, x, lambda lay: lay.reshape(_out_shape(node)))
+    try:
+        return _regroup(L, x, lambda lay: lay.reshape(_out_shape(node)))
+    except Unsupported:
+        split = _channel_split(L, node, x)
+        if split is None:
+            raise
+        return split
+
+
+def _channel_split(L, node, x):
+    """A Split where the reshape cuts the node's channels (logical dim p) into (k, C / k) and
+    only selects along the k read it; else None."""
+    shape, out = tuple(x.shape), _out_shape(node)
+    if not _holdable(x) or len(out) != len(shape) + 1:
+        return None
+    lay = L.layout_of(x)
+    for p in range(len(shape)):
+        if out[:p] == shape[:p] and out[p + 2:] == shape[p + 1:] and out[p] * out[p + 1] == shape[p] and \
+                lay.groups[p] == (1,):
+            if all(u.target == aten.select.int and u.args[0] is node and u.args[1] % len(out) == p
+                   for u in node.users):
+                return Split(x, p, out)
+    return None
 
 
 @op(aten.permute.default)
@@ -69,6 +91,9 @@ def same_elements(L, node, x, *args):
     out = _out_shape(node)
     if node.target == aten.expand.default and _channel_bcast(x, out, L):
         return Bcast(x, out)
+    if isinstance(x, Split):  # a select along the k of a split: a slice of the channels
+        c = x.shape[x.pos + 1]
+        return _narrow(L, x.base, x.pos, (args[1] % x.shape[x.pos]) * c, c, out)
     if not _holdable(x):
         raise Unsupported("expand, slice or select of a value convweave does not hold")
     if math.prod(out) != math.prod(x.shape):

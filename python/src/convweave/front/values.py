@@ -66,5 +66,19 @@ class Bcast:
         return self.base.dtype
 
 
+class Split:
+    """reshape of a node's channels (logical dim pos of base) into (k, C / k), read only by
+    selects along the k: each select is a slice of the channels (Wan's upsampler splits a
+    conv's output into two halves this way); anything else reads base.reshape(shape)."""
+    __slots__ = ("base", "pos", "shape")
+
+    def __init__(self, base, pos, shape):
+        self.base, self.pos, self.shape = base, pos, tuple(shape)
+
+    @property
+    def dtype(self):
+        return self.base.dtype
+
+
 def is_tensor(v):
-    return isinstance(v, (Const, Torch, Cw, Pad, Bcast))
+    return isinstance(v, (Const, Torch, Cw, Pad, Bcast, Split))
