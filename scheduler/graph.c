@@ -535,3 +535,48 @@ cw_status cw_graph_pad(cw_graph *g, cw_node *out, cw_node x, const int64_t pre[3
     const cw_op_param pm = {{mode, cw_pad_pack(pre), cw_pad_pack(post)}, {value}};
     return cw__op_node(g, out, CW_OP_PAD, &pm, &x, "cw_graph_pad", mode == CW_PAD_REPLICATE ? "pad_replicate" : "pad");
 }
+
+/* cw_graph_depth_to_space (d2s) and cw_graph_space_to_depth: one check of the factors and
+ * of the dims they must divide, naming the call. */
+static cw_status cw__shuffle(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3], int d2s) {
+    const char *call = d2s ? "cw_graph_depth_to_space" : "cw_graph_space_to_depth";
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    *out = CW_NODE_NONE;
+    const cw__node *nx = NULL;
+    char buf[96];
+    if (!factors) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: factors is NULL", call);
+    CW_TRY(cw__check_act(g, x, -1, call, "x", &nx));
+    const cw_tensor_desc *xd = &nx->desc;
+    cw__dims_str(xd, buf, sizeof buf);
+    static const char dim_names[3] = {'D', 'H', 'W'};
+    int64_t f = 1;
+    for (int k = 0; k < 3; k++) {
+        if (factors[k] < 1 || factors[k] > CW_SHUFFLE_MAX_FACTOR)
+            return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: factors[%d] (%c) = %" PRId64 " must be in 1..%d", call, k,
+                             dim_names[k], factors[k], CW_SHUFFLE_MAX_FACTOR);
+        f *= factors[k];
+    }
+    if (xd->rank == 4 && factors[0] != 1)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: factors[0] (D) = %" PRId64 " must be 1 for a 4-D x %s", call,
+                         factors[0], buf);
+    if (d2s && xd->dims[1] % f)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: x %s's channels C = %" PRId64 " must be a multiple of "
+                         "fd * fh * fw = %" PRId64, call, buf, xd->dims[1], f);
+    for (int k = xd->rank == 5 ? 0 : 1; k < 3 && !d2s; k++) {
+        const int64_t e = xd->dims[xd->rank - 3 + k];
+        if (e % factors[k])
+            return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: x %s's %c = %" PRId64 " must be a multiple of "
+                             "factors[%d] = %" PRId64, call, buf, dim_names[k], e, k, factors[k]);
+    }
+    const cw_op_param pm = {{factors[0], factors[1], factors[2]}, {0}};
+    return cw__op_node(g, out, d2s ? CW_OP_DEPTH_TO_SPACE : CW_OP_SPACE_TO_DEPTH, &pm, &x, call,
+                       d2s ? "depth_to_space" : "space_to_depth");
+}
+
+cw_status cw_graph_depth_to_space(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]) {
+    return cw__shuffle(g, out, x, factors, 1);
+}
+
+cw_status cw_graph_space_to_depth(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]) {
+    return cw__shuffle(g, out, x, factors, 0);
+}

@@ -494,6 +494,31 @@ typedef enum cw_pad_mode {
  * another rank or dtype or not a node. */
 CW_API cw_status cw_graph_pad(cw_graph *g, cw_node *out, cw_node x, const int64_t pre[3], const int64_t post[3],
                               cw_pad_mode mode, float value);
+/* Depth to space by factors = {fd, fh, fw} (D, H, W), each 1..8, F = fd * fh * fw:
+ *   y[n, c, d * fd + i, h * fh + j, w * fw + k] = x[n, c * F + (i * fh + j) * fw + k, d, h, w],
+ * elements copied exactly (bits). x: [N, C * F, D, H, W], or [N, C * F, H, W] with fd = 1
+ * (then exactly torch.pixel_shuffle(x, r) for fh = fw = r); y: [N, C, D * fd, H * fh, W * fw],
+ * of x's dtype. The order is LTX-Video's upsampler's (diffusers' LTXVideoUpsampler3d:
+ * reshape to [N, C, fd, fh, fw, D, H, W], permute(0, 1, 5, 2, 6, 3, 7, 4), flatten), checked
+ * against it; the frames it then drops (the first fd - 1) are a cw_graph_slice. The copy is
+ * its own task on the light stream. Returns CW_ERR_INVALID_ARG, naming the argument, for a
+ * NULL factors, a factor outside 1..8, factors[0] != 1 with a 4-D x, an x whose channels F
+ * does not divide, or an x of another rank or dtype or not a node. */
+CW_API cw_status cw_graph_depth_to_space(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
+/* Space to depth, the inverse of cw_graph_depth_to_space with the same factors (each 1..8,
+ * F = fd * fh * fw):
+ *   y[n, c * F + (i * fh + j) * fw + k, d, h, w] = x[n, c, d * fd + i, h * fh + j, w * fw + k],
+ * elements copied exactly (bits). x: [N, C, D, H, W] with D, H, W multiples of their factors,
+ * or [N, C, H, W] with fd = 1 (then exactly torch.pixel_unshuffle(x, r) for fh = fw = r); y:
+ * [N, C * F, D / fd, H / fh, W / fw], of x's dtype. This is the reshape-permute of LTX-Video's
+ * downsampler (diffusers' LTXVideoDownsampler3d: unflatten D, H, W by the factors,
+ * permute(0, 1, 3, 5, 7, 2, 4, 6), flatten(1, 4)) alone: that module also repeats its first
+ * fd - 1 frames in front (a cw_graph_slice and cw_graph_concat) and averages groups of the
+ * result's channels for its residual (not part of this op). Returns CW_ERR_INVALID_ARG, naming
+ * the argument, for a NULL factors, a factor outside 1..8, factors[0] != 1 with a 4-D x, an x
+ * whose D, H or W its factor does not divide, or an x of another rank or dtype or not a
+ * node. */
+CW_API cw_status cw_graph_space_to_depth(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 
 typedef enum cw_patch_policy {
     CW_PATCHES_AUTO = 0,  /* smallest patch count whose fastest algorithm fits the budget */

@@ -122,6 +122,7 @@ static inline CW_HD float cw_channel_elem(int op, float x, float v) {
 #define CW_REDUCE_OP_COUNT ((int)CW_REDUCE_MEAN_SQUARE + 1)
 #define CW_PAD_MODE_COUNT ((int)CW_PAD_REPLICATE + 1)
 #define CW_PAD_MAX 64 /* cw_graph_pad's largest pad per side, in elements */
+#define CW_SHUFFLE_MAX_FACTOR 8 /* cw_graph_depth_to_space / space_to_depth's largest factor */
 
 /* CW_OP_PAD keeps its six pads (before and after, each of D, H, W) in two of the parameter
  * block's four integers, 16 bits per dim, D lowest: each is 0..CW_PAD_MAX, checked before
@@ -239,6 +240,11 @@ typedef enum {
     CW_OP_PAD,              /* out[.., d, h, w] = in0[.., cw_pad_src(d), cw_pad_src(h), cw_pad_src(w)]
                                or f[0] where a source is -1: mode i[0] (cw_pad_mode), pads of
                                (D, H, W) before in i[1], after in i[2] (cw_pad_pack) */
+    CW_OP_DEPTH_TO_SPACE,   /* out[n, c, d fd + i, h fh + j, w fw + k] =
+                               in0[n, c F + (i fh + j) fw + k, d, h, w], factors (fd, fh, fw) in
+                               i[0..2], F = fd fh fw; 4-D: fd = 1; bits copied */
+    CW_OP_SPACE_TO_DEPTH,   /* its inverse: out[n, c F + (i fh + j) fw + k, d, h, w] =
+                               in0[n, c, d fd + i, h fh + j, w fw + k] */
     CW_OP_COUNT
 } cw_op_code;
 
@@ -271,6 +277,8 @@ static inline cw_op_info cw_op_get_info(int code) {
     case CW_OP_CONCAT: r.name = "concat", r.n_in = 2, r.flops = 0.0; break;
     case CW_OP_SLICE: r.name = "slice", r.n_in = 1, r.flops = 0.0; break;
     case CW_OP_PAD: r.name = "pad", r.n_in = 1, r.flops = 0.0; break;
+    case CW_OP_DEPTH_TO_SPACE: r.name = "depth_to_space", r.n_in = 1, r.flops = 0.0; break;
+    case CW_OP_SPACE_TO_DEPTH: r.name = "space_to_depth", r.n_in = 1, r.flops = 0.0; break;
     default: break;
     }
     return r;
@@ -341,6 +349,25 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
             if (x->rank == 5 || k > 0) out->dims[x->rank - 3 + k] += a + b;
         }
         return (pm->i[1] >> 48) == 0 && (pm->i[2] >> 48) == 0; /* nothing outside the three fields */
+    }
+    case CW_OP_DEPTH_TO_SPACE:
+    case CW_OP_SPACE_TO_DEPTH: { /* factors (D, H, W) in i[0..2], each 1..8; 4-D: i[0] = 1 */
+        if (x->rank != 4 && x->rank != 5) return 0;
+        int64_t f = 1;
+        for (int k = 0; k < 3; k++) {
+            if (pm->i[k] < 1 || pm->i[k] > CW_SHUFFLE_MAX_FACTOR) return 0;
+            f *= pm->i[k];
+        }
+        if (x->rank == 4 && pm->i[0] != 1) return 0;
+        const int d2s = code == CW_OP_DEPTH_TO_SPACE;
+        if (d2s && x->dims[1] % f) return 0;
+        out->dims[1] = d2s ? x->dims[1] / f : x->dims[1] * f;
+        for (int k = x->rank == 5 ? 0 : 1; k < 3; k++) {
+            const int j = x->rank - 3 + k;
+            if (!d2s && x->dims[j] % pm->i[k]) return 0;
+            out->dims[j] = d2s ? x->dims[j] * pm->i[k] : x->dims[j] / pm->i[k];
+        }
+        return 1;
     }
     default: return 0;
     }

@@ -1,7 +1,8 @@
 """Graph.unary, binary, shift, upsample_nearest, reduce_channels and concat (the ops
 convweave.torch.wrap lowers ATen's relu/tanh/sigmoid/gelu/mul/sub/div/clamp/bias adds/nearest
-upsampling/channel norms/cat to) on the cpu backend against NumPy, and their argument errors.
-NumPy only."""
+upsampling/channel norms/cat to) on the cpu backend against NumPy, and their argument errors;
+slice, pad, depth_to_space and space_to_depth against torch (narrow, F.pad, pixel_shuffle and
+LTX-Video's reshape-permute), skipped where torch is not installed."""
 import math
 
 import numpy as np
@@ -258,5 +259,68 @@ def test_pad_errors():
     with pytest.raises(ValueError, match="pad pre"):
         g.pad(x, (1,), (0, 0))
     assert g.shape(g.pad(x, (1, 2), (3, 4), C.CW_PAD_REPLICATE)) == (1, 2, 8, 11)
+    g.close()
+    ctx.close()
+
+
+def _ltx_depth_to_space(x, f):
+    """LTXVideoUpsampler3d's shuffle (diffusers), without its frame drop."""
+    b, c, t, h, w = x.shape
+    x = x.reshape(b, -1, f[0], f[1], f[2], t, h, w)
+    return x.permute(0, 1, 5, 2, 6, 3, 7, 4).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+
+def _ltx_space_to_depth(x, f):
+    """LTXVideoDownsampler3d's shuffle (diffusers), without its frame repeat and group mean."""
+    x = x.unflatten(4, (-1, f[2])).unflatten(3, (-1, f[1])).unflatten(2, (-1, f[0]))
+    return x.permute(0, 1, 3, 5, 7, 2, 4, 6).flatten(1, 4)
+
+
+@pytest.mark.parametrize("f", [(2, 2, 2), (1, 2, 2), (2, 1, 1), (2, 3, 1)])
+def test_depth_to_space_ltx(f):
+    torch = _torch()
+    F = f[0] * f[1] * f[2]
+    x = np.random.default_rng(F).standard_normal((1, 2 * F, 3, 2, 3)).astype(np.float32)
+    x.flat[4] = np.nan
+    up = _ltx_depth_to_space(torch.from_numpy(x), f).contiguous().numpy()
+    for y in _run(lambda g, n: g.depth_to_space(n[0], f), [x], up.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), up.view(np.uint32))  # bits
+    # LTX's upsampler then drops the first fd - 1 frames: a slice
+    drop = up[:, :, f[0] - 1:]
+    for y in _run(lambda g, n: g.slice(g.depth_to_space(n[0], f), 2, f[0] - 1, up.shape[2] - f[0] + 1), [x],
+                  drop.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), np.ascontiguousarray(drop).view(np.uint32))
+    down = _ltx_space_to_depth(torch.from_numpy(up), f).contiguous().numpy()
+    np.testing.assert_array_equal(down.view(np.uint32), x.view(np.uint32))  # LTX's pair: inverses
+    for y in _run(lambda g, n: g.space_to_depth(n[0], f), [up], x.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), down.view(np.uint32))
+
+
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_pixel_shuffle(r):
+    torch = _torch()
+    x = np.random.default_rng(r).standard_normal((2, 2 * r * r, 3, 4)).astype(np.float32)
+    ref = torch.nn.functional.pixel_shuffle(torch.from_numpy(x), r).numpy()
+    for y in _run(lambda g, n: g.depth_to_space(n[0], (r, r)), [x], ref.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), ref.view(np.uint32))
+    back = torch.nn.functional.pixel_unshuffle(torch.from_numpy(ref), r).numpy()
+    for y in _run(lambda g, n: g.space_to_depth(n[0], (1, r, r)), [ref], back.shape):
+        np.testing.assert_array_equal(y.view(np.uint32), back.view(np.uint32))
+
+
+def test_depth_to_space_errors():
+    ctx = _core.Context(backend="cpu")
+    g = _core.Graph(ctx)
+    x = g.input("x", (1, 12, 4, 6))
+    with pytest.raises(convweave.Error, match=r"channels C = 12 must be a multiple of fd \* fh \* fw = 9"):
+        g.depth_to_space(x, (3, 3))
+    with pytest.raises(convweave.Error, match=r"x \[1, 12, 4, 6\]'s W = 6 must be a multiple of factors\[2\] = 4"):
+        g.space_to_depth(x, (1, 4))
+    with pytest.raises(convweave.Error, match=r"factors\[0\] \(D\) = 2 must be 1 for a 4-D x"):
+        g.depth_to_space(x, (2, 1, 1))
+    with pytest.raises(ValueError, match="space_to_depth factors"):
+        g.space_to_depth(x, (2,))
+    assert g.shape(g.depth_to_space(x, (2, 2))) == (1, 3, 8, 12)
+    assert g.shape(g.space_to_depth(x, (2, 3))) == (1, 72, 2, 2)
     g.close()
     ctx.close()

@@ -779,6 +779,50 @@ static void pad_run(const cw__op_args *a) {
                 }
 }
 
+/* One output row of depth to space along W: o[(s fw + k) sd] = x[k cs + s ws] for s < xw,
+ * k < fw (cs: the channel stride, the source's k-th channel), bits of es bytes. */
+static void d2s_row(char *d, int64_t sd, const char *x, int64_t xw, int64_t fw, int64_t cs, int64_t ws, size_t es) {
+    if (es == 4) {
+        uint32_t *o = (uint32_t *)d;
+        const uint32_t *i = (const uint32_t *)x;
+        for (int64_t s = 0; s < xw; s++)
+            for (int64_t k = 0; k < fw; k++) o[(s * fw + k) * sd] = i[k * cs + s * ws];
+    } else {
+        uint16_t *o = (uint16_t *)d;
+        const uint16_t *i = (const uint16_t *)x;
+        for (int64_t s = 0; s < xw; s++)
+            for (int64_t k = 0; k < fw; k++) o[(s * fw + k) * sd] = i[k * cs + s * ws];
+    }
+}
+
+/* Depth to space (d2s) or space to depth, per output row of W. d2s: output row (c, z, y)
+ * reads channels c F + ((z % fd) fh + y % fh) fw + 0..fw-1 at (z / fd, y / fh), interleaved
+ * along W. Space to depth: output row (c, z, y) reads input row (c / F, z fd + i, y fh + j)
+ * from element k with stride fw, where c % F = (i fh + j) fw + k. */
+static void shuffle_run(const cw__op_args *a, int d2s) {
+    ncdhw d, x;
+    view_ncdhw(&a->out, &d);
+    view_ncdhw(&a->in[0], &x);
+    const size_t es = cw_dtype_size(a->out.d.dtype);
+    const int64_t fd = a->param.i[0], fh = a->param.i[1], fw = a->param.i[2], f = fd * fh * fw;
+    for (int64_t n = 0; n < d.dim[0]; n++)
+        for (int64_t c = 0; c < d.dim[1]; c++)
+            for (int64_t z = 0; z < d.dim[2]; z++)
+                for (int64_t y = 0; y < d.dim[3]; y++) {
+                    char *dr = elem_at(a->out.data, n * d.st[0] + c * d.st[1] + z * d.st[2] + y * d.st[3], es);
+                    if (d2s) {
+                        const int64_t xc = c * f + ((z % fd) * fh + y % fh) * fw;
+                        const int64_t ox = n * x.st[0] + xc * x.st[1] + (z / fd) * x.st[2] + (y / fh) * x.st[3];
+                        d2s_row(dr, d.st[4], elem_at(a->in[0].data, ox, es), x.dim[4], fw, x.st[1], x.st[4], es);
+                    } else {
+                        const int64_t r = c % f, i = r / (fh * fw), j = r / fw % fh, k = r % fw;
+                        const int64_t ox = n * x.st[0] + (c / f) * x.st[1] + (z * fd + i) * x.st[2] +
+                                           (y * fh + j) * x.st[3] + k * x.st[4];
+                        up_row(dr, d.st[4], elem_at(a->in[0].data, ox, es), x.st[4] * fw, d.dim[4], 1, es);
+                    }
+                }
+}
+
 void cw__cpu_op_exec(const cw__op_args *a) {
     switch (a->code) {
     case CW_OP_CHANNEL: channel_run(a); break;
@@ -790,6 +834,8 @@ void cw__cpu_op_exec(const cw__op_args *a) {
     case CW_OP_CONCAT: concat_run(a); break;
     case CW_OP_SLICE: slice_run(a); break;
     case CW_OP_PAD: pad_run(a); break;
+    case CW_OP_DEPTH_TO_SPACE: shuffle_run(a, 1); break;
+    case CW_OP_SPACE_TO_DEPTH: shuffle_run(a, 0); break;
     default: break; /* cw__op_run admits only known codes */
     }
 }

@@ -891,6 +891,35 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* CW_OP_DEPTH_TO_SPACE (d2s) and CW_OP_SPACE_TO_DEPTH: one thread per output element, its
+ * bits copied from the source element the op's index map gives (kernels.h's contract; 4-D
+ * views: fd = 1 and no D). T: a 2- or 4-byte word. */
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    shuffle_kernel(const __grid_constant__ View d, T *dp, const __grid_constant__ View x, const T *xp, int d2s,
+                   int64_t fd, int64_t fh, int64_t fw) {
+    int64_t c[CW_MAX_RANK];
+    const int r = d.rank;
+    const int64_t f = fd * fh * fw;
+    CW_GRID_STRIDE(i, d.numel) {
+        const int64_t od = coords(d, i, c);
+        if (d2s) { /* sub = (i fh + j) fw + k of the output's (d fd + i, h fh + j, w fw + k) */
+            int64_t sub = 0;
+            if (r == 5) sub = c[2] % fd, c[2] /= fd;
+            sub = sub * fh + c[r - 2] % fh, c[r - 2] /= fh;
+            sub = sub * fw + c[r - 1] % fw, c[r - 1] /= fw;
+            c[1] = c[1] * f + sub;
+        } else { /* the output's channel c F + sub names (i, j, k) */
+            const int64_t sub = c[1] % f;
+            c[1] /= f;
+            if (r == 5) c[2] = c[2] * fd + sub / (fh * fw);
+            c[r - 2] = c[r - 2] * fh + sub / fw % fh;
+            c[r - 1] = c[r - 1] * fw + sub % fw;
+        }
+        dp[od] = xp[offset_of(x, c)];
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -999,6 +1028,22 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
             pad_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(vd, static_cast<uint16_t *>(a->out.data), vx,
                                                              static_cast<const uint16_t *>(a->in[0].data), mode,
                                                              a->param.i[1], static_cast<uint16_t>(fill));
+        return cudaGetLastError();
+    }
+    case CW_OP_DEPTH_TO_SPACE:
+    case CW_OP_SPACE_TO_DEPTH: {
+        View vd = make_view(&a->out), vx = make_view(&a->in[0]);
+        const unsigned blocks = blocks_for(vd.numel, kThreads);
+        const int d2s = a->code == CW_OP_DEPTH_TO_SPACE;
+        const int64_t *f = a->param.i;
+        if (cw_dtype_size(a->out.d.dtype) == 4)
+            shuffle_kernel<uint32_t><<<blocks, kThreads, 0, s>>>(vd, static_cast<uint32_t *>(a->out.data), vx,
+                                                                 static_cast<const uint32_t *>(a->in[0].data), d2s,
+                                                                 f[0], f[1], f[2]);
+        else
+            shuffle_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(vd, static_cast<uint16_t *>(a->out.data), vx,
+                                                                 static_cast<const uint16_t *>(a->in[0].data), d2s,
+                                                                 f[0], f[1], f[2]);
         return cudaGetLastError();
     }
     default: return cudaErrorInvalidValue; /* cw__op_run admits only known codes */

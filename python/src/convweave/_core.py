@@ -596,6 +596,25 @@ class Graph:
             pads.append((ctypes.c_int64 * 3)(*p))
         return self._node(lib.cw_graph_pad, x, pads[0], pads[1], int(mode), float(value))
 
+    @staticmethod
+    def _factors(name, factors):
+        f = tuple(int(v) for v in factors)
+        f = (1,) + f if len(f) == 2 else f
+        if len(f) != 3:
+            raise ValueError(f"convweave: {name} factors {factors!r}: give (fd, fh, fw) or (fh, fw)")
+        return (ctypes.c_int64 * 3)(*f)
+
+    def depth_to_space(self, x, factors):
+        """cw_graph_depth_to_space: [N, C*fd*fh*fw, D, H, W] -> [N, C, D*fd, H*fh, W*fw], channel
+        c*F + (i*fh + j)*fw + k to (d*fd + i, h*fh + j, w*fw + k): LTX-Video's upsampler order, and
+        torch.pixel_shuffle for a 4-D x and factors (1, r, r) (a pair (fh, fw) means fd 1)."""
+        return self._node(lib.cw_graph_depth_to_space, x, self._factors("depth_to_space", factors))
+
+    def space_to_depth(self, x, factors):
+        """cw_graph_space_to_depth: the inverse of depth_to_space (LTX-Video's downsampler's
+        reshape-permute; torch.pixel_unshuffle for a 4-D x and factors (1, r, r))."""
+        return self._node(lib.cw_graph_space_to_depth, x, self._factors("space_to_depth", factors))
+
 
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""

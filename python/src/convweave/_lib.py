@@ -62,6 +62,8 @@ cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_redu
 cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim);
 cw_status cw_graph_slice(cw_graph *g, cw_node *out, cw_node x, int dim, int64_t start, int64_t length);
 cw_status cw_graph_pad(cw_graph *g, cw_node *out, cw_node x, const int64_t pre[3], const int64_t post[3], cw_pad_mode mode, float value);
+cw_status cw_graph_depth_to_space(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
+cw_status cw_graph_space_to_depth(cw_graph *g, cw_node *out, cw_node x, const int64_t factors[3]);
 """
 
 # ---- constants and structs of the header ---------------------------------------------------
