@@ -228,3 +228,35 @@ def test_replicate_pad_then_conv():
         h = s.c0(x)
         return s.c(F.pad(h, (1, 1, 1, 1, 2, 0), mode="replicate")), F.pad(h, (1, 0, 0, 2), value=0.5) + 1.0
     check_module(Fn(f, c=c, c0=c0), (rand(1, 3, 3, 4, 5),), fallback=False)
+
+
+@needs("depth_to_space")
+@pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 2), (2, 1, 1)])
+def test_depth_to_space_of_ltx_upsampler(stride):
+    """LTXVideoUpsampler3d: conv, reshape [B, C, fd, fh, fw, T, H, W], permute, flatten (a
+    depth-to-space), then the first fd - 1 frames dropped."""
+    f = stride[0] * stride[1] * stride[2]
+    c = nn.Conv3d(3, 2 * f, 3, padding=1)
+
+    def fn(s, x):
+        h = s.c(x)
+        b, _, t, hh, ww = h.shape
+        h = h.reshape(b, -1, stride[0], stride[1], stride[2], t, hh, ww)
+        h = h.permute(0, 1, 5, 2, 6, 3, 7, 4).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        return h[:, :, stride[0] - 1:]
+    check_module(Fn(fn, c=c), (rand(1, 3, 3, 4, 5),), fallback=False)
+
+
+@needs("depth_to_space")
+def test_split_and_shuffle_read_by_pytorch():
+    """A channel split or a depth-to-space on its way that PyTorch reads (a sum over the
+    split dim, an 8-D sin) is materialized from the node: the result is still right."""
+    c = nn.Conv3d(3, 8, 1)
+
+    def fn(s, x):
+        h = s.c(x)
+        b, c8, t, hh, ww = h.shape
+        v = h.reshape(b, 2, 2, 2, 1, t, hh, ww).permute(0, 1, 5, 2, 6, 3, 7, 4)
+        return torch.sin(v), h.reshape(b, 2, 4, t, hh, ww).sum(1)
+    w, _, _ = check_module(Fn(fn, c=c), (rand(1, 3, 2, 3, 3),))
+    assert w.describe()["nodes_fallback"] >= 2

@@ -11,7 +11,7 @@ import torch
 from .. import _lib as C
 from .._core import Graph, conv_params
 from .layout import Layout, Unsupported
-from .values import Bcast, Const, Cw, Pad, Split, Torch, is_tensor
+from .values import Bcast, Const, Cw, Pad, Shuffle, Split, Torch, is_tensor
 
 aten = torch.ops.aten
 TABLE = {}
@@ -41,10 +41,46 @@ def reshape(L, node, x, *args):
     try:
         return _regroup(L, x, lambda lay: lay.reshape(_out_shape(node)))
     except Unsupported:
-        split = _channel_split(L, node, x)
+        split = _channel_split(L, node, x) or _shuffle(L, node, x)
         if split is None:
             raise
         return split
+
+
+def _shuffle(L, node, x):
+    """A Shuffle where the reshape splits the channels of a 5-D node into (C, fd, fh, fw)
+    before T, H, W (the start of LTX's depth-to-space); else None."""
+    shape, out = tuple(x.shape), _out_shape(node)
+    if not hasattr(Graph, "depth_to_space") or not isinstance(x, Cw) or len(shape) != 5 or len(out) != 8 or \
+            x.layout != Layout.identity(shape) or out[:1] != shape[:1] or out[5:] != shape[2:] or \
+            math.prod(out[1:5]) != shape[1] or any(f > 8 for f in out[2:5]):
+        return None
+    return Shuffle(x, Layout.identity(out), out[2:5])
+
+
+def _unshuffle(L, v):
+    """A Shuffle whose regrouping merges (T, fd), (H, fh), (W, fw): the depth-to-space node
+    seen through the same regrouping; else v."""
+    u = v.vlay.udims
+    groups = []
+    for g in v.vlay.groups:
+        g, real = list(g), []
+        while g:
+            d = g.pop(0)
+            if d in (0, 1):
+                real.append(d)
+            elif d in (5, 6, 7) and (u[d - 3] == 1 or (g and g[0] == d - 3)):
+                if u[d - 3] != 1:
+                    g.pop(0)
+                real.append(d - 3)
+            elif d in (2, 3, 4) and u[d + 3] == 1:
+                real.append(d)
+            else:
+                return v
+        groups.append(tuple(real))
+    nx, _ = L.act(v.base)
+    y = L.g.depth_to_space(nx, list(v.factors))
+    return L.new(y, Layout(L.g.shape(y), groups))
 
 
 def _channel_split(L, node, x):
@@ -162,7 +198,7 @@ def split(L, node, x, sizes, dim=0):
 @op(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
     aten.contiguous.default)
 def identity(L, node, x, *args, **kwargs):
-    if isinstance(x, Torch):  # the exported graph is functional: the same tensor serves
+    if isinstance(x, (Torch, Shuffle)):  # the exported graph is functional: the same tensor serves
         return x
     if not isinstance(x, Cw):
         raise Unsupported("a copy of a value convweave does not hold")
@@ -193,6 +229,8 @@ def dropout(L, node, x, p, train):
 
 def _regroup(L, x, fn):
     """A new view of x's node; a PyTorch tensor becomes an input of the open segment first."""
+    if isinstance(x, Shuffle):
+        return _unshuffle(L, Shuffle(x.base, fn(x.vlay), x.factors))
     if isinstance(x, Torch):
         node, lay = L.act(x)
         x = Cw(L.current(), node, lay, x.dtype)

@@ -14,7 +14,7 @@ from .._core import Context, Error, format_bytes, parse_bytes
 from .. import _lib as C
 from .export import export, placeholders, slot
 from .partition import Lowering, _tensors, _walk
-from .values import Bcast, Const, Cw, Pad, Split, Torch
+from .values import Bcast, Const, Cw, Pad, Shuffle, Split, Torch
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 
@@ -84,6 +84,8 @@ class Program:
             return self._value(env, v.base).expand(v.shape)
         if isinstance(v, Split):
             return self._value(env, v.base).reshape(v.shape)
+        if isinstance(v, Shuffle):
+            return v.vlay.to_torch(self._value(env, v.base).reshape(v.vlay.udims))
         if isinstance(v, Pad):
             pad = [p for pre, post in zip(reversed(v.pre), reversed(v.post)) for p in (pre, post)]
             return torch.nn.functional.pad(self._value(env, v.base), pad)
@@ -93,7 +95,7 @@ class Program:
         """The env entries reading v touches."""
         if isinstance(v, Torch):
             return [v.name if not isinstance(v.name, tuple) else v.name[0]]
-        if isinstance(v, (Pad, Bcast, Split)):
+        if isinstance(v, (Pad, Bcast, Split, Shuffle)):
             return self._keys(v.base)
         if isinstance(v, Cw):
             if v.node in v.seg.origin:
