@@ -260,3 +260,12 @@ def test_split_and_shuffle_read_by_pytorch():
         return torch.sin(v), h.reshape(b, 2, 4, t, hh, ww).sum(1)
     w, _, _ = check_module(Fn(fn, c=c), (rand(1, 3, 2, 3, 3),))
     assert w.describe()["nodes_fallback"] >= 2
+
+
+def test_pytorch_view_of_a_permuted_node():
+    """A view PyTorch runs (a channel split into heads) of a channels-last node whose
+    .contiguous() was no task: the fallback reads a contiguous tensor."""
+    c = nn.Conv2d(3, 8, 1)
+    mod = Fn(lambda s, x: s.c(x).permute(0, 2, 3, 1).contiguous().view(1, 4, 10, 4).sum(-1), c=c)
+    w, _, _ = check_module(mod, (rand(1, 3, 4, 5),))
+    assert w.describe()["nodes_fallback"] >= 1

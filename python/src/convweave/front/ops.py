@@ -772,6 +772,8 @@ def cat(L, node, tensors, dim=0):
     values of one regrouping, pair by pair (a copy)."""
     _has("concat")
     tensors = [t for t in tensors if math.prod(t.shape)]  # torch drops empty ones
+    if not tensors:
+        raise Unsupported("a cat of empty tensors")
     d = dim % len(tensors[0].shape)
     if len(tensors) == 1:
         return _regroup(L, tensors[0], lambda lay: lay)
