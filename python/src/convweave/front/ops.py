@@ -165,6 +165,14 @@ def _narrow(L, x, dim, start, length, out):
     """x.narrow(dim, start, length) viewed as out: logical dim `dim` must merge node dims
     whose outermost one alone is cut (a frame range of frames folded into the batch, a
     channel range), copied by cw_graph_slice. The batch dim is not cut."""
+    g, inner = _narrow_check(L, x, dim, start, length)
+    nx, lay = L.act(_held(L, x))
+    y = L.g.slice(nx, g[0], start // inner, length // inner)
+    return L.new(y, Layout(L.g.shape(y), lay.groups).reshape(out))
+
+
+def _narrow_check(L, x, dim, start, length):
+    """Raises Unsupported unless _narrow can cut x; returns the group cut and its inner size."""
     _has("slice")
     lay = L.layout_of(x)
     g = lay.groups[dim]
@@ -173,9 +181,7 @@ def _narrow(L, x, dim, start, length, out):
     inner = math.prod(lay.udims[j] for j in g[1:])
     if g[0] == 0 or start % inner or length % inner:
         raise Unsupported(f"a slice of dim {dim} that cuts the batch or inside a merged dim")
-    nx, lay = L.act(_held(L, x))
-    y = L.g.slice(nx, g[0], start // inner, length // inner)
-    return L.new(y, Layout(L.g.shape(y), lay.groups).reshape(out))
+    return g, inner
 
 
 @op(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor)
@@ -188,11 +194,10 @@ def split(L, node, x, sizes, dim=0):
     used = {u.args[1] for u in node.users if u.target == operator.getitem}
     if len(used) != len(node.users):
         raise Unsupported("a split whose pieces are read as a list")
-    pieces, start = [], 0
-    for i, o in enumerate(outs):
-        pieces.append(_narrow(L, x, dim, start, o[dim], o) if i in used else None)
-        start += o[dim]
-    return tuple(pieces)
+    starts = [sum(o[dim] for o in outs[:i]) for i in range(len(outs))]
+    for i in used:  # every piece checked before any node is added
+        _narrow_check(L, x, dim, starts[i], outs[i][dim])
+    return tuple(_narrow(L, x, dim, starts[i], o[dim], o) if i in used else None for i, o in enumerate(outs))
 
 
 @op(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
