@@ -263,6 +263,9 @@ static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
                          o->patches);
     if (o->memory_budget < 0)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.memory_budget = %" PRId64 " < 0", o->memory_budget);
+    if (o->patch_axis != CW_PATCH_AXIS_AUTO && o->patch_axis != CW_PATCH_AXIS_H && o->patch_axis != CW_PATCH_AXIS_D)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.patch_axis = %d is not a cw_patch_axis",
+                         (int)o->patch_axis);
     if (o->max_patch_rows < 0)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.max_patch_rows = %" PRId64 " < 0", o->max_patch_rows);
     return CW_OK;

@@ -1,5 +1,5 @@
 /* What a plan says about itself (cw_plan_describe): its element type, per conv its patches
- * (output rows, input rows, halo paddings), algorithm, workspace, prep and band buffer
+ * (axis: H rows or D frames; output rows, input rows, halo paddings), algorithm, workspace, prep and band buffer
  * bytes and stream, and the plan's predicted peak temp and activation arena, as text or
  * JSON. */
 #include <cjson/cJSON.h>
@@ -9,6 +9,12 @@
 #include <string.h>
 
 #include "scheduler/sched.h"
+
+/* The axis a conv's patches cut: "H" (rows), or "D" (frames of a 5-D conv). */
+static const char *cw__axis_name(const cw_plan *p, const cw__conv_info *ci) {
+    const cw__task *t = &p->tasks[ci->tasks[0]];
+    return t->u.conv.prob.spatial == 3 && ci->axis == 2 ? "D" : "H";
+}
 
 /* Bytes of buffer b when it is a temporary (a conv's prep or band buffer), else 0. */
 static int64_t cw__temp_bytes(const cw_plan *p, int b) {
@@ -37,14 +43,15 @@ static cJSON *cw__describe_json(const cw_plan *p) {
         cJSON_AddItemToArray(convs, o);
         cJSON_AddNumberToObject(o, "node", ci->node);
         cJSON_AddNumberToObject(o, "patches", ci->patches);
-        cJSON_AddNumberToObject(o, "out_rows", (double)ci->h_out);
+        cJSON_AddStringToObject(o, "axis", cw__axis_name(p, ci));
+        cJSON_AddNumberToObject(o, "out_rows", (double)ci->out_rows);
         cJSON_AddBoolToObject(o, "fused_prep", ci->fused_prep);
         cJSON_AddNumberToObject(o, "halo_pct", ci->halo_pct);
         cJSON *arr = cJSON_AddArrayToObject(o, "patch");
         for (int j = 0; arr && j < ci->patches; j++) {
             const cw__task *t = &p->tasks[ci->tasks[j]];
             const cw__conv_problem *pr = &t->u.conv.prob;
-            int hd = pr->spatial, hp = pr->spatial - 2;
+            int hd = ci->axis, hp = ci->axis - 2;
             cJSON *q = cJSON_CreateObject();
             if (!q) break;
             cJSON_AddItemToArray(arr, q);
@@ -119,17 +126,18 @@ cw_status cw_plan_describe(const cw_plan *p, char **out, int json) {
     for (int c = 0; c < p->n_convs; c++) {
         const cw__conv_info *ci = &p->convs[c];
         const cw__task *t0 = &p->tasks[ci->tasks[0]];
-        cw__sbf(&b, "  conv L%d %s: %" PRId64 " output rows in %d patch(es)%s, algo %s\n", ci->node, t0->name,
-                ci->h_out, ci->patches, ci->fused_prep ? ", fused prep" : "", t0->u.conv.algo.name);
+        const char *ax = cw__axis_name(p, ci), *rows = ax[0] == 'D' ? "frames" : "rows";
+        cw__sbf(&b, "  conv L%d %s: %" PRId64 " output %s (%s) in %d patch(es)%s, algo %s\n", ci->node, t0->name,
+                ci->out_rows, rows, ax, ci->patches, ci->fused_prep ? ", fused prep" : "", t0->u.conv.algo.name);
         for (int j = 0; j < ci->patches; j++) {
             const cw__task *t = &p->tasks[ci->tasks[j]];
             const cw__conv_problem *pr = &t->u.conv.prob;
-            int hd = pr->spatial, hp = pr->spatial - 2;
+            int hd = ci->axis, hp = ci->axis - 2;
             int64_t pb = cw__temp_bytes(p, t->u.conv.x.buf), yb = cw__temp_bytes(p, t->u.conv.y.buf);
-            cw__sbf(&b, "    patch %d/%d: out rows [%" PRId64 ", %" PRId64 ") <- in rows %" PRId64
+            cw__sbf(&b, "    patch %d/%d: out %s [%" PRId64 ", %" PRId64 ") <- in %s %" PRId64
                         " pad %" PRId64 "/%" PRId64 ", workspace %" PRId64 " B",
-                    j + 1, ci->patches, t->u.conv.y.start[hd], t->u.conv.y.start[hd] + t->u.conv.y.dims[hd],
-                    pr->x.dims[hd], pr->pad_pre[hp], pr->pad_post[hp], t->u.conv.algo.workspace);
+                    j + 1, ci->patches, rows, t->u.conv.y.start[hd], t->u.conv.y.start[hd] + t->u.conv.y.dims[hd],
+                    rows, pr->x.dims[hd], pr->pad_pre[hp], pr->pad_post[hp], t->u.conv.algo.workspace);
             if (pb) cw__sbf(&b, ", prep buffer %" PRId64 " B", pb);
             if (yb) cw__sbf(&b, ", band buffer %" PRId64 " B", yb);
             cw__sbf(&b, ", stream %d\n", t->stream);

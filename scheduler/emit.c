@@ -81,31 +81,43 @@ cw_status cw__dep(cw__lower *L, int task, int dep) {
 }
 
 cw_status cw__dep_rows(cw__lower *L, int task, int n, int64_t r0, int64_t r1) {
+    return cw__dep_band(L, task, n, cw__hdim(&L->g->nodes[n].desc), r0, r1);
+}
+
+cw_status cw__dep_band(cw__lower *L, int task, int n, int ax, int64_t r0, int64_t r1) {
     const cw__lnode *ln = &L->nd[n];
+    if (r1 <= r0) return CW_OK;
     for (int i = 0; i < ln->n_wr; i++) {
         const cw__wr *w = &ln->wr[i];
-        if (w->r0 < r1 && r0 < w->r1) CW_TRY(cw__dep(L, task, w->task));
+        /* bands along different axes each span the other's whole extent: they meet */
+        if (w->ax != ax ? w->r0 < w->r1 : w->r0 < r1 && r0 < w->r1) CW_TRY(cw__dep(L, task, w->task));
     }
     return CW_OK;
 }
 
 cw_status cw__writer(cw__lower *L, int n, int task, int64_t r0, int64_t r1) {
+    return cw__writer_band(L, n, task, cw__hdim(&L->g->nodes[n].desc), r0, r1);
+}
+
+cw_status cw__writer_band(cw__lower *L, int n, int task, int ax, int64_t r0, int64_t r1) {
     cw__lnode *ln = &L->nd[n];
     if (cw__grow((void **)&ln->wr, &ln->cap_wr, ln->n_wr + 1, sizeof(cw__wr)) != CW_OK) return cw__oom(L);
-    ln->wr[ln->n_wr++] = (cw__wr){task, r0, r1};
+    ln->wr[ln->n_wr++] = (cw__wr){task, ax, r0, r1};
     return CW_OK;
 }
 
 int cw__hdim(const cw_tensor_desc *d) { return d->rank >= 3 ? d->rank - 2 : 0; }
 
-cw__vref cw__rows(int b, const cw_tensor_desc *d, int64_t r0, int64_t r1) {
+cw__vref cw__rows(int b, const cw_tensor_desc *d, int64_t r0, int64_t r1) { return cw__band(b, d, cw__hdim(d), r0, r1); }
+
+cw__vref cw__band(int b, const cw_tensor_desc *d, int ax, int64_t r0, int64_t r1) {
     cw__vref v;
     memset(&v, 0, sizeof v);
     v.buf = b;
     v.rank = d->rank;
     for (int i = 0; i < d->rank; i++) v.dims[i] = d->dims[i];
-    v.start[cw__hdim(d)] = r0;
-    v.dims[cw__hdim(d)] = r1 - r0;
+    v.start[ax] = r0;
+    v.dims[ax] = r1 - r0;
     return v;
 }
 

@@ -90,11 +90,21 @@ static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *
      * chunk's own f32 copy ([C, tc]) */
     const int64_t ldq = cw__desc_numel(&q.d) / C, ldo = cw__desc_numel(&o.d) / C;
     const int64_t q0 = ldq == T ? t0 : 0, o0 = ldo == T ? t0 : 0;
-    cw__gemm_params g1 = {1, 0, tc, T, C, t->u.attn.scale, 0.0f, qp + q0, ldq, kp, T, sp, T, t->threads};
-    cw__gemm_params g2 = {0, 1, C, tc, T, 1.0f, 0.0f, vp, T, sp, T, op + o0, ldo, t->threads};
-    cw_status st = cw__op_gemm(be, s, &g1);
-    if (st == CW_OK) st = cw__op_softmax_rows(be, s, sp, tc, T, T);
-    if (st == CW_OK) st = cw__op_gemm(be, s, &g2);
+    /* rows [r, e) of the chunk see keys [k0, k1): all of them, or under a block mask those of
+     * their block (one range per block the chunk touches; cw__attn_keys) */
+    cw_status st = CW_OK;
+    for (int64_t r = t0, k0, k1, e; r < t0 + tc && st == CW_OK; r = e) {
+        cw__attn_keys(t->u.attn.block, t->u.attn.mask, T, r, &k0, &k1, &e);
+        if (e > t0 + tc) e = t0 + tc;
+        const int64_t i = r - t0;
+        cw__gemm_params g1 = {1, 0, e - r, k1 - k0, C, t->u.attn.scale, 0.0f, qp + q0 + i, ldq, kp + k0, T,
+                              sp + i * T, T, t->threads};
+        cw__gemm_params g2 = {0, 1, C, e - r, k1 - k0, 1.0f, 0.0f, vp + k0, T, sp + i * T, T, op + o0 + i, ldo,
+                              t->threads};
+        st = cw__op_gemm(be, s, &g1);
+        if (st == CW_OK) st = cw__op_softmax_rows(be, s, sp + i * T, e - r, k1 - k0, T);
+        if (st == CW_OK) st = cw__op_gemm(be, s, &g2);
+    }
     return st;
 }
 

@@ -17,8 +17,8 @@ static int cw__gn_reads(const cw__lower *L, int k, int n) {
     return gn->kind == CW__N_GN && gn->in[0] == n && L->nd[k].live && L->nd[k].gn_fin < 0;
 }
 
-cw_status cw__gn_band_stats(cw__lower *L, int n, int task, int64_t r0, int64_t r1, int part) {
-    cw__vref x = cw__rows(L->nd[n].buf, &L->g->nodes[n].desc, r0, r1);
+cw_status cw__gn_band_stats(cw__lower *L, int n, int task, int ax, int64_t r0, int64_t r1, int part) {
+    cw__vref x = cw__band(L->nd[n].buf, &L->g->nodes[n].desc, ax, r0, r1);
     return cw__gn_band_stats_at(L, n, task, &x, r0, r1, part);
 }
 
@@ -34,7 +34,8 @@ cw_status cw__gn_band_stats_at(cw__lower *L, int n, int task, const cw__vref *x,
         t->u.stats.groups = g->nodes[k].groups;
         t->u.stats.part_buf = ln->gn_part;
         t->u.stats.part_index = part;
-        snprintf(t->name, sizeof t->name, "gn stats L%d rows %" PRId64 "-%" PRId64, k, r0, r1);
+        snprintf(t->name, sizeof t->name, "gn stats L%d %s %" PRId64 "-%" PRId64, k,
+                 x->rank == 5 && x->dims[2] < g->nodes[n].desc.dims[2] ? "frames" : "rows", r0, r1);
         if (ln->gn_stats_first < 0) ln->gn_stats_first = id;
         CW_TRY(cw__dep(L, id, task));
     }

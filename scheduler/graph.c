@@ -332,30 +332,59 @@ cw_status cw_graph_avg_pool2(cw_graph *g, cw_node *out, cw_node x) {
     return cw__op_node(g, out, CW_OP_AVG_POOL2, &pm, &x, "cw_graph_avg_pool2", "avg_pool2");
 }
 
-cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale) {
+/* The attention node of cw_graph_attention (block 0) and cw_graph_attention_blocks; fn
+ * names the caller in messages. */
+static cw_status cw__attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale, int64_t block,
+                               int mask, const char *fn) {
     if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
     const cw__node *nq = NULL, *nk = NULL, *nv = NULL;
-    CW_TRY(cw__check_act(g, q, -1, "cw_graph_attention", "q", &nq));
-    CW_TRY(cw__check_act(g, k, cw__dtype_ref(g, q), "cw_graph_attention", "k", &nk));
-    CW_TRY(cw__check_act(g, v, cw__dtype_ref(g, q), "cw_graph_attention", "v", &nv));
+    CW_TRY(cw__check_act(g, q, -1, fn, "q", &nq));
+    CW_TRY(cw__check_act(g, k, cw__dtype_ref(g, q), fn, "k", &nk));
+    CW_TRY(cw__check_act(g, v, cw__dtype_ref(g, q), fn, "v", &nv));
     if (!cw__same_dims(&nq->desc, &nk->desc) || !cw__same_dims(&nq->desc, &nv->desc)) {
         char b1[96], b2[96], b3[96];
-        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_attention: q %s, k %s, v %s must have equal shapes",
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: q %s, k %s, v %s must have equal shapes", fn,
                          cw__dims_str(&nq->desc, b1, sizeof b1), cw__dims_str(&nk->desc, b2, sizeof b2),
                          cw__dims_str(&nv->desc, b3, sizeof b3));
     }
-    if (!(scale > 0.0f)) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_attention: scale = %g must be > 0", scale);
+    if (!(scale > 0.0f)) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: scale = %g must be > 0", fn, scale);
+    const int64_t T = cw__desc_numel(&nq->desc) / (nq->desc.dims[0] * nq->desc.dims[1]);
+    if (block < 0 || block > T) {
+        char b1[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: block = %" PRId64 " must be in 1..%" PRId64
+                         " (the tokens of q %s)", fn, block, T, cw__dims_str(&nq->desc, b1, sizeof b1));
+    }
     cw__node *n = NULL;
-    CW_TRY(cw__node_add(g, CW__N_ATTN, "attention", &n, out));
+    CW_TRY(cw__node_add(g, CW__N_ATTN,
+                        !block ? "attention" : mask == CW_ATTENTION_BLOCK_CAUSAL ? "block-causal attention"
+                                                                                 : "block-diagonal attention",
+                        &n, out));
     n->desc = g->nodes[q].desc;
     n->in[0] = q, n->in[1] = k, n->in[2] = v;
     n->scale = scale;
+    n->block = block;
+    n->mask = mask;
     cw__use(g, q);
     cw__dtype_fix(g, q);
     cw__use(g, k);
     cw__use(g, v);
     return CW_OK;
+}
+
+cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale) {
+    return cw__attention(g, out, q, k, v, scale, 0, 0, "cw_graph_attention");
+}
+
+cw_status cw_graph_attention_blocks(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale,
+                                    int64_t block, cw_attention_mask mask) {
+    static const char fn[] = "cw_graph_attention_blocks";
+    if (g && out && (block < 1 || (mask != CW_ATTENTION_BLOCK_CAUSAL && mask != CW_ATTENTION_BLOCK_DIAGONAL))) {
+        *out = CW_NODE_NONE;
+        if (block < 1) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: block = %" PRId64 " must be >= 1", fn, block);
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: mask = %d is not a cw_attention_mask", fn, (int)mask);
+    }
+    return cw__attention(g, out, q, k, v, scale, block, (int)mask, fn);
 }
 
 cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name) {

@@ -7,9 +7,11 @@
 
 #include "scheduler/sched.h"
 
-/* A task that writes rows [r0, r1) of a node's result. */
+/* A task that writes rows [r0, r1) along tensor dim ax (H, or D of a 5-D tensor: the
+ * writer's patch axis) of a node's result. */
 typedef struct cw__wr {
     int task;
+    int ax;
     int64_t r0, r1;
 } cw__wr;
 
@@ -68,14 +70,20 @@ cw_status cw__release(cw__lower *L, int buf);
 cw_status cw__new_task(cw__lower *L, cw__tkind kind, int stage, int stream, int node, cw__task **out, int *id);
 /* task runs after dep (dep < 0: nothing). */
 cw_status cw__dep(cw__lower *L, int task, int dep);
-/* task runs after every writer of node n's rows [r0, r1). */
+/* task runs after every writer of node n's rows [r0, r1) along H. */
 cw_status cw__dep_rows(cw__lower *L, int task, int n, int64_t r0, int64_t r1);
-/* Records that task writes node n's rows [r0, r1). */
+/* The same along tensor dim ax: a writer of a band along the other axis overlaps any
+ * non-empty range (each band spans the whole extent of the other axis). */
+cw_status cw__dep_band(cw__lower *L, int task, int n, int ax, int64_t r0, int64_t r1);
+/* Records that task writes node n's rows [r0, r1) along H (cw__writer_band: along ax). */
 cw_status cw__writer(cw__lower *L, int n, int task, int64_t r0, int64_t r1);
+cw_status cw__writer_band(cw__lower *L, int n, int task, int ax, int64_t r0, int64_t r1);
 /* Index of H in an activation's dims (rank 4/5); 0 for the 1-D constants. */
 int cw__hdim(const cw_tensor_desc *d);
-/* View of rows [r0, r1) (along H) of buffer b whose dims are d; cw__whole: all rows. */
+/* View of rows [r0, r1) (along H) of buffer b whose dims are d; cw__whole: all rows.
+ * cw__band: rows along tensor dim ax (H, or D of a 5-D tensor). */
 cw__vref cw__rows(int b, const cw_tensor_desc *d, int64_t r0, int64_t r1);
+cw__vref cw__band(int b, const cw_tensor_desc *d, int ax, int64_t r0, int64_t r1);
 cw__vref cw__whole(int b, const cw_tensor_desc *d);
 /* The next heavy stream, round robin. */
 int cw__next_heavy(cw__lower *L);
@@ -109,8 +117,10 @@ cw_status cw__lower_elementwise(cw__lower *L, int i); /* lower_elementwise.c */
 /* ---- gn_lower.c: exact GroupNorm statistics ---- */
 /* Before a producer of node n emits `parts` bands: partial buffers for its GN consumers. */
 cw_status cw__gn_begin(cw__lower *L, int n, int parts);
-/* Stats of band `part` (rows [r0, r1), written by `task`) of node n, for each GN reading n. */
-cw_status cw__gn_band_stats(cw__lower *L, int n, int task, int64_t r0, int64_t r1, int part);
+/* Stats of band `part` (rows [r0, r1) along tensor dim ax, written by `task`) of node n,
+ * for each GN reading n. Exact for bands along either axis: the partials are merged in
+ * band order (gn_lower.c). */
+cw_status cw__gn_band_stats(cw__lower *L, int n, int task, int ax, int64_t r0, int64_t r1, int part);
 /* The same, for a band of n held in a buffer of its own (view x: the band's rows). */
 cw_status cw__gn_band_stats_at(cw__lower *L, int n, int task, const cw__vref *x, int64_t r0, int64_t r1, int part);
 /* Makes GN node k's scale/shift available (finalize after all bands' stats). */

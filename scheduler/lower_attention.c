@@ -110,7 +110,14 @@ static cw_status cw__attn_chunk_tasks(cw__lower *L, int i, int64_t b, int64_t t0
     t->u.attn.n = b, t->u.attn.t0 = t0, t->u.attn.t1 = t1, t->u.attn.T = T, t->u.attn.C = d->dims[1];
     t->u.attn.s_buf = sb;
     t->u.attn.scale = n->scale;
-    t->flops = 4.0 * (double)(t1 - t0) * (double)T * (double)d->dims[1];
+    t->u.attn.block = n->block;
+    t->u.attn.mask = n->mask;
+    double keys = 0.0; /* score entries computed */
+    for (int64_t r = t0, k0, k1, e; r < t1; r = e < t1 ? e : t1) {
+        cw__attn_keys(n->block, n->mask, T, r, &k0, &k1, &e);
+        keys += (double)((e < t1 ? e : t1) - r) * (double)(k1 - k0);
+    }
+    t->flops = 4.0 * keys * (double)d->dims[1];
     snprintf(t->name, sizeof t->name, "attention L%d n%" PRId64 " tokens %" PRId64 "-%" PRId64, i, b, t0, t1);
     if (half) {
         CW_TRY(cw__dep(L, id, cq));

@@ -34,11 +34,27 @@ typedef struct cw__conv_unit {
     cw__conv_info *ci;
 } cw__conv_unit;
 
-/* This conv's share of the budget (see cw__conv_share). */
-static cw__conv_share cw__share(const cw__lower *L, int prep, int ybuf, int64_t h_out) {
+/* The axes conv unit u may be cut along (cw__conv_share.axes). D (time) only for 5-D convs,
+ * and only where every reader of the patch's rows follows the axis: a recomputed conv's two
+ * passes and the convs reading its bands (rec, pass1, rec_x) stay on H bands, their band
+ * arithmetic (cw__rec_band, cw__rec_x_rows) being along H. cw_compile_options.patch_axis
+ * forces one (H also where D is not possible); auto leaves both to the planner, except
+ * under max_patch_rows (a cap on H rows) and CW_PATCHES_FIXED, which count H bands. */
+static int cw__axes(const cw__lower *L, const cw__conv_unit *u, int rank) {
+    const cw_compile_options *o = &L->p->opt;
+    if (rank != 5 || u->rec >= 0 || u->pass1 || u->rec_x || L->none) return CW__AX_H;
+    if (o->patch_axis == CW_PATCH_AXIS_D) return CW__AX_D;
+    if (o->patch_axis == CW_PATCH_AXIS_H || o->max_patch_rows > 0 || o->policy == CW_PATCHES_FIXED) return CW__AX_H;
+    return CW__AX_H | CW__AX_D;
+}
+
+/* This conv's share of the budget (see cw__conv_share); h_out: output rows along the only
+ * axis, or along H where the planner may choose. */
+static cw__conv_share cw__share(const cw__lower *L, int prep, int ybuf, int64_t h_out, int axes) {
     const cw_compile_options *o = &L->p->opt;
     cw__conv_share sh;
     memset(&sh, 0, sizeof sh);
+    sh.axes = axes;
     sh.avail = L->budget < 0 ? -1 : L->budget - CW__SMALL_RESERVE(L->budget);
     sh.heavy = L->heavy;
     /* H convs in flight plus H preps ahead (one stream: one of each) */
@@ -60,13 +76,14 @@ static cw_status cw__conv_record(cw__lower *L, cw__conv_unit *u, const cw__conv_
     memset(ci, 0, sizeof *ci);
     ci->node = u->node;
     ci->patches = P;
-    ci->h_out = u->cp.bounds[P];
+    ci->axis = u->cp.axis;
+    ci->out_rows = u->cp.bounds[P];
     ci->fused_prep = u->prep;
     ci->tasks = cw__malloc((size_t)P * sizeof(int));
     if (!ci->tasks) return cw__oom(L);
     u->ci = ci;
     cw__halo h;
-    if (cw__patch_halo(full, u->cp.bounds, P, u->prep ? 8.0 : 0.0, &h) == CW_OK) {
+    if (cw__patch_halo_ax(full, u->cp.axis, u->cp.bounds, P, u->prep ? 8.0 : 0.0, &h) == CW_OK) {
         ci->halo_pct = h.halo_pct;
         p->halo_flop += h.prep_flops_extra;
     }
@@ -74,9 +91,12 @@ static cw_status cw__conv_record(cw__lower *L, cw__conv_unit *u, const cw__conv_
     return CW_OK;
 }
 
-/* The prep task of patch q: GN apply + SiLU + upsample of its input rows into a buffer. */
+/* The prep task of patch q: GN apply + SiLU + upsample of its input rows into a buffer. Along
+ * D the upsample (of H and W only) maps frame f to frame f: the band's frames [a, b) of the
+ * producer, every row, so the row map starts at 0 on both sides. */
 static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     const cw__patch *pt = &u->cp.patch[q];
+    const int ax = u->cp.axis, along_h = ax == cw__hdim(&pt->prob.x);
     if (!u->prep || pt->b <= pt->a) return CW_OK;
     cw_tensor_desc bd = pt->prob.x;
     memset(bd.strides, 0, sizeof bd.strides);
@@ -85,18 +105,19 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     cw__task *t = NULL;
     int id = -1;
     CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &id));
-    int64_t s0 = pt->a / u->up, s1 = (pt->b - 1) / u->up + 1;
-    t->u.prep.src = cw__rows(L->nd[u->src].buf, &L->g->nodes[u->src].desc, s0, s1);
+    const int fup = along_h ? u->up : 1; /* the upsample factor along the axis */
+    int64_t s0 = pt->a / fup, s1 = (pt->b - 1) / fup + 1;
+    t->u.prep.src = cw__band(L->nd[u->src].buf, &L->g->nodes[u->src].desc, ax, s0, s1);
     t->u.prep.dst = cw__whole(u->pbuf[q], &bd);
     t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
     t->u.prep.silu = u->silu;
     t->u.prep.up = u->up;
-    t->u.prep.dst_row0 = pt->a;
-    t->u.prep.src_row0 = s0;
+    t->u.prep.dst_row0 = along_h ? pt->a : 0;
+    t->u.prep.src_row0 = along_h ? s0 : 0;
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
     snprintf(t->name, sizeof t->name, "prep%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
              u->up > 1 ? " up2" : "", u->node, q + 1, u->cp.patches);
-    CW_TRY(cw__dep_rows(L, id, u->src, s0, s1));
+    CW_TRY(cw__dep_band(L, id, u->src, ax, s0, s1));
     if (u->gn >= 0) CW_TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
     u->prep_task[q] = id;
     return CW_OK;
@@ -108,6 +129,7 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     const cw__node *n = &g->nodes[u->node];
     const cw_tensor_desc *xd = &g->nodes[n->in[0]].desc, *wd = &g->nodes[n->in[1]].desc;
     const cw__patch *pt = &u->cp.patch[j];
+    const int ax = u->cp.axis;
     if (u->cp.ws > 0) CW_TRY(cw__temp(L, u->cp.ws, NULL, &u->ws[j]));
     cw_tensor_desc yb = pt->prob.y;
     if (u->inplace || u->pass1) {
@@ -123,7 +145,7 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     if ((u->prep && pt->b > pt->a) || u->rec >= 0) {
         t->u.conv.x = cw__whole(u->pbuf[j], &L->p->bufs[u->pbuf[j]].d);
     } else {
-        t->u.conv.x = cw__rows(L->nd[u->src].buf, xd, pt->a, pt->b > pt->a ? pt->b : pt->a);
+        t->u.conv.x = cw__band(L->nd[u->src].buf, xd, ax, pt->a, pt->b > pt->a ? pt->b : pt->a);
         if (u->prep) t->u.conv.x.buf = L->nd[u->src].buf; /* empty patch: no rows are read */
     }
     t->u.conv.w = cw__whole(L->nd[n->in[1]].buf, wd);
@@ -136,13 +158,13 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
         t->u.conv.b.dims[0] = wd->dims[0];
     }
     t->u.conv.y = u->inplace || u->pass1 ? cw__whole(u->ybuf[j], &yb)
-                                         : cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
+                                         : cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
     t->u.conv.ws_buf = u->ws[j];
     t->flops = cw__conv_flops(&pt->prob);
     snprintf(t->name, sizeof t->name, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches);
     if (u->ci) u->ci->tasks[j] = *id;
     if (u->prep_task[j] >= 0) return cw__dep(L, *id, u->prep_task[j]);
-    if (pt->b > pt->a) return cw__dep_rows(L, *id, u->src, pt->a, pt->b);
+    if (pt->b > pt->a) return cw__dep_band(L, *id, u->src, ax, pt->a, pt->b);
     return CW_OK;
 }
 
@@ -151,10 +173,11 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
     const cw_graph *g = L->g;
     const cw__node *n = &g->nodes[u->node];
     const cw__patch *pt = &u->cp.patch[j];
+    const int ax = u->cp.axis;
     int addn = u->outn;
     cw__task *e = NULL;
     CW_TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
-    e->u.add.dst = cw__rows(L->nd[u->outn].buf, &n->desc, pt->o0, pt->o1);
+    e->u.add.dst = cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
     if (u->inplace) { /* dst is other's storage: other + band, written over other */
         e->u.add.a = e->u.add.dst;
         e->u.add.b = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
@@ -169,13 +192,13 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
                 CW_TRY(cw__dep(L, *id, u->xr_task[q]));
     } else {
         e->u.add.a = e->u.add.dst;
-        e->u.add.b = cw__rows(L->nd[u->other].buf, &g->nodes[u->other].desc, pt->o0, pt->o1);
+        e->u.add.b = cw__band(L->nd[u->other].buf, &g->nodes[u->other].desc, ax, pt->o0, pt->o1);
     }
-    e->flops = (double)cw__desc_numel(&n->desc) * (double)(pt->o1 - pt->o0) / (double)u->ci->h_out;
+    e->flops = (double)cw__desc_numel(&n->desc) * (double)(pt->o1 - pt->o0) / (double)u->ci->out_rows;
     snprintf(e->name, sizeof e->name, "residual add%s L%d patch %d/%d", u->inplace ? " in place" : "", addn, j + 1,
              u->cp.patches);
     CW_TRY(cw__dep(L, *id, conv));
-    return cw__dep_rows(L, *id, u->other, pt->o0, pt->o1);
+    return cw__dep_band(L, *id, u->other, ax, pt->o0, pt->o1);
 }
 
 /* Frees patch k's workspace, prep buffer and output band buffer. */
@@ -287,6 +310,7 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *y
     a.cp.patch = &ap;
     a.ws = &ws, a.pbuf = &pbuf, a.ybuf = ybuf, a.prep_task = &ptask;
     CW_TRY(cw__rec_band(L, u, q, &ap));
+    a.cp.axis = ap.axis; /* H: recomputes follow their reader's H bands */
     CW_TRY(cw__rec_algo(L, u->node, A, &ap.prob, &a.cp.algo));
     a.cp.ws = a.cp.algo.workspace;
     CW_TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
@@ -372,8 +396,8 @@ static cw_status cw__emit_patches(cw__lower *L, cw__conv_unit *u) {
             cw__vref band = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
             CW_TRY(cw__gn_band_stats_at(L, u->outn, last, &band, pt->o0, pt->o1, j));
         } else {
-            CW_TRY(cw__writer(L, u->outn, last, pt->o0, pt->o1));
-            CW_TRY(cw__gn_band_stats(L, u->outn, last, pt->o0, pt->o1, j));
+            CW_TRY(cw__writer_band(L, u->outn, last, u->cp.axis, pt->o0, pt->o1));
+            CW_TRY(cw__gn_band_stats(L, u->outn, last, u->cp.axis, pt->o0, pt->o1, j));
         }
         /* the conv H-1 patches back ran on the stream the next conv takes: free its
          * workspace and patch buffer now so the next conv reuses them in stream order. */
@@ -405,8 +429,9 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     }
     cw__conv_problem full;
     cw__conv_problem_init(&full, &g->nodes[n->in[0]].desc, &g->nodes[n->in[1]].desc, n->in[2] >= 0, &n->desc, &n->conv);
-    int64_t h_out = n->desc.dims[cw__hdim(&n->desc)];
-    cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, u.inplace || u.pass1, h_out);
+    const int axes = cw__axes(L, &u, n->desc.rank);
+    int64_t h_out = n->desc.dims[axes == CW__AX_D ? CW__PATCH_DDIM : cw__hdim(&n->desc)];
+    cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, u.inplace || u.pass1, h_out, axes);
     if (u.rec >= 0 && sh.avail > 0) sh.avail = cw__rec_split(L, i, u.rec, sh.avail, 0);
     if (u.rec_x && sh.n_pbufs < 2) sh.n_pbufs = 2; /* one stream: the next band's recompute is in flight too */
     cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);

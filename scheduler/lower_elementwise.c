@@ -54,5 +54,5 @@ cw_status cw__lower_elementwise(cw__lower *L, int i) {
     }
     CW_TRY(cw__gn_begin(L, i, 1));
     CW_TRY(cw__writer(L, i, id, 0, h));
-    return cw__gn_band_stats(L, i, id, 0, h, 0);
+    return cw__gn_band_stats(L, i, id, cw__hdim(d), 0, h, 0);
 }

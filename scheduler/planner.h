@@ -1,16 +1,21 @@
-/* Height patches: the exact halo math of DESIGN.md and the planner that picks a conv's patch
- * count and algorithm from its share of the budget (planner.c, used by the lowering, the
- * tests and bench_conv); and convolution parameter validation (conv_check.c).
+/* Patches along H (rows) or, for 5-D convs, D (frames): the exact halo math of DESIGN.md and
+ * the planner that picks a conv's patch axis, count and algorithm from its share of the
+ * budget (planner.c, used by the lowering, the tests and bench_conv); and convolution
+ * parameter validation (conv_check.c).
  * A patch is a view into the full input/output tensors: same strides, fewer rows. */
 #ifndef CW_PLANNER_H
 #define CW_PLANNER_H
 
 #include "backend/backend.h"
 
-/* One output row band [o0, o1) of a convolution along H (the last-but-one dim: index 2 in
- * NCHW, 3 in NCDHW). It reads input rows [a, b); pad_pre/pad_post are its own H paddings.
+/* One output row band [o0, o1) of a convolution along its patch axis `axis` (a tensor dim
+ * index): H (the last-but-one dim: index 2 in NCHW, 3 in NCDHW) or, for a 5-D conv, D (time,
+ * index 2 of NCDHW: a band of output frames). "Rows" below are rows along that axis. It
+ * reads input rows [a, b); pad_pre/pad_post are its own paddings along the axis.
  * prob is the patch's problem: x dims with b-a rows, y dims with o1-o0 rows, the full
- * tensors' strides, H paddings pad_pre/pad_post, everything else as the full problem.
+ * tensors' strides, the axis's paddings pad_pre/pad_post, everything else as the full
+ * problem (an interior band has no padding on a side that has real rows; the first and
+ * last keep the conv's pad_pre / pad_post, so causal padding in T stays exact).
  * x_offset / y_offset: element offsets of the view starts in the full x and y.
  *
  * Empty-input patches: when every row of the band reads only padding (possible when the
@@ -20,6 +25,7 @@
  * cw__patch_is_empty. */
 typedef struct cw__patch {
     int64_t o0, o1, a, b, pad_pre, pad_post;
+    int axis;
     cw__conv_problem prob;
     int64_t x_offset, y_offset;
 } cw__patch;
@@ -27,11 +33,20 @@ typedef struct cw__patch {
 /* Index of H in the tensor dims (2 for 2-D, 3 for 3-D) and in the params arrays (0 / 1). */
 static inline int cw__patch_hdim(const cw__conv_problem *p) { return p->spatial; }
 static inline int cw__patch_hpar(const cw__conv_problem *p) { return p->spatial - 2; }
+/* Index of D (time) in the tensor dims of a 5-D conv; its params index is axis - 2. */
+#define CW__PATCH_DDIM 2
+
+/* Axes the planner may cut a conv along (cw__conv_share.axes, a mask). */
+#define CW__AX_H 1
+#define CW__AX_D 2
 
 /* Fills *out for output rows [o0, o1) of `full` (0 <= o0 < o1 <= H_out). Strides of the
  * full problem may be zero (contiguous); the patch gets them filled in. Returns
  * CW_ERR_INVALID_ARG for a row range outside the output. */
 cw_status cw__patch_make(const cw__conv_problem *full, int64_t o0, int64_t o1, cw__patch *out);
+/* The same along tensor dim `axis` (cw__patch_hdim(full), or CW__PATCH_DDIM of a 5-D conv);
+ * CW_ERR_INVALID_ARG for another axis. cw__patch_make is this along H. */
+cw_status cw__patch_make_ax(const cw__conv_problem *full, int axis, int64_t o0, int64_t o1, cw__patch *out);
 /* 1 when the patch reads no input rows (its output is the bias, or zero). */
 static inline int cw__patch_is_empty(const cw__patch *p) { return p->a >= p->b; }
 
@@ -53,6 +68,8 @@ typedef struct cw__conv_share {
     int single;     /* 1: one patch with the fastest algorithm (the unscheduled reference) */
     int ybuf;       /* 1: each patch writes its output rows into a band buffer (the residual
                        epilogue adds it into the other operand's storage, in place) */
+    int axes;       /* the axes it may cut along (CW__AX_H | CW__AX_D mask; 0: H). D only for a
+                       5-D conv (else H); with both, cw__planner_plan picks one */
 } cw__conv_share;
 
 /* A convolution's patching: P row bands, each a cw__patch (rows, input rows, halo
@@ -61,6 +78,7 @@ typedef struct cw__conv_share {
  * over the bands, in bytes; algo.workspace == ws. */
 typedef struct cw__conv_plan {
     int patches;
+    int axis;         /* the tensor dim the bands cut (cw__patch.axis) */
     cw__conv_algo algo;
     int64_t ws, pbuf, ybuf;
     int64_t *bounds;  /* patches + 1 output row boundaries */
@@ -79,8 +97,17 @@ typedef struct cw__conv_plan {
  *   (ceil(H_out / P) rows) in the middle of the output, where no padding clips its input
  *   rows; the chosen P's ws and pbuf are the max over that band and the first and last.
  *   A slower algorithm is used only when no P fits a faster one.
+ * The axis: H unless share->axes allows D (5-D convs). With D alone, the same search along D
+ * (P up to D_out). With both (the lowering's auto), single / unlimited / p_fixed stay on H;
+ * else each axis is planned as above and the plan with the faster algorithm wins, then the
+ * one whose halo re-reads fewer input elements (cw__patch_halo's extra rows x the elements
+ * of one row along that axis), H on a tie: so D wins once the clip has more frames than
+ * rows (a band of r frames re-reads as many frames per cut as a band of r rows re-reads
+ * rows, and a frame is H/D times a row), or where no H band fits at all (a long clip
+ * whose single rows, each holding every frame, exceed the share).
  * When nothing fits: CW_ERR_BUDGET; *min_avail (may be NULL, then it is not computed)
- * gets the smallest avail that would fit, over every algorithm at P = p_max.
+ * gets the smallest avail that would fit, over every algorithm (and allowed axis) at
+ * P = p_max.
  * Free *out with cw__conv_plan_free (also after a failure). */
 cw_status cw__planner_plan(cw__backend *be, const cw__conv_problem *full, const cw__conv_share *share,
                            cw__conv_plan *out, int64_t *min_avail);
@@ -112,6 +139,10 @@ typedef struct cw__halo {
 /* bounds: p+1 output row boundaries (cw__patch_bounds or any increasing split). */
 cw_status cw__patch_halo(const cw__conv_problem *full, const int64_t *bounds, int p, double prep_flops_per_elem,
                          cw__halo *out);
+/* The same for bands along tensor dim `axis` (cw__patch_make_ax); a row is then the
+ * N * C * (the other spatial dims) elements of one index along that axis. */
+cw_status cw__patch_halo_ax(const cw__conv_problem *full, int axis, const int64_t *bounds, int p,
+                            double prep_flops_per_elem, cw__halo *out);
 
 /* ---- conv_check.c: parameter validation ---- */
 

@@ -23,6 +23,8 @@ typedef struct cw__node {
     cw_conv_params conv;
     int64_t groups;
     float eps, scale;
+    int64_t block;       /* CW__N_ATTN: tokens per mask block (0: no mask), mask its cw_attention_mask */
+    int mask;
     int op;              /* CW__N_OP: its CW_OP_* code and parameters */
     cw_op_param param;
     const cw_tensor *t;  /* constants */
@@ -121,6 +123,8 @@ typedef struct cw__task {
         struct {
             cw__vref q, k, v, o;
             int64_t n, t0, t1, T, C;
+            int64_t block;   /* 0: no mask; else mask's blocks (cw__attn_keys) */
+            int mask;
             int s_buf;
             float scale;
         } attn;
@@ -154,7 +158,8 @@ typedef struct cw__conv_info {
     int node;
     int patches;
     int *tasks;          /* its conv task per patch */
-    int64_t h_out;
+    int axis;            /* the tensor dim its patches cut: H (rank - 2) or D (2, 5-D only) */
+    int64_t out_rows;    /* its output's extent along that axis */
     int fused_prep;
     double halo_pct;
 } cw__conv_info;
@@ -240,5 +245,16 @@ int64_t cw__vref_desc(const cw_tensor_desc *bd, const cw__vref *r, cw_tensor_des
 /* execute.c: primes temp with the plan's arena (one free segment) unless it already holds
  * exactly that. */
 cw_status cw__plan_prime(cw_plan *p, cw__allocator *temp);
+
+/* The keys [*k0, *k1) that query token r of an attention over T tokens sees (block 0: all;
+ * else mask's, a cw_attention_mask), and *end: the first token after r that sees others. */
+static inline void cw__attn_keys(int64_t block, int mask, int64_t T, int64_t r, int64_t *k0, int64_t *k1, int64_t *end) {
+    *k0 = 0, *k1 = T, *end = T;
+    if (block <= 0) return;
+    *end = (r / block + 1) * block;
+    if (*end > T) *end = T;
+    *k1 = *end;
+    if (mask == CW_ATTENTION_BLOCK_DIAGONAL) *k0 = r / block * block;
+}
 
 #endif

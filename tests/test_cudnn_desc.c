@@ -109,7 +109,7 @@ static void random_case(cw_rng *r, conv_case *cc) {
     cc->h_out = y.dims[y.rank - 2];
 }
 
-static int64_t g_graphs, g_rejected, g_empty, g_algo_problems, g_plans;
+static int64_t g_graphs, g_rejected, g_empty, g_algo_problems, g_plans, g_d_bands;
 
 /* Descriptors of one (non-empty) patch finalise; y one row short or one channel more is
  * rejected by cuDNN at the operation's finalize. */
@@ -506,6 +506,21 @@ int main(void) {
             if (cc) check_engines(cc, ctx, &pt.prob, t < plan_cases && i == 0);
         }
         if (p_count > max_patches_seen) max_patches_seen = p_count;
+        /* a 5-D conv's frame bands (patches along D, every row): views starting at a frame,
+         * D paddings of their own */
+        const int64_t d_out = c.full.y.dims[CW__PATCH_DDIM];
+        const int pd = d_out < 3 ? (int)d_out : 3;
+        cw__patch_bounds(d_out, pd, bounds);
+        for (int i = 0; c.full.spatial == 3 && i < pd; i++) {
+            cw__patch pt;
+            ASSERT_OK(cw__patch_make_ax(&c.full, CW__PATCH_DDIM, bounds[i], bounds[i + 1], &pt));
+            if (cw__patch_is_empty(&pt)) {
+                ASSERT_TRUE(cw__cudnn_empty_input(&pt.prob));
+                continue;
+            }
+            g_d_bands++;
+            check_patch(ctx, &pt.prob);
+        }
     }
 
     if (cc) check_big_span(cc, ctx);
@@ -536,6 +551,8 @@ int main(void) {
     /* more than 128 plan-less lists were made: the oldest went */
     if (cc && problems - plans > 140) ASSERT_TRUE(evicted > 0);
     ASSERT_TRUE(g_graphs >= n_cases);
+    fprintf(stderr, "%lld frame bands (patches along D) of 3-D convs checked\n", (long long)g_d_bands);
+    ASSERT_TRUE(g_d_bands > 0);
     if (cc) ASSERT_TRUE(g_plans >= plan_cases);
     cw__cudnn_conv_destroy(cc);
     if (devprop) cudnnBackendDestroyDescriptor(devprop);

@@ -380,6 +380,23 @@ CW_API cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
  * f16/bf16 graph each sample's q, k, v and output are staged in f32 temporaries (16 * C *
  * H * W bytes, from the temp budget). */
 CW_API cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
+/* The masks of cw_graph_attention_blocks. Append only: plans store the codes. */
+typedef enum cw_attention_mask {
+    CW_ATTENTION_BLOCK_CAUSAL = 0,  /* token t sees keys s with s / block <= t / block */
+    CW_ATTENTION_BLOCK_DIAGONAL = 1 /* token t sees keys s with s / block == t / block */
+} cw_attention_mask;
+/* cw_graph_attention under a block mask, as if the scores of the keys a token does not see
+ * were -inf. Tokens are the spatial positions flattened (D outermost), blocks runs of `block`
+ * of them (the last may be shorter). BLOCK_CAUSAL is HunyuanVideo's mid-block attention
+ * (block = H * W: each frame sees itself and the frames before it; block = 1: the causal
+ * mask); BLOCK_DIAGONAL is attention within each block alone (block = H * W: per-frame
+ * attention, frames folded into the batch, as Wan's). No mask is materialised: each query
+ * chunk's rows are computed, softmaxed and summed only over the keys they see (the chunk's
+ * FLOPs shrink accordingly). Returns CW_ERR_INVALID_ARG, naming the argument, for a mask
+ * that is not a cw_attention_mask or a block outside 1..T (T = D * H * W tokens), and as
+ * cw_graph_attention for the rest. */
+CW_API cw_status cw_graph_attention_blocks(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale,
+                                           int64_t block, cw_attention_mask mask);
 /* Marks a node as the plan's next output: outputs are numbered from 0 in call order, and
  * cw_plan_run takes them in that order. name (may be NULL) names it in error messages. */
 CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
@@ -526,7 +543,18 @@ typedef enum cw_patch_policy {
     CW_PATCHES_NONE = 2   /* unscheduled reference: one patch, no fusion, one stream */
 } cw_patch_policy;
 
-#define CW_COMPILE_OPTIONS_VERSION 2
+/* The axis a 5-D conv's patches cut (4-D convs are always cut along H). */
+typedef enum cw_patch_axis {
+    CW_PATCH_AXIS_AUTO = 0, /* per conv, from the budget: the axis whose patching fits with the
+                               faster algorithm, then the one whose halos re-read fewer input
+                               elements (D once the clip has more frames than rows, or where no
+                               band of H rows fits); H under CW_PATCHES_FIXED or max_patch_rows */
+    CW_PATCH_AXIS_H = 1,    /* bands of output rows (H), every frame in each */
+    CW_PATCH_AXIS_D = 2     /* bands of output frames (D, time) with their exact halo frames
+                               (causal padding included), every row in each */
+} cw_patch_axis;
+
+#define CW_COMPILE_OPTIONS_VERSION 3
 typedef struct cw_compile_options {
     size_t size;
     int version;
@@ -535,7 +563,8 @@ typedef struct cw_compile_options {
     cw_patch_policy policy;
     int patches;              /* for CW_PATCHES_FIXED */
     int fuse;                 /* fuse GroupNorm-apply + SiLU + upsample into conv prep; default 1 */
-    int64_t max_patch_rows;   /* 0: no cap; else cap on output rows per patch (bounds prep buffers) */
+    int64_t max_patch_rows;   /* 0: no cap; else cap on output rows per patch (bounds prep buffers);
+                                 frames per patch of 5-D convs under CW_PATCH_AXIS_D */
     /* 0: none. Else a cap on activations + temporaries, bytes (weights apart; what
      * cw_plan_stats.activations_peak + temp_predicted count): when the plan
      * would need more, the planner recomputes instead of storing the inner activation of
@@ -549,10 +578,15 @@ typedef struct cw_compile_options {
      * each reader, nested inside the recompute of the first conv: its FLOPs paid 3-4 times
      * more. */
     int64_t memory_budget;
+    /* (version 3) which axis a 5-D conv's patches cut; default CW_PATCH_AXIS_AUTO. A forced
+     * D (time) does not apply to the convs of recomputed blocks (cw_compile_options
+     * .memory_budget: their two passes and their readers stay on H bands) nor to the
+     * unscheduled reference (one patch); cw_plan_describe names each conv's axis. */
+    cw_patch_axis patch_axis;
 } cw_compile_options;
 
 #define CW_COMPILE_OPTIONS_INIT \
-    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0 }
+    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0, CW_PATCH_AXIS_AUTO }
 
 /* Lowers g into a plan of tasks on streams and simulates the run's temporary allocations
  * under opt's budget (opt NULL: CW_COMPILE_OPTIONS_INIT). If the plan cannot fit, returns

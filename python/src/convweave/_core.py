@@ -404,11 +404,12 @@ def memory_auto_pct(memory):
     return pct
 
 
-def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0, memory=None):
+def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0, memory=None, axis=None):
     """budget: 0 = the context's, None = unlimited, else parse_bytes; patches: None auto, an int fixed,
     'none' the unscheduled reference; memory: None, or a cap on activations + temporaries
     (parse_bytes) under which blocks' inner activations are recomputed where needed ("auto":
-    Graph.compile chooses one from the memory ladder)."""
+    Graph.compile chooses one from the memory ladder); axis: the axis 5-D convs' patches cut,
+    None or "auto" (per conv, from the budget), "H" (rows) or "D" (frames)."""
     if memory_auto_pct(memory) is not None:
         memory = None
     o = C.cw_compile_options()
@@ -421,6 +422,10 @@ def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows
     o.fuse = int(bool(fuse))
     o.max_patch_rows = max_patch_rows
     o.memory_budget = 0 if memory is None else parse_bytes(memory)
+    axes = {None: C.CW_PATCH_AXIS_AUTO, "auto": C.CW_PATCH_AXIS_AUTO, "H": C.CW_PATCH_AXIS_H, "D": C.CW_PATCH_AXIS_D}
+    if axis not in axes:
+        raise ArgumentError(f"convweave: axis {axis!r}: None, 'auto', 'H' or 'D'")
+    o.patch_axis = axes[axis]
     return o
 
 
@@ -483,7 +488,12 @@ class Graph:
     def avg_pool2(self, x):
         return self._node(lib.cw_graph_avg_pool2, x)
 
-    def attention(self, q, k, v, scale):
+    def attention(self, q, k, v, scale, block=0, mask=0):
+        """Single-head attention over the spatial positions; block > 0: under the block mask
+        `mask` (CW_ATTENTION_BLOCK_CAUSAL: token t sees keys s with s // block <= t // block;
+        _BLOCK_DIAGONAL: s // block == t // block), cw_graph_attention_blocks."""
+        if block:
+            return self._node(lib.cw_graph_attention_blocks, q, k, v, scale, block, mask)
         return self._node(lib.cw_graph_attention, q, k, v, scale)
 
     def output(self, node, name):

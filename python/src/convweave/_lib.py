@@ -40,6 +40,7 @@ cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x);
 cw_status cw_graph_scale(cw_graph *g, cw_node *out, cw_node x, cw_node s);
 cw_status cw_graph_avg_pool2(cw_graph *g, cw_node *out, cw_node x);
 cw_status cw_graph_attention(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale);
+cw_status cw_graph_attention_blocks(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale, int64_t block, cw_attention_mask mask);
 cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);
 cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
@@ -73,16 +74,19 @@ CW_BACKEND_AUTO, CW_BACKEND_CPU, CW_BACKEND_CUDA = 0, 1, 2
 CW_FLAG_POISON, CW_FLAG_CHAOS, CW_FLAG_NVTX, CW_FLAG_TIMING = 1, 2, 4, 8
 CW_LOG_ERROR, CW_LOG_WARN, CW_LOG_INFO, CW_LOG_DEBUG = 0, 1, 2, 3
 CW_PATCHES_AUTO, CW_PATCHES_FIXED, CW_PATCHES_NONE = 0, 1, 2
+CW_PATCH_AXIS_AUTO, CW_PATCH_AXIS_H, CW_PATCH_AXIS_D = 0, 1, 2
 CW_NODE_NONE = -1
 CW_CONTEXT_CONFIG_VERSION = 1
 CW_CONV_PARAMS_VERSION = 1
-CW_COMPILE_OPTIONS_VERSION = 2
+CW_COMPILE_OPTIONS_VERSION = 3
 CW_ALLOCATOR_VERSION = 1
 CW_ALLOCATOR_ALIGN = 256
 # names of cw_plan_stats.stage_ms's entries (CW_STAGE_*), in index order
 STAGES = ("conv", "prep", "epilogue", "stats", "attention", "other")
 PLAN_STAGE_COUNT = 6
 PLAN_STREAM_COUNT = 8
+# cw_attention_mask (cw_graph_attention_blocks)
+CW_ATTENTION_BLOCK_CAUSAL, CW_ATTENTION_BLOCK_DIAGONAL = 0, 1
 # cw_unary_op (cw_graph_unary)
 CW_UNARY_RELU, CW_UNARY_TANH, CW_UNARY_SIGMOID, CW_UNARY_GELU, CW_UNARY_GELU_TANH, CW_UNARY_AFFINE, CW_UNARY_CLAMP = range(7)
 CW_UNARY_RSQRT, CW_UNARY_SQUARE, CW_UNARY_POW = range(7, 10)
@@ -143,10 +147,11 @@ class cw_conv_params(ctypes.Structure):
 class cw_compile_options(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("version", c_int), ("temp_budget", c_int64), ("streams", c_int),
                 ("policy", c_int), ("patches", c_int), ("fuse", c_int), ("max_patch_rows", c_int64),
-                ("memory_budget", c_int64)]
+                ("memory_budget", c_int64), ("patch_axis", c_int)]
 
     def __init__(self):  # CW_COMPILE_OPTIONS_INIT
-        super().__init__(ctypes.sizeof(self), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0)
+        super().__init__(ctypes.sizeof(self), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0,
+                         CW_PATCH_AXIS_AUTO)
 
 
 class cw_plan_stats(ctypes.Structure):
@@ -172,7 +177,7 @@ _HANDLES = {"cw_context", "cw_tensor", "cw_graph", "cw_plan", "void"}
 _VALUES = {"void": None, "int": c_int, "float": c_float, "int64_t": c_int64, "size_t": c_size_t,
            "cw_status": c_int, "cw_node": c_int32, "cw_dtype": c_int, "cw_log_fn": cw_log_fn,
            "cw_unary_op": c_int, "cw_binary_op": c_int, "cw_reduce_op": c_int,
-           "cw_pad_mode": c_int}
+           "cw_pad_mode": c_int, "cw_attention_mask": c_int}
 _STRUCTS = {s.__name__: s for s in STRUCTS}
 _PROTO = re.compile(r"^(?P<ret>[\w\s\*]+?)\s*\b(?P<name>cw_\w+)\s*\((?P<args>[^)]*)\)\s*;$")
 
