@@ -269,3 +269,37 @@ def test_pytorch_view_of_a_permuted_node():
     mod = Fn(lambda s, x: s.c(x).permute(0, 2, 3, 1).contiguous().view(1, 4, 10, 4).sum(-1), c=c)
     w, _, _ = check_module(mod, (rand(1, 3, 4, 5),))
     assert w.describe()["nodes_fallback"] >= 1
+
+
+def _hunyuan_mask(frames, hw):
+    """diffusers' prepare_causal_attention_mask: each frame's tokens see their frame and the
+    ones before it (0), the rest -inf."""
+    idx = torch.arange(1, frames + 1, dtype=torch.int32).repeat_interleave(hw)
+    x, y = torch.meshgrid(idx, idx, indexing="xy")
+    return torch.where(x <= y, 0.0, -float("inf"))
+
+
+@pytest.mark.skipif(not hasattr(convweave._lib, "CW_ATTENTION_BLOCK_CAUSAL"), reason="no masked attention")
+@pytest.mark.parametrize("kind", ["block_causal", "block_diagonal", "causal", "bool"])
+def test_masked_attention(kind):
+    """HunyuanVideo's mid-block attention: a block-causal mask built in the forward from
+    arange/meshgrid/where (folded at compile time) is cw_graph_attention_blocks; so are a
+    block-diagonal mask (per-frame attention), is_causal, and a bool mask."""
+    c = nn.Conv3d(4, 4, 1)
+
+    def fn(s, x):
+        h = s.c(x)
+        b, ch, t, hh, ww = h.shape
+        tok = h.flatten(2).transpose(1, 2)[:, None]  # [B, 1, THW, C]
+        m = _hunyuan_mask(t, hh * ww).to(x.device, x.dtype)
+        if kind == "block_diagonal":
+            idx = torch.arange(t).repeat_interleave(hh * ww)
+            m = torch.where(idx[:, None] == idx[None, :], 0.0, -float("inf")).to(x.dtype)
+        if kind == "bool":
+            m = m == 0
+        if kind == "causal":
+            y = F.scaled_dot_product_attention(tok, tok * 0.5, tok, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(tok, tok * 0.5, tok, attn_mask=m[None, None].expand(b, 1, -1, -1))
+        return y[:, 0].transpose(1, 2).reshape(b, ch, t, hh, ww)
+    check_module(Fn(fn, c=c), (rand(1, 4, 3, 2, 3),), fallback=False)

@@ -251,7 +251,7 @@ def assert_metadata(L, node, *args, **kwargs):
 
 @op(operator.getitem)
 def getitem(L, node, tup, i):
-    if not isinstance(tup, tuple) or tup[i] is None:
+    if not isinstance(tup, (tuple, list)) or tup[i] is None:
         raise Unsupported("an output convweave does not compute")
     return tup[i]
 
@@ -686,18 +686,56 @@ def _tokens_layout(lay):
 
 @op(aten.scaled_dot_product_attention.default)
 def sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    if attn_mask is not None or dropout_p or is_causal:
-        raise Unsupported("attention with a mask, dropout or causal")
+    if dropout_p or (attn_mask is not None and is_causal):
+        raise Unsupported("attention with dropout, or with a mask and causal")
     if not all(isinstance(t, Cw) for t in (q, k, v)):
         raise Unsupported("attention over values convweave does not hold")
     if not all(_tokens_layout(t.layout) for t in (q, k, v)) or k.layout != v.layout or \
             q.layout.udims != k.layout.udims:
         raise Unsupported("attention other than single-head over a node's spatial positions")
+    block, mask = 0, 0
+    if attn_mask is not None or is_causal:
+        # a mask the library computes: the tokens must be the node's positions in order
+        spatial = tuple(d for d in range(2, len(q.layout.udims)) if q.layout.udims[d] != 1)
+        if q.layout.groups[-2] != spatial or k.layout.groups[-2] != spatial:
+            raise Unsupported("masked attention over tokens in another order than the node's")
+        if not hasattr(C, "CW_ATTENTION_BLOCK_CAUSAL"):
+            raise Unsupported("this build of the library has no masked attention")
+        n = q.shape[-2]
+        block, mask = (1, C.CW_ATTENTION_BLOCK_CAUSAL) if is_causal else _block_mask(attn_mask, n)
     s = float(scale) if scale is not None else 1.0 / math.sqrt(q.layout.udims[1])
     nq, lay = L.act(q)
     nk, _ = L.act(k)
     nv, _ = L.act(v)
+    if block:
+        return L.new(L.g.attention(nq, nk, nv, s, block=block, mask=mask), lay)
     return L.new(L.g.attention(nq, nk, nv, s), lay)
+
+
+def _block_mask(m, n):
+    """(block, cw_attention_mask) of a constant mask over n tokens that equals a block-causal
+    or block-diagonal one (HunyuanVideo's frames seeing the frames before them, built from
+    meshgrid/le/where and folded at compile time): a bool mask (True: seen) or a float one
+    of 0 (seen) and -inf."""
+    if not isinstance(m, Const) or tuple(m.shape[-2:]) != (n, n):
+        raise Unsupported("attention with a mask computed at run time")
+    t = m.tensor.reshape(-1, n, n)
+    if t.dtype == torch.bool:
+        seen = t
+    else:
+        seen = t == 0
+        if not bool((seen | (t == -math.inf)).all()):
+            raise Unsupported("attention with a mask of other values than 0 and -inf")
+    if not bool((seen == seen[:1]).all()):
+        raise Unsupported("attention with a mask that differs between heads or samples")
+    seen = seen[0].cpu()
+    b = int(seen[0].sum())
+    i = torch.arange(n) // max(b, 1)
+    for code, want in ((C.CW_ATTENTION_BLOCK_CAUSAL, i[None, :] <= i[:, None]),
+                       (C.CW_ATTENTION_BLOCK_DIAGONAL, i[None, :] == i[:, None])):
+        if b >= 1 and bool((seen == want).all()):
+            return b, code
+    raise Unsupported("attention with a mask other than block-causal or block-diagonal")
 
 
 # ---- channel reductions, powers, concatenation (Graph.reduce_channels, .concat) -------------
