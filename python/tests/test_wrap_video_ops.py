@@ -303,3 +303,21 @@ def test_masked_attention(kind):
             y = F.scaled_dot_product_attention(tok, tok * 0.5, tok, attn_mask=m[None, None].expand(b, 1, -1, -1))
         return y[:, 0].transpose(1, 2).reshape(b, ch, t, hh, ww)
     check_module(Fn(fn, c=c), (rand(1, 4, 3, 2, 3),), fallback=False)
+
+
+@pytest.mark.skipif(not hasattr(convweave._lib, "CW_ATTENTION_BLOCK_DIAGONAL"), reason="no masked attention")
+@pytest.mark.parametrize("b", [1, 2])
+def test_per_frame_attention_of_frames_folded_into_the_batch(b):
+    """Wan's AttentionBlock on several frames: [B*T, C, H, W] views, q, k, v chunked from one
+    1x1 conv over the channels, SDPA per frame: block-diagonal attention over the node."""
+    c = nn.Conv3d(3, 4, 1)
+    qkv = nn.Conv2d(4, 12, 1)
+
+    def fn(s, x):
+        h = fold(s.c(x))
+        bt, ch, hh, ww = h.shape
+        q, k, v = s.qkv(h).reshape(bt, 1, ch * 3, -1).permute(0, 1, 3, 2).contiguous().chunk(3, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v)
+        y = y.squeeze(1).permute(0, 2, 1).reshape(bt, ch, hh, ww)
+        return unfold(y, b) + x.sum(1, keepdim=True)
+    check_module(Fn(fn, c=c, qkv=qkv), (rand(b, 3, 3, 2, 3),), fallback=False)

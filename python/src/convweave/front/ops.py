@@ -376,8 +376,11 @@ def add_sub(L, node, a, b, alpha=1):
     if is_tensor(a) and is_tensor(b) and _num(a) is None and _num(b) is None and \
             not isinstance(a, Const) and not isinstance(b, Const):
         if sa == 1.0 and sb == 1.0:
-            na, nb, lay = _two(L, a, b, "add")
-            return L.new(L.g.add(na, nb), lay)
+            na, nb, lay = _two(L, a, b, "add", commutes=True)
+            if L.g.shape(na) == L.g.shape(nb):
+                return L.new(L.g.add(na, nb), lay)
+            # one channel broadcast: a - (-b), the same sum (but -0 for -0 + 0)
+            return L.new(L.g.binary(na, L.g.unary(nb, C.CW_UNARY_AFFINE, -1.0, 0.0), C.CW_BINARY_SUB), lay)
         if sa == 1.0 and sb == -1.0:
             _has("binary")
             na, nb, lay = _two(L, a, b, "sub")
@@ -684,17 +687,34 @@ def _tokens_layout(lay):
     return rest in ([0], []) and (rest == [0] or lay.udims[0] == 1)
 
 
+def _frame_tokens_layout(lay):
+    """q, k, v of attention per frame: [B*T, 1, H*W, C] over a node [B, C, T, H, W] with T > 1
+    folded into the batch (any order with B), H and W the tokens in order, C last."""
+    g, u = lay.groups, lay.udims
+    if len(u) != 5 or u[2] == 1 or u[1] == 1 or len(g) < 3 or g[-1] != (1,) or \
+            g[-2] != tuple(d for d in (3, 4) if u[d] != 1):
+        return False
+    rest = [d for grp in g[:-2] for d in grp]
+    return sorted(rest) == [d for d in (0, 2) if u[d] != 1]
+
+
 @op(aten.scaled_dot_product_attention.default)
 def sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if dropout_p or (attn_mask is not None and is_causal):
         raise Unsupported("attention with dropout, or with a mask and causal")
     if not all(isinstance(t, Cw) for t in (q, k, v)):
         raise Unsupported("attention over values convweave does not hold")
-    if not all(_tokens_layout(t.layout) for t in (q, k, v)) or k.layout != v.layout or \
-            q.layout.udims != k.layout.udims:
+    if k.layout != v.layout or q.layout.udims != k.layout.udims:
         raise Unsupported("attention other than single-head over a node's spatial positions")
     block, mask = 0, 0
-    if attn_mask is not None or is_causal:
+    if all(_frame_tokens_layout(t.layout) for t in (q, k, v)) and q.layout.groups[:-1] == k.layout.groups[:-1]:
+        # frames folded into the batch (Wan's [B*T, 1, HW, C]): attention within each frame
+        if attn_mask is not None or is_causal or not hasattr(C, "CW_ATTENTION_BLOCK_DIAGONAL"):
+            raise Unsupported("per-frame attention with a mask, or without the library's masks")
+        block, mask = q.layout.udims[3] * q.layout.udims[4], C.CW_ATTENTION_BLOCK_DIAGONAL
+    elif not all(_tokens_layout(t.layout) for t in (q, k, v)):
+        raise Unsupported("attention other than single-head over a node's spatial positions")
+    elif attn_mask is not None or is_causal:
         # a mask the library computes: the tokens must be the node's positions in order
         spatial = tuple(d for d in range(2, len(q.layout.udims)) if q.layout.udims[d] != 1)
         if q.layout.groups[-2] != spatial or k.layout.groups[-2] != spatial:
