@@ -1,7 +1,8 @@
 /* Every backend op on cuda against the cpu backend (the oracle): convolutions of random
  * shapes run patch by patch as the scheduler does (2-D and 3-D, groups, strides, dilations,
  * asymmetric paddings, strided views, empty-input patches), the fused prep stage, GroupNorm
- * statistics and finalisation, residual add (aliased too), GEMM, row softmax, fills,
+ * statistics and finalisation, residual add (aliased too), the generic copy ops (slice,
+ * pad, depth/space shuffles, nearest upsampling: bit for bit), GEMM, row softmax, fills,
  * copies, events and host callbacks; f32, f16 and bf16 data. Relative error = max |cuda -
  * cpu| / max |cpu|: <= 1e-5 for f32, <= 2e-3 for f16; bf16 keeps 8 significant bits, so one
  * rounding of the output alone costs up to 2^-8 and its bound is 2e-3 + 2^-8. Inputs are
@@ -675,6 +676,78 @@ static void test_add(cw_rng *r, int cases) {
     }
 }
 
+/* The generic copy ops (slice, pad, depth to space, space to depth, nearest upsampling) with
+ * random parameters on a strided input (rows padded) of random bit patterns, NaN payloads
+ * among them: the device's output must be the cpu's bit for bit, in every dtype. */
+static void test_copy_ops(cw_rng *r, int cases) {
+    static const char *const names[5] = {"slice", "pad", "depth_to_space", "space_to_depth", "upsample_nearest"};
+    for (int t = 0; t < cases; t++) {
+        const cw_dtype dt = pick_dtype(r);
+        const int op = (int)cw_rng_range(r, 0, 4), rank = (int)cw_rng_range(r, 4, 5);
+        cw__op_args a;
+        memset(&a, 0, sizeof a);
+        int64_t dims[5], f[3] = {1, 1, 1};
+        for (int i = 0; i < rank; i++) dims[i] = cw_rng_range(r, 1, rank == 5 ? 5 : 9);
+        if (op >= 2) /* the shuffles' and upsampling's factors */
+            for (int k = rank == 5 ? 0 : 1; k < 3; k++) f[k] = cw_rng_range(r, 1, 3);
+        switch (op) {
+        case 0: {
+            const int dim = (int)cw_rng_range(r, 1, rank - 1);
+            const int64_t start = cw_rng_range(r, 0, dims[dim] - 1);
+            a.code = CW_OP_SLICE;
+            a.param.i[0] = dim, a.param.i[1] = start, a.param.i[2] = cw_rng_range(r, 1, dims[dim] - start);
+            break;
+        }
+        case 1: {
+            int64_t pre[3] = {0, 0, 0}, post[3] = {0, 0, 0};
+            for (int k = rank == 5 ? 0 : 1; k < 3; k++) pre[k] = cw_rng_range(r, 0, 3), post[k] = cw_rng_range(r, 0, 3);
+            a.code = CW_OP_PAD;
+            a.param.i[0] = cw_rng_range(r, 0, 1), a.param.i[1] = cw_pad_pack(pre), a.param.i[2] = cw_pad_pack(post);
+            a.param.f[0] = cw_rng_range(r, 0, 3) ? cw_rng_float(r) : NAN;
+            break;
+        }
+        case 2: a.code = CW_OP_DEPTH_TO_SPACE, dims[1] *= f[0] * f[1] * f[2]; break;
+        case 3:
+            a.code = CW_OP_SPACE_TO_DEPTH;
+            for (int k = rank == 5 ? 0 : 1; k < 3; k++) dims[rank - 3 + k] *= f[k];
+            break;
+        default: a.code = CW_OP_UPSAMPLE_NEAREST; break;
+        }
+        if (op >= 2) a.param.i[0] = f[0], a.param.i[1] = f[1], a.param.i[2] = f[2];
+        cw_tensor_desc xd, od;
+        ASSERT_OK(cw_tensor_desc_make(&xd, dt, rank, dims));
+        int64_t s = 1; /* x: rows padded by 2 elements (a strided view) */
+        for (int i = rank - 1; i >= 0; i--) {
+            xd.strides[i] = s;
+            s *= i == rank - 1 ? dims[i] + 2 : dims[i];
+        }
+        const cw_tensor_desc *ins[CW_OP_MAX_IN] = {&xd};
+        ASSERT_TRUE(cw_op_out_dims(a.code, &a.param, ins, &od));
+        const size_t es = cw_dtype_size(dt);
+        const int64_t xn = span_elems(&xd), on = cw__desc_numel(&od);
+        uint16_t *hx = malloc((size_t)xn * 4);
+        for (int64_t i = 0; i < 2 * xn; i++) hx[i] = (uint16_t)cw_rng_next(r);
+        side *sides[2] = {&g_cpu, &g_dev};
+        void *out[2];
+        for (int si = 0; si < 2; si++) {
+            void *gx = dalloc(sides[si], xn * (int64_t)es), *gy = dalloc(sides[si], on * (int64_t)es);
+            dput(sides[si], gx, hx, xn * (int64_t)es);
+            a.in[0].d = xd, a.in[0].data = gx, a.out.d = od, a.out.data = gy;
+            ASSERT_OK_CTX(sides[si]->ctx, cw__op_run(sides[si]->be, sides[si]->s, &a));
+            dsync(sides[si]);
+            out[si] = malloc((size_t)on * es);
+            dget(sides[si], out[si], gy, on * (int64_t)es);
+            dfree(sides[si], gx), dfree(sides[si], gy);
+        }
+        if (memcmp(out[0], out[1], (size_t)on * es) != 0) {
+            fprintf(stderr, "%s %s rank %d: device bits differ from the cpu's\n", names[op], cw__dtype_name(dt), rank);
+            cw_test_failures++;
+        }
+        g_cases++;
+        free(hx), free(out[0]), free(out[1]);
+    }
+}
+
 static void test_gemm(cw_rng *r, int cases) {
     for (int t = 0; t < cases; t++) {
         cw__gemm_params p;
@@ -924,6 +997,7 @@ int main(void) {
     test_gn(&rng, quick ? 20 : 60);
     test_gn_finalize_parts(&rng);
     test_add(&rng, quick ? 30 : 100);
+    test_copy_ops(&rng, quick ? 40 : 200);
     test_gemm(&rng, quick ? 20 : 60);
     test_softmax(&rng, quick ? 10 : 30);
     test_public_conv(&rng);

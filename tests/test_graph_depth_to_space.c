@@ -22,8 +22,8 @@ static void ref_shuffle(void *lo, void *hi, int rank, const int64_t *lodims, con
                 for (int64_t h = 0; h < H; h++)
                     for (int64_t w = 0; w < W; w++) {
                         const int64_t li = (((n * CF + ch) * D + d) * H + h) * W + w;
-                        const int64_t hidx =
-                            (((n * (CF / F) + c) * (D * fd) + d * fd + i) * (H * fh) + h * fh + j) * (W * fw) + w * fw + k;
+                        const int64_t hz = d * fd + i, hy = h * fh + j, hw = w * fw + k;
+                        const int64_t hidx = (((n * (CF / F) + c) * (D * fd) + hz) * (H * fh) + hy) * (W * fw) + hw;
                         char *pl = (char *)lo + li * (int64_t)es, *ph = (char *)hi + hidx * (int64_t)es;
                         if (d2s)
                             memcpy(ph, pl, es);
@@ -183,7 +183,8 @@ static void test_contract(void) {
     op_rig_open(&k);
     enum { NMAX = 2 * 16 * 2 * 3 * 2 * 8 }; /* the largest side below, in elements */
     static uint32_t lo[NMAX], hi[NMAX], y[NMAX + 1], want[NMAX];
-    for (int i = 0; i < NMAX; i++) lo[i] = 0x7fc00001u + 0x00010203u * (uint32_t)i, hi[i] = 0xffc00001u + 0x00020305u * (uint32_t)i;
+    for (int i = 0; i < NMAX; i++)
+        lo[i] = 0x7fc00001u + 0x00010203u * (uint32_t)i, hi[i] = 0xffc00001u + 0x00020305u * (uint32_t)i;
     const int64_t fs[6][3] = {{1, 1, 1}, {1, 2, 2}, {2, 2, 2}, {1, 3, 2}, {2, 1, 3}, {2, 2, 1}};
     const cw_dtype dts[3] = {CW_F32, CW_F16, CW_BF16};
     for (int di = 0; di < 3; di++)

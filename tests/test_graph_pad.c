@@ -57,8 +57,9 @@ static void test_conv_pad_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int rank
     const double bound[2] = {u + 16.0 * (double)(C * kvol + 4) * FLT_EPSILON,
                              16.0 * u + 16.0 * (double)((C + K) * kvol + 4) * FLT_EPSILON};
     char label[96];
-    snprintf(label, sizeof label, "pad %s (%d, %d, %d) / (%d, %d, %d)", mode == CW_PAD_REPLICATE ? "replicate" : "constant",
-             (int)pre[0], (int)pre[1], (int)pre[2], (int)post[0], (int)post[1], (int)post[2]);
+    snprintf(label, sizeof label, "pad %s (%d, %d, %d) / (%d, %d, %d)",
+             mode == CW_PAD_REPLICATE ? "replicate" : "constant", (int)pre[0], (int)pre[1], (int)pre[2], (int)post[0],
+             (int)post[1], (int)post[2]);
     sandwich_close(&s, y0, y0dims, ref0, bound, label);
     free(ref0);
 }

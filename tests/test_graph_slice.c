@@ -90,7 +90,8 @@ static void test_badargs(cw_context *ctx) {
     CHECK_REFUSED(ctx, cw_graph_slice(g, &out, x, 0, 0, 1),
                   "cw_graph_slice: dim = 0 must be in 1..3 for x [1, 2, 4, 5] (N, dim 0, is never sliced)");
     CHECK(out == CW_NODE_NONE);
-    CHECK_REFUSED(ctx, cw_graph_slice(g, &out, x, 4, 0, 1), "cw_graph_slice: dim = 4 must be in 1..3 for x [1, 2, 4, 5]");
+    CHECK_REFUSED(ctx, cw_graph_slice(g, &out, x, 4, 0, 1),
+                  "cw_graph_slice: dim = 4 must be in 1..3 for x [1, 2, 4, 5]");
     CHECK_REFUSED(ctx, cw_graph_slice(g, &out, x5, 5, 0, 1),
                   "cw_graph_slice: dim = 5 must be in 1..4 for x [1, 2, 3, 4, 5]");
     CHECK_REFUSED(ctx, cw_graph_slice(g, &out, x, -1, 0, 1), "cw_graph_slice: dim = -1 must be in 1..3");
@@ -178,7 +179,8 @@ static void test_contract(void) {
     for (int n = 0; n < 2; n++)
         for (int c = 0; c < 3; c++)
             for (int h = 0; h < 2; h++)
-                for (int w = 0; w < 5; w++) bad |= y[((n * 3 + c) * 2 + h) * 5 + w] != x[n * 120 + c * 40 + (h + 1) * 10 + 2 * w];
+                for (int w = 0; w < 5; w++)
+                    bad |= y[((n * 3 + c) * 2 + h) * 5 + w] != x[n * 120 + c * 40 + (h + 1) * 10 + 2 * w];
     CHECK(!bad);
     a.in[0].d.strides[0] = a.in[0].d.strides[1] = a.in[0].d.strides[2] = a.in[0].d.strides[3] = 0;
 

@@ -324,3 +324,35 @@ def test_depth_to_space_errors():
     assert g.shape(g.space_to_depth(x, (2, 3))) == (1, 72, 2, 2)
     g.close()
     ctx.close()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_copy_ops_half(dtype):
+    """slice, pad (the constant rounded to the dtype as torch rounds it), depth_to_space and
+    space_to_depth in a half-precision graph: torch's bits."""
+    torch = _torch()
+    F = torch.nn.functional
+    tdt = getattr(torch, dtype)
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((1, 8, 2, 4, 6)).astype(np.float32)).to(tdt)
+    cases = [
+        (lambda g, n: g.slice(n, 2, 1, 1), x.narrow(2, 1, 1)),
+        (lambda g, n: g.pad(n, (2, 1, 1), (0, 1, 1), C.CW_PAD_REPLICATE),
+         F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate")),
+        (lambda g, n: g.pad(n, (0, 1, 0), (1, 0, 2), C.CW_PAD_CONSTANT, 0.1), F.pad(x, (0, 2, 1, 0, 0, 1), value=0.1)),
+        (lambda g, n: g.depth_to_space(n, (2, 2, 2)), _ltx_depth_to_space(x, (2, 2, 2))),
+        (lambda g, n: g.space_to_depth(n, (2, 2, 3)), _ltx_space_to_depth(x, (2, 2, 3))),
+    ]
+    for build, ref in cases:
+        ref = ref.contiguous()
+        ctx = _core.Context(backend="cpu", streams=3)
+        g = _core.Graph(ctx)
+        y = build(g, g.input("x", tuple(x.shape), dtype=dtype))
+        g.output(y, "y")
+        assert g.shape(y) == tuple(ref.shape)
+        p = g.compile(patches="none", streams=1)
+        out = torch.full(ref.shape, float("nan"), dtype=tdt)
+        p.run([x], [out])
+        p.close()
+        g.close()
+        ctx.close()
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16))  # bits

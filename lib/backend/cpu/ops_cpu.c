@@ -766,7 +766,8 @@ static void pad_run(const cw__op_args *a) {
                         set_row(dr, d.st[4], d.dim[4], fill, es);
                         continue;
                     }
-                    const char *xr = elem_at(a->in[0].data, n * x.st[0] + c * x.st[1] + sz * x.st[2] + sh * x.st[3], es);
+                    const int64_t ox = n * x.st[0] + c * x.st[1] + sz * x.st[2] + sh * x.st[3];
+                    const char *xr = elem_at(a->in[0].data, ox, es);
                     const int rep = mode == CW_PAD_REPLICATE;
                     set_row(dr, d.st[4], pw, rep ? xr : fill, es);
                     char *dm = dr + pw * d.st[4] * (int64_t)es;
