@@ -80,3 +80,32 @@ def test_autoencoder_tiny():
                   num_decoder_blocks=(1, 1, 1, 1))
     check_module(Decode(vae), (z(4),), budget="256KiB")
 
+
+
+VIDEO = {  # small configs of the video VAEs (bench/wrap_coverage.py's): latents [1, 4, T, H, W]
+    "cogvideox": (lambda: diffusers.AutoencoderKLCogVideoX(
+        block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8, latent_channels=4,
+        down_block_types=("CogVideoXDownBlock3D",) * 2, up_block_types=("CogVideoXUpBlock3D",) * 2,
+        temporal_compression_ratio=2), (3, 8)),
+    "wan": (lambda: diffusers.AutoencoderKLWan(base_dim=16, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
+                                               temperal_downsample=[True]), (3, 8)),
+    "hunyuanvideo": (lambda: diffusers.AutoencoderKLHunyuanVideo(
+        block_out_channels=(16,) * 4, layers_per_block=1, norm_num_groups=4, latent_channels=4), (2, 4)),
+    "ltx": (lambda: diffusers.AutoencoderKLLTXVideo(
+        block_out_channels=(32, 64), decoder_block_out_channels=(32, 64), layers_per_block=(1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1), spatio_temporal_scaling=(True, False),
+        decoder_spatio_temporal_scaling=(True, False), decoder_inject_noise=(False, False, False), latent_channels=4,
+        patch_size=1, patch_size_t=1, timestep_conditioning=False), (3, 8)),
+}
+
+
+@pytest.mark.parametrize("name", list(VIDEO))
+def test_video_vae_decode_runs_entirely_in_convweave(name):
+    """The video VAEs' decodes (causal-conv caches, frame-folded 2-D ops, channels-last norms,
+    depth-to-space, masked attention) lower with no PyTorch fallback, in one segment."""
+    make, (t, s) = VIDEO[name]
+    torch.manual_seed(0)
+    vae = make()
+    zz = torch.randn(1, 4, t, s, s, generator=torch.Generator().manual_seed(1))
+    w, _, _ = check_module(Decode(vae), (zz,), fallback=False)
+    assert len(w.describe()["segments"]) == 1

@@ -11,7 +11,7 @@ import torch
 from .._core import Error, Graph
 from .layout import Layout, Unsupported
 from .ops import TABLE
-from .values import Bcast, Const, Cw, Pad, Torch, is_tensor
+from .values import Bcast, Const, Cw, Pad, Shuffle, Split, Torch, is_tensor
 
 _CONVS = {torch.ops.aten.conv2d.default, torch.ops.aten.conv3d.default, torch.ops.aten.conv2d.padding,
           torch.ops.aten.conv3d.padding, torch.ops.aten.convolution.default}
@@ -58,8 +58,8 @@ def _walk(v, fn):
 
 
 def _base(v):
-    """The value a Pad or Bcast reads (itself for any other)."""
-    while isinstance(v, (Pad, Bcast)):
+    """The value a Pad, Bcast or Split reads (itself for any other)."""
+    while isinstance(v, (Pad, Bcast, Split, Shuffle)):
         v = v.base
     return v
 
@@ -111,7 +111,7 @@ class Lowering:
         if isinstance(v, Cw) and v.seg is seg:
             return v.node, v.layout
         shape = tuple(v.shape) if not isinstance(v, Cw) else v.seg.g.shape(v.node)
-        if isinstance(v, (Pad, Bcast)) or len(shape) not in (4, 5):
+        if isinstance(v, (Pad, Bcast, Split, Shuffle)) or len(shape) not in (4, 5):
             raise Unsupported(f"a rank-{len(shape)} activation (convweave's are 4-D or 5-D)")
         self._dtype(seg, v.dtype)
         key = ("cw", v.seg.idx, v.node) if isinstance(v, Cw) else \
@@ -217,7 +217,7 @@ class Lowering:
 
     def need(self, v):
         """Marks what reading v after its segment ran takes: a node made an output."""
-        if isinstance(v, (Pad, Bcast)):
+        if isinstance(v, (Pad, Bcast, Split, Shuffle)):
             return self.need(v.base)
         if not isinstance(v, Cw):
             return

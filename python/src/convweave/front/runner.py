@@ -14,7 +14,9 @@ from .._core import Context, Error, format_bytes, parse_bytes
 from .. import _lib as C
 from .export import export, placeholders, slot
 from .partition import Lowering, _tensors, _walk
-from .values import Bcast, Const, Cw, Pad, Torch
+from .values import Bcast, Const, Cw, Pad, Shuffle, Split, Torch
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 
 
 
@@ -80,6 +82,10 @@ class Program:
             return v.layout.to_torch(self._fetch(env, v.seg, v.node))
         if isinstance(v, Bcast):
             return self._value(env, v.base).expand(v.shape)
+        if isinstance(v, Split):
+            return self._value(env, v.base).reshape(v.shape)
+        if isinstance(v, Shuffle):
+            return v.vlay.to_torch(self._value(env, v.base).reshape(v.vlay.udims))
         if isinstance(v, Pad):
             pad = [p for pre, post in zip(reversed(v.pre), reversed(v.post)) for p in (pre, post)]
             return torch.nn.functional.pad(self._value(env, v.base), pad)
@@ -89,7 +95,7 @@ class Program:
         """The env entries reading v touches."""
         if isinstance(v, Torch):
             return [v.name if not isinstance(v.name, tuple) else v.name[0]]
-        if isinstance(v, (Pad, Bcast)):
+        if isinstance(v, (Pad, Bcast, Split, Shuffle)):
             return self._keys(v.base)
         if isinstance(v, Cw):
             if v.node in v.seg.origin:
@@ -128,6 +134,10 @@ class Program:
             if step[0] == "torch":
                 _, node, args, kwargs = step
                 a, k = _walk((args, kwargs), lambda v: self._value(env, v))
+                if node.target in _VIEWS and isinstance(a[0], torch.Tensor):
+                    # a node's regrouping can be a permuted tensor where the module had a
+                    # contiguous one (its clone or contiguous was no task)
+                    a = (a[0].contiguous(),) + tuple(a[1:])
                 env[node.name] = node.target(*a, **k)
             else:
                 self._run_segment(env, step[1], keep_memory)

@@ -66,5 +66,39 @@ class Bcast:
         return self.base.dtype
 
 
+class Split:
+    """reshape of a node's channels (logical dim pos of base) into (k, C / k), read only by
+    selects along the k: each select is a slice of the channels (Wan's upsampler splits a
+    conv's output into two halves this way); anything else reads base.reshape(shape)."""
+    __slots__ = ("base", "pos", "shape")
+
+    def __init__(self, base, pos, shape):
+        self.base, self.pos, self.shape = base, pos, tuple(shape)
+
+    @property
+    def dtype(self):
+        return self.base.dtype
+
+
+class Shuffle:
+    """A depth-to-space on its way through views (LTX-Video's upsampler: reshape [B, C*F, T, H,
+    W] to [B, C, fd, fh, fw, T, H, W], permute, flatten): base (an identity-layout 5-D node)
+    seen as the virtual tensor of `vudims` = that 8-D split, regrouped by `vlay`. Once vlay
+    merges (T, fd), (H, fh), (W, fw), it is cw_graph_depth_to_space's output; anything else
+    reads base.reshape(vudims) through vlay."""
+    __slots__ = ("base", "vlay", "factors")
+
+    def __init__(self, base, vlay, factors):
+        self.base, self.vlay, self.factors = base, vlay, tuple(factors)
+
+    @property
+    def shape(self):
+        return self.vlay.shape
+
+    @property
+    def dtype(self):
+        return self.base.dtype
+
+
 def is_tensor(v):
-    return isinstance(v, (Const, Torch, Cw, Pad, Bcast))
+    return isinstance(v, (Const, Torch, Cw, Pad, Bcast, Split, Shuffle))
