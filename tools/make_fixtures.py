@@ -73,13 +73,20 @@ def build_vae(cfg, seed):
         block_out_channels=cfg["block_out_channels"], layers_per_block=cfg["layers_per_block"],
         norm_num_groups=cfg["norm_num_groups"], latent_channels=cfg["latent_channels"],
         scaling_factor=cfg["scaling_factor"], sample_size=32)
-    # Non-trivial weights, so a wrong GroupNorm (grouping, eps, affine), a wrong attention
-    # (scale, softmax axis, transposes) or a swapped tensor changes the output visibly:
-    # conv/linear weights N(0, 1/fan_in) keep activations O(1) through the depth; biases
-    # N(0, 0.2); norm scales N(1, 0.3) and shifts N(0, 0.3).
+    return randomize(vae, seed).eval()
+
+
+def randomize(model, seed):
+    """Fills model's parameters in place (seeded) and returns it. Non-trivial weights, so a
+    wrong GroupNorm (grouping, eps, affine), a wrong attention (scale, softmax axis,
+    transposes) or a swapped tensor changes the output visibly: conv/linear weights
+    N(0, 1/fan_in) keep activations O(1) through the depth; biases N(0, 0.2); norm scales
+    N(1, 0.3) and shifts N(0, 0.3)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in vae.named_parameters():
+        for name, p in model.named_parameters():
             if "norm" in name:
                 base = 1.0 if name.endswith("weight") else 0.0
                 p.copy_(base + 0.3 * torch.randn(p.shape, generator=g))
@@ -88,7 +95,7 @@ def build_vae(cfg, seed):
             else:
                 fan_in = p[0].numel()
                 p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
-    return vae.eval()
+    return model
 
 
 def decoder_state(vae):
