@@ -396,7 +396,7 @@ cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name) {
                          (int)node);
     if (n->is_output) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_output: node %d is already an output", (int)node);
     if (g->n_outputs == (int)(sizeof g->outputs / sizeof g->outputs[0]))
-        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_output: at most 64 outputs");
+        return cw__error(g->ctx, CW_ERR_UNSUPPORTED, "cw_graph_output: at most %d outputs", CW__MAX_OUTPUTS);
     g->nodes[node].is_output = 1;
     g->nodes[node].index = g->n_outputs;
     if (name && name[0]) snprintf(g->nodes[node].oname, sizeof g->nodes[node].oname, "%s", name);

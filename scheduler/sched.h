@@ -33,6 +33,10 @@ typedef struct cw__node {
     int n_uses;
 } cw__node;
 
+/* The most outputs a graph marks (cw_graph_output): a video VAE's chunk step returns every
+ * causal conv's cache (CogVideoX's: over 100). */
+#define CW__MAX_OUTPUTS 4096
+
 /* A graph has one element type (graph.c): its activations, conv weights and conv biases are
  * all `dtype`; dtype_node is the node that fixed it (-1 until one did). GroupNorm gamma and
  * beta and the per-channel ops' vectors are f32 in every graph. */
@@ -43,7 +47,7 @@ struct cw_graph {
     cw_dtype dtype;
     int dtype_node;
     int n_inputs;
-    int outputs[64];
+    int outputs[CW__MAX_OUTPUTS];
     int n_outputs;
 };
 

@@ -137,6 +137,20 @@ int main(void) {
 
     cw_plan_destroy(plan);
     cw_graph_destroy(g);
+
+    /* outputs: up to 4096 (a video VAE's chunk step returns every conv's cache), then refused */
+    ASSERT_OK(cw_graph_create(&g, ctx));
+    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &d2));
+    for (int k = 0; k < 4096; k++) {
+        cw_node y;
+        ASSERT_OK_CTX(ctx, cw_graph_silu(g, &y, x));
+        ASSERT_OK_CTX(ctx, cw_graph_output(g, y, NULL));
+    }
+    cw_node extra;
+    ASSERT_OK_CTX(ctx, cw_graph_silu(g, &extra, x));
+    EXPECT(cw_graph_output(g, extra, "y"), CW_ERR_UNSUPPORTED, "at most 4096 outputs");
+    cw_graph_destroy(g);
+
     cw_tensor *all[] = {w, v8, v6, tx, ty, small, keep[0], keep[1]};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) cw_tensor_destroy(all[i]);
     cw_context_destroy(ctx);

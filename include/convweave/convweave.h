@@ -397,7 +397,7 @@ typedef enum cw_attention_mask {
  * cw_graph_attention for the rest. */
 CW_API cw_status cw_graph_attention_blocks(cw_graph *g, cw_node *out, cw_node q, cw_node k, cw_node v, float scale,
                                            int64_t block, cw_attention_mask mask);
-/* Marks a node as the plan's next output: outputs are numbered from 0 in call order, and
+/* Marks a node as the plan's next output (at most 4096): outputs are numbered from 0 in call order, and
  * cw_plan_run takes them in that order. name (may be NULL) names it in error messages. */
 CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
 /* Descriptor of a node's result (dims are known at build time). */
