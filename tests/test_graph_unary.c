@@ -117,9 +117,7 @@ static void test_conv_unary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int op
                              16.0 * k * u + k * 16.0 * (C * 9 + K * 9 + 8) * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
     fprintf(stderr, "conv -> %s -> conv, %s\n", op_names[op], cw__dtype_name(dt));
-    run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
-    run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
-    cw_graph_destroy(g);
+    run_graph(ctx, g, tx, 2, yd, refs, bound);
     cw_tensor_destroy(tx), cw_tensor_destroy(tw1), cw_tensor_destroy(tw2), cw_tensor_destroy(tb);
     free(x), free(w1), free(w2), free(bias), free(c1), free(ref0), free(ref1), free(yf);
 }
@@ -161,9 +159,7 @@ static void test_unary_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     const double u = unit_roundoff(dt);
     const double bound[2] = {u + 16.0 * FLT_EPSILON, 8.0 * u + 64.0 * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
-    run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
-    run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
-    cw_graph_destroy(g);
+    run_graph(ctx, g, tx, 2, yd, refs, bound);
     cw_tensor_destroy(tx);
     free(x), free(ref0), free(ref1);
 }
@@ -219,9 +215,7 @@ static void test_norm_pow_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     const double bound[2] = {4.0 * u + 16.0 * FLT_EPSILON, 4.0 * u + 16.0 * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
     fprintf(stderr, "5-D pixel norm and pow, %s\n", cw__dtype_name(dt));
-    run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
-    run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
-    cw_graph_destroy(g);
+    run_graph(ctx, g, tx, 2, yd, refs, bound);
     cw_tensor_destroy(tx);
     free(x), free(ref0), free(ref1);
 }
@@ -238,21 +232,19 @@ static void test_badargs(cw_context *ctx) {
     ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &xd));
     ASSERT_OK_CTX(ctx, cw_graph_input(g, &m, "m", &fd));
     h = constant(ctx, g, half);
-    ASSERT_STATUS(cw_graph_unary(g, &out, x, (cw_unary_op)10, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
+    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, x, (cw_unary_op)10, 0.0f, 0.0f),
+                  "cw_graph_unary: op = 10 is not a cw_unary_op (0..9)");
     CHECK(out == CW_NODE_NONE);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: op = 10 is not a cw_unary_op (0..9)") != NULL);
-    ASSERT_STATUS(cw_graph_unary(g, &out, x, (cw_unary_op)-1, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: op = -1 is not a cw_unary_op") != NULL);
-    ASSERT_STATUS(cw_graph_unary(g, &out, x, CW_UNARY_CLAMP, NAN, 1.0f), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: CW_UNARY_CLAMP's bounds a = nan") != NULL);
-    ASSERT_STATUS(cw_graph_unary(g, &out, m, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: x must be [N, C, H, W] or [N, C, D, H, W], got [2, 8]") !=
-          NULL);
-    ASSERT_STATUS(cw_graph_unary(g, &out, h, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: x, constant 'c' (node 2), is f16 but the graph is f32") !=
-          NULL);
-    ASSERT_STATUS(cw_graph_unary(g, &out, 99, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_unary: x = 99 is not a node of this graph") != NULL);
+    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, x, (cw_unary_op)-1, 0.0f, 0.0f),
+                  "cw_graph_unary: op = -1 is not a cw_unary_op");
+    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, x, CW_UNARY_CLAMP, NAN, 1.0f),
+                  "cw_graph_unary: CW_UNARY_CLAMP's bounds a = nan");
+    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, m, CW_UNARY_RELU, 0.0f, 0.0f),
+                  "cw_graph_unary: x must be [N, C, H, W] or [N, C, D, H, W], got [2, 8]");
+    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, h, CW_UNARY_RELU, 0.0f, 0.0f),
+                  "cw_graph_unary: x, constant 'c' (node 2), is f16 but the graph is f32");
+    CHECK_REFUSED(ctx, cw_graph_unary(g, &out, 99, CW_UNARY_RELU, 0.0f, 0.0f),
+                  "cw_graph_unary: x = 99 is not a node of this graph");
     ASSERT_STATUS(cw_graph_unary(g, NULL, x, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
     ASSERT_STATUS(cw_graph_unary(NULL, &out, x, CW_UNARY_RELU, 0.0f, 0.0f), CW_ERR_INVALID_ARG);
     /* NaN scalars are fine where the op ignores them; infinite bounds open a side */
@@ -270,13 +262,8 @@ static void test_badargs(cw_context *ctx) {
  * amplify that by up to |2z| ~ 7 at x = -3; exact where IEEE fixes the result), and each
  * violation refused by name. */
 static void test_contract(void) {
-    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
-    cw_context *ctx;
-    ASSERT_OK(cw_context_create(&ctx, &cfg));
-    cw__backend *be = NULL;
-    ASSERT_OK(cw__backend_cpu_create(ctx, &cfg, &be));
-    cw__stream *s = NULL;
-    ASSERT_OK(be->rt->stream_create(be, &s));
+    op_rig k;
+    op_rig_open(&k);
     enum { E = 12 };
     const float x[E] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -1.0f, 0.5f, -3.0f, 20.0f, -120.0f, 1e-30f};
     float y[E];
@@ -291,8 +278,7 @@ static void test_contract(void) {
         float pa, pb;
         op_scalars(op, &pa, &pb);
         a.param.i[0] = op, a.param.f[0] = pa, a.param.f[1] = pb;
-        ASSERT_OK(cw__op_run(be, s, &a));
-        ASSERT_OK(be->rt->stream_synchronize(be, s));
+        OP_RUN(&k, &a);
         for (int i = 0; i < E; i++) {
             const double ref = ref_unary(op, x[i], pa, pb);
             if (isnan(ref)) {
@@ -308,58 +294,44 @@ static void test_contract(void) {
     CHECK(isnan(y[0])); /* clamp, the last op run: NaN propagates */
     /* exact results IEEE fixes */
     a.param.i[0] = CW_UNARY_RELU;
-    ASSERT_OK(cw__op_run(be, s, &a));
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    OP_RUN(&k, &a);
     CHECK(isnan(y[0]) && y[1] == INFINITY && y[2] == 0.0f && y[5] == 1.0f && y[6] == 0.0f);
     a.param.i[0] = CW_UNARY_SIGMOID;
-    ASSERT_OK(cw__op_run(be, s, &a));
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    OP_RUN(&k, &a);
     CHECK(y[1] == 1.0f && y[2] == 0.0f && y[3] == 0.5f && y[9] == 1.0f && y[10] == 0.0f);
     a.param.i[0] = CW_UNARY_CLAMP, a.param.f[0] = 2.0f, a.param.f[1] = 1.0f; /* a > b: b */
-    ASSERT_OK(cw__op_run(be, s, &a));
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    OP_RUN(&k, &a);
     CHECK(isnan(y[0]) && y[1] == 1.0f && y[2] == 1.0f && y[8] == 1.0f);
     a.param.i[0] = CW_UNARY_RSQRT; /* torch.rsqrt: +-0 -> +-inf, x < 0 -> NaN, inf -> 0 */
-    ASSERT_OK(cw__op_run(be, s, &a));
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    OP_RUN(&k, &a);
     CHECK(y[1] == 0.0f && isnan(y[2]) && y[3] == INFINITY && y[4] == -INFINITY && y[5] == 1.0f && isnan(y[6]));
     CHECK(y[11] == 1e15f); /* 1e-30f: the double quotient rounded once */
     a.param.i[0] = CW_UNARY_SQUARE; /* one IEEE product: bit for bit */
-    ASSERT_OK(cw__op_run(be, s, &a));
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    OP_RUN(&k, &a);
     for (int i = 1; i < E; i++) CHECK(y[i] == x[i] * x[i]);
     a.param.i[0] = CW_UNARY_POW, a.param.f[0] = 2.0f; /* x^2 = x * x, bit for bit */
-    ASSERT_OK(cw__op_run(be, s, &a));
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    OP_RUN(&k, &a);
     for (int i = 1; i < E; i++) CHECK(y[i] == x[i] * x[i]);
     a.param.f[0] = 0.0f; /* x^0 = 1, NaN included (C and torch.pow) */
-    ASSERT_OK(cw__op_run(be, s, &a));
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    OP_RUN(&k, &a);
     for (int i = 0; i < E; i++) CHECK(y[i] == 1.0f);
     a.param.f[0] = 0.5f; /* negative x, non-integer exponent: NaN; inf^0.5 = inf */
-    ASSERT_OK(cw__op_run(be, s, &a));
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    OP_RUN(&k, &a);
     CHECK(isnan(y[0]) && y[1] == INFINITY && isnan(y[6]) && y[5] == 1.0f && y[7] == (float)sqrt(0.5));
 
     cw__op_args bad = a;
     bad.param.i[0] = CW_UNARY_OP_COUNT;
-    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "unary: in[0] [1, 1, 3, 4] and the parameters are outside") != NULL);
+    OP_REFUSED(&k, &bad, "unary: in[0] [1, 1, 3, 4] and the parameters are outside");
     bad = a;
     bad.out.d.dims[3] = 3;
-    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "unary: out is [1, 1, 3, 3], the op makes [1, 1, 3, 4] of in[0]") != NULL);
+    OP_REFUSED(&k, &bad, "unary: out is [1, 1, 3, 3], the op makes [1, 1, 3, 4] of in[0]");
     bad = a;
     bad.in[0].d.dtype = CW_BF16;
-    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "unary: in[0] is bf16, expected f32") != NULL);
+    OP_REFUSED(&k, &bad, "unary: in[0] is bf16, expected f32");
     bad = a;
     bad.out.data = NULL;
-    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "unary: out") != NULL);
-    be->rt->stream_destroy(be, s);
-    be->rt->destroy(be);
-    cw_context_destroy(ctx);
+    OP_REFUSED(&k, &bad, "unary: out");
+    op_rig_close(&k);
 }
 
 int main(void) {
