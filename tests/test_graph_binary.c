@@ -72,14 +72,12 @@ static void test_conv_binary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int o
     }
     cw_ref_conv(&cd, yf, &w3d, w3, bias, &cp, &y1d, ref1);
 
-    cw_tensor_desc xdt, yd[2];
-    ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 4, xdims));
+    cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 4, cd.dims));
     ASSERT_OK(cw_tensor_desc_make(&yd[1], dt, 4, y1d.dims));
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node in, h1, h2, y0, y1, b = constant(ctx, g, tb);
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+    cw_node in;
+    cw_graph *g = graph_open(ctx, dt, 4, xdims, &in);
+    cw_node h1, h2, y0, y1, b = constant(ctx, g, tb);
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h1, in, constant(ctx, g, tw1), b, &cp));
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h2, in, constant(ctx, g, tw2), constant(ctx, g, tb2), &cp));
     ASSERT_OK_CTX(ctx, cw_graph_unary(g, &h2, h2, CW_UNARY_SIGMOID, 0.0f, 0.0f));
@@ -121,10 +119,8 @@ static void test_binary_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 5, dims));
     yd[1] = yd[0];
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
     cw_node in, y0, t, s, d, y1;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &yd[0]));
+    cw_graph *g = graph_open(ctx, dt, 5, dims, &in);
     ASSERT_OK_CTX(ctx, cw_graph_binary(g, &y0, in, in, CW_BINARY_MUL));
     ASSERT_OK_CTX(ctx, cw_graph_unary(g, &t, in, CW_UNARY_TANH, 0.0f, 0.0f));
     ASSERT_OK_CTX(ctx, cw_graph_binary(g, &s, y0, t, CW_BINARY_SUB));
@@ -165,12 +161,10 @@ static void test_binary_5d_mask(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 5, dims));
     yd[1] = yd[0];
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
     cw_node in, m, y0, s, y1;
     cw_conv_params cp = CW_CONV_PARAMS_INIT;
     cp.spatial = 3;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &yd[0]));
+    cw_graph *g = graph_open(ctx, dt, 5, dims, &in);
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &m, in, constant(ctx, g, tw), CW_NODE_NONE, &cp));
     ASSERT_OK_CTX(ctx, cw_graph_unary(g, &m, m, CW_UNARY_SIGMOID, 0.0f, 0.0f));
     cw_tensor_desc md;
@@ -195,24 +189,13 @@ static void test_binary_5d_mask(cw_context *ctx, cw_rng *r, cw_dtype dt) {
 static void test_badargs(cw_context *ctx) {
     const int64_t xdims[4] = {1, 2, 4, 4}, odims[4] = {1, 2, 4, 3}, flat[2] = {2, 8};
     const int64_t c1dims[4] = {1, 1, 4, 4}, c1wdims[4] = {1, 1, 4, 3}, x3dims[4] = {1, 3, 4, 4};
-    cw_tensor_desc xd, od, fd, c1d, c1wd, x3d;
-    ASSERT_OK(cw_tensor_desc_make(&xd, CW_F32, 4, xdims));
-    ASSERT_OK(cw_tensor_desc_make(&od, CW_F32, 4, odims));
-    ASSERT_OK(cw_tensor_desc_make(&fd, CW_F32, 2, flat));
-    ASSERT_OK(cw_tensor_desc_make(&c1d, CW_F32, 4, c1dims));
-    ASSERT_OK(cw_tensor_desc_make(&c1wd, CW_F32, 4, c1wdims));
-    ASSERT_OK(cw_tensor_desc_make(&x3d, CW_F32, 4, x3dims));
+    cw_node x, out;
+    cw_graph *g = graph_open(ctx, CW_F32, 4, xdims, &x);
+    const cw_node o = input(ctx, g, "o", CW_F32, 4, odims), m = input(ctx, g, "m", CW_F32, 2, flat);
     cw_tensor *half = upload(ctx, CW_F16, 4, xdims, NULL);
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node x, o, m, h, c1, c1w, x3, out;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &xd));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &o, "o", &od));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &m, "m", &fd));
-    h = constant(ctx, g, half);
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &c1, "c1", &c1d));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &c1w, "c1w", &c1wd));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x3, "x3", &x3d));
+    const cw_node h = constant(ctx, g, half); /* node 3, named in a message below */
+    const cw_node c1 = input(ctx, g, "c1", CW_F32, 4, c1dims), c1w = input(ctx, g, "c1w", CW_F32, 4, c1wdims);
+    const cw_node x3 = input(ctx, g, "x3", CW_F32, 4, x3dims);
     CHECK_REFUSED(ctx, cw_graph_binary(g, &out, x, x, (cw_binary_op)5),
                   "cw_graph_binary: op = 5 is not a cw_binary_op");
     CHECK(out == CW_NODE_NONE);

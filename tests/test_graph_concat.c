@@ -69,14 +69,12 @@ static void test_conv_concat_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int d
     for (int64_t i = 0; i < nc; i++) yf[i] = (float)ref0[i];
     cw_ref_conv(&catd, yf, &w3d, w3, bias + 2, &cp, &y1d, ref1);
 
-    cw_tensor_desc xdt, yd[2];
-    ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 4, xdims));
+    cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 4, cdims));
     ASSERT_OK(cw_tensor_desc_make(&yd[1], dt, 4, y1d.dims));
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node in, h1, h2, y0, y1;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+    cw_node in;
+    cw_graph *g = graph_open(ctx, dt, 4, xdims, &in);
+    cw_node h1, h2, y0, y1;
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h1, in, constant(ctx, g, tw1), constant(ctx, g, tb1), &cp));
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h2, in, constant(ctx, g, tw2), constant(ctx, g, tb2), &cp2));
     ASSERT_OK_CTX(ctx, cw_graph_concat(g, &y0, h1, h2, dim));
@@ -120,14 +118,12 @@ static void test_concat_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
             ref1[b * 2 * CC * T * SP + i] = v < 0.0f ? 0.0f : v;
             ref1[b * 2 * CC * T * SP + CC * T * SP + i] = v;
         }
-    cw_tensor_desc xdt, yd[2];
-    ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 5, dims));
+    cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 5, d0));
     ASSERT_OK(cw_tensor_desc_make(&yd[1], dt, 5, d1));
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node in, sq, rl, y0, y1;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+    cw_node in;
+    cw_graph *g = graph_open(ctx, dt, 5, dims, &in);
+    cw_node sq, rl, y0, y1;
     ASSERT_OK_CTX(ctx, cw_graph_unary(g, &sq, in, CW_UNARY_SQUARE, 0.0f, 0.0f));
     ASSERT_OK_CTX(ctx, cw_graph_unary(g, &rl, in, CW_UNARY_RELU, 0.0f, 0.0f));
     ASSERT_OK_CTX(ctx, cw_graph_concat(g, &y0, in, sq, 2));
@@ -145,24 +141,13 @@ static void test_concat_5d(cw_context *ctx, cw_rng *r, cw_dtype dt) {
 static void test_badargs(cw_context *ctx) {
     const int64_t xdims[4] = {1, 2, 4, 4}, cdims[4] = {1, 3, 4, 4}, hdims[4] = {1, 2, 5, 4}, wdims[4] = {1, 2, 4, 3};
     const int64_t v5[5] = {1, 2, 1, 4, 4}, flat[2] = {2, 8};
-    cw_tensor_desc xd, cd, hd, wd, vd, fd;
-    ASSERT_OK(cw_tensor_desc_make(&xd, CW_F32, 4, xdims));
-    ASSERT_OK(cw_tensor_desc_make(&cd, CW_F32, 4, cdims));
-    ASSERT_OK(cw_tensor_desc_make(&hd, CW_F32, 4, hdims));
-    ASSERT_OK(cw_tensor_desc_make(&wd, CW_F32, 4, wdims));
-    ASSERT_OK(cw_tensor_desc_make(&vd, CW_F32, 5, v5));
-    ASSERT_OK(cw_tensor_desc_make(&fd, CW_F32, 2, flat));
+    cw_node x, out;
+    cw_graph *g = graph_open(ctx, CW_F32, 4, xdims, &x);
+    const cw_node c3 = input(ctx, g, "c3", CW_F32, 4, cdims), h5 = input(ctx, g, "h5", CW_F32, 4, hdims);
+    const cw_node w3 = input(ctx, g, "w3", CW_F32, 4, wdims), v = input(ctx, g, "v", CW_F32, 5, v5);
+    const cw_node m = input(ctx, g, "m", CW_F32, 2, flat);
     cw_tensor *half = upload(ctx, CW_F16, 4, xdims, NULL);
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node x, c3, h5, w3, v, m, h, out;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &xd));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &c3, "c3", &cd));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &h5, "h5", &hd));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &w3, "w3", &wd));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &v, "v", &vd));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &m, "m", &fd));
-    h = constant(ctx, g, half);
+    const cw_node h = constant(ctx, g, half); /* node 6, named in a message below */
     for (int dim = -1; dim <= 4; dim += 5) { /* -1, 4 */
         CHECK_REFUSED(ctx, cw_graph_concat(g, &out, x, x, dim), "cw_graph_concat: dim = ");
         CHECK(out == CW_NODE_NONE);

@@ -84,14 +84,12 @@ static void test_conv_reduce_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int o
         }
     cw_ref_conv(&rd0, yf, &w2d, w2, bias, &cp, &y1d, ref1);
 
-    cw_tensor_desc xdt, yd[2];
-    ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 4, xdims));
+    cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 4, rd0.dims));
     ASSERT_OK(cw_tensor_desc_make(&yd[1], dt, 4, y1d.dims));
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node in, h1, y0, y1, b = constant(ctx, g, tb);
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+    cw_node in;
+    cw_graph *g = graph_open(ctx, dt, 4, xdims, &in);
+    cw_node h1, y0, y1, b = constant(ctx, g, tb);
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h1, in, constant(ctx, g, tw1), b, &cp));
     ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &y0, h1, (cw_reduce_op)op));
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y1, y0, constant(ctx, g, tw2), b, &cp));
@@ -143,14 +141,12 @@ static void test_rms_norm(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     }
     cw_ref_conv(&cd, yf, &w2d, w2, bias, &cp, &cd, ref1);
 
-    cw_tensor_desc xdt, yd[2];
-    ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 4, xdims));
+    cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 4, cd.dims));
     yd[1] = yd[0];
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node in, h1, nrm, y0, y1, b = constant(ctx, g, tb);
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+    cw_node in;
+    cw_graph *g = graph_open(ctx, dt, 4, xdims, &in);
+    cw_node h1, nrm, y0, y1, b = constant(ctx, g, tb);
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h1, in, constant(ctx, g, tw1), b, &cp));
     ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &nrm, h1, CW_REDUCE_L2));
     ASSERT_OK_CTX(ctx, cw_graph_unary(g, &nrm, nrm, CW_UNARY_CLAMP, eps, INFINITY));
@@ -188,14 +184,12 @@ static void test_reduce_5d(cw_context *ctx, cw_rng *r, cw_dtype dt, int64_t nc) 
                 ref1[b * sp + j] = ref_reduce(op2, xd + b * nc * sp + j, nc, sp, NULL);
             }
         const int64_t ydims[5] = {2, 1, 3, 5, 4};
-        cw_tensor_desc xdt, yd[2];
-        ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 5, dims));
+        cw_tensor_desc yd[2];
         ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 5, ydims));
         yd[1] = yd[0];
-        cw_graph *g;
-        ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-        cw_node in, y0, y1;
-        ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+        cw_node in;
+        cw_graph *g = graph_open(ctx, dt, 5, dims, &in);
+        cw_node y0, y1;
         ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &y0, in, (cw_reduce_op)op));
         ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &y1, in, (cw_reduce_op)op2));
         ASSERT_OK_CTX(ctx, cw_graph_output(g, y0, "y0"));
@@ -213,16 +207,11 @@ static void test_reduce_5d(cw_context *ctx, cw_rng *r, cw_dtype dt, int64_t nc) 
 
 static void test_badargs(cw_context *ctx) {
     const int64_t xdims[4] = {1, 2, 4, 4}, flat[2] = {2, 8};
-    cw_tensor_desc xd, fd;
-    ASSERT_OK(cw_tensor_desc_make(&xd, CW_F32, 4, xdims));
-    ASSERT_OK(cw_tensor_desc_make(&fd, CW_F32, 2, flat));
+    cw_node x, out;
+    cw_graph *g = graph_open(ctx, CW_F32, 4, xdims, &x);
+    const cw_node m = input(ctx, g, "m", CW_F32, 2, flat);
     cw_tensor *half = upload(ctx, CW_F16, 4, xdims, NULL);
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node x, m, h, out;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &xd));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &m, "m", &fd));
-    h = constant(ctx, g, half);
+    const cw_node h = constant(ctx, g, half);
     CHECK_REFUSED(ctx, cw_graph_reduce_channels(g, &out, x, (cw_reduce_op)4),
                   "cw_graph_reduce_channels: op = 4 is not a cw_reduce_op (0..3)");
     CHECK(out == CW_NODE_NONE);
