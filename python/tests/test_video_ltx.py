@@ -7,12 +7,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 import convweave.diffusers as cd  # noqa: E402
-from video_util import build, check, check_decode, decode, decode_tiling_turned_off, encode, video_for  # noqa: E402
-from video_util import latent as latent_ts  # noqa: E402
-
-
-def latent(t=3, s=8):
-    return latent_ts(t, s)
+from video_util import build, check, check_decode, decode, decode_tiling_turned_off, encode, latent  # noqa: E402
+from video_util import video_for  # noqa: E402
 
 
 def test_decode():

@@ -95,8 +95,8 @@ def tiled_diff(vae, z, exact, **tiling):
     return d
 
 
-def latent(t, s):
-    """A latent [1, 4, t, s, s] from seed 1."""
+def latent(t=3, s=8):
+    """A latent [1, 4, t, s, s] from seed 1 (3 frames of 8 x 8 unless told)."""
     return torch.randn(1, 4, t, s, s, generator=torch.Generator().manual_seed(1))
 
 
