@@ -149,6 +149,15 @@ static inline void run_and_check(cw_context *ctx, cw_graph *g, cw_patch_policy p
     cw_plan_destroy(p);
 }
 
+/* Runs g on `in` unscheduled and patched on 3 streams (run_and_check each: output o against
+ * ref[o] within bound[o]), then destroys g. */
+static inline void run_graph(cw_context *ctx, cw_graph *g, cw_tensor *in, int n_out, const cw_tensor_desc *od,
+                             double *const *ref, const double *bound) {
+    run_and_check(ctx, g, CW_PATCHES_NONE, in, n_out, od, ref, bound);
+    run_and_check(ctx, g, CW_PATCHES_FIXED, in, n_out, od, ref, bound);
+    cw_graph_destroy(g);
+}
+
 /* Marks y[o] as g's outputs (each node's desc must be od[o]), runs g on `in` unscheduled and
  * patched on 3 streams, checks output o against ref[o] within bound[o], and destroys g. */
 static inline void check_graph(cw_context *ctx, cw_graph *g, cw_tensor *in, int n_out, const cw_node *y,
@@ -162,9 +171,7 @@ static inline void check_graph(cw_context *ctx, cw_graph *g, cw_tensor *in, int 
         CHECK(got.rank == od[o].rank && got.dtype == od[o].dtype &&
               memcmp(got.dims, od[o].dims, (size_t)got.rank * sizeof got.dims[0]) == 0);
     }
-    run_and_check(ctx, g, CW_PATCHES_NONE, in, n_out, od, ref, bound);
-    run_and_check(ctx, g, CW_PATCHES_FIXED, in, n_out, od, ref, bound);
-    cw_graph_destroy(g);
+    run_graph(ctx, g, in, n_out, od, ref, bound);
 }
 
 /* conv -> op -> conv, the fixture each generic op is tested in: x [N, c, ...] drawn from r

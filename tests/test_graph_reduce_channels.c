@@ -84,14 +84,12 @@ static void test_conv_reduce_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int o
         }
     cw_ref_conv(&rd0, yf, &w2d, w2, bias, &cp, &y1d, ref1);
 
-    cw_tensor_desc xdt, yd[2];
-    ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 4, xdims));
+    cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 4, rd0.dims));
     ASSERT_OK(cw_tensor_desc_make(&yd[1], dt, 4, y1d.dims));
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node in, h1, y0, y1, b = constant(ctx, g, tb);
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+    cw_node in;
+    cw_graph *g = graph_open(ctx, dt, 4, xdims, &in);
+    cw_node h1, y0, y1, b = constant(ctx, g, tb);
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h1, in, constant(ctx, g, tw1), b, &cp));
     ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &y0, h1, (cw_reduce_op)op));
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y1, y0, constant(ctx, g, tw2), b, &cp));
@@ -107,9 +105,7 @@ static void test_conv_reduce_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int o
     double *refs[2] = {ref0, ref1};
     fprintf(stderr, "conv -> reduce %s -> conv, %s (terms' magnitude / result %.2f)\n", op_names[op],
             cw__dtype_name(dt), amax / rmax);
-    run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
-    run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
-    cw_graph_destroy(g);
+    run_graph(ctx, g, tx, 2, yd, refs, bound);
     cw_tensor_destroy(tx), cw_tensor_destroy(tw1), cw_tensor_destroy(tw2), cw_tensor_destroy(tb);
     free(x), free(w1), free(w2), free(bias), free(c1), free(ref0), free(ref1), free(yf);
 }
@@ -145,14 +141,12 @@ static void test_rms_norm(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     }
     cw_ref_conv(&cd, yf, &w2d, w2, bias, &cp, &cd, ref1);
 
-    cw_tensor_desc xdt, yd[2];
-    ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 4, xdims));
+    cw_tensor_desc yd[2];
     ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 4, cd.dims));
     yd[1] = yd[0];
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node in, h1, nrm, y0, y1, b = constant(ctx, g, tb);
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+    cw_node in;
+    cw_graph *g = graph_open(ctx, dt, 4, xdims, &in);
+    cw_node h1, nrm, y0, y1, b = constant(ctx, g, tb);
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h1, in, constant(ctx, g, tw1), b, &cp));
     ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &nrm, h1, CW_REDUCE_L2));
     ASSERT_OK_CTX(ctx, cw_graph_unary(g, &nrm, nrm, CW_UNARY_CLAMP, eps, INFINITY));
@@ -166,9 +160,7 @@ static void test_rms_norm(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     const double bound[2] = {8.0 * u + 2.0 * conv, 64.0 * u + 2.0 * conv + 16.0 * (K * 9 + 8) * FLT_EPSILON};
     double *refs[2] = {ref0, ref1};
     fprintf(stderr, "conv -> rms norm (l2, clamp, broadcast div) -> conv, %s\n", cw__dtype_name(dt));
-    run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
-    run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
-    cw_graph_destroy(g);
+    run_graph(ctx, g, tx, 2, yd, refs, bound);
     cw_tensor_destroy(tx), cw_tensor_destroy(tw1), cw_tensor_destroy(tw2), cw_tensor_destroy(tb);
     free(x), free(w1), free(w2), free(bias), free(c1), free(ref0), free(ref1), free(yf);
 }
@@ -192,14 +184,12 @@ static void test_reduce_5d(cw_context *ctx, cw_rng *r, cw_dtype dt, int64_t nc) 
                 ref1[b * sp + j] = ref_reduce(op2, xd + b * nc * sp + j, nc, sp, NULL);
             }
         const int64_t ydims[5] = {2, 1, 3, 5, 4};
-        cw_tensor_desc xdt, yd[2];
-        ASSERT_OK(cw_tensor_desc_make(&xdt, dt, 5, dims));
+        cw_tensor_desc yd[2];
         ASSERT_OK(cw_tensor_desc_make(&yd[0], dt, 5, ydims));
         yd[1] = yd[0];
-        cw_graph *g;
-        ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-        cw_node in, y0, y1;
-        ASSERT_OK_CTX(ctx, cw_graph_input(g, &in, "x", &xdt));
+        cw_node in;
+        cw_graph *g = graph_open(ctx, dt, 5, dims, &in);
+        cw_node y0, y1;
         ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &y0, in, (cw_reduce_op)op));
         ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &y1, in, (cw_reduce_op)op2));
         ASSERT_OK_CTX(ctx, cw_graph_output(g, y0, "y0"));
@@ -208,9 +198,7 @@ static void test_reduce_5d(cw_context *ctx, cw_rng *r, cw_dtype dt, int64_t nc) 
         double *refs[2] = {ref0, ref1};
         fprintf(stderr, "5-D reduce %s and %s over %d channels, %s\n", op_names[op], op_names[op2], (int)nc,
                 cw__dtype_name(dt));
-        run_and_check(ctx, g, CW_PATCHES_NONE, tx, 2, yd, refs, bound);
-        run_and_check(ctx, g, CW_PATCHES_FIXED, tx, 2, yd, refs, bound);
-        cw_graph_destroy(g);
+        run_graph(ctx, g, tx, 2, yd, refs, bound);
         free(ref0), free(ref1);
     }
     cw_tensor_destroy(tx);
@@ -219,29 +207,22 @@ static void test_reduce_5d(cw_context *ctx, cw_rng *r, cw_dtype dt, int64_t nc) 
 
 static void test_badargs(cw_context *ctx) {
     const int64_t xdims[4] = {1, 2, 4, 4}, flat[2] = {2, 8};
-    cw_tensor_desc xd, fd;
-    ASSERT_OK(cw_tensor_desc_make(&xd, CW_F32, 4, xdims));
-    ASSERT_OK(cw_tensor_desc_make(&fd, CW_F32, 2, flat));
+    cw_node x, out;
+    cw_graph *g = graph_open(ctx, CW_F32, 4, xdims, &x);
+    const cw_node m = input(ctx, g, "m", CW_F32, 2, flat);
     cw_tensor *half = upload(ctx, CW_F16, 4, xdims, NULL);
-    cw_graph *g;
-    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
-    cw_node x, m, h, out;
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &x, "x", &xd));
-    ASSERT_OK_CTX(ctx, cw_graph_input(g, &m, "m", &fd));
-    h = constant(ctx, g, half);
-    ASSERT_STATUS(cw_graph_reduce_channels(g, &out, x, (cw_reduce_op)4), CW_ERR_INVALID_ARG);
+    const cw_node h = constant(ctx, g, half);
+    CHECK_REFUSED(ctx, cw_graph_reduce_channels(g, &out, x, (cw_reduce_op)4),
+                  "cw_graph_reduce_channels: op = 4 is not a cw_reduce_op (0..3)");
     CHECK(out == CW_NODE_NONE);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_reduce_channels: op = 4 is not a cw_reduce_op (0..3)") != NULL);
-    ASSERT_STATUS(cw_graph_reduce_channels(g, &out, x, (cw_reduce_op)-1), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_reduce_channels: op = -1 is not a cw_reduce_op") != NULL);
-    ASSERT_STATUS(cw_graph_reduce_channels(g, &out, m, CW_REDUCE_SUM), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx),
-                 "cw_graph_reduce_channels: x must be [N, C, H, W] or [N, C, D, H, W], got [2, 8]") != NULL);
-    ASSERT_STATUS(cw_graph_reduce_channels(g, &out, h, CW_REDUCE_MEAN), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx),
-                 "cw_graph_reduce_channels: x, constant 'c' (node 2), is f16 but the graph is f32") != NULL);
-    ASSERT_STATUS(cw_graph_reduce_channels(g, &out, 99, CW_REDUCE_L2), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "cw_graph_reduce_channels: x = 99 is not a node of this graph") != NULL);
+    CHECK_REFUSED(ctx, cw_graph_reduce_channels(g, &out, x, (cw_reduce_op)-1),
+                  "cw_graph_reduce_channels: op = -1 is not a cw_reduce_op");
+    CHECK_REFUSED(ctx, cw_graph_reduce_channels(g, &out, m, CW_REDUCE_SUM),
+                  "cw_graph_reduce_channels: x must be [N, C, H, W] or [N, C, D, H, W], got [2, 8]");
+    CHECK_REFUSED(ctx, cw_graph_reduce_channels(g, &out, h, CW_REDUCE_MEAN),
+                  "cw_graph_reduce_channels: x, constant 'c' (node 2), is f16 but the graph is f32");
+    CHECK_REFUSED(ctx, cw_graph_reduce_channels(g, &out, 99, CW_REDUCE_L2),
+                  "cw_graph_reduce_channels: x = 99 is not a node of this graph");
     ASSERT_STATUS(cw_graph_reduce_channels(g, NULL, x, CW_REDUCE_L2), CW_ERR_INVALID_ARG);
     ASSERT_STATUS(cw_graph_reduce_channels(NULL, &out, x, CW_REDUCE_L2), CW_ERR_INVALID_ARG);
     ASSERT_OK_CTX(ctx, cw_graph_reduce_channels(g, &out, x, CW_REDUCE_MEAN_SQUARE));
@@ -256,13 +237,8 @@ static void test_badargs(cw_context *ctx) {
  * of 1e8 and 1 that cancel), bit for bit against the double sum in ascending c; NaN and
  * infinities; an f16 view; and each violation refused by name. */
 static void test_contract(void) {
-    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
-    cw_context *ctx;
-    ASSERT_OK(cw_context_create(&ctx, &cfg));
-    cw__backend *be = NULL;
-    ASSERT_OK(cw__backend_cpu_create(ctx, &cfg, &be));
-    cw__stream *s = NULL;
-    ASSERT_OK(be->rt->stream_create(be, &s));
+    op_rig k;
+    op_rig_open(&k);
     enum { NC = 67, SP = 6 };
     float x[NC * SP], y[SP];
     cw_rng r = {99};
@@ -281,8 +257,7 @@ static void test_contract(void) {
     a.in[0].data = x, a.out.data = y;
     for (int op = 0; op < CW_REDUCE_OP_COUNT; op++) {
         a.param.i[0] = op;
-        ASSERT_OK(cw__op_run(be, s, &a));
-        ASSERT_OK(be->rt->stream_synchronize(be, s));
+        OP_RUN(&k, &a);
         for (int j = 0; j < SP; j++) {
             double acc = 0.0; /* ascending c, one double accumulator */
             for (int c = 0; c < NC; c++) acc += squares(op) ? (double)x[c * SP + j] * x[c * SP + j] : (double)x[c * SP + j];
@@ -307,32 +282,23 @@ static void test_contract(void) {
     ASSERT_OK(cw_tensor_desc_make(&hf.in[0].d, CW_F16, 4, hxd));
     ASSERT_OK(cw_tensor_desc_make(&hf.out.d, CW_F16, 4, hyd));
     hf.in[0].data = hx, hf.out.data = hy;
-    ASSERT_OK(cw__op_run(be, s, &hf));
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    OP_RUN(&k, &hf);
     /* 1 + 1 + 1 = 3 and 2048 - 3 + 0.5 = 2045.5 -> 2046 in f16 (ulp 1 above 1024: ties to even) */
     CHECK(cw__f16_to_f32(hy[0]) == 3.0f && cw__f16_to_f32(hy[1]) == 2046.0f);
 
     cw__op_args bad = a;
     bad.param.i[0] = CW_REDUCE_OP_COUNT;
-    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "reduce_channels: in[0] [1, 67, 2, 3] and the parameters are outside") !=
-          NULL);
+    OP_REFUSED(&k, &bad, "reduce_channels: in[0] [1, 67, 2, 3] and the parameters are outside");
     bad = a;
     bad.out.d.dims[1] = 2;
-    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "reduce_channels: out is [1, 2, 2, 3], the op makes [1, 1, 2, 3]") !=
-          NULL);
+    OP_REFUSED(&k, &bad, "reduce_channels: out is [1, 2, 2, 3], the op makes [1, 1, 2, 3]");
     bad = a;
     bad.in[0].d.dtype = CW_BF16;
-    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "reduce_channels: in[0] is bf16, expected f32") != NULL);
+    OP_REFUSED(&k, &bad, "reduce_channels: in[0] is bf16, expected f32");
     bad = a;
     bad.in[0].data = NULL;
-    ASSERT_STATUS(cw__op_run(be, s, &bad), CW_ERR_INVALID_ARG);
-    CHECK(strstr(cw_context_get_last_error(ctx), "reduce_channels: in[0]") != NULL);
-    be->rt->stream_destroy(be, s);
-    be->rt->destroy(be);
-    cw_context_destroy(ctx);
+    OP_REFUSED(&k, &bad, "reduce_channels: in[0]");
+    op_rig_close(&k);
 }
 
 int main(void) {

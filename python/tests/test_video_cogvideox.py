@@ -7,22 +7,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 import convweave.diffusers as cd  # noqa: E402
-from video_util import build, check, decode, encode, tiled_diff, video_for  # noqa: E402
+from video_util import build, check, check_decode, decode, decode_tiling_turned_off, encode, video_for  # noqa: E402
+from video_util import latent as latent_ts  # noqa: E402
 
 
 def latent(t=5, s=8):
     # 5 latent frames: two chunks of diffusers' loop (frames 0-2, then 3-4 with the first's caches)
-    return torch.randn(1, 4, t, s, s, generator=torch.Generator().manual_seed(1))
+    return latent_ts(t, s)
 
 
 def test_decode():
-    vae, _ = build("cogvideox")
-    y, _, _, state, cw = check(vae, decode, latent())
-    d = state.describe()
-    assert d["nodes_convweave"] > 0 and len(d["segments"]) >= 1
-    print(f"CogVideoX decode: {d['nodes_convweave']} nodes in convweave, {d['nodes_fallback']} in PyTorch, "
-          f"{len(d['segments'])} segments")
-    assert all(f["op"] and f["reason"] for f in d["fallbacks"])
+    (_, _, _, _, cw), d = check_decode("cogvideox", latent(), "CogVideoX")
     assert cd.describe(cw) is d or cd.describe(cw) == d
 
 
@@ -62,19 +57,9 @@ def test_tiling_is_turned_off():
     """enable() turns use_tiling off (a warning) and computes the untiled decode; disable()
     turns it back on. diffusers' tiled result's difference is printed, not judged."""
     vae, _ = build("cogvideox")
-    z = latent(3, 12)
     tiles = dict(tile_sample_min_height=16, tile_sample_min_width=16, tile_overlap_factor_height=0.25,
                  tile_overlap_factor_width=0.25)  # 2 x 2 tiles whose crops add up to the image
-    with torch.no_grad():
-        exact = vae.decode(z).sample
-    assert tiled_diff(vae, z, exact, **tiles) is not None
-    vae.enable_tiling(**tiles)
-    with pytest.warns(RuntimeWarning, match="use_tiling off"):
-        cd.enable(vae)
-    assert not vae.use_tiling
-    with torch.no_grad():
-        y = vae.decode(z).sample
-    assert (y - exact).abs().max().item() <= 1e-4
+    assert decode_tiling_turned_off(vae, latent(3, 12), tiles) is not None
     cd.disable(vae)
     assert vae.use_tiling
 

@@ -7,21 +7,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 import convweave.diffusers as cd  # noqa: E402
-from video_util import build, check, decode, encode, tiled_diff, video_for  # noqa: E402
-
-
-def latent(t=3, s=8):
-    return torch.randn(1, 4, t, s, s, generator=torch.Generator().manual_seed(1))
+from video_util import build, check, check_decode, decode, decode_tiling_turned_off, encode, latent  # noqa: E402
+from video_util import video_for  # noqa: E402
 
 
 def test_decode():
-    vae, _ = build("ltx")
-    _, _, _, state, _ = check(vae, decode, latent())
-    d = state.describe()
-    print(f"LTX decode: {d['nodes_convweave']} nodes in convweave, {d['nodes_fallback']} in PyTorch, "
-          f"{len(d['segments'])} segments")
-    assert d["nodes_convweave"] > 0
-    assert all(f["op"] and f["reason"] for f in d["fallbacks"])
+    check_decode("ltx", latent(), "LTX")
 
 
 def test_encode():
@@ -52,19 +43,11 @@ def test_signature_cache_and_disable():
 
 def test_tiling_is_turned_off():
     vae, _ = build("ltx")
-    z = latent(2, 12)
-    tiles = dict(tile_sample_min_height=16, tile_sample_min_width=16, tile_sample_stride_height=8,
-                 tile_sample_stride_width=8)
-    with torch.no_grad():
-        exact = vae.decode(z).sample
-    tiled_diff(vae, z, exact, **tiles)
-    vae.use_framewise_decoding = True  # LTX's own switch; exact=True turns it off as well
-    vae.enable_tiling(**tiles)
-    with pytest.warns(RuntimeWarning, match="use_tiling off"):
-        cd.enable(vae)
-    with torch.no_grad():
-        y = vae.decode(z).sample
-    assert (y - exact).abs().max().item() <= 1e-4
+
+    def framewise(v):  # LTX's own switch; exact=True turns it off as well
+        v.use_framewise_decoding = True
+
+    decode_tiling_turned_off(vae, latent(2, 12), prepare=framewise)
     assert not vae.use_framewise_decoding
     cd.disable(vae)
     assert vae.use_tiling and vae.use_framewise_decoding

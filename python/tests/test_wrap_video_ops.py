@@ -10,22 +10,8 @@ F = torch.nn.functional
 
 import convweave  # noqa: E402
 from convweave._core import Graph  # noqa: E402
+from test_wrap import Fn, rand  # noqa: E402
 from wrap_util import check_module  # noqa: E402
-
-
-class Fn(nn.Module):
-    def __init__(self, fn, **mods):
-        super().__init__()
-        self.fn = fn
-        for k, m in mods.items():
-            setattr(self, k, m)
-
-    def forward(self, *x):
-        return self.fn(self, *x)
-
-
-def rand(*s, seed=0):
-    return torch.randn(*s, generator=torch.Generator().manual_seed(seed))
 
 
 def needs(method):

@@ -93,3 +93,48 @@ def tiled_diff(vae, z, exact, **tiling):
     print(f"{type(vae).__name__} diffusers' tiled decode {tuple(z.shape)} ({tiling}) differs from the exact one by "
           f"max|diff| {d:.3g}")
     return d
+
+
+def latent(t=3, s=8):
+    """A latent [1, 4, t, s, s] from seed 1 (3 frames of 8 x 8 unless told)."""
+    return torch.randn(1, 4, t, s, s, generator=torch.Generator().manual_seed(1))
+
+
+def check_decode(name, z, label):
+    """check() of the decode of z by wrap_coverage's vae `name`; prints what ran where and asserts
+    convweave ran nodes and each fallback names its op and reason. Returns (check's result,
+    the state's describe())."""
+    vae, _ = build(name)
+    res = check(vae, decode, z)
+    d = res[3].describe()
+    print(f"{label} decode: {d['nodes_convweave']} nodes in convweave, {d['nodes_fallback']} in PyTorch, "
+          f"{len(d['segments'])} segments")
+    assert d["nodes_convweave"] > 0 and len(d["segments"]) >= 1
+    assert all(f["op"] and f["reason"] for f in d["fallbacks"])
+    return res, d
+
+
+STRIDE_TILES = dict(tile_sample_min_height=16, tile_sample_min_width=16, tile_sample_stride_height=8,
+                    tile_sample_stride_width=8)
+
+
+def decode_tiling_turned_off(vae, z, tiles=STRIDE_TILES, prepare=lambda v: None):
+    """Decodes z with diffusers' tiling (tiles) switched on (prepare(vae) may switch more) through
+    convweave.diffusers.enable, which turns use_tiling off (a warning) and computes the untiled
+    decode (asserted within 1e-4). Leaves vae enabled; returns tiled_diff of diffusers' own tiled
+    decode (printed, not judged)."""
+    import pytest
+
+    import convweave.diffusers as cd
+    with torch.no_grad():
+        exact = vae.decode(z).sample
+    d = tiled_diff(vae, z, exact, **tiles)
+    prepare(vae)
+    vae.enable_tiling(**tiles)
+    with pytest.warns(RuntimeWarning, match="use_tiling off"):
+        cd.enable(vae)
+    assert not vae.use_tiling
+    with torch.no_grad():
+        y = vae.decode(z).sample
+    assert (y - exact).abs().max().item() <= 1e-4
+    return d
