@@ -12,7 +12,8 @@ random weights, no hub), each mode in its own fresh process, as bench/bench_pyth
 
 Working memory = peak RSS during the call minus RSS after the model was built and the code
 loaded (before enable()), so what convweave holds between calls counts. The convweave modes
-export and compile the signature before the timed call (compile_s says how long). Also a
+make one whole call first, which exports and compiles (compile_s: how long it took, its run
+included), and time the second. Also a
 per-conv report (--spy): the temporaries PyTorch allocates for the largest Conv3d calls of the
 diffusers run, measured by running each alone (torch's cpu conv3d takes oneDNN for these
 shapes, not slow_conv3d's column buffer), against convweave's largest conv workspaces
@@ -113,8 +114,8 @@ def child(args):
         opts = dict(budget="32MiB", memory="auto:1000") if args.mode == "least" else {}
         t0 = time.perf_counter()
         state = cd.enable(vae, threads=args.threads, streams=args.streams, **opts)
-        with torch.no_grad():
-            state.program_for((z,))  # export and compile this signature now, not in the timed call
+        with torch.no_grad():  # export and compile now, not in the timed call: one whole call (Wan's and
+            vae.decode(z)       # CogVideoX's steps compile as their cache kinds first appear)
         res["compile_s"] = time.perf_counter() - t0
     else:
         class Spy(torch.overrides.TorchFunctionMode):
