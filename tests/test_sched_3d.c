@@ -7,24 +7,12 @@
 
 #include "conv_ref.h"
 #include "convweave/convweave.h"
+#include "graph_run.h"
 #include "testutil.h"
 
 enum { N = 1, C = 4, D = 3, H = 10, W = 8, G = 2, K2 = 6 };
 
-static float *rnd(cw_rng *r, int64_t n, float s, float o) {
-    float *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = o + s * cw_rng_float(r);
-    return v;
-}
 
-static cw_tensor *upload(cw_context *ctx, int rank, const int64_t *dims, const float *h) {
-    cw_tensor_desc d;
-    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
-    cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
-    ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)cw_tensor_desc_numel(&d) * 4));
-    return t;
-}
 
 int main(void) {
     cw_rng r = {cw_test_seed(3)};
@@ -79,9 +67,10 @@ int main(void) {
     cfg.flags = CW_FLAG_POISON;
     cw_context *ctx;
     ASSERT_OK(cw_context_create(&ctx, &cfg));
-    cw_tensor *tg = upload(ctx, 1, &cdim, gm), *tb = upload(ctx, 1, &cdim, bt), *tw1 = upload(ctx, 5, w1d, w1);
-    cw_tensor *tb1 = upload(ctx, 1, &cdim, b1), *tw2 = upload(ctx, 5, w2d, w2), *tb2 = upload(ctx, 1, &kdim, b2);
-    cw_tensor *tx = upload(ctx, 5, xdims, x), *ty;
+    cw_tensor *tg = upload(ctx, CW_F32, 1, &cdim, gm), *tb = upload(ctx, CW_F32, 1, &cdim, bt);
+    cw_tensor *tw1 = upload(ctx, CW_F32, 5, w1d, w1), *tb1 = upload(ctx, CW_F32, 1, &cdim, b1);
+    cw_tensor *tw2 = upload(ctx, CW_F32, 5, w2d, w2), *tb2 = upload(ctx, CW_F32, 1, &kdim, b2);
+    cw_tensor *tx = upload(ctx, CW_F32, 5, xdims, x), *ty;
     ASSERT_OK_CTX(ctx, cw_tensor_create(&ty, ctx, &yd));
     cw_graph *g;
     ASSERT_OK(cw_graph_create(&g, ctx));

@@ -11,26 +11,14 @@
 
 #include "conv_ref.h"
 #include "convweave/convweave.h"
+#include "graph_run.h"
 #include "err_metric.h"
 #include "scheduler/planner.h"
 #include "testutil.h"
 
 enum { N = 1, C = 4, T = 11, H = 6, W = 5, G = 2, K2 = 6 };
 
-static float *rnd(cw_rng *r, int64_t n, float s, float o) {
-    float *v = malloc((size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = o + s * cw_rng_float(r);
-    return v;
-}
 
-static cw_tensor *upload(cw_context *ctx, int rank, const int64_t *dims, const float *h) {
-    cw_tensor_desc d;
-    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, rank, dims));
-    cw_tensor *t;
-    ASSERT_OK_CTX(ctx, cw_tensor_create(&t, ctx, &d));
-    ASSERT_OK_CTX(ctx, cw_tensor_upload(t, h, (size_t)cw_tensor_desc_numel(&d) * 4));
-    return t;
-}
 
 static cw_tensor_desc desc5(int64_t n, int64_t c, int64_t d, int64_t h, int64_t w) {
     const int64_t dims[5] = {n, c, d, h, w};
@@ -208,10 +196,12 @@ static void test_block(cw_context *ctx) {
 
     /* ---- the graph ---- */
     cw_tensor *tgm[3], *tbt[3], *tw[NCONV], *tb[NCONV];
-    for (int k = 0; k < 3; k++) tgm[k] = upload(ctx, 1, &gch[k], gm[k]), tbt[k] = upload(ctx, 1, &gch[k], bt[k]);
-    for (int k = 0; k < NCONV; k++) tw[k] = upload(ctx, 5, wdims[k], wt[k]), tb[k] = upload(ctx, 1, &kout[k], bs[k]);
+    for (int k = 0; k < 3; k++)
+        tgm[k] = upload(ctx, CW_F32, 1, &gch[k], gm[k]), tbt[k] = upload(ctx, CW_F32, 1, &gch[k], bt[k]);
+    for (int k = 0; k < NCONV; k++)
+        tw[k] = upload(ctx, CW_F32, 5, wdims[k], wt[k]), tb[k] = upload(ctx, CW_F32, 1, &kout[k], bs[k]);
     const int64_t xdims[5] = {N, C, T, H, W};
-    cw_tensor *tx = upload(ctx, 5, xdims, x), *ty[2];
+    cw_tensor *tx = upload(ctx, CW_F32, 5, xdims, x), *ty[2];
     ASSERT_OK_CTX(ctx, cw_tensor_create(&ty[0], ctx, &y1d));
     ASSERT_OK_CTX(ctx, cw_tensor_create(&ty[1], ctx, &y2d));
     cw_graph *g;
@@ -396,8 +386,9 @@ static void test_long_clip(cw_context *ctx) {
     ref_gn_silu(x, 1, LC, LT * LH * LW, 2, gm, bt, h);
     cw_ref_conv(&xd, h, &wdesc, w, NULL, &p, &xd, ref);
     const int64_t xdims[5] = {1, LC, LT, LH, LW};
-    cw_tensor *tx = upload(ctx, 5, xdims, x), *tg = upload(ctx, 1, &cdim, gm), *tb = upload(ctx, 1, &cdim, bt);
-    cw_tensor *tw = upload(ctx, 5, wd, w), *ty;
+    cw_tensor *tx = upload(ctx, CW_F32, 5, xdims, x);
+    cw_tensor *tg = upload(ctx, CW_F32, 1, &cdim, gm), *tb = upload(ctx, CW_F32, 1, &cdim, bt);
+    cw_tensor *tw = upload(ctx, CW_F32, 5, wd, w), *ty;
     ASSERT_OK_CTX(ctx, cw_tensor_create(&ty, ctx, &xd));
     cw_graph *g;
     ASSERT_OK(cw_graph_create(&g, ctx));
