@@ -60,9 +60,8 @@ class _Kinds:
     def of(self, cache):
         """(kind, tensors) of a cache."""
         structure, tensors = _split(cache)
-        for i, s in enumerate(self.kinds):
-            if str(s[0]) == str(structure[0]) and s[1] == structure[1]:
-                return f"kind{i}", tensors
+        if structure in self.kinds:
+            return f"kind{self.kinds.index(structure)}", tensors
         self.kinds.append(structure)
         return f"kind{len(self.kinds) - 1}", tensors
 

@@ -58,7 +58,7 @@ def _walk(v, fn):
 
 
 def _base(v):
-    """The value a Pad, Bcast or Split reads (itself for any other)."""
+    """The value a Pad, Bcast, Split or Shuffle reads (itself for any other)."""
     while isinstance(v, (Pad, Bcast, Split, Shuffle)):
         v = v.base
     return v
@@ -217,8 +217,7 @@ class Lowering:
 
     def need(self, v):
         """Marks what reading v after its segment ran takes: a node made an output."""
-        if isinstance(v, (Pad, Bcast, Split, Shuffle)):
-            return self.need(v.base)
+        v = _base(v)
         if not isinstance(v, Cw):
             return
         seg = v.seg
