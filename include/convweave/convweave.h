@@ -58,7 +58,8 @@ CW_API const char *cw_version_string(void);
     XX(ERR_NO_DEVICE, 6, "no device")                                              \
     XX(ERR_IO, 7, "I/O error")                                                     \
     XX(ERR_FORMAT, 8, "malformed file")                                            \
-    XX(ERR_INTERNAL, 9, "internal error")
+    XX(ERR_INTERNAL, 9, "internal error")                                         \
+    XX(ERR_COMM, 10, "communication between ranks failed")
 
 typedef enum cw_status {
 #define CW__STATUS_ENUM(name, val, str) CW_##name = val,
@@ -554,7 +555,44 @@ typedef enum cw_patch_axis {
                                (causal padding included), every row in each */
 } cw_patch_axis;
 
-#define CW_COMPILE_OPTIONS_VERSION 3
+/* ---------------------------------------------------------------------------------------
+ * Across processes. A plan compiled with a communicator (cw_compile_options.comm) is one
+ * rank's share of the plan the same graph and options give without one: the planner makes
+ * the single-process plan (with at least n_ranks patches per conv under CW_PATCHES_AUTO, H
+ * bands unless CW_PATCH_AXIS_D), then each rank keeps the tasks whose output rows fall in
+ * its band of every tensor (rank r: rows [r*H/n, (r+1)*H/n) by each task's middle row), runs
+ * the rest nowhere, and holds only the rows its tasks touch: its band plus halos. Where a
+ * task reads rows another rank wrote (a halo, a GroupNorm's partial statistics, attention's
+ * keys and values) the writer sends them and the reader receives them, as tasks on a
+ * stream of their own ordered by events like every other task. Tasks whose output is not a
+ * band of rows (one-patch convs, attention, GroupNorm finalisation, whole-tensor ops) run
+ * on every rank. Every rank computes each element exactly as the single-process plan does
+ * and merges GroupNorm partials in band order, so the result is bit-identical on any number
+ * of ranks to the single-process plan with the same patches (CW_PATCHES_FIXED).
+ *
+ * convweave opens no connection itself: an implementation forwards each call to an
+ * existing engine (torch.distributed from Python: convweave.dist; MPI: cw-vae --ranks;
+ * NCCL: convweave_cuda.h). A call moves one message between this rank and `peer`: `d` and
+ * `data` are a strided view of plan memory (the implementation packs it as it needs); `tag`
+ * numbers the message in the plan, the same on both sides. Every rank makes its calls in
+ * one global order, so blocking implementations cannot deadlock. `stream` is the backend's
+ * native stream to enqueue on (cuda: a cudaStream_t), or NULL: then the call runs on the
+ * host, in stream order, and returns once the message is sent or received (the cpu
+ * backend; and cw_graph_compile's configuration check). A call returns CW_OK or an error
+ * (CW_ERR_COMM): the run then returns that error and the rank's later calls are skipped. An
+ * implementation must return within its own timeout when a peer fails or dies. */
+#define CW_COMM_VERSION 1
+typedef struct cw_comm {
+    size_t size;
+    int version;
+    int rank;     /* this process, 0 .. n_ranks - 1 */
+    int n_ranks;  /* >= 1 */
+    void *user;
+    cw_status (*send)(void *user, const cw_tensor_desc *d, const void *data, int peer, int64_t tag, void *stream);
+    cw_status (*recv)(void *user, const cw_tensor_desc *d, void *data, int peer, int64_t tag, void *stream);
+} cw_comm;
+
+#define CW_COMPILE_OPTIONS_VERSION 4
 typedef struct cw_compile_options {
     size_t size;
     int version;
@@ -583,10 +621,18 @@ typedef struct cw_compile_options {
      * .memory_budget: their two passes and their readers stay on H bands) nor to the
      * unscheduled reference (one patch); cw_plan_describe names each conv's axis. */
     cw_patch_axis patch_axis;
+    /* (version 4) NULL: one process. Else this rank's communicator (see "Across processes"
+     * above), borrowed until the plan is destroyed. cw_graph_compile first checks that every
+     * rank compiles the same graph (structure, shapes, weights' checksum) with the same
+     * options and names what differs, on which rank (CW_ERR_INVALID_ARG on every rank). */
+    const cw_comm *comm;
+    /* (version 4) with comm: the rank whose outputs hold every row after a run (0 by
+     * default); -1: each rank's outputs hold only its band (cw_plan_get_band). */
+    int gather_rank;
 } cw_compile_options;
 
 #define CW_COMPILE_OPTIONS_INIT \
-    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0, CW_PATCH_AXIS_AUTO }
+    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0, CW_PATCH_AXIS_AUTO, NULL, 0 }
 
 /* Lowers g into a plan of tasks on streams and simulates the run's temporary allocations
  * under opt's budget (opt NULL: CW_COMPILE_OPTIONS_INIT). If the plan cannot fit, returns
@@ -680,6 +726,10 @@ CW_API cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
  * long runs. fn NULL switches it off. Returns CW_ERR_INVALID_ARG for a NULL plan. */
 typedef void (*cw_progress_fn)(void *user, int64_t done, int64_t total);
 CW_API cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user);
+/* The rows of output `output` this rank's runs write, along tensor dim *axis: [*r0, *r1).
+ * The whole extent without a communicator and on the gather rank; else the rank's band
+ * (empty where the rank writes none: r0 == r1). CW_ERR_INVALID_ARG for a bad index. */
+CW_API cw_status cw_plan_get_band(const cw_plan *p, int output, int *axis, int64_t *r0, int64_t *r1);
 /* Describes the plan: its dtype, per conv its patches (output rows, input rows, pre/post
  * padding), algorithm, workspace and prep/band buffer bytes per patch, predicted peak temp,
  * activation arena, halo overhead. Returns a NUL-terminated string the caller frees with
