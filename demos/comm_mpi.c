@@ -1,0 +1,327 @@
+/* cw_comm over MPI: each call packs its strided view behind a header, moves it with
+ * MPI_Isend/MPI_Irecv and polls the request until done or the timeout (a blocking MPI call
+ * could wait forever on a peer that stopped calling). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "comm_mpi.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* the header before every payload: the plan's tag and the payload's bytes, both checked */
+typedef struct msg_head {
+    int64_t tag;
+    int64_t bytes;
+} msg_head;
+
+#define CHUNK ((int64_t)1 << 30) /* bytes per MPI message: counts are int */
+
+struct comm_mpi {
+    MPI_Comm comm;
+    int rank, n_ranks;
+    int tag_ub;          /* MPI tags are 0 .. tag_ub */
+    int serialize;       /* MPI_THREAD_SERIALIZED: one call at a time through mu */
+    pthread_mutex_t mu;
+    double timeout_s;
+    char err[512];
+    long long sent, recvd, bytes_sent, bytes_recvd;
+};
+
+static int g_thread_level = MPI_THREAD_SINGLE;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void mpi_reason(char *buf, size_t len, int rc) {
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (MPI_Error_string(rc, s, &n) != MPI_SUCCESS) snprintf(s, sizeof(s), "MPI error %d", rc);
+    snprintf(buf, len, "%s", s);
+}
+
+int comm_mpi_init(int *argc, char ***argv, char *err, size_t errlen) {
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &g_thread_level);
+    if (rc != MPI_SUCCESS) {
+        char r[MPI_MAX_ERROR_STRING];
+        mpi_reason(r, sizeof(r), rc);
+        snprintf(err, errlen, "MPI_Init_thread: %s", r);
+        return -1;
+    }
+    if (g_thread_level < MPI_THREAD_SERIALIZED) {
+        snprintf(err, errlen, "MPI_Init_thread gave thread level %d: the plan calls MPI from its comm thread and "
+                 "needs MPI_THREAD_SERIALIZED at least", g_thread_level);
+        return -1;
+    }
+    return 0;
+}
+
+void comm_mpi_finalize(void) { MPI_Finalize(); }
+void comm_mpi_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+
+/* ---- packing: a strided view to and from contiguous bytes ------------------------------------ */
+
+/* The view's strides, the contiguous ones where all are zero (the library's convention). */
+static void view_strides(const cw_tensor_desc *d, int64_t st[CW_MAX_RANK]) {
+    int zero = 1;
+    for (int i = 0; i < d->rank; i++) zero &= d->strides[i] == 0;
+    int64_t s = 1;
+    for (int i = d->rank - 1; i >= 0; i--) {
+        st[i] = zero ? s : d->strides[i];
+        s *= d->dims[i];
+    }
+}
+
+static int64_t view_numel(const cw_tensor_desc *d) {
+    int64_t n = 1;
+    for (int i = 0; i < d->rank; i++) n *= d->dims[i];
+    return n;
+}
+
+/* Copies between the view and contiguous bytes: rows of the innermost dim with one memcpy
+ * where its stride is 1, else element by element. to_view: contiguous -> view. */
+static size_t copy_view(char *view, const cw_tensor_desc *d, char *flat, int to_view) {
+    size_t es = cw_dtype_size(d->dtype);
+    int64_t n = view_numel(d);
+    if (n <= 0 || es == 0) return 0;
+    if (d->rank == 0) {
+        if (to_view) memcpy(view, flat, es);
+        else memcpy(flat, view, es);
+        return es;
+    }
+    int64_t st[CW_MAX_RANK], idx[CW_MAX_RANK] = {0};
+    view_strides(d, st);
+    int r = d->rank, last = r - 1;
+    int64_t inner = d->dims[last];
+    size_t row = (size_t)inner * es;
+    for (int64_t done = 0; done < n; done += inner) {
+        int64_t off = 0;
+        for (int i = 0; i < last; i++) off += idx[i] * st[i];
+        char *v = view + off * (int64_t)es;
+        if (st[last] == 1) {
+            if (to_view) memcpy(v, flat, row);
+            else memcpy(flat, v, row);
+        } else {
+            for (int64_t j = 0; j < inner; j++) {
+                char *e = v + j * st[last] * (int64_t)es;
+                if (to_view) memcpy(e, flat + j * (int64_t)es, es);
+                else memcpy(flat + j * (int64_t)es, e, es);
+            }
+        }
+        flat += row;
+        for (int i = last - 1; i >= 0; i--) { /* the odometer over the outer dims */
+            if (++idx[i] < d->dims[i]) break;
+            idx[i] = 0;
+        }
+    }
+    return (size_t)n * es;
+}
+
+size_t comm_mpi_pack(void *dst, const cw_tensor_desc *d, const void *data) {
+    return copy_view((char *)(uintptr_t)data, d, dst, 0);
+}
+
+size_t comm_mpi_unpack(void *data, const cw_tensor_desc *d, const void *src) {
+    return copy_view(data, d, (char *)(uintptr_t)src, 1);
+}
+
+/* ---- one message ------------------------------------------------------------------------------ */
+
+/* Waits for req until done or the deadline: MPI_Test with a backoff of 10 us to 1 ms between
+ * tries (a spinning wait would take a core from the ranks that compute). */
+static int wait_req(comm_mpi *c, MPI_Request *req, double deadline, MPI_Status *status, const char *what) {
+    long sleep_ns = 10000;
+    for (;;) {
+        int done = 0, rc = MPI_Test(req, &done, status);
+        if (rc != MPI_SUCCESS) {
+            char r[MPI_MAX_ERROR_STRING];
+            mpi_reason(r, sizeof(r), rc);
+            snprintf(c->err, sizeof(c->err), "%s: %s", what, r);
+            return -1;
+        }
+        if (done) return 0;
+        if (now_s() > deadline) {
+            MPI_Cancel(req);
+            MPI_Request_free(req);
+            snprintf(c->err, sizeof(c->err), "%s: not done after %.0f s (a peer stopped, or the ranks' calls differ)", what,
+                     c->timeout_s);
+            return -1;
+        }
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 1000000) sleep_ns *= 2;
+    }
+}
+
+static int mpi_tag(const comm_mpi *c, int64_t tag) {
+    /* the header carries the whole tag; MPI's own only has to separate neighbours' messages */
+    uint64_t t = (uint64_t)tag;
+    return (int)(t % ((uint64_t)c->tag_ub + 1));
+}
+
+/* Moves bytes [0, n) of buf to or from peer in CHUNK pieces. */
+static int move(comm_mpi *c, int sending, char *buf, int64_t n, int peer, int64_t tag, double deadline) {
+    char what[96];
+    snprintf(what, sizeof(what), "%s rank %d, tag %" PRId64, sending ? "send to" : "recv from", peer, tag);
+    for (int64_t off = 0; off < n || (off == 0 && n == 0); off += CHUNK) {
+        int cnt = (int)(n - off < CHUNK ? n - off : CHUNK);
+        MPI_Request req;
+        MPI_Status status;
+        int rc = sending ? MPI_Isend(buf + off, cnt, MPI_BYTE, peer, mpi_tag(c, tag), c->comm, &req)
+                         : MPI_Irecv(buf + off, cnt, MPI_BYTE, peer, mpi_tag(c, tag), c->comm, &req);
+        if (rc != MPI_SUCCESS) {
+            char r[MPI_MAX_ERROR_STRING];
+            mpi_reason(r, sizeof(r), rc);
+            snprintf(c->err, sizeof(c->err), "%s: %s", what, r);
+            return -1;
+        }
+        if (wait_req(c, &req, deadline, &status, what)) return -1;
+        if (!sending) {
+            int got = 0;
+            MPI_Get_count(&status, MPI_BYTE, &got);
+            if (got != cnt) {
+                snprintf(c->err, sizeof(c->err), "%s: %d bytes arrived, %d expected", what, got, cnt);
+                return -1;
+            }
+        }
+        if (n == 0) break;
+    }
+    return 0;
+}
+
+static int check_args(comm_mpi *c, const cw_tensor_desc *d, const void *data, int peer, void *stream,
+                      const char *verb) {
+    if (stream) {
+        snprintf(c->err, sizeof(c->err), "%s: a device stream was given: MPI calls run on the host only (cpu backend)",
+                 verb);
+        return -1;
+    }
+    if (!d || d->rank < 0 || d->rank > CW_MAX_RANK || cw_dtype_size(d->dtype) == 0 || (!data && view_numel(d) > 0)) {
+        snprintf(c->err, sizeof(c->err), "%s: a bad tensor view", verb);
+        return -1;
+    }
+    if (peer < 0 || peer >= c->n_ranks || peer == c->rank) {
+        snprintf(c->err, sizeof(c->err), "%s: peer %d of %d ranks (this is rank %d)", verb, peer, c->n_ranks, c->rank);
+        return -1;
+    }
+    return 0;
+}
+
+static cw_status do_send(comm_mpi *c, const cw_tensor_desc *d, const void *data, int peer, int64_t tag) {
+    int64_t bytes = view_numel(d) * (int64_t)cw_dtype_size(d->dtype);
+    char *buf = malloc(sizeof(msg_head) + (size_t)bytes);
+    if (!buf) {
+        snprintf(c->err, sizeof(c->err), "send to rank %d, tag %" PRId64 ": out of memory for %" PRId64 " bytes", peer,
+                 tag, bytes);
+        return CW_ERR_COMM;
+    }
+    msg_head h = {tag, bytes};
+    memcpy(buf, &h, sizeof(h));
+    comm_mpi_pack(buf + sizeof(h), d, data);
+    int bad = move(c, 1, buf, (int64_t)sizeof(h) + bytes, peer, tag, now_s() + c->timeout_s);
+    free(buf);
+    if (bad) return CW_ERR_COMM;
+    c->sent++;
+    c->bytes_sent += bytes;
+    return CW_OK;
+}
+
+static cw_status do_recv(comm_mpi *c, const cw_tensor_desc *d, void *data, int peer, int64_t tag) {
+    int64_t bytes = view_numel(d) * (int64_t)cw_dtype_size(d->dtype);
+    char *buf = malloc(sizeof(msg_head) + (size_t)bytes);
+    if (!buf) {
+        snprintf(c->err, sizeof(c->err), "recv from rank %d, tag %" PRId64 ": out of memory for %" PRId64 " bytes", peer,
+                 tag, bytes);
+        return CW_ERR_COMM;
+    }
+    cw_status st = CW_ERR_COMM;
+    if (move(c, 0, buf, (int64_t)sizeof(msg_head) + bytes, peer, tag, now_s() + c->timeout_s)) goto out;
+    msg_head h;
+    memcpy(&h, buf, sizeof(h));
+    if (h.tag != tag || h.bytes != bytes) {
+        snprintf(c->err, sizeof(c->err),
+                 "recv from rank %d: message tag %" PRId64 " of %" PRId64 " bytes arrived, tag %" PRId64 " of %" PRId64
+                 " bytes expected (the ranks' calls differ)",
+                 peer, h.tag, h.bytes, tag, bytes);
+        goto out;
+    }
+    comm_mpi_unpack(data, d, buf + sizeof(h));
+    c->recvd++;
+    c->bytes_recvd += bytes;
+    st = CW_OK;
+out:
+    free(buf);
+    return st;
+}
+
+static cw_status cb_send(void *user, const cw_tensor_desc *d, const void *data, int peer, int64_t tag, void *stream) {
+    comm_mpi *c = user;
+    if (check_args(c, d, data, peer, stream, "send")) return CW_ERR_COMM;
+    if (c->serialize) pthread_mutex_lock(&c->mu);
+    cw_status st = do_send(c, d, data, peer, tag);
+    if (c->serialize) pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+static cw_status cb_recv(void *user, const cw_tensor_desc *d, void *data, int peer, int64_t tag, void *stream) {
+    comm_mpi *c = user;
+    if (check_args(c, d, data, peer, stream, "recv")) return CW_ERR_COMM;
+    if (c->serialize) pthread_mutex_lock(&c->mu);
+    cw_status st = do_recv(c, d, data, peer, tag);
+    if (c->serialize) pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+int comm_mpi_create(comm_mpi **out, cw_comm *comm, double timeout_s, char *err, size_t errlen) {
+    *out = NULL;
+    comm_mpi *c = calloc(1, sizeof(*c));
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    char r[MPI_MAX_ERROR_STRING];
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->comm);
+    if (rc != MPI_SUCCESS) {
+        mpi_reason(r, sizeof(r), rc);
+        snprintf(err, errlen, "MPI_Comm_dup: %s", r);
+        free(c);
+        return -1;
+    }
+    MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c->comm, &c->rank);
+    MPI_Comm_size(c->comm, &c->n_ranks);
+    int *ub = NULL, flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    c->tag_ub = flag && ub && *ub > 0 ? *ub : 32767; /* 32767: the least the standard allows */
+    c->serialize = g_thread_level < MPI_THREAD_MULTIPLE;
+    pthread_mutex_init(&c->mu, NULL);
+    c->timeout_s = timeout_s > 0 ? timeout_s : 1e9;
+    cw_comm cc = {sizeof(cw_comm), CW_COMM_VERSION, c->rank, c->n_ranks, c, cb_send, cb_recv};
+    *comm = cc;
+    *out = c;
+    return 0;
+}
+
+void comm_mpi_destroy(comm_mpi *c) {
+    if (!c) return;
+    MPI_Comm_free(&c->comm);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+const char *comm_mpi_last_error(const comm_mpi *c) { return c ? c->err : ""; }
+
+void comm_mpi_counts(const comm_mpi *c, long long *sent, long long *recvd, long long *bytes_sent,
+                     long long *bytes_recvd) {
+    *sent = c->sent, *recvd = c->recvd, *bytes_sent = c->bytes_sent, *bytes_recvd = c->bytes_recvd;
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs PROGRAM on N ranks with mpirun as cw-vae --ranks starts it (more ranks than cores, no
+# binding, root allowed), or exits 77 when mpirun cannot start N ranks here.
+# usage: mpi_run.sh N PROGRAM [ARGS...]
+set -u
+n=$1
+shift
+if [ "$(id -u)" = 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+read -r -a mpirun <<<"${CW_VAE_MPIRUN:-mpirun --oversubscribe --bind-to none}"
+if ! timeout 60 "${mpirun[@]}" -n "$n" true >/dev/null 2>&1; then
+    echo "skipped: '${mpirun[*]} -n $n true' fails here"
+    exit 77
+fi
+exec timeout 300 "${mpirun[@]}" -n "$n" "$@"
