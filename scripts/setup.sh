@@ -2,7 +2,8 @@
 # Installs what convweave needs to build and test on a fresh Debian machine (idempotent).
 # CUDA (nvcc, cuDNN, cuBLAS, NVTX3) is optional and expected at /usr/local/cuda.
 set -euo pipefail
-pkgs=(cmake ninja-build gcc g++ clang libclang-rt-dev pkg-config python3 libopenblas-dev libcjson-dev libpng-dev libdnnl-dev)
+pkgs=(cmake ninja-build gcc g++ clang libclang-rt-dev pkg-config python3 libopenblas-dev libcjson-dev libpng-dev libdnnl-dev
+      libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -80,6 +80,17 @@ static void usage(FILE *f) {
             "  --dtype f32|f16|bf16  compute dtype (default f32; others only where the backend has them)\n"
             "  --threads N           cpu: BLAS threads in total (default all cores)\n"
             "  --no-memory-check     skip the up-front check of the job's size against the machine's memory\n"
+            "across processes (cpu backend; needs a cw-vae built with MPI)\n"
+            "  --ranks N             one decode over N local processes: cw-vae starts mpirun -n N (Open MPI,\n"
+            "                        or $CW_VAE_MPIRUN), each rank holds a band of rows of every tensor and\n"
+            "                        sends halos and GroupNorm partials to its neighbours; rank 0 gathers\n"
+            "                        the output. Bit-identical to one process with the same --patches N;\n"
+            "                        --patches auto cuts each conv in at least N patches. Prints each rank's\n"
+            "                        time, working memory and peak RSS. --threads is then per rank (default:\n"
+            "                        the cores / N). --ranks 1 (default) is one process, the baseline\n"
+            "  --compare-ranks       with --ranks N: run the one-process decode first (same options, all\n"
+            "                        cores) and print it in the ranks' table with max|diff| against it\n"
+            "  --comm-timeout SEC    a message between ranks that takes longer fails the run (default 600)\n"
             "measurement\n"
             "  --compare             also run the unscheduled single-stream reference (patches none,\n"
             "                        no budget) and diffusers' AutoencoderKL on the same weights and\n"
@@ -156,7 +167,8 @@ enum {
     OPT_LATENT, OPT_SCALED, OPT_SIZE, OPT_HEIGHT, OPT_WIDTH, OPT_RAW, OPT_BUDGET, OPT_MEMORY, OPT_STREAMS,
     OPT_PATCHES, OPT_BACKEND, OPT_DTYPE, OPT_THREADS, OPT_COMPARE, OPT_TUNE, OPT_REPEAT, OPT_TRACE,
     OPT_NVTX, OPT_PLAN, OPT_MODEL, OPT_GROUPS, OPT_IN_CH, OPT_OUT_CH, OPT_QC, OPT_PQC, OPT_MIDATT,
-    OPT_SCALING, OPT_SHIFT, OPT_NONFINITE, OPT_BATCH, OPT_ENCODE, OPT_LATENT_OUT, OPT_SAMPLE, OPT_NO_MEM
+    OPT_SCALING, OPT_SHIFT, OPT_NONFINITE, OPT_BATCH, OPT_ENCODE, OPT_LATENT_OUT, OPT_SAMPLE, OPT_NO_MEM,
+    OPT_RANKS, OPT_COMPARE_RANKS, OPT_COMM_TIMEOUT, OPT_RANK_AREA
 };
 
 /* An architecture flag's value, applied over the preset or config.json once all are read. */
@@ -199,6 +211,8 @@ static const struct option longopts[] = {
     {"batch", required_argument, 0, OPT_BATCH},     {"encode", required_argument, 0, OPT_ENCODE},
     {"latent-out", required_argument, 0, OPT_LATENT_OUT}, {"sample", no_argument, 0, OPT_SAMPLE},
     {"no-memory-check", no_argument, 0, OPT_NO_MEM},
+    {"ranks", required_argument, 0, OPT_RANKS},     {"compare-ranks", no_argument, 0, OPT_COMPARE_RANKS},
+    {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT}, {"rank-area", required_argument, 0, OPT_RANK_AREA},
     {"quiet", no_argument, 0, 'q'},                 {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};
 
@@ -346,6 +360,16 @@ static int parse_sched_opt(int c, opts *o) {
         o->threads = (int)v;
         return 0;
     case OPT_NO_MEM: o->no_mem_check = 1; return 0;
+    case OPT_RANKS:
+        if (parse_int(optarg, 1, MAX_RANKS, &v)) return die_usage("--ranks '%s': expected an integer in [1, %d]", optarg, MAX_RANKS);
+        o->ranks = (int)v;
+        return 0;
+    case OPT_COMPARE_RANKS: o->compare_ranks = 1; return 0;
+    case OPT_COMM_TIMEOUT:
+        if (parse_double(optarg, &o->comm_timeout) || o->comm_timeout <= 0 || o->comm_timeout > 1e7)
+            return die_usage("--comm-timeout '%s': expected seconds, more than 0", optarg);
+        return 0;
+    case OPT_RANK_AREA: o->rank_area = optarg; return 0;
     default: return -1;
     }
 }
@@ -376,6 +400,8 @@ static void set_defaults(opts *o) {
     o->auto_pct = AUTO_RECOMPUTE_PCT;
     o->streams = 2;
     o->repeat = 1;
+    o->ranks = 1;
+    o->comm_timeout = 600;
     o->batch = 1;
     o->dtype = CW_F32;
     o->backend = CW_BACKEND_AUTO;
@@ -427,6 +453,16 @@ static int check_combination(const opts *o) {
         if (o->latent_out) return die_usage("--latent-out is the encoder's output: give --encode IMAGE");
         if (o->sample) return die_usage("--sample is for --encode");
         if (o->latent && o->batch != 1) return die_usage("--batch is for random latents: --latent FILE sets N");
+    }
+    if (o->ranks > 1 || o->compare_ranks) {
+#ifndef CW_VAE_MPI
+        return die_usage("--ranks %d: this cw-vae was built without MPI (install libopenmpi-dev openmpi-bin and "
+                         "rebuild)", o->ranks);
+#endif
+        if (o->compare_ranks && o->ranks < 2) return die_usage("--compare-ranks needs --ranks N with N > 1");
+        if (o->compare || o->tune) return die_usage("--ranks: not with --compare or --tune (use --compare-ranks)");
+        if (o->trace) return die_usage("--trace is for a run in one process, not --ranks");
+        if (o->backend == CW_BACKEND_CUDA) return die_usage("--ranks runs on the cpu backend (the MPI messages are host memory)");
     }
     if (o->scaled_latent && o->cfg.latents_stats)
         return die_usage("--scaled-latent: %s has latents_mean/latents_std, which cw-vae does not apply", o->model_config);

@@ -45,7 +45,15 @@ typedef struct opts {
     char model_config[PATH_MAX], model_weights[PATH_MAX];
     int random_weights, scaled_latent, allow_nonfinite, sample, no_mem_check;
     uint64_t seed;
+    int ranks;               /* --ranks: processes of one decode (mpirun); 1: this process */
+    int compare_ranks;       /* --compare-ranks: the one-process run first, then the ranks */
+    double comm_timeout;     /* --comm-timeout: seconds a message may take (default 600) */
+    const char *rank_area;   /* internal: set in the ranks mpirun starts (ranks.c) */
+    int argc;                /* the command line, for the ranks' mpirun */
+    char **argv;
 } opts;
+
+#define MAX_RANKS 64
 
 /* One configuration to run in a child. */
 typedef struct run_cfg {
@@ -86,6 +94,7 @@ typedef struct job {
     int64_t n, h, w;        /* batch and the input's spatial size */
     int64_t out_numel;      /* the graph's output */
     const char *trace_tmp;  /* where the scheduled run writes --trace (staged) */
+    const cw_comm *comm;    /* a rank of --ranks: its communicator (gather to rank 0); else NULL */
 } job;
 
 extern const char *prog;
@@ -116,6 +125,19 @@ int spinner_on(const opts *o);
 /* Forks, runs rc in the child, waits and fills *sr with the child's result (head) and
  * output (data). Returns the child's exit code, or -1 when a signal asked us to stop. */
 int run_in_child(const opts *o, const run_cfg *rc, const job *jb, const char *progress, child_area *sr);
+/* rc on jb in this process (a rank of --ranks: jb->comm set): context, weights, model,
+ * compile, the decodes; the result in *res and, on the gather rank, the output in out.
+ * Returns 0 or an exit code (res->err says why). */
+int run_here(const opts *o, const run_cfg *rc, const job *jb, run_result *res, float *out);
+
+/* ---- ranks.c: --ranks N, one decode over N processes (mpirun, MPI point-to-point) */
+/* --ranks N > 1 in the process the user started: mpirun -n N runs cw-vae's ranks, which
+ * share an area with this process (input in, output and each rank's result out); prints the
+ * per-rank table (after the one-process run with --compare-ranks). Returns 0 with the output
+ * in *final (unmapped by the caller), or an exit code. */
+int run_ranks(const opts *o, const job *jb, child_area *final);
+/* A rank that mpirun started (opts.rank_area set): never returns. */
+void rank_main(opts *o);
 
 /* ---- outputs.c: outputs checked, staged beside their targets, renamed together */
 /* Registers -o (one per sample), --raw, --latent-out and --trace. Returns 0 or EXIT_USAGE. */

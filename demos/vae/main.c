@@ -458,15 +458,19 @@ int main(int argc, char **argv) {
     opts o;
     int rc = cli_parse_args(argc, argv, &o);
     if (rc) return rc;
+    o.argc = argc, o.argv = argv;
+    if (o.rank_area) rank_main(&o); /* a rank of --ranks: never returns */
     install_stop_handlers();
     plan_io io = {0};
     if ((rc = prepare(&o, &io))) return rc;
     if (g_stop) stop_now();
     if (!o.quiet) print_banner(&o, &io);
-    job jb = {io.in, io.d[0], io.d[2], io.d[3], io.out_numel, outputs_trace_tmp()};
+    job jb = {io.in, io.d[0], io.d[2], io.d[3], io.out_numel, outputs_trace_tmp(), NULL};
     child_area final = {0}; /* the run whose output is written */
-    int ret = !o.compare && !o.tune ? run_single(&o, &jb, o.part == VAE_DECODER ? "decoding" : "encoding", &final)
-                                    : run_many(&o, &jb, &io, &final);
+    int ret = o.ranks > 1                ? run_ranks(&o, &jb, &final)
+              : !o.compare && !o.tune ? run_single(&o, &jb, o.part == VAE_DECODER ? "decoding" : "encoding", &final)
+                                      : run_many(&o, &jb, &io, &final);
+    if (ret < 0) stop_now();
     if (ret == 0) {
         const run_result *fres = final.head;
         if (fres->nonfinite) /* only with --allow-nonfinite: the child fails otherwise */

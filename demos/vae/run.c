@@ -179,8 +179,10 @@ static cw_status fit_memory(const opts *o, vae_model *m, cw_compile_options *co,
 }
 
 /* Compiles m for rc (and --memory auto); over a budget, res says the smallest that works. */
-static cw_status compile_for(const opts *o, const run_cfg *rc, vae_model *m, cw_compile_options *co, cw_plan **plan,
-                             run_result *res) {
+static cw_status compile_for(const opts *o, const run_cfg *rc, const job *jb, vae_model *m, cw_compile_options *co,
+                             cw_plan **plan, run_result *res) {
+    co->comm = jb->comm; /* a rank: this rank's share of the plan, the output gathered on rank 0 */
+    co->gather_rank = 0;
     co->temp_budget = rc->budget;
     co->memory_budget = (rc->budget < 0 && rc->policy == CW_PATCHES_NONE) || o->memory == MEMORY_AUTO ? 0 : o->memory;
     co->streams = rc->streams;
@@ -210,7 +212,7 @@ static cw_status compile_for(const opts *o, const run_cfg *rc, vae_model *m, cw_
 /* --repeat decodes, the best time in res->ms, the working memory and the stats. */
 static cw_status run_repeats(const opts *o, vae_model *m, cw_plan *plan, const job *jb, run_result *res, float *out) {
     res->ms = INFINITY;
-    if (spinner_on(o)) cw_plan_set_progress(plan, on_progress, res);
+    if (spinner_on(o) || jb->comm) cw_plan_set_progress(plan, on_progress, res); /* a rank: the parent shows it */
     int64_t rss0 = work_mem_begin();
     for (int i = 0; i < o->repeat; i++) {
         double t0 = now_ms();
@@ -224,14 +226,15 @@ static cw_status run_repeats(const opts *o, vae_model *m, cw_plan *plan, const j
     return CW_OK;
 }
 
-/* The child: everything big is created here, so ru_maxrss covers this configuration only. */
-static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result *res, float *out) {
+/* The child (or a rank): everything big is created here, so ru_maxrss covers this
+ * configuration only. */
+int run_here(const opts *o, const run_cfg *rc, const job *jb, run_result *res, float *out) {
     cw_context *ctx = NULL;
     vae_weights *w = NULL;
     vae_model *m = NULL;
     cw_plan *plan = NULL;
     cw_compile_options co = CW_COMPILE_OPTIONS_INIT;
-    int code = 0;
+    int code = 0, gather = !jb->comm || jb->comm->rank == 0; /* this process holds the whole output */
     res->work_mem = -1;
     cw_status st = open_context(o, rc, &ctx, res);
     if (st != CW_OK) {
@@ -249,8 +252,8 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
     if (st != CW_OK) goto fail;
     vae_weights_close(w); /* the weights now live in the model's tensors */
     w = NULL;
-    if ((st = compile_for(o, rc, m, &co, &plan, res)) != CW_OK) goto fail;
-    if (rc->describe) {
+    if ((st = compile_for(o, rc, jb, m, &co, &plan, res)) != CW_OK) goto fail;
+    if (rc->describe && gather) {
         char *text = NULL;
         if (cw_plan_describe(plan, &text, 0) == CW_OK) printf("plan (%s):\n%s\n", rc->label, text);
         cw_free(text);
@@ -267,7 +270,7 @@ static int child_run(const opts *o, const run_cfg *rc, const job *jb, run_result
         code = EXIT_RUN;
         goto done;
     }
-    int64_t bad = vae_find_nonfinite(out, jb->out_numel);
+    int64_t bad = gather ? vae_find_nonfinite(out, jb->out_numel) : -1;
     if (bad >= 0) {
         char where[160];
         vae_index_str(where, sizeof(where), out, bad, m->out_desc.rank, m->out_desc.dims);
@@ -333,7 +336,7 @@ typedef struct child_job {
 
 static int child_main(void *arg) {
     const child_job *j = arg;
-    return child_run(j->o, j->rc, j->jb, j->area->head, j->area->data);
+    return run_here(j->o, j->rc, j->jb, j->area->head, j->area->data);
 }
 
 /* Forks, runs rc in the child, waits (showing elapsed time on a terminal after 1 s) and
