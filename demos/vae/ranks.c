@@ -45,7 +45,8 @@ static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 /* ---- the parent: mpirun as the child ------------------------------------------------------------ */
 
 /* mpirun's command line: $CW_VAE_MPIRUN (words split at spaces) or Open MPI's mpirun with the
- * flags this use needs (more ranks than cores, no binding: each rank runs threads). */
+ * flags this use needs (more ranks than cores, no binding: each rank runs threads; stdin
+ * stays with cw-vae, not forwarded to rank 0). */
 static int mpirun_argv(char **av, int max, char *buf, size_t buflen, int n, const char *exe, const char *area,
                        const opts *o, char *nbuf) {
     int k = 0;
@@ -54,8 +55,9 @@ static int mpirun_argv(char **av, int max, char *buf, size_t buflen, int n, cons
         snprintf(buf, buflen, "%s", env);
         for (char *t = strtok(buf, " \t"); t && k < max - 8; t = strtok(NULL, " \t")) av[k++] = t;
     } else {
-        static char mpirun[] = "mpirun", over[] = "--oversubscribe", bind[] = "--bind-to", none[] = "none";
-        av[k++] = mpirun, av[k++] = over, av[k++] = bind, av[k++] = none;
+        static char mpirun[] = "mpirun", over[] = "--oversubscribe", bind[] = "--bind-to", none[] = "none",
+                    in[] = "--stdin";
+        av[k++] = mpirun, av[k++] = over, av[k++] = bind, av[k++] = none, av[k++] = in, av[k++] = none;
     }
     static char dash_n[] = "-n", ra[] = "--rank-area";
     snprintf(nbuf, 16, "%d", n);
