@@ -98,6 +98,8 @@ static int hb_accesses(const cw__task *t, hb_acc *out) {
         }
         n += hb_whole(&out[n], t->u.attn.s_buf, 1);
         break;
+    case CW__T_SEND: n += hb_view(&out[n], &t->u.comm.v, 0); break;
+    case CW__T_RECV: n += hb_view(&out[n], &t->u.comm.v, 1); break;
     }
     return n;
 }
