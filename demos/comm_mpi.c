@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,11 +138,12 @@ size_t comm_mpi_unpack(void *data, const cw_tensor_desc *d, const void *src) {
 
 /* ---- one message ------------------------------------------------------------------------------ */
 
-/* Waits for req until done or the deadline: MPI_Test with a backoff of 10 us to 1 ms between
- * tries (a spinning wait would take a core from the ranks that compute). */
+/* Waits for req until done or the deadline: MPI_Test, first between yields of the core (a
+ * peer that is about to answer), then with sleeps of 10 us growing to 1 ms (a spinning wait
+ * would take a core from the ranks that compute: they often outnumber the cores). */
 static int wait_req(comm_mpi *c, MPI_Request *req, double deadline, MPI_Status *status, const char *what) {
     long sleep_ns = 10000;
-    for (;;) {
+    for (int tries = 0;; tries++) {
         int done = 0, rc = MPI_Test(req, &done, status);
         if (rc != MPI_SUCCESS) {
             char r[MPI_MAX_ERROR_STRING];
@@ -156,6 +158,10 @@ static int wait_req(comm_mpi *c, MPI_Request *req, double deadline, MPI_Status *
             snprintf(c->err, sizeof(c->err), "%s: not done after %.0f s (a peer stopped, or the ranks' calls differ)", what,
                      c->timeout_s);
             return -1;
+        }
+        if (tries < 200) {
+            sched_yield();
+            continue;
         }
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);

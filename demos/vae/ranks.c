@@ -84,29 +84,32 @@ static char *read_fd_tail(int fd, size_t cap) {
 }
 
 static void print_rank_row(const char *label, const run_result *r, const rank_extra *x, double diff, int has_diff) {
-    char a[32], b[32], c[32], d[32], e[32] = "-", s[32] = "-", rv[32] = "-";
+    char a[32], b[32], c[32], d[32], e[32] = "-", s[64] = "-", rv[64] = "-", t[32];
     fmt_bytes(a, sizeof(a), r->stats.temp_peak);
     fmt_bytes(b, sizeof(b), r->stats.activations_peak);
     fmt_bytes(c, sizeof(c), r->stats.total_peak);
     fmt_bytes(d, sizeof(d), r->peak_rss);
     if (r->work_mem >= 0) fmt_bytes(e, sizeof(e), r->work_mem);
     if (x) {
-        fmt_bytes(s, sizeof(s), x->bytes_sent);
-        fmt_bytes(rv, sizeof(rv), x->bytes_recvd);
+        fmt_bytes(t, sizeof(t), x->bytes_sent);
+        snprintf(s, sizeof(s), "%s/%lld", t, x->sent);
+        fmt_bytes(t, sizeof(t), x->bytes_recvd);
+        snprintf(rv, sizeof(rv), "%s/%lld", t, x->recvd);
     }
     char df[32] = "";
     if (has_diff) snprintf(df, sizeof(df), "%10.3g", diff);
-    printf("%-16s %10.1f %11s %11s %11s %11s %11s %11s %11s %s\n", label, r->ms, a, b, c, d, e, s, rv, df);
+    printf("%-16s %10.1f %11s %11s %11s %11s %11s %16s %16s %s\n", label, r->ms, a, b, c, d, e, s, rv, df);
 }
 
 static void print_ranks_table(const opts *o, const ranks_area *ar, const run_result *single, double diff) {
     int n = ar->n_ranks;
     printf("\n%d ranks (mpirun, %d thread%s each), %s backend; time = the decode on each rank (best of %d);\n"
            "peak temp/act/total from each rank's plan stats; peak RSS = the rank's ru_maxrss; work mem = its\n"
-           "peak resident bytes during the decode minus those just before it; sent/received = payload bytes\n",
+           "peak resident bytes during the decode minus those just before it; sent/received = payload bytes\n"
+           "and messages (max over ranks: each column's largest)\n",
            n, ar->threads, ar->threads > 1 ? "s" : "", ar->rank[0].backend, o->repeat);
-    printf("%-16s %10s %11s %11s %11s %11s %11s %11s %11s%s\n", "process", "time ms", "peak temp", "peak act",
-           "peak total", "peak RSS", "work mem", "sent", "received", single ? "  max|diff|" : "");
+    printf("%-16s %10s %11s %11s %11s %11s %11s %16s %16s%s\n", "process", "time ms", "peak temp", "peak act",
+           "peak total", "peak RSS", "work mem", "sent/msgs", "received/msgs", single ? "  max|diff|" : "");
     if (single) print_rank_row("1 process", single, NULL, 0, 0);
     run_result mx;
     memset(&mx, 0, sizeof(mx));
@@ -124,6 +127,8 @@ static void print_ranks_table(const opts *o, const ranks_area *ar, const run_res
         if (rr->work_mem > mx.work_mem) mx.work_mem = rr->work_mem;
         if (ar->extra[r].bytes_sent > xs.bytes_sent) xs.bytes_sent = ar->extra[r].bytes_sent;
         if (ar->extra[r].bytes_recvd > xs.bytes_recvd) xs.bytes_recvd = ar->extra[r].bytes_recvd;
+        if (ar->extra[r].sent > xs.sent) xs.sent = ar->extra[r].sent;
+        if (ar->extra[r].recvd > xs.recvd) xs.recvd = ar->extra[r].recvd;
     }
     print_rank_row("max over ranks", &mx, &xs, 0, 0);
     if (single) {
