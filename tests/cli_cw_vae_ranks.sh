@@ -63,6 +63,13 @@ run one_s3 "${tiny[@]}" --patches 4 --streams 3 --budget 1MiB --raw "$tmp/one_s3
 run r3_s3 "${tiny[@]}" --patches 4 --streams 3 --budget 1MiB --ranks 3 --raw "$tmp/r3_s3.npy" &&
     same "$tmp/r3_s3.npy" "$tmp/one_s3.npy"
 
+# fewer patches than ranks: the library gives each rank a patch of every conv, so the output
+# is one process's with --patches 3 (and a note says so)
+run one_3 "${tiny[@]}" --patches 3 --raw "$tmp/one_3.npy"
+run r3_2 "${tiny[@]}" --patches 2 --ranks 3 --raw "$tmp/r3_2.npy" && same "$tmp/r3_2.npy" "$tmp/one_3.npy"
+n=$((n + 1))
+grep -q "note: --patches 2 < --ranks 3: each conv gets 3 patches" "$tmp/r3_2.err" || bad "no note for --patches 2 --ranks 3"
+
 # 2. bf16 storage (half-precision messages)
 bf=(--preset tiny --weights "$fx/tiny_vae_bf16.safetensors" --latent "$fx/tiny_latent.npy" --backend cpu -q --dtype bf16)
 run one_bf "${bf[@]}" --patches 4 --raw "$tmp/one_bf.npy"
@@ -100,6 +107,7 @@ grep -q "^1 process " "$tmp/cmp.out" && grep -q "^rank 1/2 " "$tmp/cmp.out" && g
 
 # 6. bad combinations, and a failure on the ranks: one line, status 2, nothing written
 expect 2 "ranks '0'"            -- "${tiny[@]}" --ranks 0
+expect 2 "ranks '33'.*32"       -- "${tiny[@]}" --ranks 33
 expect 2 "compare-ranks needs"  -- "${tiny[@]}" --compare-ranks
 expect 2 "not with --compare"   -- "${tiny[@]}" --ranks 2 --compare
 expect 2 "trace"                -- "${tiny[@]}" --ranks 2 --trace "$tmp/t.json"

@@ -53,7 +53,7 @@ typedef struct opts {
     char **argv;
 } opts;
 
-#define MAX_RANKS 64
+#define MAX_RANKS 32 /* the most cw_graph_compile takes (cw_comm.n_ranks 1..32) */
 
 /* One configuration to run in a child. */
 typedef struct run_cfg {
