@@ -32,6 +32,7 @@ struct comm_mpi {
     int serialize;       /* MPI_THREAD_SERIALIZED: one call at a time through mu */
     pthread_mutex_t mu;
     double timeout_s;
+    FILE *trace;         /* $CW_COMM_MPI_TRACE=PREFIX: a line per message in PREFIX.RANK */
     char err[512];
     long long sent, recvd, bytes_sent, bytes_recvd;
 };
@@ -237,6 +238,8 @@ static cw_status do_send(comm_mpi *c, const cw_tensor_desc *d, const void *data,
     int bad = move(c, 1, buf, (int64_t)sizeof(h) + bytes, peer, tag, now_s() + c->timeout_s);
     free(buf);
     if (bad) return CW_ERR_COMM;
+    if (c->trace)
+        fprintf(c->trace, "comm_mpi: rank %d send to %d tag %" PRId64 " bytes %" PRId64 "\n", c->rank, peer, tag, bytes);
     c->sent++;
     c->bytes_sent += bytes;
     return CW_OK;
@@ -262,6 +265,8 @@ static cw_status do_recv(comm_mpi *c, const cw_tensor_desc *d, void *data, int p
         goto out;
     }
     comm_mpi_unpack(data, d, buf + sizeof(h));
+    if (c->trace)
+        fprintf(c->trace, "comm_mpi: rank %d recv from %d tag %" PRId64 " bytes %" PRId64 "\n", c->rank, peer, tag, bytes);
     c->recvd++;
     c->bytes_recvd += bytes;
     st = CW_OK;
@@ -312,6 +317,12 @@ int comm_mpi_create(comm_mpi **out, cw_comm *comm, double timeout_s, char *err, 
     c->serialize = g_thread_level < MPI_THREAD_MULTIPLE;
     pthread_mutex_init(&c->mu, NULL);
     c->timeout_s = timeout_s > 0 ? timeout_s : 1e9;
+    const char *tr = getenv("CW_COMM_MPI_TRACE");
+    if (tr && *tr) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s.%d", tr, c->rank);
+        c->trace = fopen(path, "w");
+    }
     cw_comm cc = {sizeof(cw_comm), CW_COMM_VERSION, c->rank, c->n_ranks, c, cb_send, cb_recv};
     *comm = cc;
     *out = c;
@@ -320,6 +331,7 @@ int comm_mpi_create(comm_mpi **out, cw_comm *comm, double timeout_s, char *err, 
 
 void comm_mpi_destroy(comm_mpi *c) {
     if (!c) return;
+    if (c->trace) fclose(c->trace);
     MPI_Comm_free(&c->comm);
     pthread_mutex_destroy(&c->mu);
     free(c);

@@ -25,6 +25,8 @@ void comm_mpi_abort(int code);
  * cancelled), so a peer that stopped calling cannot hang the rank. Returns 0, or -1 with
  * the reason in err. */
 int comm_mpi_create(comm_mpi **out, cw_comm *comm, double timeout_s, char *err, size_t errlen);
+/* With $CW_COMM_MPI_TRACE=PREFIX, every completed message is a line in the file PREFIX.RANK:
+ * "comm_mpi: rank R send to P tag T bytes B" (or "recv from"). */
 /* Frees the duplicate and the state. Accepts NULL. */
 void comm_mpi_destroy(comm_mpi *c);
 /* The last failed call's reason ("recv from rank 1, tag 7: ..."), or "" when none failed. */
