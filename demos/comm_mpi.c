@@ -156,7 +156,7 @@ static int wait_req(comm_mpi *c, MPI_Request *req, double deadline, MPI_Status *
         if (now_s() > deadline) {
             MPI_Cancel(req);
             MPI_Request_free(req);
-            snprintf(c->err, sizeof(c->err), "%s: not done after %.0f s (a peer stopped, or the ranks' calls differ)", what,
+            snprintf(c->err, sizeof(c->err), "%s: not done after %g s (a peer stopped, or the ranks' calls differ)", what,
                      c->timeout_s);
             return -1;
         }
