@@ -16,12 +16,13 @@
 
 #include "cli.h"
 
-/* Runs on a library thread in the child: publish the decode's progress to the parent
- * through the shared result mapping. */
+/* Runs on library threads in the child, several at once (the header asks for thread-safe
+ * callbacks): publish the decode's progress to the parent through the shared result mapping.
+ * Relaxed atomic stores: the bar only needs some recent value. */
 static void on_progress(void *user, int64_t done, int64_t total) {
     run_result *r = user;
-    r->tasks_total = total;
-    r->tasks_done = done;
+    __atomic_store_n(&r->tasks_total, total, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->tasks_done, done, __ATOMIC_RELAXED);
 }
 
 /* ---- one configuration in a child process -------------------------------------------------- */
