@@ -123,7 +123,7 @@ typedef struct rank_job {
     int rank, n_ranks, gather_rank, patches;
     int64_t lat;        /* latent rows and columns */
     uint64_t seed;      /* weights */
-    int64_t budget;     /* temp budget (-1 unlimited) */
+    int64_t budget;     /* temp budget (-1 unlimited, -2 the least that compiles) */
     int fail_after;
     hub *h;
     const float *in;
@@ -136,6 +136,7 @@ typedef struct rank_job {
     int64_t r0, r1;
     int hazards;
     int64_t act_bytes;
+    int attn_tasks;     /* attention chunks this rank runs */
     double run_s;
     int dropped;        /* after the run: hazards with one receive's wait removed (-1: none tried) */
 } rank_job;
@@ -191,6 +192,10 @@ static void *rank_main(void *arg) {
     o.temp_budget = j->budget;
     o.gather_rank = j->gather_rank;
     o.comm = j->n_ranks > 0 ? &comm : NULL;
+    if (j->budget == -2) { /* the smallest temp budget that compiles (the same on every rank) */
+        o.temp_budget = -1;
+        ASSERT_OK_CTX(ctx, cw_graph_min_budget(m->graph, &o.temp_budget, &o));
+    }
     cw_plan *p = NULL;
     j->compile_st = cw_graph_compile(m->graph, &p, &o);
     if (j->compile_st != CW_OK) {
@@ -211,6 +216,8 @@ static void *rank_main(void *arg) {
         cw_plan_stats s;
         ASSERT_OK(cw_plan_get_stats(p, &s));
         j->act_bytes = s.activations_peak;
+        j->attn_tasks = 0;
+        for (int k = 0; k < p->n_tasks; k++) j->attn_tasks += p->tasks[k].kind == CW__T_ATTN;
     }
     cw_plan_destroy(p);
     vae_model_destroy(m);
@@ -238,16 +245,17 @@ static void free_jobs(rank_job *jobs, int n) {
 
 /* ---- 1. same bits on any number of ranks ---------------------------------------------------- */
 
-static void test_same_bits(hub *h, const float *in, int64_t lat) {
+static void test_same_bits(hub *h, const float *in, int64_t lat, int64_t budget) {
     rank_job proto = {0};
-    proto.gather_rank = 0, proto.patches = 4, proto.lat = lat, proto.seed = 1, proto.budget = -1;
+    proto.gather_rank = 0, proto.patches = 4, proto.lat = lat, proto.seed = 1, proto.budget = budget;
     proto.fail_after = -1, proto.in = in;
     rank_job ref[1], jobs[8];
     run_ranks(h, 0, &proto, ref);
     ASSERT_OK(ref[0].compile_st);
     ASSERT_OK(ref[0].run_st);
-    fprintf(stderr, "tiny decoder %lldx%lld latent, 4 patches: single process %.2f s, activations %.1f KiB\n",
-            (long long)lat, (long long)lat, ref[0].run_s, (double)ref[0].act_bytes / 1024.0);
+    fprintf(stderr, "tiny decoder %lldx%lld latent, 4 patches, temp budget %lld: single process %.2f s, activations "
+            "%.1f KiB, %d attention chunk(s)\n", (long long)lat, (long long)lat, (long long)budget, ref[0].run_s,
+            (double)ref[0].act_bytes / 1024.0, ref[0].attn_tasks);
     for (int n = 1; n <= 4; n++) {
         for (int gather = 0; gather >= -1; gather--) {
             proto.gather_rank = gather;
@@ -281,7 +289,9 @@ static void test_same_bits(hub *h, const float *in, int64_t lat) {
             }
             fprintf(stderr, "  %d rank(s), %s: same bits; per-rank activations", n, gather == 0 ? "gathered on 0" : "bands");
             for (int r = 0; r < n; r++) fprintf(stderr, " %.1f", (double)jobs[r].act_bytes / 1024.0);
-            fprintf(stderr, " KiB; %.1f KiB exchanged\n", (double)sent / 1024.0);
+            fprintf(stderr, " KiB; attention chunks per rank");
+            for (int r = 0; r < n; r++) fprintf(stderr, " %d", jobs[r].attn_tasks);
+            fprintf(stderr, "; %.1f KiB exchanged\n", (double)sent / 1024.0);
             if (n > 1)
                 for (int r = 0; r < n; r++) CHECK(jobs[r].act_bytes < ref[0].act_bytes);
             free_jobs(jobs, n);
@@ -354,12 +364,15 @@ int main(void) {
     cw_rng r = {42};
     float *in = malloc((size_t)(4 * lat * lat) * sizeof *in);
     for (int64_t k = 0; k < 4 * lat * lat; k++) in[k] = 2.0f * cw_rng_float(&r);
+    float *in32 = malloc(4 * 32 * 32 * sizeof *in32);
+    for (int64_t k = 0; k < 4 * 32 * 32; k++) in32[k] = 2.0f * cw_rng_float(&r);
     hub h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, {0}};
     hb_quiet = 1; /* the dropped waits' hazards are expected (and counted); set before the threads */
-    test_same_bits(&h, in, lat);
+    test_same_bits(&h, in, lat, -1);          /* one attention chunk: every rank runs it */
+    test_same_bits(&h, in32, 32, -2); /* the least budget: query chunks, each rank its rows' */
     test_mismatch(&h, in, lat);
     test_fault(&h, in, lat);
     hub_clear(&h);
-    free(in);
+    free(in), free(in32);
     return cw_test_failures ? 1 : 0;
 }
