@@ -20,6 +20,13 @@
 
 static int g_self; /* 1: host memory and the mailbox communicator */
 
+/* Vendor libraries keep process-lifetime allocations that LeakSanitizer reports in ASan
+ * builds; suppress stacks through them only (as tests/test_cuda_ops_gpu.c does). */
+const char *__lsan_default_suppressions(void);
+__attribute__((visibility("default"))) const char *__lsan_default_suppressions(void) {
+    return "leak:libcuda.so\nleak:libcudart.so\nleak:libnccl.so\n";
+}
+
 /* ---- memory: device memory of rank r, or host memory in the self-test ------------------ */
 static void *mem_alloc(int r, int64_t bytes) {
     void *p = NULL;

@@ -177,9 +177,13 @@ void cw__comm_nccl_destroy(cw_comm *comm) {
     int prev = -1;
     if (cudaGetDevice(&prev) == cudaSuccess && prev != c->device) (void)cudaSetDevice(c->device);
     /* work still queued on it finishes first; the stream's resources go after */
-    if (cudaStreamDestroy(c->host_stream) != cudaSuccess) (void)cudaGetLastError();
+    cudaError_t e = cudaStreamDestroy(c->host_stream);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cw__log(NULL, CW_LOG_WARN, "cw_comm_nccl_destroy: cudaStreamDestroy failed: %s (%s)", cudaGetErrorName(e),
+                cudaGetErrorString(e));
+    }
     if (prev >= 0 && prev != c->device) (void)cudaSetDevice(prev);
-    (void)cudaGetLastError();
     pthread_mutex_destroy(&c->err_mu);
     pthread_mutex_destroy(&c->mu);
     cw__free(c);
