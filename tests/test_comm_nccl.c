@@ -1,9 +1,9 @@
-/* The NCCL communicator without a device: cw_comm_nccl_init's argument checks (and
- * CW_ERR_UNSUPPORTED in builds without NCCL), destroy and get_last_error on what init did
- * not fill, and the host arithmetic every transfer rests on: cutting a strided view into
- * pieces from its dims alone, and each piece into 2-D copies, checked against the view's
- * row-major element order over random band views. The transfers themselves are
- * tests/test_comm_nccl_gpu.c (two GPUs). */
+/* The NCCL communicator without a device: libnccl opens (it is not linked); cw_comm_nccl_init's
+ * argument checks (and CW_ERR_UNSUPPORTED in builds without NCCL); destroy and get_last_error
+ * on what init did not fill; and the host arithmetic every transfer rests on: cutting a
+ * strided view into pieces from its dims alone, and each piece into 2-D copies, checked
+ * against the view's row-major element order over random band views. The transfers
+ * themselves are tests/test_comm_nccl_gpu.c (two GPUs). */
 #include "testutil.h"
 
 #include "backend/comm_nccl.h"
@@ -190,6 +190,12 @@ static void check_band_shapes(void) {
 }
 
 int main(void) {
+#ifdef CW_HAVE_NCCL
+    /* libnccl is opened on first use (not linked): it loads and has every symbol used */
+    const char *why = cw__comm_nccl_load();
+    if (why[0]) fprintf(stderr, "libnccl: %s\n", why);
+    ASSERT_TRUE(why[0] == '\0');
+#endif
     check_init_args();
     check_band_shapes();
     check_pieces(cw_test_seed(27));

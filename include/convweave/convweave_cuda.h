@@ -59,7 +59,10 @@ CW_API cw_status cw_context_get_cuda_device(const cw_context *ctx, int *device);
 /* ---------------------------------------------------------------------------------------
  * NCCL communicator (cw_comm over an ncclComm_t the caller made: ncclCommInitRank,
  * ncclCommInitAll, or torch's). Present in every build; without NCCL (CONVWEAVE_NCCL=OFF,
- * or nccl.h / libnccl not found) cw_comm_nccl_init returns CW_ERR_UNSUPPORTED.
+ * or nccl.h / libnccl not found) cw_comm_nccl_init returns CW_ERR_UNSUPPORTED. The library
+ * does not link libnccl: the first cw_comm_nccl_init opens libnccl.so.2 by name (so the copy
+ * already in the process, the one that made the ncclComm_t, is used), else the library
+ * found at build time; CW_ERR_UNSUPPORTED, naming why, when neither loads.
  *
  * Transfers. One message is one strided view (a band of rows of an NCHW(D) tensor: N*C(*D)
  * runs of rows*W elements at a constant stride). NCCL moves contiguous buffers only, so the
@@ -110,7 +113,8 @@ CW_API cw_status cw_context_get_cuda_device(const cw_context *ctx, int *device);
  * no-op) and the message goes to the log (there is no context). Returns CW_ERR_INVALID_ARG
  * for a NULL out or nccl_comm, n_ranks < 1, rank outside 0 .. n_ranks - 1, or a rank or
  * rank count that differs from nccl_comm's; CW_ERR_UNSUPPORTED when convweave was built
- * without NCCL; CW_ERR_COMM when NCCL or CUDA fails; CW_ERR_OUT_OF_MEMORY. */
+ * without NCCL or libnccl cannot be loaded; CW_ERR_COMM when NCCL or CUDA fails;
+ * CW_ERR_OUT_OF_MEMORY. */
 CW_API cw_status cw_comm_nccl_init(cw_comm *out, void *nccl_comm, int rank, int n_ranks);
 /* Frees what cw_comm_nccl_init allocated and zeroes *comm; leaves the ncclComm_t alone.
  * Call it after every plan compiled with comm is destroyed. Accepts NULL and a zeroed

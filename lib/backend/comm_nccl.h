@@ -14,6 +14,9 @@ cw_status cw__comm_nccl_init(cw_comm *out, void *nccl_comm, int rank, int n_rank
 int cw__comm_nccl_owns(const cw_comm *comm);
 void cw__comm_nccl_destroy(cw_comm *comm);
 const char *cw__comm_nccl_last_error(const cw_comm *comm);
+/* Opens libnccl and resolves what the transfers call, once per process (no device needed):
+ * "" when that worked, else why not. */
+const char *cw__comm_nccl_load(void);
 /* Test hook: the piece size of comm's later calls (both ranks must agree), bytes >= 16. */
 void cw__comm_nccl_set_piece_bytes(cw_comm *comm, int64_t bytes);
 #endif

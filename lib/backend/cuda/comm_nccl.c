@@ -2,7 +2,10 @@
  * cut into pieces from its dims alone (comm.c), a piece contiguous in memory goes straight
  * to ncclSend / ncclRecv, any other through a stream-ordered staging buffer filled or
  * emptied by cudaMemcpy2DAsync. Every NCCL and CUDA call goes through the check macros
- * below, which record the failure in the communicator and return CW_ERR_COMM. */
+ * below, which record the failure in the communicator and return CW_ERR_COMM. libnccl is
+ * opened at the first cw_comm_nccl_init, not linked: it maps about 200 MiB (its device code),
+ * which every user of the library would pay in address space otherwise. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <nccl.h>
@@ -25,6 +28,60 @@ typedef struct cw__nccl {
     char err[CW__ERR_LEN];
 } cw__nccl;
 
+/* ---- libnccl, opened once by soname: the copy already in the process (torch's, whose
+ * ncclComm_t the caller may hand us) is the one used; else the one found at build time ---- */
+static struct {
+    ncclResult_t (*CommCount)(const ncclComm_t, int *);
+    ncclResult_t (*CommUserRank)(const ncclComm_t, int *);
+    ncclResult_t (*CommCuDevice)(const ncclComm_t, int *);
+    ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
+    ncclResult_t (*Send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    const char *(*GetErrorString)(ncclResult_t);
+    const char *(*GetLastError)(ncclComm_t); /* NCCL >= 2.13; may be NULL */
+} nccl;
+static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+static char nccl_why[512]; /* empty: loaded */
+
+static void nccl_load(void) {
+    const char *names[] = {"libnccl.so.2",
+#ifdef CW_NCCL_LIBRARY
+                           CW_NCCL_LIBRARY,
+#endif
+                           NULL};
+    void *h = NULL;
+    for (int i = 0; names[i] && !h; i++) {
+        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL); /* never closed: process lifetime */
+        if (!h) snprintf(nccl_why, sizeof nccl_why, "dlopen(%s): %s", names[i], dlerror());
+    }
+    if (!h) return;
+#define CW__NCCL_SYM(field, name)                                                              \
+    do {                                                                                       \
+        void *cw_p_ = dlsym(h, name);                                                          \
+        if (!cw_p_) {                                                                          \
+            snprintf(nccl_why, sizeof nccl_why, "libnccl lacks %s (NCCL too old?)", name);     \
+            return;                                                                            \
+        }                                                                                      \
+        memcpy(&nccl.field, &cw_p_, sizeof cw_p_);                                             \
+    } while (0)
+    CW__NCCL_SYM(CommCount, "ncclCommCount");
+    CW__NCCL_SYM(CommUserRank, "ncclCommUserRank");
+    CW__NCCL_SYM(CommCuDevice, "ncclCommCuDevice");
+    CW__NCCL_SYM(CommGetAsyncError, "ncclCommGetAsyncError");
+    CW__NCCL_SYM(Send, "ncclSend");
+    CW__NCCL_SYM(Recv, "ncclRecv");
+    CW__NCCL_SYM(GetErrorString, "ncclGetErrorString");
+#undef CW__NCCL_SYM
+    void *p = dlsym(h, "ncclGetLastError");
+    if (p) memcpy(&nccl.GetLastError, &p, sizeof p);
+    nccl_why[0] = '\0';
+}
+
+const char *cw__comm_nccl_load(void) {
+    pthread_once(&nccl_once, nccl_load);
+    return nccl_why;
+}
+
 static cw_status nccl_send_cb(void *user, const cw_tensor_desc *d, const void *data, int peer, int64_t tag,
                               void *stream);
 static cw_status nccl_recv_cb(void *user, const cw_tensor_desc *d, void *data, int peer, int64_t tag, void *stream);
@@ -45,18 +102,13 @@ static cw_status nccl_fail(cw__nccl *c, const char *fmt, ...) {
 }
 
 static const char *nccl_detail(ncclComm_t comm) {
-#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21300
-    const char *s = comm ? ncclGetLastError(comm) : NULL;
+    const char *s = comm && nccl.GetLastError ? nccl.GetLastError(comm) : NULL;
     return s && s[0] ? s : "no detail";
-#else
-    (void)comm;
-    return "no detail";
-#endif
 }
 
 static cw_status nccl_fail_nccl(cw__nccl *c, ncclResult_t r, const char *what, const char *call, const char *file,
                                 int line) {
-    return nccl_fail(c, "%s: %s failed: %s (%s) at %s:%d", what, call, ncclGetErrorString(r), nccl_detail(c->comm),
+    return nccl_fail(c, "%s: %s failed: %s (%s) at %s:%d", what, call, nccl.GetErrorString(r), nccl_detail(c->comm),
                      file, line);
 }
 
@@ -80,7 +132,7 @@ static ncclResult_t nccl_settle(cw__nccl *c) {
     double deadline = now_s() + CW_COMM_NCCL_TIMEOUT_S;
     ncclResult_t r = ncclInProgress;
     for (int64_t ns = 1000; r == ncclInProgress; ns = ns < 1000000 ? ns * 2 : ns) {
-        ncclResult_t q = ncclCommGetAsyncError(c->comm, &r);
+        ncclResult_t q = nccl.CommGetAsyncError(c->comm, &r);
         if (q != ncclSuccess) return q;
         if (r == ncclInProgress) {
             if (now_s() > deadline) return ncclInProgress;
@@ -116,10 +168,12 @@ cw_status cw__comm_nccl_init(cw_comm *out, void *nccl_comm, int rank, int n_rank
     ncclComm_t nc = (ncclComm_t)nccl_comm;
     int count = 0, urank = -1, dev = -1, prev = -1;
     ncclResult_t r;
-    if ((r = ncclCommCount(nc, &count)) != ncclSuccess || (r = ncclCommUserRank(nc, &urank)) != ncclSuccess ||
-        (r = ncclCommCuDevice(nc, &dev)) != ncclSuccess)
+    if (cw__comm_nccl_load()[0])
+        return cw__error(NULL, CW_ERR_UNSUPPORTED, "cw_comm_nccl_init: cannot load NCCL: %s", nccl_why);
+    if ((r = nccl.CommCount(nc, &count)) != ncclSuccess || (r = nccl.CommUserRank(nc, &urank)) != ncclSuccess ||
+        (r = nccl.CommCuDevice(nc, &dev)) != ncclSuccess)
         return cw__error(NULL, CW_ERR_COMM, "cw_comm_nccl_init: querying nccl_comm failed: %s (%s)",
-                         ncclGetErrorString(r), nccl_detail(nc));
+                         nccl.GetErrorString(r), nccl_detail(nc));
     if (count != n_ranks || urank != rank)
         return cw__error(NULL, CW_ERR_INVALID_ARG,
                          "cw_comm_nccl_init: rank %d of %d given, nccl_comm is rank %d of %d", rank, n_ranks, urank,
@@ -235,7 +289,7 @@ static cw_status wait_stream(cw__nccl *c, cudaStream_t s, const char *what) {
         cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess) return CW_OK;
         if (e != cudaErrorNotReady) return nccl_fail_cuda(c, e, what, "cudaStreamQuery(stream)", __FILE__, __LINE__);
-        ncclResult_t ar = ncclSuccess, q = ncclCommGetAsyncError(c->comm, &ar);
+        ncclResult_t ar = ncclSuccess, q = nccl.CommGetAsyncError(c->comm, &ar);
         if (q != ncclSuccess) return nccl_fail_nccl(c, q, what, "ncclCommGetAsyncError(comm)", __FILE__, __LINE__);
         if (ar != ncclSuccess && ar != ncclInProgress)
             return nccl_fail_nccl(c, ar, what, "the transfer (ncclCommGetAsyncError)", __FILE__, __LINE__);
@@ -286,7 +340,7 @@ static cw_status transfer(cw__nccl *c, int send, const cw_tensor_desc *din, char
     CW__NCUDA_GOTO(c, st, unlock, what, cudaGetDevice(&prev));
     if (prev != c->device) CW__NCUDA_GOTO(c, st, unlock, what, cudaSetDevice(c->device));
     ncclResult_t ar = ncclSuccess;
-    CW__NCCL_GOTO(c, st, restore, what, ncclCommGetAsyncError(c->comm, &ar));
+    CW__NCCL_GOTO(c, st, restore, what, nccl.CommGetAsyncError(c->comm, &ar));
     if (ar != ncclSuccess && ar != ncclInProgress) {
         st = nccl_fail_nccl(c, ar, what, "an earlier operation (ncclCommGetAsyncError)", __FILE__, __LINE__);
         goto restore;
@@ -316,9 +370,9 @@ static cw_status transfer(cw__nccl *c, int send, const cw_tensor_desc *din, char
         if (send) {
             if (!stream && (st = wait_stream(c, s, what)) != CW_OK) goto release;
             if (!direct && (st = copy_blocks(c, &cp, v, stage, 1, s, what)) != CW_OK) goto release;
-            CW__NCCL_GOTO(c, st, release, what, ncclSend(buf, bytes, ncclUint8, peer, c->comm, s));
+            CW__NCCL_GOTO(c, st, release, what, nccl.Send(buf, bytes, ncclUint8, peer, c->comm, s));
         } else {
-            CW__NCCL_GOTO(c, st, release, what, ncclRecv(buf, bytes, ncclUint8, peer, c->comm, s));
+            CW__NCCL_GOTO(c, st, release, what, nccl.Recv(buf, bytes, ncclUint8, peer, c->comm, s));
             if (!stream && (st = wait_stream(c, s, what)) != CW_OK) goto release;
             if (!direct && (st = copy_blocks(c, &cp, v, stage, 0, s, what)) != CW_OK) goto release;
         }
