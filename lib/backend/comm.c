@@ -17,8 +17,8 @@ cw_status cw_comm_nccl_init(cw_comm *out, void *nccl_comm, int rank, int n_ranks
     return cw__comm_nccl_init(out, nccl_comm, rank, n_ranks);
 #else
     return cw__error(NULL, CW_ERR_UNSUPPORTED,
-                     "cw_comm_nccl_init: convweave was built without NCCL (CONVWEAVE_NCCL=OFF, or nccl.h / libnccl "
-                     "not found)");
+                     "cw_comm_nccl_init: convweave was built without NCCL (CONVWEAVE_NCCL=OFF, no cuda backend, or "
+                     "nccl.h / libnccl not found)");
 #endif
 }
 
