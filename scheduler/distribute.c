@@ -5,7 +5,9 @@
  * - who runs each task: the rank whose band holds the middle of the rows it writes (a band
  *   of rank r: rows [r*H/n, (r+1)*H/n)); a task writing only temporaries (a prep, a
  *   recomputed band) goes with the task that reads them; a task writing every row (a
- *   one-patch conv, attention, a GroupNorm finalisation, a whole-tensor op) runs everywhere;
+ *   one-patch conv, a one-chunk attention, a GroupNorm finalisation, a whole-tensor op)
+ *   runs everywhere; an attention's query chunk goes with its rows and gathers the keys and
+ *   values it lacks;
  * - which ranks hold the current contents of each row of each buffer (a bit mask per row
  *   range): before a task reads rows its ranks lack, the lowest rank holding them sends them
  *   (a message: one range of rows, tagged by its place in that global order);
@@ -110,6 +112,21 @@ static int cw__acc_rows(const cw__dist *D, cw__acc *a, int buf, int64_t r0, int6
     return 1;
 }
 
+/* An attention chunk's queries or output: the rows holding its tokens [t0, t1) where v is
+ * a sample's whole [1, C, H, W] (tokens h*W + w); a chunk's row cut in two is written in
+ * part (its other tokens are another chunk's). Else v as it is (a chunk's own buffer). */
+static int cw__acc_attn(const cw__dist *D, cw__acc *a, const cw__task *t, const cw__vref *v, int write) {
+    if (!cw__acc_view(D, a, v, write)) return 0;
+    int64_t tokens = 1;
+    for (int d = 2; d < v->rank; d++) tokens *= v->dims[d];
+    if (v->rank != 4 || tokens != t->u.attn.T || D->ax[v->buf] != 2) return 1;
+    const int64_t W = v->dims[3], t0 = t->u.attn.t0, t1 = t->u.attn.t1;
+    a->a = v->start[2] + t0 / W;
+    a->b = v->start[2] + (t1 - 1) / W + 1;
+    if (write && (t0 % W || t1 % W)) a->write = 2;
+    return 1;
+}
+
 /* Task t's accesses (constants apart) into out; returns how many. */
 static int cw__task_acc(const cw__dist *D, const cw__task *t, cw__acc *out) {
     int n = 0;
@@ -142,10 +159,10 @@ static int cw__task_acc(const cw__dist *D, const cw__task *t, cw__acc *out) {
         n += cw__acc_view(D, &out[n], &t->u.op.out, 1);
         break;
     case CW__T_ATTN:
-        n += cw__acc_view(D, &out[n], &t->u.attn.q, 0);
+        n += cw__acc_attn(D, &out[n], t, &t->u.attn.q, 0);
         n += cw__acc_view(D, &out[n], &t->u.attn.k, 0);
         n += cw__acc_view(D, &out[n], &t->u.attn.v, 0);
-        n += cw__acc_view(D, &out[n], &t->u.attn.o, 1);
+        n += cw__acc_attn(D, &out[n], t, &t->u.attn.o, 1);
         n += cw__acc_whole(D, &out[n], t->u.attn.s_buf, 1);
         break;
     case CW__T_SEND:
@@ -183,7 +200,7 @@ static void cw__assign(cw__dist *D) {
     for (int t = 0; t < nt; t++) {
         const cw__task *k = &p->tasks[t];
         D->own[t] = 0;
-        if (k->kind == CW__T_FINALIZE || k->kind == CW__T_ATTN) {
+        if (k->kind == CW__T_FINALIZE) {
             D->own[t] = D->all;
             continue;
         }
@@ -427,8 +444,12 @@ static cw_status cw__shrink(cw__dist *D, cw__action **acts, int *n_acts) {
     cw__acc a[CW__MAX_ACC];
     for (int k = 0; k < D->n_nt; k++)
         for (int i = 0, n = cw__task_acc(D, &D->nt[k], a); i < n; i++) {
-            if (a[i].a < lo[a[i].buf]) lo[a[i].buf] = a[i].a;
-            if (a[i].b > hi[a[i].buf]) hi[a[i].buf] = a[i].b;
+            int b = a[i].buf;
+            /* attention's GEMMs address a whole sample ([C, T], cw__enqueue_attention): its
+             * operands keep every row */
+            int whole = D->nt[k].kind == CW__T_ATTN && D->ax[b] >= 0;
+            if (whole || a[i].a < lo[b]) lo[b] = whole ? 0 : a[i].a;
+            if (whole || a[i].b > hi[b]) hi[b] = whole ? D->rows[b] : a[i].b;
         }
     int w = 0;
     for (int x = 0; x < *n_acts; x++) {
@@ -451,15 +472,18 @@ static cw_status cw__shrink(cw__dist *D, cw__action **acts, int *n_acts) {
     return CW_OK;
 }
 
+/* Output o's whole extent along the axis a distributed plan bands it (distribute's rows). */
+static void cw__whole_band(const cw_plan *p, int o, int64_t band[3]) {
+    const cw_tensor_desc *d = &p->out[o].d;
+    int ax = p->opt.patch_axis == CW_PATCH_AXIS_D && d->rank == 5 ? 2 : d->rank >= 2 ? d->rank - 2 : 0;
+    band[0] = ax, band[1] = 0, band[2] = d->rank ? d->dims[ax] : 0;
+}
+
 static cw_status cw__output_bands(cw__dist *D) {
     cw_plan *p = D->p;
     p->bands = cw__malloc((size_t)(3 * p->n_outputs + 1) * sizeof *p->bands);
     if (!p->bands) return cw__dist_oom(D);
-    for (int o = 0; o < p->n_outputs; o++) {
-        const cw_tensor_desc *d = &p->out[o].d;
-        int ax = d->rank >= 2 ? d->rank - 2 : 0;
-        p->bands[3 * o] = ax, p->bands[3 * o + 1] = 0, p->bands[3 * o + 2] = d->rank ? d->dims[ax] : 0;
-    }
+    for (int o = 0; o < p->n_outputs; o++) cw__whole_band(p, o, &p->bands[3 * o]);
     if (p->opt.gather_rank == D->me) return CW_OK;
     for (int b = 0; b < p->n_bufs; b++) {
         const cw__buf *bf = &p->bufs[b];
@@ -480,12 +504,10 @@ cw_status cw_plan_get_band(const cw_plan *p, int output, int *axis, int64_t *r0,
     if (!p || !axis || !r0 || !r1) return CW_ERR_INVALID_ARG;
     if (output < 0 || output >= p->n_outputs)
         return cw__error(p->ctx, CW_ERR_INVALID_ARG, "cw_plan_get_band: output %d, the plan has %d", output, p->n_outputs);
-    if (p->bands) {
-        *axis = (int)p->bands[3 * output], *r0 = p->bands[3 * output + 1], *r1 = p->bands[3 * output + 2];
-    } else {
-        const cw_tensor_desc *d = &p->out[output].d;
-        *axis = d->rank >= 2 ? d->rank - 2 : 0, *r0 = 0, *r1 = d->rank ? d->dims[*axis] : 0;
-    }
+    int64_t whole[3];
+    const int64_t *b = p->bands ? &p->bands[3 * output] : whole;
+    if (!p->bands) cw__whole_band(p, output, whole);
+    *axis = (int)b[0], *r0 = b[1], *r1 = b[2];
     return CW_OK;
 }
 
