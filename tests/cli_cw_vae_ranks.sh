@@ -116,6 +116,7 @@ expect 2 "ranks '33'.*32"       -- "${tiny[@]}" --ranks 33
 expect 2 "compare-ranks needs"  -- "${tiny[@]}" --compare-ranks
 expect 2 "not with --compare"   -- "${tiny[@]}" --ranks 2 --compare
 expect 2 "trace"                -- "${tiny[@]}" --ranks 2 --trace "$tmp/t.json"
+OMPI_COMM_WORLD_SIZE=2 expect 2 "starts mpirun itself" -- "${tiny[@]}" --ranks 2
 expect 2 "^cw-vae: rank [01]/2: compile: .*budget" -- "${tiny[@]}" --ranks 2 --budget 1KiB --raw "$tmp/nope.npy"
 n=$((n + 1))
 [ ! -e "$tmp/nope.npy" ] && ! ls "$tmp"/*.cw-* >/dev/null 2>&1 || bad "a failed --ranks run left $(ls "$tmp"/nope.npy "$tmp"/*.cw-* 2>/dev/null)"

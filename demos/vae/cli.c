@@ -83,8 +83,9 @@ static void usage(FILE *f) {
             "across processes (cpu backend; needs a cw-vae built with MPI)\n"
             "  --ranks N             one decode over N local processes: cw-vae starts mpirun -n N (Open MPI,\n"
             "                        or $CW_VAE_MPIRUN), each rank holds a band of rows of every tensor and\n"
-            "                        sends halos and GroupNorm partials to its neighbours; rank 0 gathers\n"
-            "                        the output. Bit-identical to one process with the same --patches N;\n"
+            "                        exchanges halos, GroupNorm partials and attention's inputs with the\n"
+            "                        others; rank 0 gathers the output. Bit-identical to one process with\n"
+            "                        the same --patches P (P >= N: below N each conv gets N patches);\n"
             "                        --patches auto cuts each conv in at least N patches. Prints each rank's\n"
             "                        time, working memory and peak RSS. --threads is then per rank (default:\n"
             "                        the cores / N). --ranks 1 (default) is one process, the baseline\n"
@@ -463,6 +464,8 @@ static int check_combination(const opts *o) {
         if (o->compare || o->tune) return die_usage("--ranks: not with --compare or --tune (use --compare-ranks)");
         if (o->trace) return die_usage("--trace is for a run in one process, not --ranks");
         if (o->backend == CW_BACKEND_CUDA) return die_usage("--ranks runs on the cpu backend (the MPI messages are host memory)");
+        if (!o->rank_area && (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE")))
+            return die_usage("--ranks %d: cw-vae starts mpirun itself: run it without mpirun", o->ranks);
     }
     if (o->scaled_latent && o->cfg.latents_stats)
         return die_usage("--scaled-latent: %s has latents_mean/latents_std, which cw-vae does not apply", o->model_config);
