@@ -176,11 +176,11 @@ static int mpi_tag(const comm_mpi *c, int64_t tag) {
     return (int)(t % ((uint64_t)c->tag_ub + 1));
 }
 
-/* Moves bytes [0, n) of buf to or from peer in CHUNK pieces. */
+/* Moves bytes [0, n) of buf (n > 0: the header at least) to or from peer in CHUNK pieces. */
 static int move(comm_mpi *c, int sending, char *buf, int64_t n, int peer, int64_t tag, double deadline) {
     char what[96];
     snprintf(what, sizeof(what), "%s rank %d, tag %" PRId64, sending ? "send to" : "recv from", peer, tag);
-    for (int64_t off = 0; off < n || (off == 0 && n == 0); off += CHUNK) {
+    for (int64_t off = 0; off < n; off += CHUNK) {
         int cnt = (int)(n - off < CHUNK ? n - off : CHUNK);
         MPI_Request req;
         MPI_Status status;
@@ -201,7 +201,6 @@ static int move(comm_mpi *c, int sending, char *buf, int64_t n, int peer, int64_
                 return -1;
             }
         }
-        if (n == 0) break;
     }
     return 0;
 }
