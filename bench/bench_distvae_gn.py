@@ -12,10 +12,11 @@ swapped GroupNorm cuts its input into the R bands and adds the per-band partials
 (what the all_reduce computes, up to the collective's own summation order). Two formulas, both
 written from their description below, not copied:
 
-  approx  DistVAE 5742c02 (2024-06-19) through a7e7ee7 (2024-09-24, the mirror's HEAD); the
-          later 4-D/5-D rewrite keeps the same statistics. Each rank: its band mean (float32)
-          times its element count n_r, and torch.var of its band (unbiased, about the band's
-          OWN mean) times n_r; both all-reduced and divided by the global count n. So
+  approx  DistVAE 5742c02 (2024-06-19) through a7e7ee7 (2024-09-24, the mirror's HEAD); a
+          later 4-D/5-D version (patch_dim) in the code index keeps the same statistics. Each
+          rank: its band mean (float32) times its element count n_r, and torch.var of its
+          band (unbiased, about the band's OWN mean) times n_r; both all-reduced and divided
+          by the global count n. So
           var = sum_r n_r/(n_r-1) * SS_r / n, with SS_r the band's squared deviations about its
           own mean: the between-band term sum_r n_r (mean_r - mean)^2 / n is dropped.
   exact   DistVAE 4a341a9 .. 2f11db3 (2024-06-17..19, before 5742c02): per-band sums
@@ -24,10 +25,17 @@ written from their description below, not copied:
 
 convweave runs single-process here: its distributed plan gives bit-identical output to its
 single-process plan with the same patches (tests/test_dist.c checks that), so its error over
-any rank count is this one.
+any rank count is this one. Each swapped GroupNorm also measures its variance against the
+float64 variance of its own input (the probe: the formula's error at that layer alone).
+
+The default latent is 48 (384x384 image): on a 2-core machine with 2 threads the run takes
+about 7 min at 48, about 3.5 min at 32, and over 10 min at 64 (the float64 reference alone
+takes minutes). The numbers depend on the random weights: a trained decoder on a real image
+(sky above, ground below) may give bands whose means differ more than this random one's, and
+so a larger dropped between-band term; that is not measured here.
 
   PYTHONPATH=python/src CONVWEAVE_LIBRARY=build/libconvweave.so \\
-      ~/.cache/convweave/venv/bin/python bench/bench_distvae_gn.py [--latent 64] [--ranks 2,4,8]
+      ~/.cache/convweave/venv/bin/python bench/bench_distvae_gn.py [--latent 48] [--ranks 2,4,8]
 """
 import argparse
 import copy
@@ -105,9 +113,12 @@ def swap_groupnorms(vae, ranks, kind, h_latent, every, probe=None):
     return swapped
 
 
-def decode(vae, z):
+def decode(vae, z, what):
+    t0 = time.perf_counter()
     with torch.no_grad():
-        return vae.decode(z).sample
+        out = vae.decode(z).sample
+    print(f"  {what}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)  # progress
+    return out
 
 
 def errors(out, ref):
@@ -117,7 +128,7 @@ def errors(out, ref):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--latent", type=int, default=64, help="latent side (image side = 8x)")
+    ap.add_argument("--latent", type=int, default=48, help="latent side (image side = 8x); 64 = SD's 512x512")
     ap.add_argument("--ranks", default="2,4,8")
     ap.add_argument("--seed", type=int, default=0, help="weights' seed (the latent's is seed+1)")
     ap.add_argument("--threads", type=int, default=2)
@@ -134,16 +145,16 @@ def main():
                     generator=torch.Generator().manual_seed(args.seed + 1))
     n_gn = sum(isinstance(m, nn.GroupNorm) for m in vae.decoder.modules())
 
-    ref = decode(copy.deepcopy(vae).double(), z.double())
+    ref = decode(copy.deepcopy(vae).double(), z.double(), "float64 reference")
     rows = []  # (what, R, max abs, rms, note)
-    rows.append(("diffusers f32, plain GroupNorm", "-", *errors(decode(vae, z), ref), ""))
+    rows.append(("diffusers f32, plain GroupNorm", "-", *errors(decode(vae, z, "diffusers f32"), ref), ""))
 
     for kind in ("approx", "exact"):
         for r in ranks:
             v = copy.deepcopy(vae)
             probe = []
             n_swapped = swap_groupnorms(v, r, kind, args.latent, args.every_gn, probe)
-            out = decode(v, z)
+            out = decode(v, z, f"{kind} R={r}")
             worst = max(probe)
             note = f"largest rel. err of a GN's variance at its input: {worst[0]:.2e} ({worst[1]})"
             label = ("DistVAE approx GN (5742c02..HEAD)" if kind == "approx"
@@ -156,7 +167,7 @@ def main():
     v = copy.deepcopy(vae)
     convweave.diffusers.enable(v, threads=args.threads)
     rows.append((f"convweave {convweave.version()} (1 process = any rank count)", "any",
-                 *errors(decode(v, z), ref), "dist plan = 1-process plan, bit for bit (tests/test_dist.c)"))
+                 *errors(decode(v, z, "convweave"), ref), "dist plan = 1-process plan, bit for bit (tests/test_dist.c)"))
 
     side = 8 * args.latent
     print(f"SD-config AutoencoderKL decoder, RANDOM weights (tools/make_fixtures.py build_vae seed {args.seed}; "
