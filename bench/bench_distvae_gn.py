@@ -69,6 +69,10 @@ class BandGroupNorm(nn.Module):
         self.gn, self.ranks, self.kind, self.h_latent, self.name, self.probe = gn, ranks, kind, h_latent, name, probe
 
     def forward(self, x):
+        if x.dim() == 3:
+            # the mid block's attention norm (--every-gn): [N, C, H*W] at the latent's size,
+            # rows contiguous, so its bands are those of [N, C, H, W]
+            return self.forward(x.view(x.shape[0], x.shape[1], self.h_latent, -1)).view(x.shape)
         n_, c, h, w = x.shape
         g = self.gn.num_groups
         xg = x.view(n_, g, c // g, h, w)
