@@ -28,14 +28,14 @@ single-process plan with the same patches (tests/test_dist.c checks that), so it
 any rank count is this one. Each swapped GroupNorm also measures its variance against the
 float64 variance of its own input (the probe: the formula's error at that layer alone).
 
-The default latent is 48 (384x384 image): on a 2-core machine with 2 threads the run takes
-about 7 min at 48, about 3.5 min at 32, and over 10 min at 64 (the float64 reference alone
-takes minutes). The numbers depend on the random weights: a trained decoder on a real image
+The default latent is 64 (SD's 512x512 image). On a shared 2-core machine (load 5-8) with 2
+threads one run took 9.6 min at 64 (another, more loaded, over 10), 6.7 min at 48 and 3.4 min
+at 32; the float64 reference is the largest part. The numbers depend on the random weights: a trained decoder on a real image
 (sky above, ground below) may give bands whose means differ more than this random one's, and
 so a larger dropped between-band term; that is not measured here.
 
   PYTHONPATH=python/src CONVWEAVE_LIBRARY=build/libconvweave.so \\
-      ~/.cache/convweave/venv/bin/python bench/bench_distvae_gn.py [--latent 48] [--ranks 2,4,8]
+      ~/.cache/convweave/venv/bin/python bench/bench_distvae_gn.py [--latent 64] [--ranks 2,4,8]
 """
 import argparse
 import copy
@@ -132,7 +132,7 @@ def errors(out, ref):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--latent", type=int, default=48, help="latent side (image side = 8x); 64 = SD's 512x512")
+    ap.add_argument("--latent", type=int, default=64, help="latent side (image side = 8x)")
     ap.add_argument("--ranks", default="2,4,8")
     ap.add_argument("--seed", type=int, default=0, help="weights' seed (the latent's is seed+1)")
     ap.add_argument("--threads", type=int, default=2)
