@@ -41,14 +41,14 @@ class Comm:
 
     def __init__(self, process_group=None, timeout=60.0):
         dist = _dist()
-        if not dist.is_initialized():
-            raise ArgumentError("convweave.dist.Comm: torch.distributed is not initialised (call "
-                                "torch.distributed.init_process_group first)")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ArgumentError(f"convweave.dist.Comm: timeout={timeout!r}: expected seconds > 0")
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise ArgumentTypeError(f"convweave.dist.Comm: process_group is a {type(process_group).__name__}, not a "
                                     "torch.distributed ProcessGroup")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ArgumentError(f"convweave.dist.Comm: timeout={timeout!r}: expected seconds > 0")
+        if not dist.is_initialized():
+            raise ArgumentError("convweave.dist.Comm: torch.distributed is not initialised (call "
+                                "torch.distributed.init_process_group first)")
         self.group = process_group
         rank = dist.get_rank(process_group)
         if rank < 0:
