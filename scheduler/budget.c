@@ -268,6 +268,35 @@ static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
                          (int)o->patch_axis);
     if (o->max_patch_rows < 0)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.max_patch_rows = %" PRId64 " < 0", o->max_patch_rows);
+    const cw_comm *c = o->comm;
+    if (!c) return CW_OK;
+    if (c->size != sizeof(cw_comm) || c->version != CW_COMM_VERSION)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.comm: size %zu / version %d, expected %zu / %d",
+                         c->size, c->version, sizeof(cw_comm), CW_COMM_VERSION);
+    if (c->n_ranks < 1 || c->n_ranks > 32 || c->rank < 0 || c->rank >= c->n_ranks)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.comm: rank %d of n_ranks %d (n_ranks must be 1..32, "
+                         "rank 0..n_ranks-1)", c->rank, c->n_ranks);
+    if (!c->send || !c->recv)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.comm: send and recv must both be set");
+    if (o->gather_rank < -1 || o->gather_rank >= c->n_ranks)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.gather_rank = %d, must be -1..%d", o->gather_rank,
+                         c->n_ranks - 1);
+    int streams = o->policy == CW_PATCHES_NONE ? 1 : (o->streams > 0 ? o->streams : ctx->cfg.streams);
+    if (c->n_ranks > 1 && streams + 1 > CW__MAX_STREAMS)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.streams = %d: a distributed plan adds a stream for "
+                         "its messages, at most %d in all", streams, CW__MAX_STREAMS);
+    return CW_OK;
+}
+
+/* This rank's share of the single-process plan p (distribute.c), simulated again under the
+ * budget: it runs a subset of the temporaries in the same order. */
+static cw_status cw__compile_distributed(cw_plan *p, int64_t budget) {
+    CW_TRY(cw__plan_distribute(p));
+    int64_t peak = 0, used = 0;
+    p->arena = budget > 0 ? budget / 512 * 512 : 0;
+    CW_TRY(cw__plan_simulate(p, &peak, &used, NULL));
+    cw__fit_arena(p, used, &peak);
+    p->temp_predicted = peak;
     return CW_OK;
 }
 
@@ -487,6 +516,7 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
     cw_context *ctx = g->ctx;
     CW_TRY(cw__opt_check(ctx, opt));
     if (g->n_outputs == 0) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_graph_compile: the graph has no outputs");
+    if (opt->comm) CW_TRY(cw__comm_check_config(g, opt));
     int64_t budget = cw__opt_budget(ctx, opt);
     cw_plan *p = NULL;
     cw_status st = opt->memory_budget > 0 ? cw__compile_in_memory(g, opt, budget, &p) : cw__compile_at(g, opt, budget, 1, NULL, &p);
@@ -500,7 +530,8 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
                          budget, (double)budget / 1048576.0, need, (double)need / 1048576.0);
     }
     CW_TRY(st);
-    if ((st = cw__plan_prepare_run(p, budget)) != CW_OK || (st = cw__plan_prepare_convs(p)) != CW_OK) {
+    if ((opt->comm && (st = cw__compile_distributed(p, budget)) != CW_OK) ||
+        (st = cw__plan_prepare_run(p, budget)) != CW_OK || (st = cw__plan_prepare_convs(p)) != CW_OK) {
         cw__plan_free(p);
         return st;
     }

@@ -123,6 +123,22 @@ cw_status cw_plan_describe(const cw_plan *p, char **out, int json) {
     cw__sbf(&b, ", predicted peak temp %.2f MiB, activations %.2f MiB, conv %.3f GFLOP, halo recompute %.3f%% FLOPs\n",
             (double)p->temp_predicted / 1048576.0, (double)p->act_bytes / 1048576.0, p->conv_gflop,
             p->stats.halo_overhead_pct);
+    if (p->opt.comm && p->opt.comm->n_ranks > 1) {
+        int64_t n[2] = {0, 0}, bytes[2] = {0, 0};
+        for (int k = 0; k < p->n_tasks; k++) {
+            const cw__task *t = &p->tasks[k];
+            if (t->kind != CW__T_SEND && t->kind != CW__T_RECV) continue;
+            int r = t->kind == CW__T_RECV;
+            cw_tensor_desc d;
+            d = p->bufs[t->u.comm.v.buf].d;
+            for (int i = 0; i < t->u.comm.v.rank; i++) d.dims[i] = t->u.comm.v.dims[i];
+            n[r]++, bytes[r] += cw__desc_bytes(&d);
+        }
+        cw__sbf(&b, "rank %d of %d: its share of the single-process plan; sends %" PRId64 " messages (%.2f MiB), "
+                    "receives %" PRId64 " (%.2f MiB) on stream %d\n",
+                p->opt.comm->rank, p->opt.comm->n_ranks, n[0], (double)bytes[0] / 1048576.0, n[1],
+                (double)bytes[1] / 1048576.0, p->comm_stream);
+    }
     for (int c = 0; c < p->n_convs; c++) {
         const cw__conv_info *ci = &p->convs[c];
         const cw__task *t0 = &p->tasks[ci->tasks[0]];

@@ -32,7 +32,9 @@ static cw__view cw__resolve(const cw_plan *p, const cw__vref *r) {
     cw__view v;
     memset(&v, 0, sizeof v);
     const cw_tensor_desc *bd = &p->rdesc[r->buf];
-    const int64_t off = cw__vref_desc(bd, r, &v.d);
+    const cw__buf *b = &p->bufs[r->buf];
+    int64_t off = cw__vref_desc(bd, r, &v.d);
+    if (b->row0) off -= b->row0 * bd->strides[b->ax]; /* a rank's rows of the tensor (distribute.c) */
     v.data = (char *)p->ptrs[r->buf] + off * (int64_t)cw_dtype_size(bd->dtype);
     return v;
 }
@@ -108,6 +110,44 @@ static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *
     return st;
 }
 
+/* A message to or from another rank (distribute.c). Where streams are host threads the
+ * communicator's call runs there, in stream order, and blocks; else it enqueues on the
+ * native stream. The first failure is kept for cw_plan_run; later calls are skipped. */
+struct cw__comm_arg {
+    cw_plan *p;
+    const cw__task *t;
+    cw__view v;
+};
+
+static void cw__comm_fail(cw_plan *p, const cw__task *t, cw_status st) {
+    int ok = CW_OK;
+    if (atomic_compare_exchange_strong(&p->comm_status, &ok, (int)st))
+        snprintf(p->comm_msg, sizeof p->comm_msg, "rank %d: %s (message %" PRId64 ") failed: %s", p->opt.comm->rank,
+                 t->name, t->u.comm.tag, cw_status_name(st));
+}
+
+static cw_status cw__comm_call(cw_plan *p, const cw__task *t, cw__view *v, void *stream) {
+    const cw_comm *c = p->opt.comm;
+    if (t->kind == CW__T_SEND) return c->send(c->user, &v->d, v->data, t->u.comm.peer, t->u.comm.tag, stream);
+    return c->recv(c->user, &v->d, v->data, t->u.comm.peer, t->u.comm.tag, stream);
+}
+
+static void cw__host_comm(void *arg) {
+    struct cw__comm_arg *a = arg;
+    if (atomic_load(&a->p->comm_status) != CW_OK) return;
+    cw_status st = cw__comm_call(a->p, a->t, &a->v, NULL);
+    if (st != CW_OK) cw__comm_fail(a->p, a->t, st == CW_ERR_COMM ? st : CW_ERR_COMM);
+}
+
+static cw_status cw__enqueue_comm(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
+    struct cw__comm_arg *a = &p->comm_args[t - p->tasks];
+    a->p = p, a->t = t, a->v = cw__resolve(p, &t->u.comm.v);
+    if (be->rt->caps & CW__CAP_HOST_STREAMS) return be->rt->launch_host(be, s, cw__host_comm, a);
+    cw_status st = cw__comm_call(p, t, &a->v, be->rt->stream_handle ? be->rt->stream_handle(be, s) : NULL);
+    if (st != CW_OK) cw__comm_fail(p, t, st);
+    return st;
+}
+
 static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
     switch (t->kind) {
     case CW__T_CONV: {
@@ -153,6 +193,8 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
                               t->u.fin.groups, gm.data, bt.data, t->u.fin.eps, ss, ss + t->u.fin.n * t->u.fin.c);
     }
     case CW__T_ATTN: return cw__enqueue_attention(p, be, s, t);
+    case CW__T_SEND:
+    case CW__T_RECV: return cw__enqueue_comm(p, be, s, t);
     case CW__T_OP: {
         cw__op_args a;
         memset(&a, 0, sizeof a);
@@ -498,7 +540,12 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     cw_status st = cw__check_bindings(p, inputs, n_inputs, outputs, n_outputs);
     if (st == CW_OK) st = cw__check_attention_operands(p, inputs, outputs);
     if (st == CW_OK) st = cw__plan_acquire(p); /* after cw_plan_release */
+    if (st == CW_OK && p->opt.comm && !p->comm_args) {
+        p->comm_args = cw__calloc((size_t)p->n_tasks + 1, sizeof *p->comm_args);
+        if (!p->comm_args) st = cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cw_plan_run: out of host memory");
+    }
     CW_TRY(st);
+    atomic_store(&p->comm_status, CW_OK);
     for (int b = 0; b < p->n_bufs; b++) {
         const cw_tensor *t = cw__bound(&p->bufs[b], inputs, outputs);
         if (t) {
@@ -515,6 +562,8 @@ cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_ten
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_push("cw_plan_run", 0, 0);
     int64_t peak = 0;
     st = cw__plan_execute(p, ctx->be, p->temp, 0, &peak, NULL);
+    int cs = atomic_load(&p->comm_status);
+    if (cs != CW_OK) st = cw__error(ctx, (cw_status)cs, "cw_plan_run: %s", p->comm_msg);
     if (ctx->cfg.flags & CW_FLAG_NVTX) cw__nvtx_pop();
     int64_t t1 = cw__now_ns();
     p->stats.host_syncs = ctx->be->rt->host_syncs(ctx->be) - syncs0 - p->n_streams;

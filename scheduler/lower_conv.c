@@ -44,7 +44,9 @@ static int cw__axes(const cw__lower *L, const cw__conv_unit *u, int rank) {
     const cw_compile_options *o = &L->p->opt;
     if (rank != 5 || u->rec >= 0 || u->pass1 || u->rec_x || L->none) return CW__AX_H;
     if (o->patch_axis == CW_PATCH_AXIS_D) return CW__AX_D;
-    if (o->patch_axis == CW_PATCH_AXIS_H || o->max_patch_rows > 0 || o->policy == CW_PATCHES_FIXED) return CW__AX_H;
+    /* a distributed plan's bands follow one axis: H unless D is asked for (distribute.c) */
+    if (o->patch_axis == CW_PATCH_AXIS_H || o->max_patch_rows > 0 || o->policy == CW_PATCHES_FIXED || o->comm)
+        return CW__AX_H;
     return CW__AX_H | CW__AX_D;
 }
 
@@ -62,6 +64,8 @@ static cw__conv_share cw__share(const cw__lower *L, int prep, int ybuf, int64_t 
     sh.prep = prep;
     sh.ybuf = ybuf;
     sh.p_min = o->max_patch_rows > 0 ? (int)((h_out + o->max_patch_rows - 1) / o->max_patch_rows) : 1;
+    /* distributed: a band per rank at least, so that every rank has its share of each conv */
+    if (o->comm && sh.p_min < o->comm->n_ranks) sh.p_min = (int)(o->comm->n_ranks < h_out ? o->comm->n_ranks : h_out);
     sh.p_fixed = o->policy == CW_PATCHES_FIXED ? o->patches : 0;
     sh.single = L->none;
     return sh;

@@ -60,6 +60,9 @@ typedef struct cw__buf {
     cw_tensor_desc d;    /* dims; strides are the run-time tensor's for externals */
     int64_t bytes;       /* for ACT/TEMP */
     int64_t offset;      /* ACT: byte offset in the plan's activation arena (arena.c) */
+    int ax;              /* a rank's share of a distributed plan (distribute.c): d holds rows */
+    int64_t row0;        /* [row0, row0 + d.dims[ax]) along dim ax of the whole tensor; views
+                            keep whole-tensor coordinates (cw__resolve subtracts row0) */
     const cw_tensor *t;  /* for CONST */
 } cw__buf;
 
@@ -71,7 +74,9 @@ typedef struct cw__vref {
     int64_t dims[CW_MAX_RANK];
 } cw__vref;
 
-typedef enum { CW__T_CONV, CW__T_PREP, CW__T_ADD, CW__T_STATS, CW__T_FINALIZE, CW__T_ATTN, CW__T_OP } cw__tkind;
+/* CW__T_SEND / CW__T_RECV: rows of a buffer to / from another rank (distribute.c). */
+typedef enum { CW__T_CONV, CW__T_PREP, CW__T_ADD, CW__T_STATS, CW__T_FINALIZE, CW__T_ATTN, CW__T_OP, CW__T_SEND,
+               CW__T_RECV } cw__tkind;
 
 typedef struct cw__task {
     cw__tkind kind;
@@ -132,6 +137,11 @@ typedef struct cw__task {
             int s_buf;
             float scale;
         } attn;
+        struct {
+            cw__vref v;      /* whole-tensor coordinates */
+            int peer;
+            int64_t tag;     /* the message's index in the plan, the same on both ranks */
+        } comm;
     } u;
 } cw__task;
 
@@ -215,10 +225,23 @@ struct cw_plan {
     _Atomic int64_t progress_done;
     cw_plan_stats stats;
     int ran;
+    /* distributed (opt.comm): the comm stream (n_streams - 1), each output's band on this
+     * rank (3 per output: axis, r0, r1), and the run's first comm failure */
+    int comm_stream;
+    int64_t *bands;
+    struct cw__comm_arg *comm_args; /* per task (cpu: the host call's view), during a run */
+    _Atomic int comm_status;
+    char comm_msg[256];
 };
 
 /* arena.c: places every activation at a fixed offset of one arena (after cw__plan_sync). */
 cw_status cw__plan_place_activations(cw_plan *p);
+/* distribute.c: makes p, a finished single-process plan, this rank's share under
+ * p->opt.comm (a no-op without one), then places its events, frees and activations again. */
+cw_status cw__plan_distribute(cw_plan *p);
+/* distribute.c: checks that every rank compiles g with the same options (compile time,
+ * host calls); names what differs. */
+cw_status cw__comm_check_config(cw_graph *g, const cw_compile_options *opt);
 /* graph.c */
 const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
 /* lower.c: lowers g into a plan sized under `budget` (< 0 unlimited) that must fit `cap`

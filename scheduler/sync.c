@@ -25,6 +25,8 @@ int cw__task_bufs(const cw__task *t, int *out) {
         b[0] = t->u.attn.q.buf, b[1] = t->u.attn.k.buf, b[2] = t->u.attn.v.buf, b[3] = t->u.attn.o.buf;
         b[4] = t->u.attn.s_buf;
         break;
+    case CW__T_SEND:
+    case CW__T_RECV: b[0] = t->u.comm.v.buf; break;
     }
     for (int i = 0; i < CW__TASK_MAX_BUFS; i++)
         if (b[i] >= 0) out[n++] = b[i];
