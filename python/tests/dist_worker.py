@@ -33,6 +33,10 @@ def latent(shape=LATENT):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(11))
 
 
+def image():
+    return torch.rand(1, 3, 32, 48, generator=torch.Generator().manual_seed(12)) * 2 - 1
+
+
 def build(seed=SEED):
     return mf.build_vae(mf.CONFIGS["tiny"], seed)
 
@@ -81,9 +85,14 @@ def scenario_decode(rank, world, out):
     groups[4], members[4] = dist.group.WORLD, [0, 1, 2, 3]
     for n in (1, 2, 3, 4):
         if rank in members[n]:
-            st = cd.enable(vae, patches=PATCHES, process_group=groups[n], gather=n != 3)
+            # the encoder too on 2 ranks only: enable() exports each part it wraps
+            st = cd.enable(vae, patches=PATCHES, process_group=groups[n], gather=n != 3, encoder=n == 2)
             out[f"enable{n}"] = (decode(vae, z), st.bands())
             out[f"repr{n}"] = repr(st)
+            out[f"describe{n}"] = cd.describe(vae)
+            if n == 2:
+                with torch.no_grad():
+                    out["encode2"] = vae.encode(image()).latent_dist.mean
             cd.disable(vae)
     mod = SinThenConv(vae.decoder).eval()
     w = cwt.wrap(mod, (z,), patches=PATCHES, process_group=cdist.Comm(None, timeout=TIMEOUT), gather=False)

@@ -72,14 +72,17 @@ def reference():
     with torch.no_grad():
         f64 = vae.double().decode(z.double()).sample
         vae.float()
-        one = cd.enable(vae, patches=W.PATCHES)
+        one = cd.enable(vae, patches=W.PATCHES, encoder=False)
         assert one is not None
         f32 = vae.decode(z).sample
         cd.disable(vae)
         mod = W.SinThenConv(vae.decoder).eval()
         wrapped = cwt.wrap(mod, (z,), patches=W.PATCHES)(z)
+        cd.enable(vae, patches=W.PATCHES, decoder=False)
+        enc = vae.encode(W.image()).latent_dist.mean
+        cd.disable(vae)
         dec = cwt.wrap(vae.decoder, (z,), patches=W.PATCHES, budget="256MiB")(z)
-    return {"f32": f32, "f64": f64, "wrap": wrapped, "decoder": dec}
+    return {"f32": f32, "f64": f64, "wrap": wrapped, "decoder": dec, "encode": enc}
 
 
 def test_ranks_1_to_4_give_the_single_process_bits(tmp_path, reference):
@@ -91,6 +94,7 @@ def test_ranks_1_to_4_give_the_single_process_bits(tmp_path, reference):
     for n, ranks in members.items():
         for r in ranks:
             assert f"rank {ranks.index(r)} of {n}" in results[r][f"repr{n}"], results[r][f"repr{n}"]
+            assert n == 1 or f"rank {ranks.index(r)} of {n}" in results[r][f"describe{n}"]
         if n == 3:  # gather=False: each rank its band of rows (dim 2), in rank order the whole image
             bands = [results[r]["enable3"] for r in ranks]
             for g, (t, b) in enumerate(bands):
@@ -105,6 +109,8 @@ def test_ranks_1_to_4_give_the_single_process_bits(tmp_path, reference):
             assert b is None
             assert out.shape == ref.shape and torch.equal(out, ref), (n, r, (out - ref).abs().max().item())
             assert rel_err(out.double(), reference["f64"]) <= 1e-5
+    for r in members[2]:  # the encoder, gathered on 2 ranks
+        assert torch.equal(results[r]["encode2"], reference["encode"]), r
     # wrap() with PyTorch between two segments: the first gathered and broadcast, the second in bands
     for r in range(4):
         assert results[r]["wrap_describe"] == {"rank": r, "n_ranks": 4, "gather": False, "nodes_fallback": 1}
@@ -148,7 +154,7 @@ def test_mismatched_configuration_is_named_on_every_rank(tmp_path, reference):
 
 
 def test_process_group_arguments():
-    """What is refused before any message: no initialised group, a CUDA vae, a video vae."""
+    """What is refused before any message: no initialised group, a bad gather, not a group."""
     with pytest.raises(convweave.Error, match="not initialised"):
         convweave.dist.Comm()
     vae = W.build()
@@ -156,3 +162,45 @@ def test_process_group_arguments():
         cd.enable(vae, gather=1)
     with pytest.raises(TypeError, match="not a torch.distributed ProcessGroup"):
         cwt.wrap(vae.decoder, (W.latent(),), process_group="world")
+
+
+def test_one_rank_group_in_process(tmp_path):
+    """A group of one (this process): the plan is the single-process one; gather=False's
+    rule on outputs made in PyTorch; a Comm is shared by deepcopy and refuses pickle."""
+    import copy
+    import pickle
+    nn = torch.nn
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(convweave.Error, match="timeout=0"):
+            convweave.dist.Comm(timeout=0)
+        comm = convweave.dist.Comm(timeout=5)
+        assert (comm.rank, comm.n_ranks) == (0, 1) and "rank 0 of 1" in repr(comm)
+        assert copy.deepcopy(comm) is comm
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            pickle.dumps(comm)
+        torch.manual_seed(0)
+        conv = nn.Conv2d(3, 4, 3, padding=1).eval()
+        x = torch.randn(1, 3, 12, 10)
+        with torch.no_grad():
+            ref = cwt.wrap(conv, (x,), patches=2)(x)
+            w = cwt.wrap(conv, (x,), patches=2, process_group=comm, gather=False)
+            assert torch.equal(w(x), ref) and w.bands() == [(2, 0, 12)]
+            d = w.describe()
+            assert (d["rank"], d["n_ranks"], d["gather"]) == (0, 1, False)
+
+        class ConvSin(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = conv
+                self.eval()
+
+            def forward(self, x):
+                return torch.sin(self.conv(x))
+        with pytest.raises(convweave.Error, match="output 0 is no band: it is computed in PyTorch"):
+            cwt.wrap(ConvSin(), (x,), process_group=dist.group.WORLD, gather=False)
+        with torch.no_grad():  # gathered, the same module is fine
+            out = cwt.wrap(ConvSin(), (x,), patches=2, process_group=dist.group.WORLD)(x)
+            assert torch.equal(out, cwt.wrap(ConvSin(), (x,), patches=2)(x))
+    finally:
+        dist.destroy_process_group()

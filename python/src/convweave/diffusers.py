@@ -685,7 +685,8 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
     moments; gather=False: each rank its band of rows (dim 2; the decoder's
     ConvweaveDecoder.bands() after a call names them), which diffusers' post-processing
     (quant_conv, the latent distribution) handles row by row. CUDA vaes and the video
-    autoencoders with a process group raise convweave.Error (CW_ERR_UNSUPPORTED)."""
+    autoencoders with a process group raise convweave.Error (CW_ERR_UNSUPPORTED). A vae
+    enabled with a process group cannot be pickled (deepcopy shares its Comm)."""
     _check_options(streams, threads, max_plans, patches)
     if not isinstance(gather, bool):
         raise ArgumentError(f"convweave.diffusers: gather={gather!r}: expected True or False")
