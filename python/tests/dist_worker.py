@@ -27,6 +27,7 @@ SEED = 3          # the vae's weights; test_dist.py builds the same
 PATCHES = 4       # every plan's fixed patch count, as the single-process reference
 LATENT = (1, 4, 8, 8)
 TIMEOUT = 4.0     # seconds a message may take before the Comm gives up
+THREADS = 1       # cpu threads a rank: 4 ranks share 2 cores (the bits do not depend on it)
 
 
 def latent(shape=LATENT):
@@ -86,7 +87,8 @@ def scenario_decode(rank, world, out):
     for n in (1, 2, 3, 4):
         if rank in members[n]:
             # the encoder too on 2 ranks only: enable() exports each part it wraps
-            st = cd.enable(vae, patches=PATCHES, process_group=groups[n], gather=n != 3, encoder=n == 2)
+            st = cd.enable(vae, patches=PATCHES, process_group=groups[n], gather=n != 3, encoder=n == 2,
+                           threads=THREADS)
             out[f"enable{n}"] = (decode(vae, z), st.bands())
             out[f"repr{n}"] = repr(st)
             out[f"describe{n}"] = cd.describe(vae)
@@ -95,7 +97,8 @@ def scenario_decode(rank, world, out):
                     out["encode2"] = vae.encode(image()).latent_dist.mean
             cd.disable(vae)
     mod = SinThenConv(vae.decoder).eval()
-    w = cwt.wrap(mod, (z,), patches=PATCHES, process_group=cdist.Comm(None, timeout=TIMEOUT), gather=False)
+    w = cwt.wrap(mod, (z,), patches=PATCHES, process_group=cdist.Comm(None, timeout=TIMEOUT), gather=False,
+                 threads=THREADS)
     with torch.no_grad():
         out["wrap_band"] = (w(z), w.bands())
     d = w.describe()
@@ -109,7 +112,7 @@ def scenario_kill(rank, world, out, variant):
     raise convweave.Error within the Comm's timeout."""
     vae, z = build(), latent()
     comm = cdist.Comm(timeout=TIMEOUT)
-    w = cwt.wrap(vae.decoder, (z,), patches=PATCHES, process_group=comm)
+    w = cwt.wrap(vae.decoder, (z,), patches=PATCHES, process_group=comm, threads=THREADS)
     victim = rank == world - 1
     if victim and variant == "after_compile":
         os._exit(0)
@@ -134,18 +137,18 @@ def scenario_mismatch(rank, world, out):
     """Rank 1 differs from rank 0 in one thing: the latent's shape, the weights or the
     budget, each on a group of its own (a check that stops half way leaves nothing
     behind for the next). Compiling (in wrap) must raise convweave.Error on every rank
-    naming it; then the same on both compiles and runs."""
+    naming it; then the same on both compiles and runs, with fixed and with automatic patches."""
     odd = rank == 1
     vaes = {SEED: build(SEED), SEED + 1: build(SEED + 1)}
-    for variant in MISMATCHES + ("same",):
+    for variant in MISMATCHES + ("same", "auto"):
         group = dist.new_group([0, 1])
         vae = vaes[SEED + 1 if odd and variant == "weights" else SEED]
         z = latent((1, 4, 8, 10) if odd and variant == "shape" else LATENT)
         budget = "1MiB" if odd and variant == "budget" else "256MiB"  # enable()'s, as the reference
 
-        def compile_and_run():
-            w = cwt.wrap(vae.decoder, (z,), patches=PATCHES, budget=budget,
-                         process_group=cdist.Comm(group, timeout=TIMEOUT))
+        def compile_and_run():  # "auto": patches=None, the planner's choice (at least 2 per conv)
+            w = cwt.wrap(vae.decoder, (z,), patches=None if variant == "auto" else PATCHES, budget=budget,
+                         process_group=cdist.Comm(group, timeout=TIMEOUT), threads=THREADS)
             with torch.no_grad():
                 return w(z)
         out[variant] = caught(compile_and_run)

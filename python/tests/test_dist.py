@@ -151,6 +151,9 @@ def test_mismatched_configuration_is_named_on_every_rank(tmp_path, reference):
     for r in range(2):  # then groups that agree compile and run
         kind, out = results[r]["same"]
         assert kind == "ok" and torch.equal(out, reference["decoder"]), (r, out)
+        kind, auto = results[r]["auto"]
+        assert kind == "ok" and rel_err(auto, reference["decoder"]) <= 1e-5, (r, auto)
+        assert torch.equal(auto, results[0]["auto"][1])  # gathered: the same bits on both ranks
 
 
 def test_process_group_arguments():
