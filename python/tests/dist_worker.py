@@ -18,15 +18,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools")
 import torch.distributed as dist  # noqa: E402
 
 import convweave  # noqa: E402
-import convweave.diffusers as cd  # noqa: E402
 import convweave.dist as cdist  # noqa: E402
 import convweave.torch as cwt  # noqa: E402
-import make_fixtures as mf  # noqa: E402
 
 SEED = 3          # the vae's weights; test_dist.py builds the same
 PATCHES = 4       # every plan's fixed patch count, as the single-process reference
 LATENT = (1, 4, 8, 8)
-TIMEOUT = 4.0     # seconds a message may take before the Comm gives up
+TIMEOUT = 3.0     # seconds a message of a run may take before the Comm gives up (dead-rank runs)
+SLOW = 60.0       # the same while compiling: a message there waits for the slowest rank's export
 THREADS = 1       # cpu threads a rank: 4 ranks share 2 cores (the bits do not depend on it)
 
 
@@ -39,7 +38,30 @@ def image():
 
 
 def build(seed=SEED):
+    import make_fixtures as mf  # diffusers: 2-3 s of import, so only the scenarios that need it
     return mf.build_vae(mf.CONFIGS["tiny"], seed)
+
+
+class Small(torch.nn.Module):
+    """conv -> GroupNorm -> SiLU -> upsample -> conv -> SiLU -> conv: halos and GroupNorm
+    partials between ranks, without diffusers' import (the dead-rank runs start 3 processes)."""
+
+    def __init__(self, seed=SEED):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.c1 = torch.nn.Conv2d(4, 16, 3, padding=1)
+        self.gn = torch.nn.GroupNorm(4, 16)
+        self.c2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.c3 = torch.nn.Conv2d(16, 3, 3, padding=1)
+        self.eval()
+
+    def forward(self, z):
+        h = torch.nn.functional.silu(self.gn(self.c1(z)))
+        h = self.c2(torch.nn.functional.interpolate(h, scale_factor=2.0, mode="nearest"))
+        return self.c3(torch.nn.functional.silu(h))
+
+
+SMALL_INPUT = (1, 4, 16, 16)
 
 
 class SinThenConv(torch.nn.Module):
@@ -80,6 +102,7 @@ def scenario_decode(rank, world, out):
     then wrap() on 4 ranks of a module with PyTorch between two segments, in bands: the
     first segment gathered and broadcast, the second banded. (Each Program exports its
     module anew, a second or more on a loaded machine: the scenario keeps to four a rank.)"""
+    import convweave.diffusers as cd
     vae, z = build(), latent()
     members = {1: [3], 2: [1, 3], 3: [0, 1, 2]}
     groups = {n: dist.new_group(r) for n, r in members.items()}  # every rank makes every group
@@ -97,7 +120,7 @@ def scenario_decode(rank, world, out):
                     out["encode2"] = vae.encode(image()).latent_dist.mean
             cd.disable(vae)
     mod = SinThenConv(vae.decoder).eval()
-    w = cwt.wrap(mod, (z,), patches=PATCHES, process_group=cdist.Comm(None, timeout=TIMEOUT), gather=False,
+    w = cwt.wrap(mod, (z,), patches=PATCHES, process_group=cdist.Comm(None, timeout=SLOW), gather=False,
                  threads=THREADS)
     with torch.no_grad():
         out["wrap_band"] = (w(z), w.bands())
@@ -107,12 +130,14 @@ def scenario_decode(rank, world, out):
 
 
 def scenario_kill(rank, world, out, variant):
-    """The last rank dies (os._exit, outside any callback): right after compiling
+    """The last rank dies (os._exit, outside any callback): right after compiling wrap(Small)
     (after_compile) or once its run has moved a message (mid_run). The others' call must
     raise convweave.Error within the Comm's timeout."""
-    vae, z = build(), latent()
-    comm = cdist.Comm(timeout=TIMEOUT)
-    w = cwt.wrap(vae.decoder, (z,), patches=PATCHES, process_group=comm, threads=THREADS)
+    z = latent(SMALL_INPUT)
+    comm = cdist.Comm(timeout=SLOW)
+    w = cwt.wrap(Small(), (z,), patches=PATCHES, process_group=comm, threads=THREADS)
+    dist.barrier()  # the runs start together: a short timeout then means a dead peer, not a slow export
+    comm.timeout = TIMEOUT
     victim = rank == world - 1
     if victim and variant == "after_compile":
         os._exit(0)
@@ -148,7 +173,7 @@ def scenario_mismatch(rank, world, out):
 
         def compile_and_run():  # "auto": patches=None, the planner's choice (at least 2 per conv)
             w = cwt.wrap(vae.decoder, (z,), patches=None if variant == "auto" else PATCHES, budget=budget,
-                         process_group=cdist.Comm(group, timeout=TIMEOUT), threads=THREADS)
+                         process_group=cdist.Comm(group, timeout=SLOW), threads=THREADS)
             with torch.no_grad():
                 return w(z)
         out[variant] = caught(compile_and_run)

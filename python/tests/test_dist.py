@@ -2,9 +2,10 @@
 of 1-4 processes on this machine (dist_worker.py, one process per rank) decode a tiny
 random-weight AutoencoderKL. Every rank's result has the bits of the single-process plan
 with the same patches and matches the float64 decode; bands concatenate to it; a dead
-rank and a rank configured differently raise convweave.Error on the others, in bounded
-time. Each launch starts fresh Python processes (torch, diffusers): about 10 s each on 2
-cores, the file well under 2 minutes. Marked `dist`: -m "not dist" skips them."""
+rank (of a small conv net) and a rank configured differently raise convweave.Error on the
+others, in bounded time. Each launch starts fresh Python processes (torch, and diffusers
+where the VAE is used): about 100 s of CPU for the file, some 60 s on 2 idle cores. Marked
+`dist`: -m "not dist" skips them."""
 import os
 import subprocess
 import sys

@@ -34,7 +34,9 @@ class Comm:
     group). rank, n_ranks: this process's rank in the group and the group's size. Each
     message is a blocking isend / irecv between group ranks, waited for at most `timeout`
     seconds: a dead or stuck peer makes the call return CW_ERR_COMM, so the plan's run (or
-    compile) raises convweave.Error naming what failed, never hangs. The callbacks run on
+    compile) raises convweave.Error naming what failed, never hangs; `timeout` may be changed
+    between calls (a long one for compiling, which waits for the slowest rank to get there;
+    a short one for runs that start together). The callbacks run on
     the plan's comm thread (cpu backend) or the compiling thread, take the GIL themselves
     and never raise into C; the first failure's text is kept for the Error (take_error).
     Keep the Comm alive as long as plans compiled with it (Plan holds it)."""
@@ -44,8 +46,7 @@ class Comm:
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise ArgumentTypeError(f"convweave.dist.Comm: process_group is a {type(process_group).__name__}, not a "
                                     "torch.distributed ProcessGroup")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ArgumentError(f"convweave.dist.Comm: timeout={timeout!r}: expected seconds > 0")
+        self.timeout = timeout
         if not dist.is_initialized():
             raise ArgumentError("convweave.dist.Comm: torch.distributed is not initialised (call "
                                 "torch.distributed.init_process_group first)")
@@ -59,7 +60,6 @@ class Comm:
             raise Error("CW_ERR_UNSUPPORTED", f"convweave.dist.Comm: the process group's backend is {self.backend!r}: "
                         "convweave moves CPU tensors through gloo (init_process_group('gloo') or "
                         "'cpu:gloo,cuda:nccl'); NCCL from Python is not supported")
-        self.timeout = datetime.timedelta(seconds=float(timeout))
         self._global = [dist.get_global_rank(process_group, r) if process_group is not None else r
                         for r in range(self.n_ranks)]
         self._lock = threading.Lock()
@@ -81,6 +81,17 @@ class Comm:
 
     def __repr__(self):
         return f"<convweave.dist.Comm rank {self.rank} of {self.n_ranks} ({self.backend})>"
+
+    @property
+    def timeout(self):
+        """Seconds each message (and each broadcast between segments) may take."""
+        return self._timeout.total_seconds()
+
+    @timeout.setter
+    def timeout(self, seconds):
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ArgumentError(f"convweave.dist.Comm: timeout={seconds!r}: expected seconds > 0")
+        self._timeout = datetime.timedelta(seconds=float(seconds))
 
     @property
     def pointer(self):
@@ -122,8 +133,8 @@ class Comm:
         return flat.as_strided(dims, strides), dims, dtype
 
     def _wait(self, work):
-        if work is not None and work.wait(timeout=self.timeout) is False:
-            raise TimeoutError(f"no completion within {self.timeout.total_seconds():g} s")
+        if work is not None and work.wait(timeout=self._timeout) is False:
+            raise TimeoutError(f"no completion within {self.timeout:g} s")
 
     def _on_send(self, user, d, data, peer, tag, stream):
         try:
