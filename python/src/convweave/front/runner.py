@@ -104,45 +104,37 @@ class Program:
                 raise Error("CW_ERR_UNSUPPORTED", f"convweave: gather=False returns each rank's band of the module's "
                             f"outputs, but output {i} is no band: {why}; use gather=True")
 
-    def _band(self, v, t):
-        """Output value v (a Cw of a banded segment) over its node's tensor t: this rank's rows
-        along the logical dim that holds the band's axis, cloned so the whole buffer goes."""
-        j = v.seg.outputs.index(v.node)
-        axis, r0, r1 = v.seg.plan.band(j)
+    def _slice(self, v):
+        """Output value v (a Cw of a banded segment) -> (dim, start, stop): the slice of the
+        logical output that this rank's band of the node's rows is."""
+        axis, r0, r1 = v.seg.plan.band(v.seg.outputs.index(v.node))
         lay = v.layout
         g = lay.group_of(axis)
-        full = lay.to_torch(t)
-        if lay.udims[axis] == 1 or g is None:  # nothing to cut: the whole (one row)
-            return full if r1 > r0 else full.narrow(0, 0, 0)
+        if g is None:  # the band's axis has extent 1: the whole output, or none of it
+            return 0, 0, lay.shape[0] if r1 > r0 else 0
         group = lay.groups[g]
         k = group.index(axis)
-        if any(lay.udims[j2] != 1 for j2 in group[:k]):
+        if any(lay.udims[j] != 1 for j in group[:k]):
             raise Error("CW_ERR_UNSUPPORTED", f"convweave: gather=False: output dim {g} merges the band's axis {axis} "
                         "under an outer dim, so the band is not one slice; use gather=True")
         inner = 1
-        for j2 in group[k + 1:]:
-            inner *= lay.udims[j2]
-        return full.narrow(g, r0 * inner, (r1 - r0) * inner).clone()
+        for j in group[k + 1:]:
+            inner *= lay.udims[j]
+        return g, r0 * inner, r1 * inner
+
+    def _band(self, v, t):
+        """This rank's slice of output v over its node's tensor t, copied so the whole buffer
+        (its other rows never written) is freed."""
+        dim, a, b = self._slice(v)
+        full = v.layout.to_torch(t)
+        return full if b - a == full.shape[dim] else full.narrow(dim, a, b - a).clone()
 
     def bands(self):
         """With gather=False, per output of the module (flattened): (dim, start, stop), the
         slice of the whole output along dim this rank returns; else None."""
         if not getattr(self, "banded", False):
             return None
-        out = []
-        for v in _tensors(self.outputs):
-            j = v.seg.outputs.index(v.node)
-            axis, r0, r1 = v.seg.plan.band(j)
-            g = v.layout.group_of(axis)
-            if g is None:
-                out.append((0, 0, v.layout.shape[0] if r1 > r0 else 0))
-                continue
-            group = v.layout.groups[g]
-            inner = 1
-            for j2 in group[group.index(axis) + 1:]:
-                inner *= v.layout.udims[j2]
-            out.append((g, r0 * inner, r1 * inner))
-        return out
+        return [self._slice(v) for v in _tensors(self.outputs)]
 
     # ---- reading values at run time ---------------------------------------------------------
     def _fetch(self, env, seg, node):
