@@ -472,15 +472,18 @@ static cw_status cw__shrink(cw__dist *D, cw__action **acts, int *n_acts) {
     return CW_OK;
 }
 
+/* Output o's whole extent along the axis a distributed plan bands it (distribute's rows). */
+static void cw__whole_band(const cw_plan *p, int o, int64_t band[3]) {
+    const cw_tensor_desc *d = &p->out[o].d;
+    int ax = p->opt.patch_axis == CW_PATCH_AXIS_D && d->rank == 5 ? 2 : d->rank >= 2 ? d->rank - 2 : 0;
+    band[0] = ax, band[1] = 0, band[2] = d->rank ? d->dims[ax] : 0;
+}
+
 static cw_status cw__output_bands(cw__dist *D) {
     cw_plan *p = D->p;
     p->bands = cw__malloc((size_t)(3 * p->n_outputs + 1) * sizeof *p->bands);
     if (!p->bands) return cw__dist_oom(D);
-    for (int o = 0; o < p->n_outputs; o++) {
-        const cw_tensor_desc *d = &p->out[o].d;
-        int ax = d->rank >= 2 ? d->rank - 2 : 0;
-        p->bands[3 * o] = ax, p->bands[3 * o + 1] = 0, p->bands[3 * o + 2] = d->rank ? d->dims[ax] : 0;
-    }
+    for (int o = 0; o < p->n_outputs; o++) cw__whole_band(p, o, &p->bands[3 * o]);
     if (p->opt.gather_rank == D->me) return CW_OK;
     for (int b = 0; b < p->n_bufs; b++) {
         const cw__buf *bf = &p->bufs[b];
@@ -501,12 +504,10 @@ cw_status cw_plan_get_band(const cw_plan *p, int output, int *axis, int64_t *r0,
     if (!p || !axis || !r0 || !r1) return CW_ERR_INVALID_ARG;
     if (output < 0 || output >= p->n_outputs)
         return cw__error(p->ctx, CW_ERR_INVALID_ARG, "cw_plan_get_band: output %d, the plan has %d", output, p->n_outputs);
-    if (p->bands) {
-        *axis = (int)p->bands[3 * output], *r0 = p->bands[3 * output + 1], *r1 = p->bands[3 * output + 2];
-    } else {
-        const cw_tensor_desc *d = &p->out[output].d;
-        *axis = d->rank >= 2 ? d->rank - 2 : 0, *r0 = 0, *r1 = d->rank ? d->dims[*axis] : 0;
-    }
+    int64_t whole[3];
+    const int64_t *b = p->bands ? &p->bands[3 * output] : whole;
+    if (!p->bands) cw__whole_band(p, output, whole);
+    *axis = (int)b[0], *r0 = b[1], *r1 = b[2];
     return CW_OK;
 }
 

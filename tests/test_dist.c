@@ -4,7 +4,9 @@
  * 1. the tiny SD-config decoder on 1, 2, 3 and 4 ranks gives the same bits as the
  *    single-process plan with the same patches, gathered on rank 0 and as bands
  *    (cw_plan_get_band); every rank's plan passes the happens-before checker with its
- *    messages on it, and holds fewer activation bytes than the single plan;
+ *    messages on it, and holds fewer activation bytes than the single plan; so does a
+ *    video-style 5-D block (conv3d, GroupNorm over frames, residual) banded along time (D)
+ *    and along rows (H);
  * 2. a dropped order (a task's wait on a receive removed) is caught by the checker;
  * 3. ranks compiling different shapes, options or weights fail on every rank, naming it;
  * 4. a rank whose messages fail makes every rank's run fail within the timeout, no hang.
@@ -15,6 +17,7 @@
 #include <time.h>
 
 #include "convweave/convweave.h"
+#include "graph_run.h"
 #include "hb_check.h"
 #include "scheduler/sched.h"
 #include "testutil.h"
@@ -125,6 +128,7 @@ typedef struct rank_job {
     uint64_t seed;      /* weights */
     int64_t budget;     /* temp budget (-1 unlimited, -2 the least that compiles) */
     int fail_after;
+    int video;          /* 0: the tiny decoder; else the 5-D block, patch axis video (1 H, 2 D) */
     hub *h;
     const float *in;
     /* results */
@@ -173,10 +177,73 @@ static int drop_a_wait(cw_plan *p) {
     return tried;
 }
 
+/* The 5-D block: x [1, 8, 9, 12, 12] -> a = conv3d(x) (16 ch), y = conv3d(silu(gn(a))) + a;
+ * weights from seed. Runs it as one rank of j (or alone) and keeps the output in j. */
+static void run_block5(rank_job *j, cw_context *ctx, const cw_compile_options *o) {
+    cw_rng r = {j->seed};
+    const int64_t xd[5] = {1, 8, 9, 12, 12}, w1d[5] = {16, 8, 3, 3, 3}, w2d[5] = {16, 16, 3, 3, 3}, bd = 16;
+    cw_node x, a, y, w1, w2, b1, b2;
+    cw_graph *g = graph_open(ctx, CW_F32, 5, xd, &x);
+    cw_tensor *tw1, *tw2, *tb1, *tb2;
+    free(rnd_stored(ctx, &r, CW_F32, 5, w1d, 0.2f, 0.0f, &tw1));
+    free(rnd_stored(ctx, &r, CW_F32, 5, w2d, 0.1f, 0.0f, &tw2));
+    free(rnd_stored(ctx, &r, CW_F32, 1, &bd, 0.1f, 0.0f, &tb1));
+    free(rnd_stored(ctx, &r, CW_F32, 1, &bd, 0.1f, 0.0f, &tb2));
+    w1 = constant(ctx, g, tw1), w2 = constant(ctx, g, tw2), b1 = constant(ctx, g, tb1), b2 = constant(ctx, g, tb2);
+    cw_conv_params cp = CW_CONV_PARAMS_INIT;
+    cp.spatial = 3;
+    for (int d = 0; d < 3; d++) cp.pad_pre[d] = cp.pad_post[d] = 1;
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &a, x, w1, b1, &cp));
+    gn_silu t;
+    gn_silu_open(&t, ctx, &r, 16, 4);
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y, gn_silu_node(&t, ctx, g, a), w2, b2, &cp));
+    ASSERT_OK_CTX(ctx, cw_graph_add(g, &y, y, a));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y, "y"));
+    cw_plan *p = NULL;
+    j->compile_st = cw_graph_compile(g, &p, o);
+    if (j->compile_st != CW_OK) {
+        snprintf(j->msg, sizeof j->msg, "%s", cw_context_get_last_error(ctx));
+    } else {
+        cw_tensor_desc od;
+        ASSERT_OK_CTX(ctx, cw_graph_get_node_desc(g, &od, y));
+        j->out_n = cw_tensor_desc_numel(&od);
+        j->out = malloc((size_t)j->out_n * sizeof *j->out);
+        for (int64_t k = 0; k < j->out_n; k++) j->out[k] = -7.0f;
+        cw_tensor *ti = upload(ctx, CW_F32, 5, xd, j->in), *to;
+        ASSERT_OK_CTX(ctx, cw_tensor_wrap(&to, ctx, &od, j->out));
+        j->run_st = cw_plan_run(p, &ti, 1, &to, 1);
+        if (j->run_st != CW_OK) snprintf(j->msg, sizeof j->msg, "%s", cw_context_get_last_error(ctx));
+        ASSERT_OK(cw_plan_get_band(p, 0, &j->axis, &j->r0, &j->r1));
+        if (j->run_st == CW_OK) j->hazards = hb_check(p);
+        j->dropped = j->run_st == CW_OK && j->n_ranks > 1 ? drop_a_wait(p) : -1;
+        cw_plan_stats st;
+        ASSERT_OK(cw_plan_get_stats(p, &st));
+        j->act_bytes = st.activations_peak;
+        cw_tensor_destroy(ti), cw_tensor_destroy(to);
+    }
+    cw_plan_destroy(p);
+    cw_graph_destroy(g);
+    gn_silu_close(&t);
+    cw_tensor_destroy(tw1), cw_tensor_destroy(tw2), cw_tensor_destroy(tb1), cw_tensor_destroy(tb2);
+}
+
 static void *rank_main(void *arg) {
     rank_job *j = arg;
     char err[VAE_ERR_LEN];
     cw_context *ctx = make_ctx(7 + (uint64_t)j->rank);
+    if (j->video) {
+        rank_comm rc = {j->h, j->rank, j->fail_after, 0, 3.0};
+        cw_comm comm = {sizeof comm, CW_COMM_VERSION, j->rank, j->n_ranks, &rc, mb_send, mb_recv};
+        cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+        o.patches = j->patches, o.streams = 3, o.temp_budget = j->budget, o.gather_rank = j->gather_rank;
+        o.patch_axis = j->video == 2 ? CW_PATCH_AXIS_D : CW_PATCH_AXIS_H;
+        o.policy = j->video == 2 ? CW_PATCHES_AUTO : CW_PATCHES_FIXED; /* FIXED counts H bands */
+        o.max_patch_rows = j->video == 2 ? 2 : 0;                       /* D: bands of 2 frames */
+        o.comm = j->n_ranks > 0 ? &comm : NULL;
+        run_block5(j, ctx, &o);
+        cw_context_destroy(ctx);
+        return NULL;
+    }
     vae_config cfg;
     ASSERT_EQ_I(vae_preset(&cfg, "tiny", err, sizeof err), 0);
     vae_weights *w;
@@ -300,6 +367,53 @@ static void test_same_bits(hub *h, const float *in, int64_t lat, int64_t budget)
     free_jobs(ref, 1);
 }
 
+/* The 5-D block banded along time (video 2) and rows (video 1) on 1-3 ranks. */
+static void test_video(hub *h, const float *in) {
+    const int64_t od[5] = {1, 16, 9, 12, 12};
+    for (int video = 2; video >= 1; video--) {
+        rank_job proto = {0};
+        proto.patches = 4, proto.seed = 5, proto.budget = -1, proto.fail_after = -1, proto.in = in;
+        proto.video = video;
+        rank_job ref[1], jobs[8];
+        run_ranks(h, 0, &proto, ref);
+        ASSERT_OK(ref[0].compile_st);
+        ASSERT_OK(ref[0].run_st);
+        for (int n = 1; n <= 3; n++)
+            for (int gather = 0; gather >= -1; gather--) {
+                proto.gather_rank = gather;
+                run_ranks(h, n, &proto, jobs);
+                int64_t covered = 0;
+                for (int r = 0; r < n; r++) {
+                    if (jobs[r].compile_st != CW_OK || jobs[r].run_st != CW_OK)
+                        fprintf(stderr, "5-D rank %d/%d: %s\n", r, n, jobs[r].msg);
+                    ASSERT_OK(jobs[r].compile_st);
+                    ASSERT_OK(jobs[r].run_st);
+                    CHECK(jobs[r].hazards == 0);
+                    if (gather == 0) continue;
+                    ASSERT_EQ_I(jobs[r].axis, video == 2 ? 2 : 3);
+                    int64_t inner = 1;
+                    for (int d = jobs[r].axis + 1; d < 5; d++) inner *= od[d];
+                    int bad = 0;
+                    for (int64_t k = 0; k < ref[0].out_n; k++) {
+                        int64_t i = k / inner % od[jobs[r].axis];
+                        if (i >= jobs[r].r0 && i < jobs[r].r1) bad += memcmp(&jobs[r].out[k], &ref[0].out[k], 4) != 0;
+                    }
+                    CHECK(bad == 0);
+                    covered += jobs[r].r1 - jobs[r].r0;
+                }
+                if (gather == 0) CHECK(!memcmp(jobs[0].out, ref[0].out, (size_t)ref[0].out_n * 4));
+                else CHECK(covered == od[video == 2 ? 2 : 3]);
+                if (gather == 0) {
+                    fprintf(stderr, "  5-D block, bands along %s, %d rank(s): same bits; activations", video == 2 ? "D" : "H", n);
+                    for (int r = 0; r < n; r++) fprintf(stderr, " %.1f", (double)jobs[r].act_bytes / 1024.0);
+                    fprintf(stderr, " KiB (one process %.1f)\n", (double)ref[0].act_bytes / 1024.0);
+                }
+                free_jobs(jobs, n);
+            }
+        free_jobs(ref, 1);
+    }
+}
+
 /* ---- 3. different configurations ------------------------------------------------------------ */
 
 static void test_mismatch(hub *h, const float *in, int64_t lat) {
@@ -370,6 +484,10 @@ int main(void) {
     hb_quiet = 1; /* the dropped waits' hazards are expected (and counted); set before the threads */
     test_same_bits(&h, in, lat, -1); /* one attention chunk: every rank runs it */
     if (!cw_test_quick()) test_same_bits(&h, in32, 32, -2); /* the least budget: query chunks, each rank its rows' */
+    float *in5 = malloc(8 * 9 * 12 * 12 * sizeof *in5);
+    for (int64_t k = 0; k < 8 * 9 * 12 * 12; k++) in5[k] = 2.0f * cw_rng_float(&r);
+    test_video(&h, in5);
+    free(in5);
     test_mismatch(&h, in, lat);
     test_fault(&h, in, lat);
     hub_clear(&h);
