@@ -4,8 +4,8 @@ random-weight AutoencoderKL. Every rank's result has the bits of the single-proc
 with the same patches and matches the float64 decode; bands concatenate to it; a dead
 rank (of a small conv net) and a rank configured differently raise convweave.Error on the
 others, in bounded time. Each launch starts fresh Python processes (torch, and diffusers
-where the VAE is used): about 100 s of CPU for the file, some 60 s on 2 idle cores. Marked
-`dist`: -m "not dist" skips them."""
+where the VAE is used): about 100 s of CPU for the file, 2 minutes of wall time on this
+2-core machine while other builds ran. Marked `dist`: -m "not dist" skips them."""
 import os
 import subprocess
 import sys
