@@ -65,6 +65,7 @@ class Comm:
         self._lock = threading.Lock()
         self._error = None
         self.messages = 0  # sent + received by this rank's callbacks (a count, for tests and describe)
+        self.sent_bytes = self.recv_bytes = 0
         # the trampolines live as long as the struct that points at them, and the struct as self
         self._send_fn = C.cw_comm_send_fn(self._on_send)
         self._recv_fn = C.cw_comm_recv_fn(self._on_recv)
@@ -141,10 +142,11 @@ class Comm:
             if stream:
                 raise RuntimeError("a CUDA stream to enqueue on: convweave.dist moves host memory only")
             view, dims, _ = self._view(d, data)
-            if view.numel():
-                t = view.contiguous()
+            for piece in _pieces(view):
+                t = piece.contiguous()
                 self._wait(_dist().isend(t, self._global[peer], group=self.group, tag=int(tag) & 0x7FFFFFFF))
             self.messages += 1
+            self.sent_bytes += view.numel() * view.element_size()
             return C.CW_OK
         except BaseException as e:  # never unwind through C
             return self._fail(f"rank {self.rank}: send of {_shape(d)} to rank {peer} (tag {tag}) failed", e)
@@ -154,12 +156,13 @@ class Comm:
             if stream:
                 raise RuntimeError("a CUDA stream to enqueue on: convweave.dist moves host memory only")
             view, dims, dtype = self._view(d, data)
-            if view.numel():
-                import torch
-                t = torch.empty(dims, dtype=dtype)
+            import torch
+            for piece in _pieces(view):
+                t = torch.empty(piece.shape, dtype=dtype)
                 self._wait(_dist().irecv(t, self._global[peer], group=self.group, tag=int(tag) & 0x7FFFFFFF))
-                view.copy_(t)
+                piece.copy_(t)
             self.messages += 1
+            self.recv_bytes += view.numel() * view.element_size()
             return C.CW_OK
         except BaseException as e:
             return self._fail(f"rank {self.rank}: receive of {_shape(d)} from rank {peer} (tag {tag}) failed", e)
@@ -177,6 +180,46 @@ class Comm:
             raise Error("CW_ERR_COMM", f"convweave.dist: rank {self.rank}: broadcast of {list(tensor.shape)} from "
                         f"rank {src} failed: {type(e).__name__}: {e}") from e
         return tensor
+
+
+# A message travels in pieces of at most this many bytes, each packed into (or unpacked from)
+# a contiguous copy of its own: a rank's transient copies stay this small, however large the
+# message (an attention's keys and values gathered whole are tens of MiB at 1024x1024).
+PIECE_BYTES = 4 << 20
+
+
+def _pieces(view):
+    """view (strided) as consecutive sub-views of at most PIECE_BYTES each (one, if small),
+    cut along its leading dims by its shape alone: the sender's and the receiver's views of
+    one message have the same dims, so they cut alike whatever their strides."""
+    n = view.numel()
+    if n == 0:
+        return []
+    item = view.element_size()
+    if n * item <= PIECE_BYTES or view.dim() == 0:
+        return [view]
+    # k: the first dim whose trailing block fits a piece; pieces group indices of dim k-1
+    k, block = view.dim(), item
+    while k > 0 and block * view.shape[k - 1] <= PIECE_BYTES:
+        k -= 1
+        block *= view.shape[k]
+    if k == view.dim():  # the last dim alone is larger than a piece: a piece per row of it
+        return [view[idx] for idx in _indices(view.shape[:k - 1])] if k > 1 else [view]
+    per = max(1, PIECE_BYTES // block)
+    out = []
+    for idx in _indices(view.shape[:k - 1]):
+        sub = view[idx] if idx else view
+        for a in range(0, sub.shape[0], per):
+            out.append(sub[a:a + per])
+    return out
+
+
+def _indices(shape):
+    """Every index tuple of shape, in row-major order ([()] for an empty shape)."""
+    idx = [()]
+    for n in shape:
+        idx = [i + (j,) for i in idx for j in range(n)]
+    return idx
 
 
 def _shape(d):
