@@ -113,7 +113,7 @@ static int run_one(const bcase *bc, int64_t budget, int64_t max_ws, int threads,
         algo = lst[pick];
     } else {
         /* the planner under a plain workspace cap: one heavy stream, no prep buffers */
-        cw__conv_share sh = {budget, 1, 1, 0, 1, 0, 0, 0, 0, 0};
+        cw__conv_share sh = {budget, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0};
         cw__conv_plan cp;
         st = cw__planner_plan(&be, &pr, &sh, &cp, &min_cap);
         if (st == CW_OK) P = cp.patches, algo = cp.algo;

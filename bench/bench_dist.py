@@ -9,7 +9,7 @@ minus RSS after the model was built, torch.distributed initialised and the code 
 before convweave was enabled (what convweave keeps between calls counts); the peak is
 reset through /proc/self/clear_refs before the decode. Random SD-config weights
 (tools/make_fixtures.py's; no hub). The latent is on every rank; the image is gathered on
-rank 0 (enable's default). Every rank gets --threads threads: on a machine with fewer cores
+rank 0 and broadcast to the others (enable's default, gather=True). Every rank gets --threads threads: on a machine with fewer cores
 than ranks x threads the ranks share cores, and the times say so.
 
   python bench/bench_dist.py --latent 128 --ranks 1,2,4 --budget 256MiB --threads 1

@@ -115,16 +115,32 @@ static int cw__acc_rows(const cw__dist *D, cw__acc *a, int buf, int64_t r0, int6
 /* An attention chunk's queries or output: the rows holding its tokens [t0, t1) where v is
  * a sample's whole [1, C, H, W] (tokens h*W + w); a chunk's row cut in two is written in
  * part (its other tokens are another chunk's). Else v as it is (a chunk's own buffer). */
+static int cw__attn_rows(const cw__dist *D, const cw__task *t, const cw__vref *v) {
+    return v->rank == 4 && D->ax[v->buf] == 2 && D->slot[v->buf] == 0 && D->p->bufs[v->buf].kind != CW__B_TEMP &&
+           v->start[2] == 0 && v->dims[2] * v->dims[3] == t->u.attn.T;
+}
+
 static int cw__acc_attn(const cw__dist *D, cw__acc *a, const cw__task *t, const cw__vref *v, int write) {
     if (!cw__acc_view(D, a, v, write)) return 0;
-    int64_t tokens = 1;
-    for (int d = 2; d < v->rank; d++) tokens *= v->dims[d];
-    if (v->rank != 4 || tokens != t->u.attn.T || D->ax[v->buf] != 2) return 1;
     const int64_t W = v->dims[3], t0 = t->u.attn.t0, t1 = t->u.attn.t1;
-    a->a = v->start[2] + t0 / W;
-    a->b = v->start[2] + (t1 - 1) / W + 1;
+    int band = v->rank == 4 && D->ax[v->buf] == 2 && v->start[2] == t0 / W && v->dims[2] == (t1 - 1) / W + 1 - t0 / W;
+    if (!cw__attn_rows(D, t, v) && !band) return 1;
+    a->a = t0 / W;
+    a->b = (t1 - 1) / W + 1;
     if (write && (t0 % W || t1 % W)) a->write = 2;
     return 1;
+}
+
+/* This rank's copy of an attention chunk reads and writes only its rows of q and o (the
+ * keys and values stay whole): views of those rows, so the rank holds no others. */
+static void cw__attn_narrow(const cw__dist *D, cw__task *k) {
+    cw__vref *vs[2] = {&k->u.attn.q, &k->u.attn.o};
+    for (int i = 0; i < 2; i++) {
+        if (!cw__attn_rows(D, k, vs[i])) continue;
+        const int64_t W = vs[i]->dims[3];
+        vs[i]->start[2] = k->u.attn.t0 / W;
+        vs[i]->dims[2] = (k->u.attn.t1 - 1) / W + 1 - k->u.attn.t0 / W;
+    }
 }
 
 /* Task t's accesses (constants apart) into out; returns how many. */
@@ -382,6 +398,7 @@ static cw_status cw__walk_task(cw__dist *D, int t, int *map) {
         k.waits = k.alloc_waits = NULL, k.n_waits = k.n_alloc_waits = 0;
         k.event = -1;
         k.deps = NULL, k.n_deps = 0; /* remade below */
+        if (k.kind == CW__T_ATTN) cw__attn_narrow(D, &k);
         CW_TRY(cw__push_task(D, &k, &map[t]));
     }
     return CW_OK;
@@ -445,11 +462,8 @@ static cw_status cw__shrink(cw__dist *D, cw__action **acts, int *n_acts) {
     for (int k = 0; k < D->n_nt; k++)
         for (int i = 0, n = cw__task_acc(D, &D->nt[k], a); i < n; i++) {
             int b = a[i].buf;
-            /* attention's GEMMs address a whole sample ([C, T], cw__enqueue_attention): its
-             * operands keep every row */
-            int whole = D->nt[k].kind == CW__T_ATTN && D->ax[b] >= 0;
-            if (whole || a[i].a < lo[b]) lo[b] = whole ? 0 : a[i].a;
-            if (whole || a[i].b > hi[b]) hi[b] = whole ? D->rows[b] : a[i].b;
+            if (a[i].a < lo[b]) lo[b] = a[i].a;
+            if (a[i].b > hi[b]) hi[b] = a[i].b;
         }
     int w = 0;
     for (int x = 0; x < *n_acts; x++) {

@@ -79,19 +79,37 @@ cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user) {
 /* One attention query chunk of one sample: S = scale * Q^T K, row softmax, O = V S^T (two
  * f32 GEMMs). k, v: that sample's [1, C, ...] views, f32; q, o: the sample's too, or the
  * chunk's f32 copies (a half-precision graph's lowering stages them in f32). */
+/* q or o of an attention chunk starting at token t0, as a [C, tokens] matrix: its leading
+ * dimension and the chunk's first column. The whole sample ([1, C, ...]: column t0), a band
+ * of its rows (a rank's share, distribute.c: t0 less the band's first token), or in a half
+ * graph the chunk's own f32 copy ([C, tc]: column 0). Each channel's tokens must be
+ * contiguous; returns 0 where they are not. */
+static int cw__attn_matrix(const cw_plan *p, const cw__vref *r, const cw__view *v, int64_t C, int64_t t0, int64_t *ld,
+                           int64_t *col) {
+    if (v->d.dtype != CW_F32) return 0;
+    if (p->bufs[r->buf].kind == CW__B_TEMP) {
+        *ld = cw__desc_numel(&v->d) / C, *col = 0;
+        return cw__desc_is_contiguous(&v->d);
+    }
+    int64_t first = 0, span = 1;
+    for (int d = v->d.rank - 1; d >= 2; d--) {
+        if (v->d.strides[d] != span) return 0;
+        first += r->start[d] * span;
+        span *= v->d.dims[d];
+    }
+    *ld = v->d.strides[1], *col = t0 - first;
+    return v->d.dims[0] == 1 && v->d.dims[1] == C;
+}
+
 static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
     const int64_t T = t->u.attn.T, C = t->u.attn.C, t0 = t->u.attn.t0, tc = t->u.attn.t1 - t->u.attn.t0;
     cw__view q = cw__resolve(p, &t->u.attn.q), k = cw__resolve(p, &t->u.attn.k);
     cw__view v = cw__resolve(p, &t->u.attn.v), o = cw__resolve(p, &t->u.attn.o);
-    const cw__view *all[4] = {&q, &k, &v, &o};
-    for (int a = 0; a < 4; a++)
-        if (!cw__desc_is_contiguous(&all[a]->d) || all[a]->d.dtype != CW_F32)
-            return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "attention: operands must be contiguous f32 tensors");
+    int64_t ldq, ldo, q0, o0;
+    if (!cw__desc_is_contiguous(&k.d) || !cw__desc_is_contiguous(&v.d) || k.d.dtype != CW_F32 || v.d.dtype != CW_F32 ||
+        !cw__attn_matrix(p, &t->u.attn.q, &q, C, t0, &ldq, &q0) || !cw__attn_matrix(p, &t->u.attn.o, &o, C, t0, &ldo, &o0))
+        return cw__error(p->ctx, CW_ERR_UNSUPPORTED, "attention: operands must be contiguous f32 tensors");
     float *qp = q.data, *kp = k.data, *vp = v.data, *op = o.data, *sp = p->ptrs[t->u.attn.s_buf];
-    /* q and o: the whole sample ([C, T], the chunk at token t0) or, in a half graph, the
-     * chunk's own f32 copy ([C, tc]) */
-    const int64_t ldq = cw__desc_numel(&q.d) / C, ldo = cw__desc_numel(&o.d) / C;
-    const int64_t q0 = ldq == T ? t0 : 0, o0 = ldo == T ? t0 : 0;
     /* rows [r, e) of the chunk see keys [k0, k1): all of them, or under a block mask those of
      * their block (one range per block the chunk touches; cw__attn_keys) */
     cw_status st = CW_OK;

@@ -215,6 +215,8 @@ static cw_status plan_axis(cw__backend *be, const cw__conv_problem *full, const 
         int lo = p_min, hi = pmax, best = -1;
         if (sh->p_fixed > 0) lo = hi = (int)(sh->p_fixed < h_out ? (sh->p_fixed > p_min ? sh->p_fixed : p_min) : h_out);
         CW_TRY(smallest_fit(be, full, sh, ax, h_out, lo, hi, algos[a].id, avail, &best));
+        if (best > 0 && sh->p_mult > 1 && sh->p_fixed <= 0 && best % sh->p_mult) /* more bands fit too */
+            best = (int)((best / sh->p_mult + 1) * sh->p_mult < h_out ? (best / sh->p_mult + 1) * sh->p_mult : h_out);
         if (best > 0) {
             out->patches = best;
             *rank = a;

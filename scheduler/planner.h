@@ -70,6 +70,9 @@ typedef struct cw__conv_share {
                        epilogue adds it into the other operand's storage, in place) */
     int axes;       /* the axes it may cut along (CW__AX_H | CW__AX_D mask; 0: H). D only for a
                        5-D conv (else H); with both, cw__planner_plan picks one */
+    int p_mult;     /* > 1: the count found is rounded up to a multiple of it (at most H_out):
+                       a distributed plan's ranks (balanced bands then start at each rank's
+                       band, so convs of one tensor agree on where ranks meet) */
 } cw__conv_share;
 
 /* A convolution's patching: P row bands, each a cw__patch (rows, input rows, halo

@@ -206,7 +206,7 @@ static int64_t gemm_ws_rows(const cw__conv_problem *pr, int64_t rows) {
  * fits when the rounded workspace (cw__alloc_round) of its tallest band is <= cap. */
 static cw_status choose(cw__backend *be, const cw__conv_problem *pr, int64_t cap, int p_max, int *p_out,
                         cw__conv_algo *algo, int64_t *min_cap) {
-    cw__conv_share sh = {cap, 1, 1, 0, 1, p_max, 0, 0, 0, 0};
+    cw__conv_share sh = {cap, 1, 1, 0, 1, p_max, 0, 0, 0, 0, 0};
     cw__conv_plan cp;
     cw_status st = cw__planner_plan(be, pr, &sh, &cp, min_cap);
     if (st == CW_OK) {

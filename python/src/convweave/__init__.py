@@ -17,11 +17,11 @@ from ._conv import clear_cache as clear_conv_cache, conv2d, conv3d, default_cont
 
 __all__ = ["ArgumentError", "ArgumentTypeError", "Context", "Error", "Graph", "HostAllocator", "Plan",
            "clear_conv_cache", "conv2d", "conv3d", "default_context", "format_bytes", "parse_bytes", "parse_size",
-           "status_string", "version", "torch", "diffusers"]
+           "status_string", "version", "torch", "diffusers", "dist"]
 __version__ = "0.1.0"
 
 
-def __getattr__(name):  # convweave.torch / convweave.diffusers import torch only when asked
-    if name in ("torch", "diffusers"):
+def __getattr__(name):  # convweave.torch / .diffusers / .dist import torch only when asked
+    if name in ("torch", "diffusers", "dist"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'convweave' has no attribute {name!r}")

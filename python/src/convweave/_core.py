@@ -287,23 +287,27 @@ class Context:
     def last_error(self):
         return lib.cw_context_get_last_error(self.handle).decode(errors="replace")
 
-    def error(self, st, what=""):
+    def error(self, st, what="", comm=None):
         """Error for a failed status, with the library's message (else the error it logged);
         where the user allocator's alloc raised during the call, that exception is its
-        __cause__ and named in it."""
+        __cause__ and named in it; where comm's (a convweave.dist.Comm) send or receive
+        failed, what failed is named too."""
         logged = self._log.take()
         err = Error(status_name(st), self.last_error() or logged or what or "(no message)")
+        why = comm.take_error() if comm is not None else None
+        if why is not None and why not in err.message:
+            err = Error(err.status, f"{err.message} ({why})")
         cause = self._hook.take_error() if self._hook else None
         if cause is not None:
             err = Error(err.status, f"{err.message} (the allocator raised {type(cause).__name__}: {cause})")
             err.__cause__ = cause
         return err
 
-    def check(self, st, what=""):
+    def check(self, st, what="", comm=None):
         """Raises Error with the library's message for a failed status (and forgets what the
         allocator raised in a call that succeeded all the same)."""
         if st:
-            raise self.error(st, what)
+            raise self.error(st, what, comm)
         if self._hook:
             self._hook.take_error()
         if self._log.last is not None:
@@ -404,12 +408,15 @@ def memory_auto_pct(memory):
     return pct
 
 
-def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0, memory=None, axis=None):
+def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0, memory=None, axis=None,
+                    comm=None, gather_rank=0):
     """budget: 0 = the context's, None = unlimited, else parse_bytes; patches: None auto, an int fixed,
     'none' the unscheduled reference; memory: None, or a cap on activations + temporaries
     (parse_bytes) under which blocks' inner activations are recomputed where needed ("auto":
     Graph.compile chooses one from the memory ladder); axis: the axis 5-D convs' patches cut,
-    None or "auto" (per conv, from the budget), "H" (rows) or "D" (frames)."""
+    None or "auto" (per conv, from the budget), "H" (rows) or "D" (frames); comm: None (one
+    process) or a convweave.dist.Comm, whose struct the caller keeps alive as long as the plan;
+    gather_rank: with comm, the rank whose outputs hold every row (-1: each rank its band)."""
     if memory_auto_pct(memory) is not None:
         memory = None
     o = C.cw_compile_options()
@@ -426,6 +433,10 @@ def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows
     if axis not in axes:
         raise ArgumentError(f"convweave: axis {axis!r}: None, 'auto', 'H' or 'D'")
     o.patch_axis = axes[axis]
+    if comm is not None:
+        _check_int("gather_rank", gather_rank, -1, comm.n_ranks - 1)
+        o.comm = comm.pointer
+        o.gather_rank = gather_rank
     return o
 
 
@@ -527,8 +538,8 @@ class Graph:
         plan = self._compile(**opts)
         if pct is None:
             return plan
-        try:
-            ladder = self.memory_ladder(**opts)
+        try:  # the single-process ladder: the same on every rank, so no message is needed
+            ladder = self.memory_ladder(**dict(opts, comm=None))
         except Error:  # no fixed temporary budget: the stored plan
             return plan
         gflop = plan.stats()["conv_gflop"]
@@ -541,18 +552,19 @@ class Graph:
     def _compile(self, **opts):
         o = compile_options(**opts)
         h = ctypes.c_void_p()
+        comm = opts.get("comm")
         with self.ctx.lock:
             st = lib.cw_graph_compile(self.handle, ctypes.byref(h), ctypes.byref(o))
             if st:
-                err = self.ctx.error(st)
+                err = self.ctx.error(st, comm=comm)
                 if err.status == "CW_ERR_BUDGET":
-                    try:
-                        err.min_budget = self.min_budget(**opts)
+                    try:  # a query on this rank alone: no communicator, so no peer waits on it
+                        err.min_budget = self.min_budget(**dict(opts, comm=None))
                     except Error:
                         pass
                 raise err
             self.ctx.check(st)
-        return Plan(self, h)
+        return Plan(self, h, comm)
 
     def unary(self, x, op, a=0.0, b=0.0):
         """cw_graph_unary: op(x) elementwise, op a CW_UNARY_* code (convweave._lib); a and b
@@ -629,8 +641,9 @@ class Graph:
 class Plan:
     """A compiled graph (cw_plan): run it many times; describe(), stats(), write_trace()."""
 
-    def __init__(self, graph, handle):
+    def __init__(self, graph, handle, comm=None):
         self.ctx, self.graph, self.handle = graph.ctx, graph, handle  # the graph owns the constants
+        self.comm = comm  # the plan borrows its cw_comm (convweave.dist.Comm): alive as long as the plan
         self.ctx.own("plan", handle, lib.cw_plan_destroy)
 
     def close(self):
@@ -663,10 +676,20 @@ class Plan:
         try:
             ia = (ctypes.c_void_p * max(1, len(ins)))(*[t.handle.value for t in ins])
             oa = (ctypes.c_void_p * max(1, len(outs)))(*[t.handle.value for t in outs])
-            ctx.call(lib.cw_plan_run, self._h(), ia, len(ins), oa, len(outs))
+            with ctx.lock:
+                ctx.check(lib.cw_plan_run(self._h(), ia, len(ins), oa, len(outs)), "cw_plan_run", self.comm)
         finally:
             for t in ins + outs:
                 t.close()
+
+    def band(self, output=0):
+        """cw_plan_get_band: (axis, r0, r1), the rows [r0, r1) along dim `axis` of output
+        `output` (graph order) that this rank's runs write: the whole extent in one process
+        and on the gather rank, else the rank's band (r0 == r1: none)."""
+        axis, r0, r1 = ctypes.c_int(), ctypes.c_int64(), ctypes.c_int64()
+        self.ctx.call(lib.cw_plan_get_band, self._h(), int(output), ctypes.byref(axis), ctypes.byref(r0),
+                      ctypes.byref(r1))
+        return axis.value, r0.value, r1.value
 
     def describe(self, json_format=False):
         """The plan as text (per conv: patches, rows, halos, algorithm, workspace; the

@@ -50,6 +50,7 @@ void cw_plan_destroy(cw_plan *p);
 cw_status cw_plan_release(cw_plan *p);
 cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs, int n_outputs);
 cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);
+cw_status cw_plan_get_band(const cw_plan *p, int output, int *axis, int64_t *r0, int64_t *r1);
 cw_status cw_plan_describe(const cw_plan *p, char **out, int json);
 cw_status cw_plan_write_trace(const cw_plan *p, const char *path);
 void cw_free(void *ptr);
@@ -80,6 +81,9 @@ CW_CONTEXT_CONFIG_VERSION = 1
 CW_CONV_PARAMS_VERSION = 1
 CW_COMPILE_OPTIONS_VERSION = 4
 CW_ALLOCATOR_VERSION = 1
+CW_COMM_VERSION = 1
+# the statuses this package returns from its own callbacks (cw_status)
+CW_OK, CW_ERR_COMM = 0, 10
 CW_ALLOCATOR_ALIGN = 256
 # names of cw_plan_stats.stage_ms's entries (CW_STAGE_*), in index order
 STAGES = ("conv", "prep", "epilogue", "stats", "attention", "other")
@@ -126,6 +130,19 @@ class cw_tensor_desc(ctypes.Structure):
                 ("strides", c_int64 * CW_MAX_RANK)]
 
 
+# cw_comm's send and recv: (user, desc, data, peer, tag, stream) -> cw_status
+cw_comm_send_fn = ctypes.CFUNCTYPE(c_int, c_void_p, POINTER(cw_tensor_desc), c_void_p, c_int, c_int64, c_void_p)
+cw_comm_recv_fn = ctypes.CFUNCTYPE(c_int, c_void_p, POINTER(cw_tensor_desc), c_void_p, c_int, c_int64, c_void_p)
+
+
+class cw_comm(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("version", c_int), ("rank", c_int), ("n_ranks", c_int), ("user", c_void_p),
+                ("send", cw_comm_send_fn), ("recv", cw_comm_recv_fn)]
+
+    def __init__(self, rank, n_ranks, send, recv):  # the header has no initializer macro for it
+        super().__init__(ctypes.sizeof(self), CW_COMM_VERSION, rank, n_ranks, None, send, recv)
+
+
 class cw_memory_stats(ctypes.Structure):
     _fields_ = [(n, c_int64) for n in (
         "budget", "reserved_bytes_current", "reserved_bytes_peak", "allocated_bytes_current",
@@ -169,7 +186,7 @@ class cw_memory_point(ctypes.Structure):
                 ("n_recomputed", c_int), ("recompute_gflop", c_double)]
 
 
-STRUCTS = (cw_context_config, cw_allocator, cw_tensor_desc, cw_memory_stats, cw_conv_params, cw_compile_options,
+STRUCTS = (cw_context_config, cw_allocator, cw_tensor_desc, cw_comm, cw_memory_stats, cw_conv_params, cw_compile_options,
            cw_plan_stats, cw_memory_point)
 
 # ---- C type spelling -> ctypes type, for the prototypes above ------------------------------

@@ -112,8 +112,9 @@ class _ConvweavePart:
     part = input_name = output_name = what = None  # set by the subclasses
 
     def __init__(self, module, budget, streams, timing, patches, threads, fuse, memory=None, shared=None,
-                 keep_memory=False, max_plans=4):
+                 keep_memory=False, max_plans=4, comm=None, gather=True):
         self.module = module
+        self.comm, self.gather = comm, gather  # comm: a convweave.dist.Comm, shared (not copied) by deepcopy
         self.shared = shared if shared is not None else _Shared(budget, streams, timing, threads)
         self.budget = self.shared.budget
         self.streams = streams
@@ -130,14 +131,15 @@ class _ConvweavePart:
     def _init_runtime(self):
         self.ctx = None
         self.plans = collections.OrderedDict()  # (shape, dtype, device) -> front.runner.Program
-        self.last_plan = None
+        self.last_plan = self.last_program = None
         self.lock = threading.RLock()
         self.warned = set()  # reasons already warned about (PyTorch ran instead)
 
     # deepcopy / pickle / torch.save of an enabled vae: the options travel, the plans and the
     # context (library handles, device memory) do not; the copy compiles its own on first use
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("ctx", "plans", "last_plan", "lock", "warned")}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("ctx", "plans", "last_plan", "last_program", "lock", "warned")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -148,7 +150,7 @@ class _ConvweavePart:
         (a Plan kept from last_plan stays readable)."""
         with self.lock:
             self.plans.clear()
-            self.last_plan = None
+            self.last_plan = self.last_program = None
 
     def _params_state(self):
         """(dtype, device, pointers, versions, parameters) of the module's parameters now,
@@ -193,7 +195,8 @@ class _ConvweavePart:
         sample = torch.empty(shape, dtype=dtype, device=device)
         flat, spec = pytree.tree_flatten(((sample,), {}))
         return Program(_Own(self.module, self.part), flat, spec, self._context, fallback=False, compile=compile,
-                       budget=0, streams=0, patches=self.patches, fuse=self.fuse, memory=self.memory)
+                       budget=0, streams=0, patches=self.patches, fuse=self.fuse, memory=self.memory,
+                       comm=self.comm if compile else None, gather=self.gather)
 
     def probe(self):
         """Lowers (does not compile) the part on the smallest input, so that what convweave
@@ -218,7 +221,14 @@ class _ConvweavePart:
                 self.plans.popitem(last=False)
         self.plans.move_to_end(key)
         self.last_plan = hit.plans()[0]
+        self.last_program = hit
         return hit
+
+    def bands(self):
+        """With a process group and gather=False: per output of the last call, (dim, start,
+        stop), the slice of the whole output this rank returned; None otherwise."""
+        prog = getattr(self, "last_program", None)
+        return prog.bands() if prog is not None else None
 
     def _run(self, sample, *extra):
         if not isinstance(sample, torch.Tensor) or sample.dim() != 4:
@@ -254,7 +264,9 @@ class _ConvweavePart:
 
     def __repr__(self):
         b = format_bytes(self.budget) if self.budget > 0 else "unlimited"
-        return f"<convweave {self.part}: budget {b}, {self.streams} streams, {len(self.plans)} plan(s)>"
+        ranks = "" if self.comm is None else \
+            f", rank {self.comm.rank} of {self.comm.n_ranks} ({'gathered' if self.gather else 'bands'})"
+        return f"<convweave {self.part}: budget {b}, {self.streams} streams, {len(self.plans)} plan(s){ranks}>"
 
 
 class ConvweaveDecoder(_ConvweavePart):
@@ -615,7 +627,8 @@ def _check_options(streams, threads, max_plans, patches):
 
 
 def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timing=True, patches=None, threads=0,
-           fuse=True, memory=None, torch_allocator=False, keep_memory=False, max_plans=4, exact=True):
+           fuse=True, memory=None, torch_allocator=False, keep_memory=False, max_plans=4, exact=True,
+           process_group=None, gather=True):
     """Makes vae.decode(z) and vae.encode(x) (vae: a diffusers AutoencoderKL, or its .decoder
     or .encoder alone; or one of the video autoencoders AutoencoderKLCogVideoX, AutoencoderKLWan,
     AutoencoderKLHunyuanVideo, AutoencoderKLLTXVideo, see below) run convweave: at most
@@ -661,8 +674,22 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
     true un-windowed decode (HunyuanVideo turns framewise decoding on by default: diffusers'
     decode of more than 4 latent frames blends overlapping windows and differs from it);
     exact=False keeps them as set and computes diffusers' framewise result. Returns the
-    ConvweaveVideo of the decoder (of the encoder where only it is wrapped)."""
+    ConvweaveVideo of the decoder (of the encoder where only it is wrapped).
+
+    process_group (an AutoencoderKL on cpu): a torch.distributed gloo process group
+    (dist.group.WORLD) or a convweave.dist.Comm: each decode and encode is split across the
+    group's processes as convweave.torch.wrap does (see it), bit-identical to one process
+    with the same patches=N. Every rank calls vae.decode / vae.encode with the same input
+    (the plan's compile checks shapes, weights and options agree, else convweave.Error on
+    every rank naming what differs). gather=True: every rank gets the whole image or
+    moments; gather=False: each rank its band of rows (dim 2; the decoder's
+    ConvweaveDecoder.bands() after a call names them), which diffusers' post-processing
+    (quant_conv, the latent distribution) handles row by row. CUDA vaes and the video
+    autoencoders with a process group raise convweave.Error (CW_ERR_UNSUPPORTED). A vae
+    enabled with a process group cannot be pickled (deepcopy shares its Comm)."""
     _check_options(streams, threads, max_plans, patches)
+    if not isinstance(gather, bool):
+        raise ArgumentError(f"convweave.diffusers: gather={gather!r}: expected True or False")
     found = _parts_of(vae)
     want = {"decoder": decoder, "encoder": encoder}
     if len(found) == 1 and not hasattr(vae, "decoder") and not hasattr(vae, "encoder"):
@@ -675,6 +702,15 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
     if memory is not None and memory_auto_pct(memory) is None:
         parse_bytes(memory)  # a bad size raises here, before anything is wrapped
     video = _video_class(vae)
+    if process_group is not None:
+        if video is not None:
+            raise _unsupported(video, "process_group: the video autoencoders do not run across processes yet")
+        devices = {p.device.type for m in found.values() for p in m.parameters()}
+        if devices - {"cpu"}:
+            raise _unsupported(type(vae).__name__, f"process_group with parameters on {', '.join(sorted(devices))}: "
+                               "convweave.dist moves host memory through gloo; NCCL from Python is not supported")
+    from .dist import as_comm
+    comm = as_comm(process_group)
     if video is not None:
         if not isinstance(exact, bool):
             raise ArgumentError(f"convweave.diffusers: exact={exact!r}: expected True or False")
@@ -698,7 +734,8 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
         _check_class(vae, part, found[part])
         try:
             states[part] = _CLASSES[part](found[part], budget, streams, timing, patches, threads, fuse, memory, shared,
-                                          keep_memory=bool(keep_memory), max_plans=max_plans)
+                                          keep_memory=bool(keep_memory), max_plans=max_plans, comm=comm,
+                                          gather=gather)
             states[part].probe()
         except Error as e:  # what the front cannot lower whole (an export failure, a PyTorch node)
             if e.status != "CW_ERR_UNSUPPORTED":

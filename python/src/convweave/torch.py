@@ -21,7 +21,7 @@ __all__ = ["conv2d", "conv3d", "use_torch_allocator", "TorchAllocator", "wrap"]
 
 
 def wrap(module, example_inputs, *, memory=None, budget=None, streams=2, dtype=None, fallback=True, patches=None,
-         fuse=True, keep_memory=False, max_plans=4, threads=0, timing=False):
+         fuse=True, keep_memory=False, max_plans=4, threads=0, timing=False, process_group=None, gather=True):
     """An nn.Module whose forward gives module(*inputs)'s result (same output structure),
     with its convolutions, norms, activations, upsampling and attention run by convweave.
 
@@ -43,11 +43,27 @@ def wrap(module, example_inputs, *, memory=None, budget=None, streams=2, dtype=N
     calls); by default nothing is held. Under grad mode with parameters or inputs requiring
     grad, the module's own forward runs instead (warned once), so autograd stays whole:
     call it under torch.no_grad() or torch.inference_mode(). A module in training mode, an
-    export failure or a mutating forward raise convweave.Error."""
+    export failure or a mutating forward raise convweave.Error.
+
+    process_group: a torch.distributed process group (gloo; dist.group.WORLD for every
+    process) or a convweave.dist.Comm (its timeout): every plan is one rank's share of the
+    plan one process would run, each rank computing a band of rows and exchanging halos
+    (convweave.h, "Across processes"). Every rank of the group must make the same calls
+    with the same inputs, parameters and options (compiling checks it: convweave.Error on
+    every rank naming what differs). Results are bit-identical to one process compiled
+    with the same fixed patches (patches=N). gather=True: every rank returns the whole
+    result (rank 0 gathers each segment's outputs and broadcasts them). gather=False: each
+    rank returns only its band of each output, a slice along one dim (H for an image;
+    bands() says which rows); the ranks' results concatenated along it in rank order are
+    the whole result, an empty slice where a rank computes none. Outputs that are not made
+    by a plan directly (computed in PyTorch) raise convweave.Error under gather=False.
+    Where PyTorch runs between segments, each segment a later step reads is gathered and
+    broadcast, so every rank computes the PyTorch steps on whole tensors. CPU only: CUDA
+    inputs with a process group raise convweave.Error."""
     from .front import Wrapped
     return Wrapped(module, example_inputs, memory=memory, budget=budget, streams=streams, dtype=dtype,
                    fallback=fallback, patches=patches, fuse=fuse, keep_memory=keep_memory, max_plans=max_plans,
-                   threads=threads, timing=timing)
+                   threads=threads, timing=timing, process_group=process_group, gather=gather)
 
 
 class TorchAllocator:

@@ -23,11 +23,17 @@ _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 class Program:
     """One compiled signature: the steps, their segments' plans, and what it read."""
 
-    def __init__(self, mod, flat, spec, context, fallback=True, compile=True, **opts):
+    def __init__(self, mod, flat, spec, context, fallback=True, compile=True, comm=None, gather=True, **opts):
         """mod exported for the inputs flat (spec: their pytree), lowered and (compile=True)
         compiled on context(device) with compile options opts (memory, budget, streams,
-        patches, fuse)."""
+        patches, fuse). comm: None, or the convweave.dist.Comm every plan is compiled with
+        (see _distribute for gather)."""
         self.device = next((t.device for t in flat if isinstance(t, torch.Tensor)), torch.device("cpu"))
+        if comm is not None and self.device.type != "cpu":
+            raise Error("CW_ERR_UNSUPPORTED", f"convweave: process_group with inputs on {self.device}: convweave.dist "
+                        "moves host memory through gloo; NCCL from Python is not supported (run the module on cpu, "
+                        "or use the C API's NCCL communicator, convweave_cuda.h)")
+        self.comm, self.gather = comm, gather
         self.ctx = context(self.device)
         args, kwargs = pytree.tree_unflatten(flat, spec)
         ep = export(mod, args, kwargs)
@@ -55,14 +61,80 @@ class Program:
                                       for f in L.fallbacks],
                         "copied_bytes": L.copied}
         opts = dict(dict(memory=None, budget=0, streams=0, patches=None, fuse=True), **opts)  # 0: the context's
+        self._distribute()
         for kind, seg in (s[:2] for s in self.steps):
             if kind == "seg" and compile:
                 seg.plan = seg.g.compile(budget=opts["budget"], streams=opts["streams"], patches=opts["patches"],
-                                         fuse=opts["fuse"], memory=opts["memory"])
+                                         fuse=opts["fuse"], memory=opts["memory"], comm=comm,
+                                         gather_rank=seg.gather_rank)
                 seg.out_shapes = [seg.g.shape(n) for n in seg.outputs]
         self.read = [(*slot(mod, kind, target), t, t.data_ptr(), t.dtype, t.device) for kind, target, t in read]
         self.versions = [(t, t._version) for t in L.copy_roots.values()]
         self._last_uses()
+
+    def _distribute(self):
+        """Where each segment's outputs are complete, with a communicator. A segment whose
+        outputs a later step reads (a PyTorch fallback, or another segment) gathers them on
+        rank 0 and broadcasts them, so every rank continues from the whole tensor. With
+        gather=True every segment does, so every rank returns the whole result. With
+        gather=False the segments that only make the module's outputs keep each rank's band
+        (cw_plan_get_band), and each output must be such a segment's output: a band of one
+        dim of it (self.bands, filled once compiled)."""
+        segs = [s[1] for s in self.steps if s[0] == "seg"]
+        read_later = set()
+        for step in self.steps:
+            reads = _tensors(step[2:]) if step[0] == "torch" else [step[1].origin[n] for n in step[1].inputs]
+            read_later.update(k[1] for v in reads for k in self._keys(v) if isinstance(k, tuple) and k[0] == "seg")
+        for seg in segs:
+            seg.gather_rank = 0 if self.comm is None or self.gather or seg.idx in read_later else -1
+            seg.broadcast = self.comm is not None and self.comm.n_ranks > 1 and seg.gather_rank == 0
+        self.banded = self.comm is not None and not self.gather
+        if not self.banded:
+            return
+        for i, v in enumerate(_tensors(self.outputs)):
+            why = None
+            if not isinstance(v, Cw):
+                why = f"it is computed in PyTorch ({type(v).__name__})" if isinstance(v, Torch) else \
+                    f"it is a {type(v).__name__} of a convweave value, made in PyTorch"
+            elif v.node in v.seg.origin:
+                why = "it is an input or constant passed through, not computed by a plan"
+            elif v.seg.gather_rank != -1:
+                why = "a later step reads the segment that makes it, so that segment is gathered"
+            if why:
+                raise Error("CW_ERR_UNSUPPORTED", f"convweave: gather=False returns each rank's band of the module's "
+                            f"outputs, but output {i} is no band: {why}; use gather=True")
+
+    def _slice(self, v):
+        """Output value v (a Cw of a banded segment) -> (dim, start, stop): the slice of the
+        logical output that this rank's band of the node's rows is."""
+        axis, r0, r1 = v.seg.plan.band(v.seg.outputs.index(v.node))
+        lay = v.layout
+        g = lay.group_of(axis)
+        if g is None:  # the band's axis has extent 1: the whole output, or none of it
+            return 0, 0, lay.shape[0] if r1 > r0 else 0
+        group = lay.groups[g]
+        k = group.index(axis)
+        if any(lay.udims[j] != 1 for j in group[:k]):
+            raise Error("CW_ERR_UNSUPPORTED", f"convweave: gather=False: output dim {g} merges the band's axis {axis} "
+                        "under an outer dim, so the band is not one slice; use gather=True")
+        inner = 1
+        for j in group[k + 1:]:
+            inner *= lay.udims[j]
+        return g, r0 * inner, r1 * inner
+
+    def _band(self, v, t):
+        """This rank's slice of output v over its node's tensor t, copied so the whole buffer
+        (its other rows never written) is freed."""
+        dim, a, b = self._slice(v)
+        full = v.layout.to_torch(t)
+        return full if b - a == full.shape[dim] else full.narrow(dim, a, b - a).clone()
+
+    def bands(self):
+        """With gather=False, per output of the module (flattened): (dim, start, stop), the
+        slice of the whole output along dim this rank returns; else None."""
+        if not getattr(self, "banded", False):
+            return None
+        return [self._slice(v) for v in _tensors(self.outputs)]
 
     # ---- reading values at run time ---------------------------------------------------------
     def _fetch(self, env, seg, node):
@@ -143,7 +215,11 @@ class Program:
                 self._run_segment(env, step[1], keep_memory)
             for k in self.free_after.get(i, ()):
                 env.pop(k, None)
-        flat_out = _walk(self.outputs, lambda v: self._value(env, v))
+        if self.banded:
+            flat_out = _walk(self.outputs, lambda v: self._band(v, self._fetch(env, v.seg, v.node)) if isinstance(v, Cw)
+                              else self._value(env, v))
+        else:
+            flat_out = _walk(self.outputs, lambda v: self._value(env, v))
         return pytree.tree_unflatten(list(flat_out), self.out_spec)
 
     def _run_segment(self, env, seg, keep_memory):
@@ -160,6 +236,9 @@ class Program:
             raise
         if not keep_memory:  # nothing held between calls
             seg.plan.release()
+        if seg.broadcast:  # rank 0 holds every row: now every rank does
+            for t in outs:
+                self.comm.broadcast(t, 0)
         for n, t in zip(seg.outputs, outs):
             env[("seg", seg.idx, n)] = t
 
@@ -169,9 +248,13 @@ class Program:
 
     def describe(self):
         segs = [s[1] for s in self.steps if s[0] == "seg"]
+        c = self.comm
         return {
             "segments": [{"nodes": s.n_nodes, "inputs": len(s.inputs), "outputs": len(s.outputs),
-                          "dtype": str(s.dtype).replace("torch.", ""), "plan": s.plan.stats()} for s in segs],
+                          "dtype": str(s.dtype).replace("torch.", ""), "plan": s.plan.stats(),
+                          "gather_rank": s.gather_rank if c else None} for s in segs],
+            "rank": c.rank if c else 0, "n_ranks": c.n_ranks if c else 1, "gather": self.gather if c else True,
+            "bands": self.bands(),
             **self.summary}
 
 
@@ -179,7 +262,8 @@ class Wrapped(torch.nn.Module):
     """convweave.torch.wrap's result: forward(*args, **kwargs) gives module's result."""
 
     def __init__(self, module, example_inputs, *, memory=None, budget=None, streams=2, dtype=None, fallback=True,
-                 patches=None, fuse=True, keep_memory=False, max_plans=4, threads=0, timing=False):
+                 patches=None, fuse=True, keep_memory=False, max_plans=4, threads=0, timing=False, process_group=None,
+                 gather=True):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: module is a {type(module).__name__}, not an "
@@ -195,8 +279,13 @@ class Wrapped(torch.nn.Module):
                     parse_bytes(v)
                 except ValueError as e:
                     raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: {name}={v!r}: {e}") from None
+        if not isinstance(gather, bool):
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: gather={gather!r}: expected True or False")
+        from ..dist import as_comm
+        self.comm = as_comm(process_group)
         self.module = module
-        self.options = {"memory": memory, "budget": budget, "streams": streams, "patches": patches, "fuse": fuse}
+        self.options = {"memory": memory, "budget": budget, "streams": streams, "patches": patches, "fuse": fuse,
+                        "comm": self.comm, "gather": gather}
         self.dtype, self.fallback, self.keep_memory, self.max_plans = dtype, fallback, keep_memory, max_plans
         self.threads, self.timing = threads, timing
         self._programs = collections.OrderedDict()
@@ -263,12 +352,18 @@ class Wrapped(torch.nn.Module):
     def describe(self):
         """The last compiled signature: segments and their plans' statistics, nodes run by
         convweave, folded and fallen back (each with op, shape, bytes, reason and source),
-        and the bytes of constants convweave copied."""
+        the bytes of constants convweave copied, and with a process group this process's
+        rank, n_ranks and (gather=False) the slice of each output it returns."""
         return self.last_program.describe() if self.last_program else None
 
     def plans(self):
         """The plans of the last signature's convweave segments, in run order."""
         return self.last_program.plans() if self.last_program else []
+
+    def bands(self):
+        """gather=False: per output of the last signature (flattened), (dim, start, stop), the
+        slice of the whole output along dim that this rank's call returns; None otherwise."""
+        return self.last_program.bands() if self.last_program else None
 
     def __repr__(self):
         d = self.describe()
