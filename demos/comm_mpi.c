@@ -23,7 +23,10 @@ typedef struct msg_head {
     int64_t bytes;
 } msg_head;
 
-#define CHUNK ((int64_t)1 << 30) /* bytes per MPI message: counts are int */
+/* payload bytes per MPI message: a message is packed and moved piece by piece, so a rank's
+ * transient copy stays this small whatever the view's size (the first piece follows the
+ * header in the same MPI message) */
+#define PIECE ((int64_t)4 << 20)
 
 struct comm_mpi {
     MPI_Comm comm;
@@ -90,43 +93,47 @@ static int64_t view_numel(const cw_tensor_desc *d) {
     return n;
 }
 
-/* Copies between the view and contiguous bytes: rows of the innermost dim with one memcpy
- * where its stride is 1, else element by element. to_view: contiguous -> view. */
-static size_t copy_view(char *view, const cw_tensor_desc *d, char *flat, int to_view) {
+/* Copies elements [e0, e1) of the view, in its row-major order, between the view and the
+ * contiguous flat (flat[0] is element e0): runs within a row of the innermost dim with one
+ * memcpy where its stride is 1, else element by element. to_view: flat -> view. */
+static void copy_range(char *view, const cw_tensor_desc *d, char *flat, int64_t e0, int64_t e1, int to_view) {
     size_t es = cw_dtype_size(d->dtype);
-    int64_t n = view_numel(d);
-    if (n <= 0 || es == 0) return 0;
+    if (e1 <= e0 || es == 0) return;
     if (d->rank == 0) {
         if (to_view) memcpy(view, flat, es);
         else memcpy(flat, view, es);
-        return es;
+        return;
     }
-    int64_t st[CW_MAX_RANK], idx[CW_MAX_RANK] = {0};
+    int64_t st[CW_MAX_RANK];
     view_strides(d, st);
-    int r = d->rank, last = r - 1;
+    int last = d->rank - 1;
     int64_t inner = d->dims[last];
-    size_t row = (size_t)inner * es;
-    for (int64_t done = 0; done < n; done += inner) {
-        int64_t off = 0;
-        for (int i = 0; i < last; i++) off += idx[i] * st[i];
-        char *v = view + off * (int64_t)es;
+    for (int64_t e = e0; e < e1;) {
+        int64_t row = e / inner, col = e % inner, n = inner - col < e1 - e ? inner - col : e1 - e, off = 0;
+        for (int i = last - 1; i >= 0; i--) { /* the row's index in the outer dims */
+            off += (row % d->dims[i]) * st[i];
+            row /= d->dims[i];
+        }
+        char *v = view + (off + col * st[last]) * (int64_t)es, *f = flat + (e - e0) * (int64_t)es;
         if (st[last] == 1) {
-            if (to_view) memcpy(v, flat, row);
-            else memcpy(flat, v, row);
+            if (to_view) memcpy(v, f, (size_t)n * es);
+            else memcpy(f, v, (size_t)n * es);
         } else {
-            for (int64_t j = 0; j < inner; j++) {
-                char *e = v + j * st[last] * (int64_t)es;
-                if (to_view) memcpy(e, flat + j * (int64_t)es, es);
-                else memcpy(flat + j * (int64_t)es, e, es);
+            for (int64_t j = 0; j < n; j++) {
+                char *x = v + j * st[last] * (int64_t)es;
+                if (to_view) memcpy(x, f + j * (int64_t)es, es);
+                else memcpy(f + j * (int64_t)es, x, es);
             }
         }
-        flat += row;
-        for (int i = last - 1; i >= 0; i--) { /* the odometer over the outer dims */
-            if (++idx[i] < d->dims[i]) break;
-            idx[i] = 0;
-        }
+        e += n;
     }
-    return (size_t)n * es;
+}
+
+static size_t copy_view(char *view, const cw_tensor_desc *d, char *flat, int to_view) {
+    int64_t n = view_numel(d);
+    if (n <= 0) return 0;
+    copy_range(view, d, flat, 0, n, to_view);
+    return (size_t)n * cw_dtype_size(d->dtype);
 }
 
 size_t comm_mpi_pack(void *dst, const cw_tensor_desc *d, const void *data) {
@@ -176,30 +183,27 @@ static int mpi_tag(const comm_mpi *c, int64_t tag) {
     return (int)(t % ((uint64_t)c->tag_ub + 1));
 }
 
-/* Moves bytes [0, n) of buf (n > 0: the header at least) to or from peer in CHUNK pieces. */
-static int move(comm_mpi *c, int sending, char *buf, int64_t n, int peer, int64_t tag, double deadline) {
+/* Moves n bytes of buf to or from peer as one MPI message. */
+static int move(comm_mpi *c, int sending, char *buf, int n, int peer, int64_t tag, double deadline) {
     char what[96];
     snprintf(what, sizeof(what), "%s rank %d, tag %" PRId64, sending ? "send to" : "recv from", peer, tag);
-    for (int64_t off = 0; off < n; off += CHUNK) {
-        int cnt = (int)(n - off < CHUNK ? n - off : CHUNK);
-        MPI_Request req;
-        MPI_Status status;
-        int rc = sending ? MPI_Isend(buf + off, cnt, MPI_BYTE, peer, mpi_tag(c, tag), c->comm, &req)
-                         : MPI_Irecv(buf + off, cnt, MPI_BYTE, peer, mpi_tag(c, tag), c->comm, &req);
-        if (rc != MPI_SUCCESS) {
-            char r[MPI_MAX_ERROR_STRING];
-            mpi_reason(r, sizeof(r), rc);
-            snprintf(c->err, sizeof(c->err), "%s: %s", what, r);
+    MPI_Request req;
+    MPI_Status status;
+    int rc = sending ? MPI_Isend(buf, n, MPI_BYTE, peer, mpi_tag(c, tag), c->comm, &req)
+                     : MPI_Irecv(buf, n, MPI_BYTE, peer, mpi_tag(c, tag), c->comm, &req);
+    if (rc != MPI_SUCCESS) {
+        char r[MPI_MAX_ERROR_STRING];
+        mpi_reason(r, sizeof(r), rc);
+        snprintf(c->err, sizeof(c->err), "%s: %s", what, r);
+        return -1;
+    }
+    if (wait_req(c, &req, deadline, &status, what)) return -1;
+    if (!sending) {
+        int got = 0;
+        MPI_Get_count(&status, MPI_BYTE, &got);
+        if (got != n) {
+            snprintf(c->err, sizeof(c->err), "%s: %d bytes arrived, %d expected (the ranks' calls differ)", what, got, n);
             return -1;
-        }
-        if (wait_req(c, &req, deadline, &status, what)) return -1;
-        if (!sending) {
-            int got = 0;
-            MPI_Get_count(&status, MPI_BYTE, &got);
-            if (got != cnt) {
-                snprintf(c->err, sizeof(c->err), "%s: %d bytes arrived, %d expected", what, got, cnt);
-                return -1;
-            }
         }
     }
     return 0;
@@ -223,18 +227,27 @@ static int check_args(comm_mpi *c, const cw_tensor_desc *d, const void *data, in
     return 0;
 }
 
+/* The header and the first piece, then the other pieces: elements [e0, e1) of the view each. */
 static cw_status do_send(comm_mpi *c, const cw_tensor_desc *d, const void *data, int peer, int64_t tag) {
-    int64_t bytes = view_numel(d) * (int64_t)cw_dtype_size(d->dtype);
-    char *buf = malloc(sizeof(msg_head) + (size_t)bytes);
+    size_t es = cw_dtype_size(d->dtype);
+    int64_t n = view_numel(d), per = PIECE / (int64_t)es, bytes = n * (int64_t)es;
+    int64_t first = n < per ? n : per;
+    char *buf = malloc(sizeof(msg_head) + (size_t)first * es);
     if (!buf) {
-        snprintf(c->err, sizeof(c->err), "send to rank %d, tag %" PRId64 ": out of memory for %" PRId64 " bytes", peer,
-                 tag, bytes);
+        snprintf(c->err, sizeof(c->err), "send to rank %d, tag %" PRId64 ": out of memory", peer, tag);
         return CW_ERR_COMM;
     }
+    double deadline = now_s() + c->timeout_s;
     msg_head h = {tag, bytes};
     memcpy(buf, &h, sizeof(h));
-    comm_mpi_pack(buf + sizeof(h), d, data);
-    int bad = move(c, 1, buf, (int64_t)sizeof(h) + bytes, peer, tag, now_s() + c->timeout_s);
+    int bad = 0;
+    for (int64_t e0 = 0, k = 0; !bad && (e0 < n || k == 0); k++) {
+        int64_t e1 = e0 + per < n ? e0 + per : n;
+        size_t hb = k == 0 ? sizeof(h) : 0;
+        copy_range((char *)(uintptr_t)data, d, buf + hb, e0, e1, 0);
+        bad = move(c, 1, buf, (int)(hb + (size_t)(e1 - e0) * es), peer, tag, deadline);
+        e0 = e1;
+    }
     free(buf);
     if (bad) return CW_ERR_COMM;
     if (c->trace)
@@ -245,25 +258,34 @@ static cw_status do_send(comm_mpi *c, const cw_tensor_desc *d, const void *data,
 }
 
 static cw_status do_recv(comm_mpi *c, const cw_tensor_desc *d, void *data, int peer, int64_t tag) {
-    int64_t bytes = view_numel(d) * (int64_t)cw_dtype_size(d->dtype);
-    char *buf = malloc(sizeof(msg_head) + (size_t)bytes);
+    size_t es = cw_dtype_size(d->dtype);
+    int64_t n = view_numel(d), per = PIECE / (int64_t)es, bytes = n * (int64_t)es;
+    int64_t first = n < per ? n : per;
+    char *buf = malloc(sizeof(msg_head) + (size_t)first * es);
     if (!buf) {
-        snprintf(c->err, sizeof(c->err), "recv from rank %d, tag %" PRId64 ": out of memory for %" PRId64 " bytes", peer,
-                 tag, bytes);
+        snprintf(c->err, sizeof(c->err), "recv from rank %d, tag %" PRId64 ": out of memory", peer, tag);
         return CW_ERR_COMM;
     }
+    double deadline = now_s() + c->timeout_s;
     cw_status st = CW_ERR_COMM;
-    if (move(c, 0, buf, (int64_t)sizeof(msg_head) + bytes, peer, tag, now_s() + c->timeout_s)) goto out;
-    msg_head h;
-    memcpy(&h, buf, sizeof(h));
-    if (h.tag != tag || h.bytes != bytes) {
-        snprintf(c->err, sizeof(c->err),
-                 "recv from rank %d: message tag %" PRId64 " of %" PRId64 " bytes arrived, tag %" PRId64 " of %" PRId64
-                 " bytes expected (the ranks' calls differ)",
-                 peer, h.tag, h.bytes, tag, bytes);
-        goto out;
+    for (int64_t e0 = 0, k = 0; e0 < n || k == 0; k++) {
+        int64_t e1 = e0 + per < n ? e0 + per : n;
+        size_t hb = k == 0 ? sizeof(msg_head) : 0;
+        if (move(c, 0, buf, (int)(hb + (size_t)(e1 - e0) * es), peer, tag, deadline)) goto out;
+        if (k == 0) {
+            msg_head h;
+            memcpy(&h, buf, sizeof(h));
+            if (h.tag != tag || h.bytes != bytes) {
+                snprintf(c->err, sizeof(c->err),
+                         "recv from rank %d: message tag %" PRId64 " of %" PRId64 " bytes arrived, tag %" PRId64
+                         " of %" PRId64 " bytes expected (the ranks' calls differ)",
+                         peer, h.tag, h.bytes, tag, bytes);
+                goto out;
+            }
+        }
+        copy_range(data, d, buf + hb, e0, e1, 1);
+        e0 = e1;
     }
-    comm_mpi_unpack(data, d, buf + sizeof(h));
     if (c->trace)
         fprintf(c->trace, "comm_mpi: rank %d recv from %d tag %" PRId64 " bytes %" PRId64 "\n", c->rank, peer, tag, bytes);
     c->recvd++;

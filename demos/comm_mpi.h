@@ -1,7 +1,8 @@
 /* cw_comm over MPI point-to-point (MPI_Isend/MPI_Irecv on a duplicate of MPI_COMM_WORLD with
  * MPI_ERRORS_RETURN): what cw-vae --ranks hands cw_graph_compile. The library stays free of
- * MPI; only demos link it. Views are packed into one buffer behind a 16-byte header (the
- * plan's 64-bit tag and the payload's bytes) that the receiver checks. */
+ * MPI; only demos link it. A view is packed and moved in pieces of at most 4 MiB (MPI
+ * messages of one tag, in order), the first behind a 16-byte header (the plan's 64-bit tag and
+ * the payload's bytes) that the receiver checks: a rank's transient copy is one piece. */
 #ifndef CW_COMM_MPI_H
 #define CW_COMM_MPI_H
 
