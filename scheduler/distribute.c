@@ -9,7 +9,7 @@
  *   runs everywhere; an attention's query chunk goes with its rows and gathers the keys and
  *   values it lacks;
  * - which ranks hold the current contents of each row of each buffer (a bit mask per row
- *   range): before a task reads rows its ranks lack, the lowest rank holding them sends them
+ *   range): before a task reads rows its ranks lack, the lowest rank that wrote them sends them
  *   (a message: one range of rows, tagged by its place in that global order);
  * - a write leaves its rows current on the writers only (a write of part of a row, such as
  *   a channel slice, first brings the rows to the writers: it keeps the rest).
@@ -25,7 +25,8 @@
 
 typedef struct cw__seg {
     int64_t a, b;
-    uint32_t mask; /* ranks holding rows [a, b) as they are now */
+    uint32_t mask;   /* ranks holding rows [a, b) as they are now */
+    uint32_t wrote;  /* the ranks that wrote them (they send them: not a rank that received them) */
 } cw__seg;
 
 typedef struct cw__segs {
@@ -329,7 +330,7 @@ static cw_status cw__split(cw__dist *D, int buf, int64_t x) {
             CW_TRY(cw__grow_arr(D, (void **)&c->s, &c->cap, c->n + 1, sizeof *c->s));
             memmove(&c->s[i + 2], &c->s[i + 1], (size_t)(c->n - i - 1) * sizeof *c->s);
             c->s[i].b = x;
-            c->s[i + 1] = (cw__seg){x, s.b, s.mask};
+            c->s[i + 1] = (cw__seg){x, s.b, s.mask, s.wrote};
             c->n++;
             return CW_OK;
         }
@@ -340,7 +341,7 @@ static cw_status cw__split(cw__dist *D, int buf, int64_t x) {
 static cw_status cw__reset(cw__dist *D, int buf) {
     cw__segs *c = &D->cs[buf];
     CW_TRY(cw__grow_arr(D, (void **)&c->s, &c->cap, 1, sizeof *c->s));
-    c->s[0] = (cw__seg){0, D->rows[buf], D->all}; /* nothing written yet: anyone's garbage will do */
+    c->s[0] = (cw__seg){0, D->rows[buf], D->all, D->all}; /* nothing written yet: anyone's garbage will do */
     c->n = 1;
     return CW_OK;
 }
@@ -356,7 +357,7 @@ static cw_status cw__ensure(cw__dist *D, int buf, int64_t a, int64_t b, int r) {
     for (int i = 0; i < c->n; i++) {
         cw__seg *s = &c->s[i];
         if (s->b <= a || s->a >= b || (s->mask >> r & 1u)) continue;
-        int src = cw__lowest(s->mask);
+        int src = cw__lowest(s->mask & s->wrote ? s->mask & s->wrote : s->mask);
         if (msrc == src && m1 == s->a) {
             m1 = s->b;
         } else {
@@ -375,7 +376,7 @@ static cw_status cw__written(cw__dist *D, int buf, int64_t a, int64_t b, uint32_
     CW_TRY(cw__split(D, buf, b));
     cw__segs *c = &D->cs[buf];
     for (int i = 0; i < c->n; i++)
-        if (c->s[i].a >= a && c->s[i].b <= b) c->s[i].mask = who;
+        if (c->s[i].a >= a && c->s[i].b <= b) c->s[i].mask = c->s[i].wrote = who;
     return CW_OK;
 }
 

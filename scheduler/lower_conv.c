@@ -65,7 +65,8 @@ static cw__conv_share cw__share(const cw__lower *L, int prep, int ybuf, int64_t 
     sh.ybuf = ybuf;
     sh.p_min = o->max_patch_rows > 0 ? (int)((h_out + o->max_patch_rows - 1) / o->max_patch_rows) : 1;
     /* distributed: a band per rank at least, so that every rank has its share of each conv */
-    if (o->comm) { /* a multiple of the ranks: a band per rank at least, bands meeting where ranks do */
+    if (o->comm && o->policy != CW_PATCHES_FIXED) { /* a multiple of the ranks: a band per rank at
+                                                        least, bands meeting where ranks do */
         int R = o->comm->n_ranks, m = (sh.p_min + R - 1) / R * R;
         sh.p_min = (int)(m < h_out ? m : h_out);
         sh.p_mult = R;

@@ -138,7 +138,6 @@ static void print_ranks_table(const opts *o, const ranks_area *ar, const run_res
                (double)mx.peak_rss / (double)single->peak_rss, diff,
                diff == 0                   ? " (bit-identical)"
                : o->patches <= 0           ? " (--patches auto: the patches differ)"
-               : o->patches < n            ? " (--patches below --ranks: the patches differ)"
                                            : "");
     }
 }
@@ -170,9 +169,9 @@ int run_ranks(const opts *o, const job *jb, child_area *final) {
     /* the input's elements: decode [n, latent, h, w], encode [n, in, h, w] */
     int64_t in_numel = jb->n * jb->h * jb->w * (o->part == VAE_DECODER ? o->cfg.latent_channels : o->cfg.in_channels);
     size_t in_off = align64(sizeof(ranks_area)), in_bytes = (size_t)in_numel * sizeof(float);
-    if (o->patches > 0 && o->patches < n) /* cw_graph_compile gives every rank a patch of each conv */
-        say("note: --patches %d < --ranks %d: each conv gets %d patches, so the output is one process's with "
-            "--patches %d, not --patches %d", o->patches, n, n, n, o->patches);
+    if (o->patches > 0 && o->patches < n) /* the patches stay as given: some ranks run no patch of a conv */
+        say("note: --patches %d < --ranks %d: some ranks get no patch of a conv and wait for the others' rows",
+            o->patches, n);
     size_t out_off = align64(in_off + in_bytes), bytes = out_off + (size_t)jb->out_numel * sizeof(float);
     int fd = memfd_create("cw-vae-ranks", 0);
     if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {

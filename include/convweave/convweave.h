@@ -558,8 +558,9 @@ typedef enum cw_patch_axis {
 /* ---------------------------------------------------------------------------------------
  * Across processes. A plan compiled with a communicator (cw_compile_options.comm) is one
  * rank's share of the plan the same graph and options give without one: the planner makes
- * the single-process plan (with at least n_ranks patches per conv under CW_PATCHES_AUTO, H
- * bands unless CW_PATCH_AXIS_D), then each rank keeps the tasks whose output rows fall in
+ * the single-process plan (under CW_PATCHES_AUTO each conv's patch count a multiple of
+ * n_ranks, so that bands meet where ranks do; CW_PATCHES_FIXED's count as given; H bands
+ * unless CW_PATCH_AXIS_D), then each rank keeps the tasks whose output rows fall in
  * its band of every tensor (rank r: rows [r*H/n, (r+1)*H/n) by each task's middle row), runs
  * the rest nowhere, and holds only the rows its tasks touch: its band plus halos. Where a
  * task reads rows another rank wrote (a halo, a GroupNorm's partial statistics, attention's
@@ -586,7 +587,7 @@ typedef struct cw_comm {
     size_t size;
     int version;
     int rank;     /* this process, 0 .. n_ranks - 1 */
-    int n_ranks;  /* >= 1 */
+    int n_ranks;  /* 1..32 */
     void *user;
     cw_status (*send)(void *user, const cw_tensor_desc *d, const void *data, int peer, int64_t tag, void *stream);
     cw_status (*recv)(void *user, const cw_tensor_desc *d, void *data, int peer, int64_t tag, void *stream);
@@ -622,7 +623,10 @@ typedef struct cw_compile_options {
      * unscheduled reference (one patch); cw_plan_describe names each conv's axis. */
     cw_patch_axis patch_axis;
     /* (version 4) NULL: one process. Else this rank's communicator (see "Across processes"
-     * above), borrowed until the plan is destroyed. cw_graph_compile first checks that every
+     * above), borrowed until the plan is destroyed. The budgets (temp_budget, memory_budget)
+     * are checked against the single-process plan the ranks share out, so each rank holds at
+     * most what they allow (less: its share of the activations); cw_graph_min_budget and
+     * cw_graph_memory_ladder answer for that plan too. cw_graph_compile first checks that every
      * rank compiles the same graph (structure, shapes, weights' checksum) with the same
      * options and names what differs, on which rank (CW_ERR_INVALID_ARG on every rank). */
     const cw_comm *comm;
