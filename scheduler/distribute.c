@@ -346,11 +346,16 @@ static cw_status cw__reset(cw__dist *D, int buf) {
     return CW_OK;
 }
 
+/* Splits buf's segments at a and b: rows [a, b) are then whole segments. */
+static cw_status cw__span(cw__dist *D, int buf, int64_t a, int64_t b) {
+    CW_TRY(cw__split(D, buf, a));
+    return cw__split(D, buf, b);
+}
+
 /* Brings rows [a, b) of buf to rank r where it lacks them (runs of one source: one message). */
 static cw_status cw__ensure(cw__dist *D, int buf, int64_t a, int64_t b, int r) {
     if (a >= b) return CW_OK;
-    CW_TRY(cw__split(D, buf, a));
-    CW_TRY(cw__split(D, buf, b));
+    CW_TRY(cw__span(D, buf, a, b));
     cw__segs *c = &D->cs[buf];
     int64_t m0 = 0, m1 = 0;
     int msrc = -1;
@@ -372,8 +377,7 @@ static cw_status cw__ensure(cw__dist *D, int buf, int64_t a, int64_t b, int r) {
 
 static cw_status cw__written(cw__dist *D, int buf, int64_t a, int64_t b, uint32_t who) {
     if (a >= b) return CW_OK;
-    CW_TRY(cw__split(D, buf, a));
-    CW_TRY(cw__split(D, buf, b));
+    CW_TRY(cw__span(D, buf, a, b));
     cw__segs *c = &D->cs[buf];
     for (int i = 0; i < c->n; i++)
         if (c->s[i].a >= a && c->s[i].b <= b) c->s[i].mask = c->s[i].wrote = who;

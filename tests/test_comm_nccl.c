@@ -5,6 +5,7 @@
  * against the view's row-major element order over random band views. The transfers
  * themselves are tests/test_comm_nccl_gpu.c (two GPUs). */
 #include "testutil.h"
+#include "view_walk.h"
 
 #include "backend/comm_nccl.h"
 #include "convweave/convweave_cuda.h"
@@ -36,21 +37,6 @@ static void check_init_args(void) {
     cw_comm_nccl_destroy(&other);
     ASSERT_TRUE(other.user == &fake && other.size == sizeof(cw_comm));
     ASSERT_TRUE(strcmp(cw_comm_nccl_get_last_error(&other), "") == 0);
-}
-
-/* Element offsets of v in row-major order of its dims. */
-static int64_t view_offsets(const cw_tensor_desc *v, int64_t *out) {
-    int64_t n = cw_tensor_desc_numel(v), idx[CW_MAX_RANK] = {0};
-    for (int64_t e = 0; e < n; e++) {
-        int64_t off = 0;
-        for (int q = 0; q < v->rank; q++) off += idx[q] * v->strides[q];
-        out[e] = off;
-        for (int q = v->rank - 1; q >= 0; q--) {
-            if (++idx[q] < v->dims[q]) break;
-            idx[q] = 0;
-        }
-    }
-    return n;
 }
 
 /* A band of rows of a random NCHW(D) tensor, a channel slice at times, sometimes with a

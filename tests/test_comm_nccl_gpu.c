@@ -8,6 +8,7 @@
  * (NCCL refuses two ranks on one GPU) and says so. CW_COMM_NCCL_SELFTEST=1 runs the same
  * cases through a host mailbox communicator instead, to check the harness without a GPU. */
 #include "testutil.h"
+#include "view_walk.h"
 
 #include <pthread.h>
 
@@ -54,42 +55,18 @@ static void mem_free(int r, void *p) {
     (void)r;
     free(p);
 }
-static void mem_put(int r, void *d, const void *h, int64_t bytes) {
+/* Copies bytes between host and rank r's memory (its GPU's, or the self-test's host). */
+static void mem_copy(int r, void *dst, const void *src, int64_t bytes, int to_device) {
 #ifdef CW_HAVE_NCCL
     if (!g_self) {
         ASSERT_TRUE(cudaSetDevice(r) == cudaSuccess);
-        ASSERT_TRUE(cudaMemcpy(d, h, (size_t)bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+        ASSERT_TRUE(cudaMemcpy(dst, src, (size_t)bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost) ==
+                    cudaSuccess);
         return;
     }
 #endif
-    (void)r;
-    memcpy(d, h, (size_t)bytes);
-}
-static void mem_get(int r, void *h, const void *d, int64_t bytes) {
-#ifdef CW_HAVE_NCCL
-    if (!g_self) {
-        ASSERT_TRUE(cudaSetDevice(r) == cudaSuccess);
-        ASSERT_TRUE(cudaMemcpy(h, d, (size_t)bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
-        return;
-    }
-#endif
-    (void)r;
-    memcpy(h, d, (size_t)bytes);
-}
-
-/* Element offsets of v in row-major order of its dims (strides filled). */
-static int64_t view_offsets(const cw_tensor_desc *v, int64_t *out) {
-    int64_t n = cw_tensor_desc_numel(v), idx[CW_MAX_RANK] = {0};
-    for (int64_t e = 0; e < n; e++) {
-        int64_t off = 0;
-        for (int q = 0; q < v->rank; q++) off += idx[q] * v->strides[q];
-        out[e] = off;
-        for (int q = v->rank - 1; q >= 0; q--) {
-            if (++idx[q] < v->dims[q]) break;
-            idx[q] = 0;
-        }
-    }
-    return n;
+    (void)r, (void)to_device;
+    memcpy(dst, src, (size_t)bytes);
 }
 
 /* ---- the self-test's communicator: a mailbox per (from, to), blocking, host memory ------ */
@@ -183,13 +160,13 @@ static void buffer_make(buffer *b, int rank, int host, int64_t bytes, cw_rng *rn
         memcpy(b->mem, b->init, (size_t)bytes);
     } else {
         b->mem = mem_alloc(rank, bytes);
-        mem_put(rank, b->mem, b->init, bytes);
+        mem_copy(rank, b->mem, b->init, bytes, 1);
     }
 }
 
 static void buffer_read(const buffer *b, unsigned char *out) {
     if (b->host) memcpy(out, b->mem, (size_t)b->bytes);
-    else mem_get(b->rank, out, b->mem, b->bytes);
+    else mem_copy(b->rank, out, b->mem, b->bytes, 0);
 }
 
 static void buffer_free(buffer *b) {

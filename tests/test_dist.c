@@ -22,6 +22,7 @@
 #include "scheduler/sched.h"
 #include "testutil.h"
 #include "vae.h"
+#include "view_walk.h"
 
 /* ---- the mailbox ---------------------------------------------------------------------------- */
 
@@ -51,15 +52,12 @@ typedef struct rank_comm {
 /* Copies the strided view d/data to or from the contiguous bytes at c. */
 static void copy_view(const cw_tensor_desc *d, unsigned char *data, unsigned char *c, int pack) {
     size_t es = cw_dtype_size(d->dtype);
-    int64_t n = 1, idx[CW_MAX_RANK] = {0};
-    for (int i = 0; i < d->rank; i++) n *= d->dims[i];
-    for (int64_t k = 0; k < n; k++) {
-        int64_t off = 0;
-        for (int i = 0; i < d->rank; i++) off += idx[i] * d->strides[i];
-        if (pack) memcpy(c + (size_t)k * es, data + (size_t)off * es, es);
-        else memcpy(data + (size_t)off * es, c + (size_t)k * es, es);
-        for (int i = d->rank - 1; i >= 0 && ++idx[i] == d->dims[i]; i--) idx[i] = 0;
+    int64_t *off = malloc(((size_t)cw_tensor_desc_numel(d) + 1) * sizeof *off);
+    for (int64_t k = 0, n = view_offsets(d, off); k < n; k++) {
+        if (pack) memcpy(c + (size_t)k * es, data + (size_t)off[k] * es, es);
+        else memcpy(data + (size_t)off[k] * es, c + (size_t)k * es, es);
     }
+    free(off);
 }
 
 static size_t view_bytes(const cw_tensor_desc *d) {
