@@ -46,6 +46,25 @@ static int64_t cw__lowest_gap(const cw_plan *p, const cw__life *placed, int n, c
     return off;
 }
 
+/* Lowest offset for a head h and its tail t, placed right after it (cw__buf.tail), clear of
+ * the placed lives overlapping either in time. */
+static int64_t cw__lowest_pair(const cw_plan *p, const cw__life *placed, int n, const cw__life *h, const cw__life *t) {
+    int64_t off = 0;
+    for (int bumped = 1; bumped;) {
+        bumped = 0;
+        for (int k = 0; k < n; k++) {
+            const cw__life *q = &placed[k];
+            int64_t lo = p->bufs[q->buf].offset, hi = lo + q->size;
+            if (q->a0 < h->a1 && h->a0 < q->a1 && lo < off + h->size && off < hi) {
+                off = hi, bumped = 1;
+            } else if (q->a0 < t->a1 && t->a0 < q->a1 && lo < off + h->size + t->size && off + h->size < hi) {
+                off = hi - h->size, bumped = 1;
+            }
+        }
+    }
+    return off;
+}
+
 /* Collects the activations' lifetimes in host order; returns how many. */
 static int cw__lives(const cw_plan *p, cw__life *out, int *slot) {
     int n = 0;
@@ -76,10 +95,12 @@ static int64_t cw__live_peak(const cw_plan *p) {
 }
 
 /* ALLOC of b waits for the free of every earlier activation sharing bytes with it that was
- * freed on another stream; such a free records an event. */
-static cw_status cw__reuse_waits(cw_plan *p, const cw__life *lv, int n) {
+ * freed on another stream; such a free records an event. A tail's waits go to its head's
+ * ALLOC (its bytes are written through the head, whose users that ALLOC orders). */
+static cw_status cw__reuse_waits(cw_plan *p, const cw__life *lv, int n, const int *slot) {
     for (int k = 0; k < n; k++) {
-        cw__action *al = &p->acts[lv[k].a0];
+        int hd = p->bufs[lv[k].buf].head;
+        cw__action *al = &p->acts[hd >= 0 && slot[hd] >= 0 ? lv[slot[hd]].a0 : lv[k].a0];
         const cw__buf *bb = &p->bufs[lv[k].buf];
         for (int j = 0; j < n; j++) {
             const cw__buf *ba = &p->bufs[lv[j].buf];
@@ -101,25 +122,44 @@ cw_status cw__plan_place_activations(cw_plan *p) {
     cw__life *lv = cw__malloc((size_t)p->n_bufs * sizeof *lv + 1);
     cw__life *placed = cw__malloc((size_t)p->n_bufs * sizeof *placed + 1);
     cw__span *scratch = cw__malloc((size_t)p->n_bufs * sizeof *scratch + 1);
+    cw__life *scratch_lives = cw__malloc((size_t)p->n_bufs * sizeof *scratch_lives + 1);
     int *slot = cw__malloc((size_t)p->n_bufs * sizeof *slot + 1);
     cw_status st = CW_OK;
-    if (!lv || !placed || !scratch || !slot) {
+    if (!lv || !placed || !scratch || !scratch_lives || !slot) {
         st = cw__error(p->ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory");
     } else {
         int n = cw__lives(p, lv, slot);
-        cw__life *order = placed; /* sorted copy first, then the placed prefix grows in it */
-        for (int k = 0; k < n; k++) order[k] = lv[k];
+        cw__life *order = scratch_lives; /* sorted by size, a head with its tail's */
+        for (int k = 0; k < n; k++) {
+            order[k] = lv[k];
+            int t = p->bufs[lv[k].buf].tail;
+            if (t >= 0 && slot[t] >= 0) order[k].size += lv[slot[t]].size;
+        }
         qsort(order, (size_t)n, sizeof *order, cw__life_cmp);
         p->act_bytes = 0;
+        int np = 0;
         for (int k = 0; k < n; k++) {
-            cw__life l = order[k];
-            int64_t off = cw__lowest_gap(p, order, k, &l, scratch);
+            const cw__buf *b = &p->bufs[order[k].buf];
+            if (b->head >= 0 && slot[b->head] >= 0) continue; /* placed with its head */
+            cw__life l = lv[slot[order[k].buf]];
+            int64_t off, end;
+            if (b->tail >= 0 && slot[b->tail] >= 0) {
+                cw__life t = lv[slot[b->tail]];
+                off = cw__lowest_pair(p, placed, np, &l, &t);
+                p->bufs[t.buf].offset = off + l.size;
+                placed[np++] = t;
+                end = off + l.size + t.size;
+            } else {
+                off = cw__lowest_gap(p, placed, np, &l, scratch);
+                end = off + l.size;
+            }
             p->bufs[l.buf].offset = off;
-            if (off + l.size > p->act_bytes) p->act_bytes = off + l.size;
+            placed[np++] = l;
+            if (end > p->act_bytes) p->act_bytes = end;
         }
         p->act_live_peak = cw__live_peak(p);
-        st = cw__reuse_waits(p, lv, n);
+        st = cw__reuse_waits(p, lv, n, slot);
     }
-    cw__free(lv), cw__free(placed), cw__free(scratch), cw__free(slot);
+    cw__free(lv), cw__free(placed), cw__free(scratch), cw__free(scratch_lives), cw__free(slot);
     return st;
 }

@@ -27,6 +27,7 @@ cw_status cw__new_buf(cw__lower *L, cw__bkind kind, int ext, const cw_tensor_des
     b->ext = ext;
     if (d) b->d = *d;
     b->bytes = bytes;
+    b->tail = b->head = -1;
     *out = p->n_bufs++;
     return CW_OK;
 }
@@ -49,7 +50,15 @@ cw_status cw__temp(cw__lower *L, int64_t bytes, const cw_tensor_desc *d, int *ou
 
 cw_status cw__release(cw__lower *L, int buf) {
     if (buf < 0) return CW_OK;
+    CW_TRY(cw__release_tail(L, buf));
     return cw__act(L, CW__A_FREE, buf, 0);
+}
+
+cw_status cw__release_tail(cw__lower *L, int buf) {
+    cw__buf *b = &L->p->bufs[buf];
+    if (b->tail < 0 || b->tail_freed) return CW_OK;
+    b->tail_freed = 1;
+    return cw__act(L, CW__A_FREE, b->tail, 0);
 }
 
 cw_status cw__new_task(cw__lower *L, cw__tkind kind, int stage, int stream, int node, cw__task **out, int *id) {

@@ -106,17 +106,21 @@ static int cw__rec_consumer_ok(const cw_graph *g, const cw__node *b) {
     return c->stride[h] == 1 && c->dilation[h] == 1 && c->pad_pre[h] <= k - 1 && c->pad_post[h] <= k - 1;
 }
 
-/* x, A's own input and the residual operand of B's add, dies at this block: an activation
- * of the add's shape and dtype that no lowering unit reads but A's (its prep) and B's (the
- * residual). The add's result may then be written into x's storage (cw__inplace_operand). */
-static int cw__rec_x_dies(const cw__lower *L, int x, int addn, int a, int b) {
+/* x, A's own input, dies at this block: an activation that no lowering unit reads but A's
+ * (its prep) and b's (the residual operand, or the shortcut conv reading x), and whose
+ * storage can hold the add's result: the add's shape and dtype, or (channels_le: the result
+ * of a shortcut block) every dim but the channels equal and no more channels. Views keep
+ * their buffer's strides, so the result's row r stays in x's row r of every channel plane.
+ * The add's result may then be written into x's storage (cw__inplace_operand). */
+static int cw__rec_x_dies(const cw__lower *L, int x, int addn, int a, int b, int channels_le) {
     const cw_graph *g = L->g;
     const cw__node *nx = &g->nodes[x], *nadd = &g->nodes[addn];
     if (nx->kind == CW__N_INPUT || nx->kind == CW__N_CONST || nx->is_output || L->nd[x].fused ||
         nx->desc.rank != nadd->desc.rank || nx->desc.dtype != nadd->desc.dtype)
         return 0;
     for (int d = 0; d < nx->desc.rank; d++)
-        if (nx->desc.dims[d] != nadd->desc.dims[d]) return 0;
+        if (nx->desc.dims[d] != nadd->desc.dims[d] && !(channels_le && d == 1 && nadd->desc.dims[d] < nx->desc.dims[d]))
+            return 0;
     int readers = 0;
     for (int i = x + 1; i < g->n; i++) {
         int rd[4];
@@ -178,14 +182,42 @@ static int cw__rec_candidate(const cw__lower *L, int a, int *gns) {
         cw__fusion_chain(L, g->nodes[j].in[0], &src, &gn, &silu, &up);
         const cw__node *an = &g->nodes[addn];
         if (src != a || (an->in[0] == j ? an->in[1] : an->in[0]) != asrc) continue;
-        if (convs > 1 || !cw__rec_x_dies(L, asrc, addn, a, j)) return 0;
+        if (convs > 1 || !cw__rec_x_dies(L, asrc, addn, a, j, 0)) return 0;
     }
     return 1;
 }
 
+/* Conv b recomputes A per band and adds a shortcut conv S through its epilogue, where S
+ * reads A's own input x (unfused) and maps each output row to the same input row (kernel 1,
+ * stride 1, no padding along H), nothing but the add reads S, and x dies at this block with
+ * room for the add's result (a ResNet block changing channels, 1x1 shortcut). Then S is
+ * recomputed: each band of it is computed in b's epilogue from x's rows of that band, and
+ * the add's result is written over x, band by band, after the later bands' recomputes of A
+ * have read their halo rows (lower_conv.c). S costs no FLOPs twice, and neither its result
+ * nor the add's needs storage of its own: the block holds x alone. */
+static void cw__rec_shortcut(cw__lower *L, int b) {
+    const cw_graph *g = L->g;
+    int addn = L->nd[b].epi_into, A = L->nd[b].rec_of;
+    if (addn < 0) return;
+    const cw__node *an = &g->nodes[addn];
+    int S = an->in[0] == b ? an->in[1] : an->in[0];
+    const cw__node *ns = &g->nodes[S];
+    if (ns->kind != CW__N_CONV || !L->nd[S].live || !L->rec_allow[S] || L->nd[S].rec || L->nd[S].epi_into >= 0 ||
+        ns->is_output || ns->n_uses != 1 || ns->in[0] < 0 || L->nd[ns->in[0]].fused)
+        return;
+    int asrc, ag, as, au;
+    cw__fusion_chain(L, g->nodes[A].in[0], &asrc, &ag, &as, &au);
+    const cw_conv_params *c = &ns->conv;
+    int h = c->spatial - 2;
+    if (asrc != ns->in[0] || g->nodes[ns->in[1]].desc.dims[c->spatial] != 1 || c->stride[h] != 1 ||
+        c->pad_pre[h] != 0 || c->pad_post[h] != 0 || !cw__rec_x_dies(L, asrc, addn, A, S, 1))
+        return;
+    L->nd[S].rec = L->nd[S].rec_epi = 1;
+}
+
 void cw__fusion_recompute(cw__lower *L) {
     const cw_graph *g = L->g;
-    for (int i = 0; i < g->n; i++) L->nd[i].rec = L->nd[i].rec_stats = 0, L->nd[i].rec_of = -1;
+    for (int i = 0; i < g->n; i++) L->nd[i].rec = L->nd[i].rec_stats = L->nd[i].rec_epi = 0, L->nd[i].rec_of = -1;
     if (!L->fuse || L->none || !L->rec_allow) return;
     for (int a = 0; a < g->n; a++) {
         int gns = 0;
@@ -199,4 +231,10 @@ void cw__fusion_recompute(cw__lower *L) {
         cw__fusion_chain(L, g->nodes[j].in[0], &src, &gn, &silu, &up);
         if (L->nd[src].rec) L->nd[j].rec_of = src;
     }
+    for (int j = 0; j < g->n; j++) /* shortcuts computed band by band in their add's epilogue */
+        if (g->nodes[j].kind == CW__N_CONV && L->nd[j].rec_of >= 0) cw__rec_shortcut(L, j);
+}
+
+int cw__fusion_inplace_target(const cw__lower *L, int other) {
+    return other >= 0 && L->nd[other].rec_epi ? L->g->nodes[other].in[0] : other;
 }

@@ -88,26 +88,30 @@ static int cw__reads_released(const cw__lower *L, const int rd[4], int k, int m)
     return n;
 }
 
-/* The residual operand of ADD node i (whose conv epilogue is unit u) whose storage the
- * add's result may take, or -1. Legal when that operand is an activation of the same shape
- * that nothing after this unit reads, and the conv does not read it directly (its halo rows
- * would be overwritten under it). A conv that recomputes conv A per band may take A's own
- * input, which A's unit still holds (its reads are released after this unit): the recomputes
- * read it band by band, ordered before each band's write (cw__emit_patches). The
- * unscheduled reference keeps a buffer per node. */
+/* The node whose storage the result of ADD node i (whose conv epilogue is unit u) may take,
+ * or -1: its residual operand, or where that is an epilogue shortcut (nd[].rec_epi) the
+ * shortcut's input x. Legal when that node is an activation that nothing after this unit
+ * reads, with the add's shape and dtype (x: no fewer channels, fusion.c), and the conv does
+ * not read it directly (its halo rows would be overwritten under it). A conv that recomputes
+ * conv A per band may take A's own input, which A's unit still holds (its reads are released
+ * after this unit): the recomputes read it band by band, ordered before each band's write
+ * (cw__emit_patches). The unscheduled reference keeps a buffer per node. */
 static int cw__inplace_operand(const cw__lower *L, int i, int u) {
     const cw_graph *g = L->g;
     const cw__node *an = &g->nodes[i];
-    int m = an->in[0] == u ? an->in[1] : an->in[0];
+    int other = an->in[0] == u ? an->in[1] : an->in[0];
+    int m = cw__fusion_inplace_target(L, other);
+    if (L->none || m < 0) return -1;
     const cw__node *nm = &g->nodes[m];
     const cw__lnode *lm = &L->nd[m];
     int rd[4];
     int reads = cw__reads_released(L, rd, cw__fusion_unit_reads(L, u, rd), m);
-    if (L->none || m < 0 || lm->buf < 0 || lm->moved || lm->reads != reads || nm->is_output ||
+    if (lm->buf < 0 || lm->moved || lm->reads != reads || nm->is_output ||
         L->p->bufs[lm->buf].kind != CW__B_ACT || nm->desc.rank != an->desc.rank || nm->desc.dtype != an->desc.dtype)
         return -1;
     for (int d = 0; d < an->desc.rank; d++)
-        if (nm->desc.dims[d] != an->desc.dims[d]) return -1;
+        if (nm->desc.dims[d] != an->desc.dims[d] && !(m != other && d == 1 && an->desc.dims[d] < nm->desc.dims[d]))
+            return -1;
     int src, gn, silu, up;
     cw__fusion_chain(L, g->nodes[u].in[0], &src, &gn, &silu, &up);
     if (src == m) return -1;
@@ -115,6 +119,42 @@ static int cw__inplace_operand(const cw__lower *L, int i, int u) {
         if (g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0 && L->nd[q].gn_fin < 0)
             return -1;
     return m;
+}
+
+/* Bytes of node i's result that outlive it, or 0: where i is the input x of an epilogue
+ * shortcut (fusion.c, rec_epi), the residual add's result takes x's storage and needs only
+ * its first bytes (one batch: every channel plane of the result lies before the rest of x's).
+ * x's buffer is then a head of that size and a tail, freed at the end of the block (the arena
+ * places the tail right after the head). Not in a distributed plan, whose ranks hold rows of
+ * a buffer, not a prefix. */
+static int64_t cw__split_bytes(const cw__lower *L, int i) {
+    const cw_graph *g = L->g;
+    const cw_tensor_desc *d = &g->nodes[i].desc;
+    if (L->p->opt.comm || d->rank < 4 || d->dims[0] != 1) return 0;
+    for (int s = i + 1; s < g->n; s++) {
+        if (!L->nd[s].rec_epi || g->nodes[s].in[0] != i) continue;
+        for (int a = s + 1; a < g->n; a++)
+            if (g->nodes[a].kind == CW__N_ADD && (g->nodes[a].in[0] == s || g->nodes[a].in[1] == s)) {
+                int64_t hs = cw__desc_bytes(&g->nodes[a].desc);
+                return hs < cw__desc_bytes(d) && cw__alloc_round(hs) == hs ? hs : 0;
+            }
+    }
+    return 0;
+}
+
+/* A fresh activation buffer for node i (split in head and tail: cw__split_bytes). */
+static cw_status cw__new_act(cw__lower *L, int i) {
+    const cw__node *nd = &L->g->nodes[i];
+    cw__lnode *ln = &L->nd[i];
+    int64_t bytes = cw__desc_bytes(&nd->desc), hs = cw__split_bytes(L, i);
+    CW_TRY(cw__new_buf(L, CW__B_ACT, -1, &nd->desc, hs > 0 ? hs : bytes, &ln->buf));
+    CW_TRY(cw__act(L, CW__A_ALLOC, ln->buf, 0));
+    if (hs == 0) return CW_OK;
+    int t = -1;
+    CW_TRY(cw__new_buf(L, CW__B_ACT, -1, NULL, bytes - hs, &t));
+    L->p->bufs[t].head = ln->buf;
+    L->p->bufs[ln->buf].tail = t;
+    return cw__act(L, CW__A_ALLOC, t, 0);
 }
 
 /* Lowers the unit at node i's position: its result buffer, its tasks, the frees after it. */
@@ -150,14 +190,14 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
         ln->buf = L->nd[other].buf; /* the add's result overwrites its dying operand */
         L->nd[other].moved = 1;
     } else {
-        CW_TRY(cw__new_buf(L, CW__B_ACT, -1, &nd->desc, cw__desc_bytes(&nd->desc), &ln->buf));
-        CW_TRY(cw__act(L, CW__A_ALLOC, ln->buf, 0));
+        CW_TRY(cw__new_act(L, i));
     }
     L->nd[u].buf = ln->buf;
     cw__nkind kind = g->nodes[u].kind;
     if (kind == CW__N_CONV) CW_TRY(cw__lower_conv(L, u));
     else if (kind == CW__N_ATTN) CW_TRY(cw__lower_attention(L, u));
     else CW_TRY(cw__lower_elementwise(L, u));
+    if (other >= 0) CW_TRY(cw__release_tail(L, ln->buf)); /* x's rest, past the add's result */
     return cw__release_reads(L, rd, k);
 }
 

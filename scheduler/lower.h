@@ -36,6 +36,10 @@ typedef struct cw__lnode {
                            every conv reading it recomputes each band it reads (lower_conv.c) --
                            recursively, where that band's own input is recomputed too */
     int rec_stats;      /* rec: a GroupNorm reads it, so its first pass runs */
+    int rec_epi;        /* rec: a shortcut conv S (one row in, one row out along H) whose only
+                           reader is the residual add of a conv B recomputing A, S and A reading
+                           the same dying x: each band of S is computed in B's epilogue, and the
+                           add's result takes x's storage (fusion.c, lower_conv.c) */
     int rec_of;         /* CONV: the recomputed conv whose bands it reads, -1 */
     int rec_rd[4], rec_k; /* rec: its unit's reads, released after its last reader's unit */
     cw__conv_algo rec_algo; /* rec: the algorithm of its first pass (the second uses it too) */
@@ -64,8 +68,10 @@ cw_status cw__new_buf(cw__lower *L, cw__bkind kind, int ext, const cw_tensor_des
 cw_status cw__act(cw__lower *L, cw__akind kind, int id, int stream);
 /* A temporary of `bytes`, allocated now in host order; d may be NULL. */
 cw_status cw__temp(cw__lower *L, int64_t bytes, const cw_tensor_desc *d, int *out);
-/* Frees buffer buf now in host order (buf < 0: nothing). */
+/* Frees buffer buf now in host order (buf < 0: nothing), and its tail if still held. */
 cw_status cw__release(cw__lower *L, int buf);
+/* Frees the tail of ACT buffer buf now (cw__buf.tail; none: nothing): its head stays. */
+cw_status cw__release_tail(cw__lower *L, int buf);
 /* A task, enqueued now in host order on plan stream `stream`. */
 cw_status cw__new_task(cw__lower *L, cw__tkind kind, int stage, int stream, int node, cw__task **out, int *id);
 /* task runs after dep (dep < 0: nothing). */
@@ -104,6 +110,9 @@ int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]);
  * reader's residual is A's own input x, only when x dies there (the reader's result then
  * takes x's storage, lower.c) and A has no other reader. */
 void cw__fusion_recompute(cw__lower *L);
+/* The node whose storage the residual add of conv unit b overwrites in place when its
+ * operand is an epilogue shortcut (nd[].rec_epi): the shortcut's input x; else the operand. */
+int cw__fusion_inplace_target(const cw__lower *L, int other);
 
 /* Headroom for the small temporaries (GroupNorm partials and scale/shift) and allocator
  * rounding when sizing patches: 1/8 of the budget; the dry run is the real check. */

@@ -177,18 +177,31 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     return CW_OK;
 }
 
-/* The residual add of patch j after its conv task `conv`; *id gets it. */
+static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, int *ybuf, int *conv,
+                                    int *ptask, cw__patch *ap);
+
+/* The residual add of patch j after its conv task `conv`; *id gets it. Where the operand is
+ * an epilogue shortcut S (nd[].rec_epi), S's rows [o0, o1) are computed first, into a band
+ * buffer, from x's rows (S maps rows one to one). */
 static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int conv, int *id) {
     const cw_graph *g = L->g;
     const cw__node *n = &g->nodes[u->node];
     const cw__patch *pt = &u->cp.patch[j];
-    const int ax = u->cp.axis;
-    int addn = u->outn;
+    const int ax = u->cp.axis, shortcut = L->nd[u->other].rec_epi;
+    int addn = u->outn, sbuf = -1, sconv = -1;
+    if (shortcut) {
+        cw__patch sp;
+        int ptask = -1;
+        CW_TRY(cw__emit_band_conv(L, u->node, u->other, pt->o0, pt->o1, &sbuf, &sconv, &ptask, &sp));
+        L->p->conv_gflop += cw__conv_flops(&sp.prob) * 1e-9; /* S's only computation */
+    }
     cw__task *e = NULL;
     CW_TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
     e->u.add.dst = cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
-    if (u->inplace) { /* dst is other's storage: other + band, written over other */
-        e->u.add.a = e->u.add.dst;
+    cw__vref other = shortcut ? cw__whole(sbuf, &L->p->bufs[sbuf].d)
+                              : cw__band(L->nd[u->other].buf, &g->nodes[u->other].desc, ax, pt->o0, pt->o1);
+    if (u->inplace) { /* dst is other's (or x's) storage: other + band, written over it */
+        e->u.add.a = shortcut ? other : e->u.add.dst;
         e->u.add.b = cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d);
         for (int k = 0; k < u->n_war; k++) CW_TRY(cw__dep(L, *id, u->war[k]));
         /* write after read: every recompute that reads these rows of other (its prep, on
@@ -201,12 +214,16 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
                 CW_TRY(cw__dep(L, *id, u->xr_task[q]));
     } else {
         e->u.add.a = e->u.add.dst;
-        e->u.add.b = cw__band(L->nd[u->other].buf, &g->nodes[u->other].desc, ax, pt->o0, pt->o1);
+        e->u.add.b = other;
     }
     e->flops = (double)cw__desc_numel(&n->desc) * (double)(pt->o1 - pt->o0) / (double)u->ci->out_rows;
-    snprintf(e->name, sizeof e->name, "residual add%s L%d patch %d/%d", u->inplace ? " in place" : "", addn, j + 1,
-             u->cp.patches);
+    snprintf(e->name, sizeof e->name, "residual add%s%s L%d patch %d/%d", shortcut ? " + shortcut" : "",
+             u->inplace ? " in place" : "", addn, j + 1, u->cp.patches);
     CW_TRY(cw__dep(L, *id, conv));
+    if (shortcut) {
+        CW_TRY(cw__dep(L, *id, sconv));
+        return cw__release(L, sbuf);
+    }
     return cw__dep_band(L, *id, u->other, ax, pt->o0, pt->o1);
 }
 
@@ -283,31 +300,36 @@ static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_probl
     return CW_OK;
 }
 
-/* Recomputed conv A's band for patch q of its consumer (unit u): A's output rows are the
- * rows q reads, [pt->a, pt->b); *ap gets A's patch for them. */
-static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q, cw__patch *ap) {
+/* Conv node A's patch for its output rows [r0, r1) (*ap). */
+static cw_status cw__node_band(const cw__lower *L, int A, int64_t r0, int64_t r1, cw__patch *ap) {
     const cw_graph *g = L->g;
-    const cw__node *na = &g->nodes[u->rec];
-    const cw__patch *pt = &u->cp.patch[q];
+    const cw__node *na = &g->nodes[A];
     cw__conv_problem fa;
     cw__conv_problem_init(&fa, &g->nodes[na->in[0]].desc, &g->nodes[na->in[1]].desc, na->in[2] >= 0, &na->desc,
                           &na->conv);
-    return cw__patch_make(&fa, pt->a, pt->b, ap);
+    return cw__patch_make(&fa, r0, r1, ap);
+}
+
+/* Recomputed conv A's band for patch q of its consumer (unit u): A's output rows are the
+ * rows q reads, [pt->a, pt->b); *ap gets A's patch for them. */
+static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q, cw__patch *ap) {
+    return cw__node_band(L, u->rec, u->cp.patch[q].a, u->cp.patch[q].b, ap);
 }
 
 static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q);
 
-/* A's band for patch q of unit u, into a band buffer (*ybuf; *conv gets its conv task): a
- * one-patch unit for A whose input rows come from A's own prep, or -- where A reads a
- * recomputed conv itself -- from that conv's band, recomputed first (recursively). */
-static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *ybuf, int *conv) {
-    const int A = u->rec;
+/* Recomputed conv A's output rows [r0, r1), read by unit b, into a band buffer (*ybuf; *conv
+ * gets its conv task, *ptask its prep task or -1, *ap its patch): a one-patch unit for A
+ * whose input rows come from A's own prep, or -- where A reads a recomputed conv itself --
+ * from that conv's band, recomputed first (recursively). */
+static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, int *ybuf, int *conv,
+                                    int *ptask, cw__patch *ap) {
     const cw__node *na = &L->g->nodes[A];
     cw__conv_unit a;
     memset(&a, 0, sizeof a);
-    int64_t bounds[2] = {u->cp.patch[q].a, u->cp.patch[q].b};
-    cw__patch ap;
-    int ws = -1, pbuf = -1, ptask = -1;
+    int64_t bounds[2] = {r0, r1};
+    int ws = -1, pbuf = -1;
+    *ptask = -1;
     a.node = a.outn = A;
     a.other = -1;
     a.pass1 = 1; /* its conv writes a band buffer */
@@ -316,18 +338,26 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *y
     a.rec = L->nd[A].rec_of;
     a.cp.patches = 1;
     a.cp.bounds = bounds;
-    a.cp.patch = &ap;
-    a.ws = &ws, a.pbuf = &pbuf, a.ybuf = ybuf, a.prep_task = &ptask;
-    CW_TRY(cw__rec_band(L, u, q, &ap));
-    a.cp.axis = ap.axis; /* H: recomputes follow their reader's H bands */
-    CW_TRY(cw__rec_algo(L, u->node, A, &ap.prob, &a.cp.algo));
+    a.cp.patch = ap;
+    a.ws = &ws, a.pbuf = &pbuf, a.ybuf = ybuf, a.prep_task = ptask;
+    CW_TRY(cw__node_band(L, A, r0, r1, ap));
+    a.cp.axis = ap->axis; /* H: recomputes follow their reader's H bands */
+    CW_TRY(cw__rec_algo(L, b, A, &ap->prob, &a.cp.algo));
     a.cp.ws = a.cp.algo.workspace;
     CW_TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
     CW_TRY(cw__emit_conv(L, &a, 0, conv));
-    if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : *conv; /* what reads other's rows */
-    L->p->recompute_flop += cw__conv_flops(&ap.prob);
     CW_TRY(cw__release(L, ws));
     return cw__release(L, pbuf);
+}
+
+/* A's band for patch q of unit u (A = u->rec), into a band buffer (cw__emit_band_conv). */
+static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *ybuf, int *conv) {
+    cw__patch ap;
+    int ptask = -1;
+    CW_TRY(cw__emit_band_conv(L, u->node, u->rec, u->cp.patch[q].a, u->cp.patch[q].b, ybuf, conv, &ptask, &ap));
+    if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : *conv; /* what reads other's rows */
+    L->p->recompute_flop += cw__conv_flops(&ap.prob);
+    return CW_OK;
 }
 
 /* Patch q's input rows of a conv that reads a recomputed conv A, directly or through GN
@@ -428,19 +458,22 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     u.prep = u.gn >= 0 || u.silu || u.up > 1;
     const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
     u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
-    u.inplace = u.other >= 0 && L->nd[u.other].moved;
+    const int tgt = cw__fusion_inplace_target(L, u.other); /* whose storage an in-place add takes */
+    u.inplace = tgt >= 0 && L->nd[tgt].moved && L->nd[tgt].buf == L->nd[u.outn].buf;
     u.pass1 = L->nd[i].rec;
     u.rec = L->nd[i].rec_of;
     if (u.inplace && u.rec >= 0) {
         int asrc, ag, as, au;
         cw__fusion_chain(L, g->nodes[u.rec].in[0], &asrc, &ag, &as, &au);
-        u.rec_x = asrc == u.other;
+        u.rec_x = asrc == tgt;
     }
     cw__conv_problem full;
     cw__conv_problem_init(&full, &g->nodes[n->in[0]].desc, &g->nodes[n->in[1]].desc, n->in[2] >= 0, &n->desc, &n->conv);
     const int axes = cw__axes(L, &u, n->desc.rank);
     int64_t h_out = n->desc.dims[axes == CW__AX_D ? CW__PATCH_DDIM : cw__hdim(&n->desc)];
-    cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, u.inplace || u.pass1, h_out, axes);
+    /* band buffers per patch: the conv's output band (in place, first pass), S's band */
+    int ybufs = (u.inplace || u.pass1) + (u.other >= 0 && L->nd[u.other].rec_epi);
+    cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, ybufs, h_out, axes);
     if (u.rec >= 0 && sh.avail > 0) sh.avail = cw__rec_split(L, i, u.rec, sh.avail, 0);
     if (u.rec_x && sh.n_pbufs < 2) sh.n_pbufs = 2; /* one stream: the next band's recompute is in flight too */
     cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);
@@ -455,7 +488,7 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
         for (int q = 0; q < P && st == CW_OK; q++) u.ws[q] = u.pbuf[q] = u.ybuf[q] = u.prep_task[q] = -1;
     }
     if (st == CW_OK && u.rec_x) st = cw__rec_x_rows(L, &u);
-    if (st == CW_OK && u.inplace) st = cw__touching(L, L->nd[u.other].buf, &u.war, &u.n_war);
+    if (st == CW_OK && u.inplace) st = cw__touching(L, L->nd[tgt].buf, &u.war, &u.n_war);
     if (st == CW_OK && u.gn >= 0) st = cw__gn_ready(L, u.gn);
     if (st == CW_OK) st = cw__gn_begin(L, u.outn, u.cp.patches);
     if (st == CW_OK) st = cw__conv_record(L, &u, &full);

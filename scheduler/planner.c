@@ -97,14 +97,14 @@ static cw_status algo_ws(cw__backend *be, const cw__conv_problem *pr, int algo_i
 /* Bytes of a patch's prep buffer (its input rows, in x's dtype); 0 without prep. */
 static int64_t pbuf_bytes(const cw__conv_problem *patch, int prep) { return prep ? cw__desc_bytes(&patch->x) : 0; }
 
-/* Bytes of a patch's output band buffer (its output rows, in y's dtype); 0 when it writes
- * in place. */
-static int64_t ybuf_bytes(const cw__conv_problem *patch, int ybuf) { return ybuf ? cw__desc_bytes(&patch->y) : 0; }
+/* Bytes of a patch's ybuf output band buffers (its output rows, in y's dtype); 0 when it
+ * writes in place. */
+static int64_t ybuf_bytes(const cw__conv_problem *patch, int ybuf) { return ybuf * cw__desc_bytes(&patch->y); }
 
 /* Temporary bytes in flight for bands needing ws each, on `patch`'s rows. */
 static int64_t share_temp(const cw__conv_share *sh, int64_t ws, const cw__conv_problem *patch) {
     return sh->heavy * cw__alloc_round(ws) + sh->n_pbufs * cw__alloc_round(pbuf_bytes(patch, sh->prep)) +
-           sh->n_pbufs * cw__alloc_round(ybuf_bytes(patch, sh->ybuf));
+           sh->n_pbufs * sh->ybuf * cw__alloc_round(ybuf_bytes(patch, 1));
 }
 
 /* The tallest band of a P-band plan along ax, centred in the output. */
@@ -134,14 +134,14 @@ static cw_status size_bands(cw__backend *be, const cw__conv_problem *full, const
     if (st == CW_OK) st = algo_ws(be, &pt.prob, id, &out->ws, &out->algo);
     CW_TRY(st);
     out->pbuf = pbuf_bytes(&pt.prob, sh->prep);
-    out->ybuf = ybuf_bytes(&pt.prob, sh->ybuf);
+    out->ybuf = ybuf_bytes(&pt.prob, sh->ybuf > 0);
     for (int e = 0; e < 2; e++) {
         int64_t q0 = e ? h_out - rows : 0, wse;
         cw__patch pe;
         CW_TRY(cw__patch_make_ax(full, ax, q0, q0 + rows, &pe));
         CW_TRY(algo_ws(be, &pe.prob, id, &wse, NULL));
         if (wse > out->ws) out->ws = wse;
-        int64_t pb = pbuf_bytes(&pe.prob, sh->prep), yb = ybuf_bytes(&pe.prob, sh->ybuf);
+        int64_t pb = pbuf_bytes(&pe.prob, sh->prep), yb = ybuf_bytes(&pe.prob, sh->ybuf > 0);
         if (pb > out->pbuf) out->pbuf = pb;
         if (yb > out->ybuf) out->ybuf = yb;
     }
@@ -158,7 +158,7 @@ static cw_status plan_unlimited(cw__backend *be, const cw__conv_problem *full, c
     cw_status st = cw__patch_make_ax(full, ax, 0, band_lo(h_out, out->patches, 1), &pt);
     if (st == CW_OK) st = algo_ws(be, &pt.prob, fastest->id, &out->ws, &out->algo);
     out->pbuf = pbuf_bytes(&pt.prob, sh->prep);
-    out->ybuf = ybuf_bytes(&pt.prob, sh->ybuf);
+    out->ybuf = ybuf_bytes(&pt.prob, sh->ybuf > 0);
     return st;
 }
 

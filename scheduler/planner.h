@@ -66,8 +66,9 @@ typedef struct cw__conv_share {
     int p_max;      /* at most this many; 0: the output height */
     int p_fixed;    /* > 0: this many patches (clamped to p_min..H_out) whatever avail says */
     int single;     /* 1: one patch with the fastest algorithm (the unscheduled reference) */
-    int ybuf;       /* 1: each patch writes its output rows into a band buffer (the residual
-                       epilogue adds it into the other operand's storage, in place) */
+    int ybuf;       /* output band buffers per patch, 0-2: its conv's output rows (the residual
+                       epilogue adds them into the other operand's storage, in place), and an
+                       epilogue shortcut's band (fusion.c, rec_epi) */
     int axes;       /* the axes it may cut along (CW__AX_H | CW__AX_D mask; 0: H). D only for a
                        5-D conv (else H); with both, cw__planner_plan picks one */
     int p_mult;     /* > 1: the count found is rounded up to a multiple of it (at most H_out):

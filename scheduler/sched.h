@@ -64,6 +64,11 @@ typedef struct cw__buf {
     int64_t row0;        /* [row0, row0 + d.dims[ax]) along dim ax of the whole tensor; views
                             keep whole-tensor coordinates (cw__resolve subtracts row0) */
     const cw_tensor *t;  /* for CONST */
+    int tail, head;      /* ACT split in two (lower.c, cw__split_target): the head holds the
+                            tensor's first `bytes`, its tail (another ACT buffer, -1: none)
+                            the rest, placed right after it in the arena and freed earlier;
+                            the tail's head (-1: none). Views of the tensor name the head. */
+    int tail_freed;      /* lowering: the tail's FREE is emitted */
 } cw__buf;
 
 /* A view of a buffer: start index and extent per dim; strides resolved at run time. */

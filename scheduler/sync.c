@@ -89,11 +89,12 @@ static cw_status cw__sync_task(cw__sync *y, int ti) {
     return CW_OK;
 }
 
-/* A FREE runs on the stream of the buffer's last user, after joining the other users. */
+/* A FREE runs on the stream of the buffer's last user, after joining the other users. A
+ * tail's users are its head's (tasks name the tensor's head, cw__buf.tail). */
 static cw_status cw__sync_free(cw__sync *y, cw__action *ac) {
     cw_plan *p = y->p;
     const int S = y->S;
-    int b = ac->id, fs = 0, lt = -1;
+    int b = p->bufs[ac->id].head >= 0 ? p->bufs[ac->id].head : ac->id, fs = 0, lt = -1;
     for (int s = 0; s < S; s++)
         if (y->lastu[b * S + s] > lt) lt = y->lastu[b * S + s], fs = s;
     ac->stream = fs;
