@@ -192,6 +192,8 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
         pp.up = t->u.prep.up;
         pp.dst_row0 = t->u.prep.dst_row0;
         pp.src_row0 = t->u.prep.src_row0;
+        for (int k = 0; k < 3; k++) pp.pad[k] = t->u.prep.pad[k];
+        pp.up_h = t->u.prep.up_h;
         return cw__op_prep(be, s, &pp);
     }
     case CW__T_ADD: {

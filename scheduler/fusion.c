@@ -3,10 +3,19 @@
  * x or by the next link), and which convs write through a residual add as an epilogue. */
 #include "scheduler/lower.h"
 
-/* Order of the links in a fusable chain: GN, then SiLU, then upsample. */
-static int cw__chain_rank(cw__nkind k) { return k == CW__N_GN ? 0 : k == CW__N_SILU ? 1 : k == CW__N_UP2 ? 2 : 3; }
+/* A replicate pad (CW_OP_PAD): a link of a conv's prep chain, after the upsample. */
+static int cw__is_pad(const cw__node *n) {
+    return n->kind == CW__N_OP && n->op == CW_OP_PAD && n->param.i[0] == CW_PAD_REPLICATE;
+}
 
-static int cw__fusable(const cw__node *n) { return n->kind == CW__N_GN || n->kind == CW__N_SILU || n->kind == CW__N_UP2; }
+/* Order of the links in a fusable chain: GN, then SiLU, then upsample, then a replicate pad. */
+static int cw__chain_rank(const cw__node *n) {
+    return n->kind == CW__N_GN ? 0 : n->kind == CW__N_SILU ? 1 : n->kind == CW__N_UP2 ? 2 : cw__is_pad(n) ? 3 : 4;
+}
+
+static int cw__fusable(const cw__node *n) {
+    return n->kind == CW__N_GN || n->kind == CW__N_SILU || n->kind == CW__N_UP2 || cw__is_pad(n);
+}
 
 /* 1 when every live consumer of node i takes it as a conv's x or as the input of a later,
  * already fused link of the chain. */
@@ -19,7 +28,7 @@ static int cw__fuses(const cw__lower *L, int i) {
         for (int a = 0; a < 4; a++) {
             if (c->in[a] != i) continue;
             if (c->kind == CW__N_CONV && a == 0) continue;
-            if (L->nd[j].fused && a == 0 && cw__chain_rank(c->kind) > cw__chain_rank(n->kind)) continue;
+            if (L->nd[j].fused && a == 0 && cw__chain_rank(c) > cw__chain_rank(n)) continue;
             return 0;
         }
     }
@@ -50,6 +59,8 @@ void cw__fusion_analyse(cw__lower *L) {
         }
     }
 }
+
+int cw__fusion_pad(const cw__lower *L, int x) { return L->nd[x].fused && cw__is_pad(&L->g->nodes[x]) ? x : -1; }
 
 void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, int *up) {
     const cw_graph *g = L->g;
@@ -176,6 +187,7 @@ static int cw__rec_candidate(const cw__lower *L, int a, int *gns) {
         return 0;
     int asrc, ag, as, au;
     cw__fusion_chain(L, na->in[0], &asrc, &ag, &as, &au);
+    if (cw__fusion_pad(L, na->in[0]) >= 0) return 0; /* its bands' row arithmetic has no pad */
     for (int j = a + 1; j < g->n; j++) { /* the readers whose residual is x */
         int src, gn, silu, up, addn = L->nd[j].epi_into;
         if (g->nodes[j].kind != CW__N_CONV || !L->nd[j].live || addn < 0) continue;

@@ -98,7 +98,10 @@ int cw__next_heavy(cw__lower *L);
 /* Fills nd[].fused (GroupNorm/SiLU/upsample chains absorbed into a conv's prep) and
  * nd[].epi / epi_into (a conv used only by a residual add writes through it). */
 void cw__fusion_analyse(cw__lower *L);
-/* Follows a conv's x through fused nodes: src (materialised), gn node (-1), silu, up. */
+/* A conv's x when it is a fused replicate pad (the chain's last link), else -1. */
+int cw__fusion_pad(const cw__lower *L, int x);
+/* Follows a conv's x through fused nodes: src (materialised), gn node (-1), silu, up (a
+ * fused pad is passed through: cw__fusion_pad). */
 void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, int *up);
 /* The materialised nodes lowering unit i reads, into out (at most 3); out[3] = the GN whose
  * scale/shift it uses, or -1. Returns how many, or -1 when i is no unit of its own. */

@@ -13,6 +13,7 @@
 typedef struct cw__conv_unit {
     int node, outn;          /* conv node; node whose buffer it writes (the ADD when fused) */
     int src, gn, silu, up;   /* the prep chain (cw__fusion_chain) */
+    int pad;                 /* the chain's replicate pad node (cw__fusion_pad), -1 */
     int prep;                /* 1 when the chain is not empty */
     int other;               /* the residual operand, -1 without epilogue */
     int inplace;             /* 1: the add's result is written into other's storage: each
@@ -42,7 +43,7 @@ typedef struct cw__conv_unit {
  * under max_patch_rows (a cap on H rows) and CW_PATCHES_FIXED, which count H bands. */
 static int cw__axes(const cw__lower *L, const cw__conv_unit *u, int rank) {
     const cw_compile_options *o = &L->p->opt;
-    if (rank != 5 || u->rec >= 0 || u->pass1 || u->rec_x || L->none) return CW__AX_H;
+    if (rank != 5 || u->rec >= 0 || u->pass1 || u->rec_x || u->pad >= 0 || L->none) return CW__AX_H;
     if (o->patch_axis == CW_PATCH_AXIS_D) return CW__AX_D;
     /* a distributed plan's bands follow one axis: H unless D is asked for (distribute.c) */
     if (o->patch_axis == CW_PATCH_AXIS_H || o->max_patch_rows > 0 || o->policy == CW_PATCHES_FIXED || o->comm)
@@ -102,10 +103,12 @@ static cw_status cw__conv_record(cw__lower *L, cw__conv_unit *u, const cw__conv_
 
 /* The prep task of patch q: GN apply + SiLU + upsample of its input rows into a buffer. Along
  * D the upsample (of H and W only) maps frame f to frame f: the band's frames [a, b) of the
- * producer, every row, so the row map starts at 0 on both sides. */
+ * producer, every row, so the row map starts at 0 on both sides. A fused replicate pad
+ * (H bands only, cw__axes) clamps each padded index into the upsampled producer. */
 static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     const cw__patch *pt = &u->cp.patch[q];
     const int ax = u->cp.axis, along_h = ax == cw__hdim(&pt->prob.x);
+    int64_t t_pad[3] = {0, 0, 0}, t_up_h = 0;
     if (!u->prep || pt->b <= pt->a) return CW_OK;
     cw_tensor_desc bd = pt->prob.x;
     memset(bd.strides, 0, sizeof bd.strides);
@@ -116,6 +119,14 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &id));
     const int fup = along_h ? u->up : 1; /* the upsample factor along the axis */
     int64_t s0 = pt->a / fup, s1 = (pt->b - 1) / fup + 1;
+    const cw__node *pn = u->pad >= 0 ? &L->g->nodes[u->pad] : NULL;
+    if (pn) { /* the band's padded rows, clamped into the upsampled producer */
+        const int64_t up_h = L->g->nodes[u->src].desc.dims[ax] * u->up;
+        for (int k = 0; k < 3; k++) t_pad[k] = cw_pad_get(pn->param.i[1], k);
+        s0 = cw_prep_src(pt->a, 0, t_pad[1], up_h, u->up, 0);
+        s1 = cw_prep_src(pt->b - 1, 0, t_pad[1], up_h, u->up, 0) + 1;
+        t_up_h = up_h;
+    }
     t->u.prep.src = cw__band(L->nd[u->src].buf, &L->g->nodes[u->src].desc, ax, s0, s1);
     t->u.prep.dst = cw__whole(u->pbuf[q], &bd);
     t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
@@ -123,9 +134,11 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     t->u.prep.up = u->up;
     t->u.prep.dst_row0 = along_h ? pt->a : 0;
     t->u.prep.src_row0 = along_h ? s0 : 0;
+    for (int k = 0; k < 3; k++) t->u.prep.pad[k] = t_pad[k];
+    t->u.prep.up_h = t_up_h;
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
-    snprintf(t->name, sizeof t->name, "prep%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
-             u->up > 1 ? " up2" : "", u->node, q + 1, u->cp.patches);
+    snprintf(t->name, sizeof t->name, "prep%s%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
+             u->up > 1 ? " up2" : "", pn ? " pad" : "", u->node, q + 1, u->cp.patches);
     CW_TRY(cw__dep_band(L, id, u->src, ax, s0, s1));
     if (u->gn >= 0) CW_TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
     u->prep_task[q] = id;
@@ -334,7 +347,8 @@ static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int6
     a.other = -1;
     a.pass1 = 1; /* its conv writes a band buffer */
     cw__fusion_chain(L, na->in[0], &a.src, &a.gn, &a.silu, &a.up);
-    a.prep = a.gn >= 0 || a.silu || a.up > 1;
+    a.pad = cw__fusion_pad(L, na->in[0]);
+    a.prep = a.gn >= 0 || a.silu || a.up > 1 || a.pad >= 0;
     a.rec = L->nd[A].rec_of;
     a.cp.patches = 1;
     a.cp.bounds = bounds;
@@ -455,7 +469,8 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     int addn = L->nd[i].epi_into;
     u.outn = addn >= 0 ? addn : i;
     cw__fusion_chain(L, n->in[0], &u.src, &u.gn, &u.silu, &u.up);
-    u.prep = u.gn >= 0 || u.silu || u.up > 1;
+    u.pad = cw__fusion_pad(L, n->in[0]);
+    u.prep = u.gn >= 0 || u.silu || u.up > 1 || u.pad >= 0;
     const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
     u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
     const int tgt = cw__fusion_inplace_target(L, u.other); /* whose storage an in-place add takes */

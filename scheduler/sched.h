@@ -112,6 +112,7 @@ typedef struct cw__task {
             int ss_buf;          /* scale/shift buffer (2*N*C floats), -1 none */
             int silu, up;
             int64_t dst_row0, src_row0;
+            int64_t pad[3], up_h; /* replicate padding (cw__prep_params) */
         } prep;
         struct {
             cw__vref dst, a, b;

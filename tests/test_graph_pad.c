@@ -2,8 +2,9 @@
  * a conv output padded feeding a conv (HunyuanVideo's causal replicate pad (2, 1, 1) / (0, 1,
  * 1), constant pads in 4-D and 5-D; unscheduled and patched on 3 streams with chaos and
  * poison) in f32, f16 and bf16 graphs; an input padded wider than it is, exact; the
- * builder's argument checks; and the op's contract through cw__op_run (bits copied, the fill
- * as stored in each dtype, every mode and rank). */
+ * builder's argument checks; a replicate pad fused into the conv reading it (after GroupNorm,
+ * SiLU and an upsample); and the op's contract through cw__op_run (bits copied, the fill as
+ * stored in each dtype, every mode and rank). */
 #include "graph_run.h"
 
 /* y = F.pad of x (rank 4 or 5, xd) by pre/post over (D, H, W) (4-D: H, W; pre[0] = post[0] =
@@ -92,6 +93,82 @@ static void test_pad_exact(cw_context *ctx, cw_rng *r, cw_dtype dt) {
     check_graph(ctx, g, tx, 2, y, yd, refs, bound);
     cw_tensor_destroy(tx);
     free(x), free(xd), free(ref0), free(ref1);
+}
+
+/* A replicate pad read only by a conv fuses into the conv's prep (fusion.c): x -> conv1 ->
+ * GroupNorm -> SiLU (-> nearest 2x) -> replicate pad -> conv2 (no padding of its own), N = 1.
+ * The padded tensor, GroupNorm's and SiLU's outputs are never stored: the patched plan holds
+ * less than the same plan with fusion off. Checked against the chain in double, unscheduled
+ * (no fusion) and patched (3 patches, 3 streams; each edge patch's rows clamped) under chaos
+ * and poison. */
+static void test_fused_pad(cw_context *ctx, cw_rng *r, cw_dtype dt, int rank, const int64_t pre[3],
+                           const int64_t post[3], int up) {
+    enum { C = 3, K = 4, GROUPS = 2 };
+    const int64_t x4[4] = {1, C, 7, 5}, x5[5] = {1, C, 3, 7, 5};
+    sandwich s;
+    sandwich_open(&s, ctx, r, dt, rank, rank == 5 ? x5 : x4, K, 0.0f);
+    gn_silu t;
+    gn_silu_open(&t, ctx, r, K, GROUPS);
+    /* the chain in double: silu(gn(conv1)), upsampled, padded; conv2 of it as floats */
+    const int64_t n1 = cw_tensor_desc_numel(&s.c1d), per = n1 / K;
+    double *a = malloc((size_t)n1 * sizeof *a);
+    gn_silu_ref(&t, s.c1, per, a);
+    int64_t ud[5], pd[5];
+    for (int i = 0; i < rank; i++) ud[i] = s.c1d.dims[i] * (up && i >= rank - 2 ? 2 : 1);
+    double *u = malloc((size_t)numel(rank, ud) * sizeof *u);
+    for (int64_t e = 0; e < numel(rank, ud); e++) { /* nearest 2x in H and W */
+        int64_t q = e, c[5], src = 0;
+        for (int i = rank - 1; i >= 0; i--) c[i] = q % ud[i], q /= ud[i];
+        for (int i = 0; i < rank; i++) src = src * s.c1d.dims[i] + (up && i >= rank - 2 ? c[i] / 2 : c[i]);
+        u[e] = a[src];
+    }
+    for (int i = 0; i < rank; i++) pd[i] = ud[i];
+    for (int k = 3 - (rank - 2); k < 3; k++) pd[rank - 3 + k] += pre[k] + post[k];
+    const int64_t np = numel(rank, pd);
+    double *padded = malloc((size_t)np * sizeof *padded);
+    ref_pad(u, rank, ud, pre, post, CW_PAD_REPLICATE, NULL, sizeof(double), padded);
+    float *pf = malloc((size_t)np * sizeof *pf);
+    for (int64_t i = 0; i < np; i++) pf[i] = (float)padded[i];
+    cw_conv_params cp0 = s.cp;
+    for (int i = 0; i < 3; i++) cp0.pad_pre[i] = cp0.pad_post[i] = 0;
+    int64_t w2dims[5] = {K, K, 3, 3, 3};
+    cw_tensor_desc pdd, w2d, yd, ydt;
+    ASSERT_OK(cw_tensor_desc_make(&pdd, CW_F32, rank, pd));
+    ASSERT_OK(cw_tensor_desc_make(&w2d, CW_F32, rank, w2dims));
+    ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, &yd, &pdd, &w2d, &cp0));
+    double *ref = malloc((size_t)cw_tensor_desc_numel(&yd) * sizeof *ref);
+    cw_ref_conv(&pdd, pf, &w2d, s.w2, s.bias, &cp0, &yd, ref);
+    /* the graph */
+    cw_node h = gn_silu_node(&t, ctx, s.g, s.h), y;
+    if (up) ASSERT_OK_CTX(ctx, cw_graph_upsample2x(s.g, &h, h));
+    ASSERT_OK_CTX(ctx, cw_graph_pad(s.g, &h, h, pre, post, CW_PAD_REPLICATE, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(s.g, &y, h, constant(ctx, s.g, s.tw2), constant(ctx, s.g, s.tb), &cp0));
+    ASSERT_OK_CTX(ctx, cw_graph_output(s.g, y, "y"));
+    /* fused: the padded tensor (and GroupNorm's, SiLU's, the upsample's outputs) never stored */
+    int64_t act[2];
+    for (int f = 0; f < 2; f++) {
+        cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+        o.policy = CW_PATCHES_FIXED, o.patches = 3, o.streams = 3, o.fuse = f;
+        cw_plan *p = NULL;
+        ASSERT_OK_CTX(ctx, cw_graph_compile(s.g, &p, &o));
+        cw_plan_stats st;
+        ASSERT_OK(cw_plan_get_stats(p, &st));
+        act[f] = st.activations_peak;
+        cw_plan_destroy(p);
+    }
+    const int64_t c1_bytes = n1 * (int64_t)cw_dtype_size(dt);
+    fprintf(stderr, "conv -> gn -> silu%s -> pad replicate (%d, %d, %d) / (%d, %d, %d) -> conv, %d-D, %s: activations "
+            "%" PRId64 " B fused, %" PRId64 " B not\n", up ? " -> up2" : "", (int)pre[0], (int)pre[1], (int)pre[2],
+            (int)post[0], (int)post[1], (int)post[2], rank, cw__dtype_name(dt), act[1], act[0]);
+    CHECK(act[1] < act[0] && act[1] <= 2 * c1_bytes);
+    ASSERT_OK(cw_tensor_desc_make(&ydt, dt, rank, yd.dims));
+    const double bound = 64.0 * unit_roundoff(dt) + 1e-5;
+    double *refs[1] = {ref};
+    run_graph(ctx, s.g, s.tx, 1, &ydt, refs, &bound);
+    gn_silu_close(&t);
+    cw_tensor_destroy(s.tx), cw_tensor_destroy(s.tw1), cw_tensor_destroy(s.tw2), cw_tensor_destroy(s.tb);
+    free(s.x), free(s.w1), free(s.w2), free(s.bias), free(s.c1);
+    free(a), free(u), free(padded), free(pf), free(ref);
 }
 
 static void test_badargs(cw_context *ctx) {
@@ -247,6 +324,13 @@ int main(void) {
         test_conv_pad_conv(ctx, &r, dts[d], 5, c5_pre, c5_post, CW_PAD_CONSTANT, 0.0f);
         test_conv_pad_conv(ctx, &r, dts[d], 4, c4_post, c4_pre, CW_PAD_REPLICATE, 0.0f);
         test_pad_exact(ctx, &r, dts[d]);
+    }
+    const int64_t z[3] = {0, 0, 0}, p11[3] = {0, 1, 1}, p12[3] = {0, 1, 2}, p21[3] = {0, 2, 1};
+    for (int d = 0; d < 3; d += 2) { /* f32, bf16 */
+        test_fused_pad(ctx, &r, dts[d], 5, hy_pre, hy_post, 0);
+        test_fused_pad(ctx, &r, dts[d], 4, p11, p11, 0);
+        test_fused_pad(ctx, &r, dts[d], 4, p12, p21, 1);
+        test_fused_pad(ctx, &r, dts[d], 5, z, p11, 1);
     }
     test_badargs(ctx);
     cw_context_destroy(ctx);

@@ -42,6 +42,9 @@ typedef struct cw__conv_algo {
  * upsampling by `up` in H and W. dst rows are rows [dst_row0, dst_row0 + dst.H) of the
  * upsampled tensor; src's first row is row src_row0 of the producer, so
  * dst[n,c,(d,)r,w] = f(src[n,c,(d,)(dst_row0 + r)/up - src_row0, w/up]).
+ * With pad (replicate padding after the upsample, before D, H, W): dst is rows of the
+ * padded tensor, and each index is first clamped into the upsampled tensor (cw_prep_src,
+ * kernels.h): D into src's D, H into up_h rows, W into src's W * up.
  * scale/shift are device float arrays [N*C] or both NULL (no normalisation). src and dst
  * may differ in dtype (prep also converts: attention's f32 staging). */
 typedef struct cw__prep_params {
@@ -50,6 +53,8 @@ typedef struct cw__prep_params {
     int silu;
     int up;
     int64_t dst_row0, src_row0;
+    int64_t pad[3];  /* replicate padding before D, H, W (the padding after follows from dst) */
+    int64_t up_h;    /* > 0: replicate padding on, up_h = the upsampled tensor's rows; 0: off */
 } cw__prep_params;
 
 /* A generic op (kernels/kernels.h: CW_OP_* and its contract): out from in[0..n_in) (the

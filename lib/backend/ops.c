@@ -153,11 +153,31 @@ cw_status cw__op_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) 
     if (p->dst_row0 < 0 || p->src_row0 < 0) /* the row map divides: truncation needs rows >= 0 */
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: dst_row0 = %" PRId64 ", src_row0 = %" PRId64 "; must be >= 0",
                          p->dst_row0, p->src_row0);
-    if (sd->dims[0] != dd->dims[0] || sd->dims[1] != dd->dims[1] || (r == 5 && sd->dims[2] != dd->dims[2]))
+    const int padded = p->up_h > 0;
+    if (sd->dims[0] != dd->dims[0] || sd->dims[1] != dd->dims[1] || (r == 5 && sd->dims[2] != dd->dims[2] && !padded))
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: src %s and dst %s differ in N, C or D",
                          cw__dims_str(sd, b1, sizeof b1), cw__dims_str(dd, b2, sizeof b2));
+    for (int k = 0; k < 3; k++)
+        if (p->pad[k] < 0 || p->pad[k] > CW_PAD_MAX || (k == 0 && r == 4 && p->pad[k]))
+            return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: pad[%d] = %" PRId64 " must be in 0..%d (0 for D of 4-D)",
+                             k, p->pad[k], CW_PAD_MAX);
+    if (p->up_h < 0 || (!padded && (p->pad[0] || p->pad[1] || p->pad[2])))
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: up_h = %" PRId64 " with pads; padding needs up_h >= 1",
+                         p->up_h);
     if (cw__desc_numel(dd) == 0) return has_ops(be, op);
     int64_t up = p->up, hd = dd->dims[r - 2], wd = dd->dims[r - 1];
+    if (padded) { /* every index is clamped into the upsampled tensor: only the band's rows can miss */
+        int64_t a = cw_prep_src(0, p->dst_row0, p->pad[1], p->up_h, up, p->src_row0);
+        int64_t b = cw_prep_src(hd - 1, p->dst_row0, p->pad[1], p->up_h, up, p->src_row0);
+        if (a < 0 || b >= sd->dims[r - 2])
+            return cw__error(be->ctx, CW_ERR_INVALID_ARG,
+                             "prep: padded dst rows [%" PRId64 ", %" PRId64 ") need src rows [%" PRId64 ", %" PRId64
+                             ") of the band starting at row %" PRId64 ", but src %s has %" PRId64 " rows",
+                             p->dst_row0, p->dst_row0 + hd, a, b + 1, p->src_row0, cw__dims_str(sd, b1, sizeof b1),
+                             sd->dims[r - 2]);
+        CW_TRY(has_ops(be, op));
+        return be->ops->prep(be, s, p);
+    }
     int64_t r_first = cw_up_src_index(0, p->dst_row0, p->src_row0, up);
     int64_t r_last = cw_up_src_index(hd - 1, p->dst_row0, p->src_row0, up);
     if (r_first < 0 || r_last >= sd->dims[r - 2])

@@ -392,6 +392,14 @@ static inline CW_HD int64_t cw_up_src_index(int64_t dst, int64_t dst_off, int64_
     return (dst + dst_off) / up - src_off;
 }
 
+/* The prep's source index along one dim with replicate padding (cw__prep_params.pad): dst
+ * index o (dst_off added: a band's first row) less the pad, clamped into the upsampled
+ * tensor's n elements, then divided by up, less src_off (the band's first source row). */
+static inline CW_HD int64_t cw_prep_src(int64_t o, int64_t dst_off, int64_t pad, int64_t n, int64_t up,
+                                        int64_t src_off) {
+    return cw_pad_src(o + dst_off, pad, n, CW_PAD_REPLICATE) / up - src_off;
+}
+
 /* ---- moments (count, mean, M2) in double: Welford updates, Chan merges ---------- */
 
 typedef struct cw_moments {

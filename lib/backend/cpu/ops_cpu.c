@@ -145,10 +145,52 @@ static void prep_row_any(void *dst, cw_dtype ddt, int64_t dsw, const void *src, 
     }
 }
 
+/* Replicates a row's edge elements into its padding: columns [0, pre) take column pre,
+ * columns [pre + n, wd) take column pre + n - 1 (es-byte elements, dsw apart). */
+static void pad_row_edges(char *row, int64_t dsw, size_t es, int64_t pre, int64_t n, int64_t wd) {
+    const int64_t step = dsw * (int64_t)es;
+    for (int64_t w = 0; w < pre; w++) memcpy(row + w * step, row + pre * step, es);
+    for (int64_t w = pre + n; w < wd; w++) memcpy(row + w * step, row + (pre + n - 1) * step, es);
+}
+
+/* prep with replicate padding (p->pad): each dst index is clamped into the upsampled tensor
+ * (cw_prep_src); a row's interior W is the unpadded prep of its source row, then its edges
+ * are copied out into the padding. */
+static void prep_run_padded(const cw__prep_params *p, const ncdhw *s, const ncdhw *d) {
+    const cw_dtype sdt = p->src.d.dtype, ddt = p->dst.d.dtype;
+    const size_t ses = cw_dtype_size(sdt), des = cw_dtype_size(ddt);
+    const int64_t N = d->dim[0], C = d->dim[1], D = d->dim[2], H = d->dim[3], W = d->dim[4];
+    const int64_t up = p->up, Ds = s->dim[2], Wup = s->dim[4] * up;
+    const int64_t pw = p->pad[2] < W ? p->pad[2] : W, wn = W - pw < Wup ? W - pw : Wup;
+    const int norm = p->scale != NULL;
+    const int mode = norm * 2 + (p->silu ? 1 : 0);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+            const float sc = norm ? p->scale[n * C + c] : 1.0f;
+            const float sh = norm ? p->shift[n * C + c] : 0.0f;
+            for (int64_t z = 0; z < D; z++) {
+                const int64_t zs = cw_pad_src(z, p->pad[0], Ds, CW_PAD_REPLICATE);
+                const char *sp = elem_at(p->src.data, n * s->st[0] + c * s->st[1] + zs * s->st[2], ses);
+                char *dp = elem_at(p->dst.data, n * d->st[0] + c * d->st[1] + z * d->st[2], des);
+                for (int64_t r = 0; r < H; r++) {
+                    const int64_t sr = cw_prep_src(r, p->dst_row0, p->pad[1], p->up_h, up, p->src_row0);
+                    char *drow = dp + r * d->st[3] * (int64_t)des;
+                    prep_row_any(drow + pw * d->st[4] * (int64_t)des, ddt, d->st[4],
+                                 sp + sr * s->st[3] * (int64_t)ses, sdt, s->st[4], wn, up, sc, sh, mode);
+                    pad_row_edges(drow, d->st[4], des, pw, wn, W);
+                }
+            }
+        }
+}
+
 void cw__cpu_prep_run(const cw__prep_params *p) {
     ncdhw s, d;
     view_ncdhw(&p->src, &s);
     view_ncdhw(&p->dst, &d);
+    if (p->up_h > 0) {
+        prep_run_padded(p, &s, &d);
+        return;
+    }
     const cw_dtype sdt = p->src.d.dtype, ddt = p->dst.d.dtype;
     const size_t ses = cw_dtype_size(sdt), des = cw_dtype_size(ddt);
     const int all_f32 = sdt == CW_F32 && ddt == CW_F32;

@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     prep_generic_kernel(const __grid_constant__ View dst, void *dp, const __grid_constant__ View src, const void *sp,
                         const float *scale, const float *shift, int silu, int64_t up, int64_t dst_row0,
-                        int64_t src_row0) {
+                        int64_t src_row0, int64_t pad_d, int64_t pad_h, int64_t pad_w, int64_t up_h) {
     int64_t c[CW_MAX_RANK];
     const int rr = dst.rank - 2, ww = dst.rank - 1;
     const int has_norm = scale != nullptr;
@@ -318,8 +318,14 @@ __global__ void __launch_bounds__(kThreads)
             sc = scale[k];
             sh = shift[k];
         }
-        c[rr] = cw_up_src_index(c[rr], dst_row0, src_row0, up);
-        c[ww] = cw_up_src_index(c[ww], 0, 0, up);
+        if (up_h > 0) { /* replicate padding: clamped into the upsampled tensor */
+            if (dst.rank == 5) c[2] = cw_pad_src(c[2], pad_d, src.dims[2], CW_PAD_REPLICATE);
+            c[rr] = cw_prep_src(c[rr], dst_row0, pad_h, up_h, up, src_row0);
+            c[ww] = cw_prep_src(c[ww], 0, pad_w, src.dims[ww] * up, up, 0);
+        } else {
+            c[rr] = cw_up_src_index(c[rr], dst_row0, src_row0, up);
+            c[ww] = cw_up_src_index(c[ww], 0, 0, up);
+        }
         float x = load_dt(sp, offset_of(src, c), src.dtype);
         store_dt(dp, od, dst.dtype, cw_prep_elem(x, sc, sh, has_norm, silu));
     }
@@ -1058,7 +1064,8 @@ cudaError_t cw__cu_copy_view(cudaStream_t s, const cw__view *dst, const cw__view
 cudaError_t cw__cu_prep(cudaStream_t s, const cw__prep_params *p) {
     const cw_tensor_desc *dd = &p->dst.d, *sd = &p->src.d;
     /* rank 4 (or rank 5 with D = 1): the row kernel */
-    if ((dd->rank == 4 || (dd->rank == 5 && dd->dims[2] == 1)) && sd->rank == dd->rank && p->up >= 1) {
+    const int padded = p->up_h > 0;
+    if ((dd->rank == 4 || (dd->rank == 5 && dd->dims[2] == 1)) && sd->rank == dd->rank && p->up >= 1 && !padded) {
         int64_t d4[4], s4[4];
         V4 vd, vs;
         const cw_tensor_desc *a[1] = {dd}, *b[1] = {sd};
@@ -1077,7 +1084,8 @@ cudaError_t cw__cu_prep(cudaStream_t s, const cw__prep_params *p) {
     if (d.numel <= 0) return cudaSuccess;
     prep_generic_kernel<<<blocks_for(d.numel, kThreads), kThreads, 0, s>>>(d, p->dst.data, src, p->src.data, p->scale,
                                                                            p->shift, p->silu, (int64_t)p->up,
-                                                                           p->dst_row0, p->src_row0);
+                                                                           p->dst_row0, p->src_row0, p->pad[0],
+                                                                           p->pad[1], p->pad[2], p->up_h);
     return cudaGetLastError();
 }
 
