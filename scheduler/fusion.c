@@ -160,7 +160,7 @@ static int cw__rec_readers(const cw__lower *L, int n, int *convs, int *last, int
             if (c->in[s] != n) continue;
             if (c->kind == CW__N_CONV && s == 0 && cw__rec_consumer_ok(g, c)) {
                 (*convs)++, *last = j;
-            } else if (L->nd[j].fused && s == 0 && (c->kind == CW__N_GN || c->kind == CW__N_SILU)) {
+            } else if (L->nd[j].fused && s == 0 && (c->kind == CW__N_GN || c->kind == CW__N_SILU || cw__is_pad(c))) {
                 *gns += c->kind == CW__N_GN;
                 if (!cw__rec_readers(L, j, convs, last, gns)) return 0;
             } else {
@@ -187,7 +187,6 @@ static int cw__rec_candidate(const cw__lower *L, int a, int *gns) {
         return 0;
     int asrc, ag, as, au;
     cw__fusion_chain(L, na->in[0], &asrc, &ag, &as, &au);
-    if (cw__fusion_pad(L, na->in[0]) >= 0) return 0; /* its bands' row arithmetic has no pad */
     for (int j = a + 1; j < g->n; j++) { /* the readers whose residual is x */
         int src, gn, silu, up, addn = L->nd[j].epi_into;
         if (g->nodes[j].kind != CW__N_CONV || !L->nd[j].live || addn < 0) continue;

@@ -51,6 +51,20 @@ static int cw__axes(const cw__lower *L, const cw__conv_unit *u, int rank) {
     return CW__AX_H | CW__AX_D;
 }
 
+/* The producer rows [*s0, *s1) that rows [a, b) (b > a) of a conv's input read through its
+ * prep chain: the upsample by up, and a fused replicate pad (pad node, -1: none) whose
+ * indices clamp into the h_up rows of the upsampled producer. */
+static void cw__src_rows(const cw__lower *L, int pad, int64_t h_up, int64_t up, int64_t a, int64_t b, int64_t *s0,
+                         int64_t *s1) {
+    if (pad < 0) {
+        *s0 = a / up, *s1 = (b - 1) / up + 1;
+        return;
+    }
+    const int64_t ph = cw_pad_get(L->g->nodes[pad].param.i[1], 1);
+    *s0 = cw_prep_src(a, 0, ph, h_up, up, 0);
+    *s1 = cw_prep_src(b - 1, 0, ph, h_up, up, 0) + 1;
+}
+
 /* This conv's share of the budget (see cw__conv_share); h_out: output rows along the only
  * axis, or along H where the planner may choose. */
 static cw__conv_share cw__share(const cw__lower *L, int prep, int ybuf, int64_t h_out, int axes) {
@@ -121,11 +135,9 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     int64_t s0 = pt->a / fup, s1 = (pt->b - 1) / fup + 1;
     const cw__node *pn = u->pad >= 0 ? &L->g->nodes[u->pad] : NULL;
     if (pn) { /* the band's padded rows, clamped into the upsampled producer */
-        const int64_t up_h = L->g->nodes[u->src].desc.dims[ax] * u->up;
+        t_up_h = L->g->nodes[u->src].desc.dims[ax] * u->up;
         for (int k = 0; k < 3; k++) t_pad[k] = cw_pad_get(pn->param.i[1], k);
-        s0 = cw_prep_src(pt->a, 0, t_pad[1], up_h, u->up, 0);
-        s1 = cw_prep_src(pt->b - 1, 0, t_pad[1], up_h, u->up, 0) + 1;
-        t_up_h = up_h;
+        cw__src_rows(L, u->pad, t_up_h, u->up, pt->a, pt->b, &s0, &s1);
     }
     t->u.prep.src = cw__band(L->nd[u->src].buf, &L->g->nodes[u->src].desc, ax, s0, s1);
     t->u.prep.dst = cw__whole(u->pbuf[q], &bd);
@@ -324,9 +336,12 @@ static cw_status cw__node_band(const cw__lower *L, int A, int64_t r0, int64_t r1
 }
 
 /* Recomputed conv A's band for patch q of its consumer (unit u): A's output rows are the
- * rows q reads, [pt->a, pt->b); *ap gets A's patch for them. */
+ * rows q reads, [pt->a, pt->b), through u's fused pad if any; *ap gets A's patch for them. */
 static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q, cw__patch *ap) {
-    return cw__node_band(L, u->rec, u->cp.patch[q].a, u->cp.patch[q].b, ap);
+    int64_t r0, r1;
+    cw__src_rows(L, u->pad, L->g->nodes[u->rec].desc.dims[cw__hdim(&L->g->nodes[u->rec].desc)], 1, u->cp.patch[q].a,
+                 u->cp.patch[q].b, &r0, &r1);
+    return cw__node_band(L, u->rec, r0, r1, ap);
 }
 
 static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q);
@@ -366,41 +381,59 @@ static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int6
 
 /* A's band for patch q of unit u (A = u->rec), into a band buffer (cw__emit_band_conv). */
 static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *ybuf, int *conv) {
-    cw__patch ap;
+    cw__patch ap, band;
     int ptask = -1;
-    CW_TRY(cw__emit_band_conv(L, u->node, u->rec, u->cp.patch[q].a, u->cp.patch[q].b, ybuf, conv, &ptask, &ap));
+    CW_TRY(cw__rec_band(L, u, q, &band));
+    CW_TRY(cw__emit_band_conv(L, u->node, u->rec, band.o0, band.o1, ybuf, conv, &ptask, &ap));
     if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : *conv; /* what reads other's rows */
     L->p->recompute_flop += cw__conv_flops(&ap.prob);
     return CW_OK;
 }
 
-/* Patch q's input rows of a conv that reads a recomputed conv A, directly or through GN
- * and/or SiLU: A's band for exactly those rows (cw__emit_rec_conv), then GN apply + SiLU in
- * place on it. The band buffer is q's prep buffer. Exact: the statistics are A's
- * whole-tensor ones from its first pass. */
+/* Patch q's input rows of a conv that reads a recomputed conv A, directly or through GN,
+ * SiLU and a replicate pad: A's band for exactly those rows (cw__emit_rec_conv), then GN
+ * apply + SiLU in place on it, the band buffer being q's prep buffer; or, through a pad, GN
+ * apply + SiLU + the pad from it into q's prep buffer (A's band is dropped after). Exact: the
+ * statistics are A's whole-tensor ones from its first pass. */
 static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     const cw__patch *pt = &u->cp.patch[q];
     int ybuf = -1, id = -1;
     CW_TRY(cw__emit_rec_conv(L, u, q, &ybuf, &id));
     u->pbuf[q] = ybuf;
     u->prep_task[q] = id;
-    if (u->gn < 0 && !u->silu) return CW_OK; /* read as it is */
+    if (u->gn < 0 && !u->silu && u->pad < 0) return CW_OK; /* read as it is */
     const cw__buf *bb = &L->p->bufs[ybuf];
+    const cw_tensor_desc yd = bb->d;
+    cw__patch band;
+    CW_TRY(cw__rec_band(L, u, q, &band));
+    cw_tensor_desc bd = pt->prob.x; /* through a pad: q's padded input rows, in a buffer of their own */
+    if (u->pad >= 0) {
+        memset(bd.strides, 0, sizeof bd.strides);
+        cw__desc_fill_strides(&bd);
+        CW_TRY(cw__temp(L, cw__desc_bytes(&bd), &bd, &u->pbuf[q]));
+    }
     cw__task *t = NULL;
     int pid = -1;
     CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &pid));
-    t->u.prep.src = cw__whole(ybuf, &bb->d);
-    t->u.prep.dst = t->u.prep.src;
+    t->u.prep.src = cw__whole(ybuf, &yd);
+    t->u.prep.dst = u->pad >= 0 ? cw__whole(u->pbuf[q], &bd) : t->u.prep.src;
     t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
     t->u.prep.silu = u->silu;
     t->u.prep.up = 1;
-    t->u.prep.dst_row0 = t->u.prep.src_row0 = pt->a;
-    t->flops = (double)cw__desc_numel(&bb->d) * 8.0;
-    snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s L%d patch %d/%d", u->rec,
-             pt->a, pt->b, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->node, q + 1, u->cp.patches);
+    t->u.prep.dst_row0 = pt->a;
+    t->u.prep.src_row0 = band.o0;
+    if (u->pad >= 0) {
+        for (int k = 0; k < 3; k++) t->u.prep.pad[k] = cw_pad_get(L->g->nodes[u->pad].param.i[1], k);
+        t->u.prep.up_h = L->g->nodes[u->rec].desc.dims[cw__hdim(&L->g->nodes[u->rec].desc)];
+    }
+    t->flops = (double)cw__desc_numel(&bd) * 8.0;
+    snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s L%d patch %d/%d", u->rec,
+             band.o0, band.o1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->pad >= 0 ? " pad" : "", u->node,
+             q + 1, u->cp.patches);
     CW_TRY(cw__dep(L, pid, id));
     if (u->gn >= 0) CW_TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
     u->prep_task[q] = pid;
+    if (u->pad >= 0) CW_TRY(cw__release(L, ybuf)); /* after its prep, in host order */
     return CW_OK;
 }
 
@@ -413,13 +446,17 @@ static cw_status cw__rec_x_rows(cw__lower *L, cw__conv_unit *u) {
     u->xr_hi = cw__malloc((size_t)P * sizeof *u->xr_hi);
     if (!u->xr_task || !u->xr_lo || !u->xr_hi) return cw__oom(L);
     int src, gn, silu, up;
+    const int apad = cw__fusion_pad(L, L->g->nodes[u->rec].in[0]);
     cw__fusion_chain(L, L->g->nodes[u->rec].in[0], &src, &gn, &silu, &up);
+    const cw_tensor_desc *xd = &L->g->nodes[src].desc;
     for (int q = 0; q < P; q++) {
         cw__patch ap;
         CW_TRY(cw__rec_band(L, u, q, &ap));
         u->xr_task[q] = -1;
-        u->xr_lo[q] = ap.a / up; /* as cw__emit_prep reads them */
-        u->xr_hi[q] = ap.b > ap.a ? (ap.b - 1) / up + 1 : u->xr_lo[q];
+        if (ap.b > ap.a) /* as cw__emit_prep reads them */
+            cw__src_rows(L, apad, xd->dims[cw__hdim(xd)] * up, up, ap.a, ap.b, &u->xr_lo[q], &u->xr_hi[q]);
+        else
+            u->xr_lo[q] = u->xr_hi[q] = ap.a / up;
     }
     return CW_OK;
 }
