@@ -21,7 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "scheduler/sched.h"
+#include "scheduler/lower.h"
 
 typedef struct cw__seg {
     int64_t a, b;
@@ -65,16 +65,9 @@ static cw_status cw__dist_oom(cw__dist *D) {
     return cw__error(D->p->ctx, CW_ERR_OUT_OF_MEMORY, "compile: out of host memory (distributing the plan)");
 }
 
+/* cw__grow (emit.c), its failure named as the distribution's. */
 static cw_status cw__grow_arr(cw__dist *D, void **arr, int *cap, int need, size_t elem) {
-    if (need <= *cap) return CW_OK;
-    int nc = *cap ? *cap * 2 : 64;
-    while (nc < need) nc *= 2;
-    void *na = cw__realloc(*arr, (size_t)nc * elem);
-    if (!na) return cw__dist_oom(D);
-    memset((char *)na + (size_t)*cap * elem, 0, (size_t)(nc - *cap) * elem);
-    *arr = na;
-    *cap = nc;
-    return CW_OK;
+    return cw__grow(arr, cap, need, elem) == CW_OK ? CW_OK : cw__dist_oom(D);
 }
 
 static int cw__lowest(uint32_t m) {

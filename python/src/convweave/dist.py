@@ -137,35 +137,38 @@ class Comm:
         if work is not None and work.wait(timeout=self._timeout) is False:
             raise TimeoutError(f"no completion within {self.timeout:g} s")
 
-    def _on_send(self, user, d, data, peer, tag, stream):
-        try:
-            if stream:
-                raise RuntimeError("a CUDA stream to enqueue on: convweave.dist moves host memory only")
-            view, dims, _ = self._view(d, data)
-            for piece in _pieces(view):
-                t = piece.contiguous()
-                self._wait(_dist().isend(t, self._global[peer], group=self.group, tag=int(tag) & 0x7FFFFFFF))
-            self.messages += 1
-            self.sent_bytes += view.numel() * view.element_size()
-            return C.CW_OK
-        except BaseException as e:  # never unwind through C
-            return self._fail(f"rank {self.rank}: send of {_shape(d)} to rank {peer} (tag {tag}) failed", e)
-
-    def _on_recv(self, user, d, data, peer, tag, stream):
+    def _transfer(self, send, d, data, peer, tag, stream):
+        """One message of the view (d, data) to (send) or from peer, in pieces of at most 4
+        MiB; returns a cw_status and never unwinds through C."""
+        what = f"send of {_shape(d)} to" if send else f"receive of {_shape(d)} from"
         try:
             if stream:
                 raise RuntimeError("a CUDA stream to enqueue on: convweave.dist moves host memory only")
             view, dims, dtype = self._view(d, data)
             import torch
+            wire = int(tag) & 0x7FFFFFFF
             for piece in _pieces(view):
-                t = torch.empty(piece.shape, dtype=dtype)
-                self._wait(_dist().irecv(t, self._global[peer], group=self.group, tag=int(tag) & 0x7FFFFFFF))
-                piece.copy_(t)
+                if send:
+                    self._wait(_dist().isend(piece.contiguous(), self._global[peer], group=self.group, tag=wire))
+                else:
+                    t = torch.empty(piece.shape, dtype=dtype)
+                    self._wait(_dist().irecv(t, self._global[peer], group=self.group, tag=wire))
+                    piece.copy_(t)
             self.messages += 1
-            self.recv_bytes += view.numel() * view.element_size()
+            nbytes = view.numel() * view.element_size()
+            if send:
+                self.sent_bytes += nbytes
+            else:
+                self.recv_bytes += nbytes
             return C.CW_OK
         except BaseException as e:
-            return self._fail(f"rank {self.rank}: receive of {_shape(d)} from rank {peer} (tag {tag}) failed", e)
+            return self._fail(f"rank {self.rank}: {what} rank {peer} (tag {tag}) failed", e)
+
+    def _on_send(self, user, d, data, peer, tag, stream):
+        return self._transfer(True, d, data, peer, tag, stream)
+
+    def _on_recv(self, user, d, data, peer, tag, stream):
+        return self._transfer(False, d, data, peer, tag, stream)
 
     # ---- what the front does between plans ---------------------------------------------------
     def broadcast(self, tensor, src=0):
