@@ -76,9 +76,6 @@ cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user) {
 }
 
 /* ---- enqueueing one task's operations ---------------------------------------------------- */
-/* One attention query chunk of one sample: S = scale * Q^T K, row softmax, O = V S^T (two
- * f32 GEMMs). k, v: that sample's [1, C, ...] views, f32; q, o: the sample's too, or the
- * chunk's f32 copies (a half-precision graph's lowering stages them in f32). */
 /* q or o of an attention chunk starting at token t0, as a [C, tokens] matrix: its leading
  * dimension and the chunk's first column. The whole sample ([1, C, ...]: column t0), a band
  * of its rows (a rank's share, distribute.c: t0 less the band's first token), or in a half
@@ -101,6 +98,10 @@ static int cw__attn_matrix(const cw_plan *p, const cw__vref *r, const cw__view *
     return v->d.dims[0] == 1 && v->d.dims[1] == C;
 }
 
+/* One attention query chunk of one sample: S = scale * Q^T K, row softmax, O = V S^T (two
+ * f32 GEMMs). k, v: that sample's [1, C, ...] views, f32; q, o: the sample's too (or a band
+ * of its rows), or the chunk's f32 copies (a half-precision graph's lowering stages them in
+ * f32): cw__attn_matrix. */
 static cw_status cw__enqueue_attention(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
     const int64_t T = t->u.attn.T, C = t->u.attn.C, t0 = t->u.attn.t0, tc = t->u.attn.t1 - t->u.attn.t0;
     cw__view q = cw__resolve(p, &t->u.attn.q), k = cw__resolve(p, &t->u.attn.k);

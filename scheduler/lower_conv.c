@@ -115,6 +115,13 @@ static cw_status cw__conv_record(cw__lower *L, cw__conv_unit *u, const cw__conv_
     return CW_OK;
 }
 
+/* A prep task's replicate padding (cw__prep_params.pad, up_h): pad node's pads before D, H
+ * and W, its clamp into the up_h rows of the upsampled producer. */
+static void cw__prep_pad(const cw__lower *L, cw__task *t, int pad, int64_t up_h) {
+    for (int k = 0; k < 3; k++) t->u.prep.pad[k] = cw_pad_get(L->g->nodes[pad].param.i[1], k);
+    t->u.prep.up_h = up_h;
+}
+
 /* The prep task of patch q: GN apply + SiLU + upsample of its input rows into a buffer. Along
  * D the upsample (of H and W only) maps frame f to frame f: the band's frames [a, b) of the
  * producer, every row, so the row map starts at 0 on both sides. A fused replicate pad
@@ -122,7 +129,6 @@ static cw_status cw__conv_record(cw__lower *L, cw__conv_unit *u, const cw__conv_
 static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     const cw__patch *pt = &u->cp.patch[q];
     const int ax = u->cp.axis, along_h = ax == cw__hdim(&pt->prob.x);
-    int64_t t_pad[3] = {0, 0, 0}, t_up_h = 0;
     if (!u->prep || pt->b <= pt->a) return CW_OK;
     cw_tensor_desc bd = pt->prob.x;
     memset(bd.strides, 0, sizeof bd.strides);
@@ -133,11 +139,10 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &id));
     const int fup = along_h ? u->up : 1; /* the upsample factor along the axis */
     int64_t s0 = pt->a / fup, s1 = (pt->b - 1) / fup + 1;
-    const cw__node *pn = u->pad >= 0 ? &L->g->nodes[u->pad] : NULL;
-    if (pn) { /* the band's padded rows, clamped into the upsampled producer */
-        t_up_h = L->g->nodes[u->src].desc.dims[ax] * u->up;
-        for (int k = 0; k < 3; k++) t_pad[k] = cw_pad_get(pn->param.i[1], k);
-        cw__src_rows(L, u->pad, t_up_h, u->up, pt->a, pt->b, &s0, &s1);
+    if (u->pad >= 0) { /* the band's padded rows, clamped into the upsampled producer */
+        const int64_t up_h = L->g->nodes[u->src].desc.dims[ax] * u->up;
+        cw__prep_pad(L, t, u->pad, up_h);
+        cw__src_rows(L, u->pad, up_h, u->up, pt->a, pt->b, &s0, &s1);
     }
     t->u.prep.src = cw__band(L->nd[u->src].buf, &L->g->nodes[u->src].desc, ax, s0, s1);
     t->u.prep.dst = cw__whole(u->pbuf[q], &bd);
@@ -146,11 +151,9 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     t->u.prep.up = u->up;
     t->u.prep.dst_row0 = along_h ? pt->a : 0;
     t->u.prep.src_row0 = along_h ? s0 : 0;
-    for (int k = 0; k < 3; k++) t->u.prep.pad[k] = t_pad[k];
-    t->u.prep.up_h = t_up_h;
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
     snprintf(t->name, sizeof t->name, "prep%s%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
-             u->up > 1 ? " up2" : "", pn ? " pad" : "", u->node, q + 1, u->cp.patches);
+             u->up > 1 ? " up2" : "", u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches);
     CW_TRY(cw__dep_band(L, id, u->src, ax, s0, s1));
     if (u->gn >= 0) CW_TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
     u->prep_task[q] = id;
@@ -422,10 +425,7 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     t->u.prep.up = 1;
     t->u.prep.dst_row0 = pt->a;
     t->u.prep.src_row0 = band.o0;
-    if (u->pad >= 0) {
-        for (int k = 0; k < 3; k++) t->u.prep.pad[k] = cw_pad_get(L->g->nodes[u->pad].param.i[1], k);
-        t->u.prep.up_h = L->g->nodes[u->rec].desc.dims[cw__hdim(&L->g->nodes[u->rec].desc)];
-    }
+    if (u->pad >= 0) cw__prep_pad(L, t, u->pad, L->g->nodes[u->rec].desc.dims[cw__hdim(&L->g->nodes[u->rec].desc)]);
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
     snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s L%d patch %d/%d", u->rec,
              band.o0, band.o1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->pad >= 0 ? " pad" : "", u->node,
