@@ -81,10 +81,8 @@ class Program:
         (cw_plan_get_band), and each output must be such a segment's output: a band of one
         dim of it (self.bands, filled once compiled)."""
         segs = [s[1] for s in self.steps if s[0] == "seg"]
-        read_later = set()
-        for step in self.steps:
-            reads = _tensors(step[2:]) if step[0] == "torch" else [step[1].origin[n] for n in step[1].inputs]
-            read_later.update(k[1] for v in reads for k in self._keys(v) if isinstance(k, tuple) and k[0] == "seg")
+        read_later = {k[1] for step in self.steps for v in self._step_reads(step) for k in self._keys(v)
+                      if isinstance(k, tuple) and k[0] == "seg"}
         for seg in segs:
             seg.gather_rank = 0 if self.comm is None or self.gather or seg.idx in read_later else -1
             seg.broadcast = self.comm is not None and self.comm.n_ranks > 1 and seg.gather_rank == 0
@@ -132,7 +130,7 @@ class Program:
     def bands(self):
         """With gather=False, per output of the module (flattened): (dim, start, stop), the
         slice of the whole output along dim this rank returns; else None."""
-        if not getattr(self, "banded", False):
+        if not self.banded:
             return None
         return [self._slice(v) for v in _tensors(self.outputs)]
 
@@ -176,11 +174,15 @@ class Program:
             return [("seg", v.seg.idx, v.node)]
         return []
 
+    @staticmethod
+    def _step_reads(step):
+        """The values a step reads: a PyTorch node's tensor arguments, a segment's inputs."""
+        return _tensors(step[2:]) if step[0] == "torch" else [step[1].origin[n] for n in step[1].inputs]
+
     def _last_uses(self):
         last = {}
         for i, step in enumerate(self.steps):
-            reads = _tensors(step[2:]) if step[0] == "torch" else [step[1].origin[n] for n in step[1].inputs]
-            for v in reads:
+            for v in self._step_reads(step):
                 for k in self._keys(v):
                     last[k] = i
         for v in _tensors(self.outputs):
@@ -215,11 +217,8 @@ class Program:
                 self._run_segment(env, step[1], keep_memory)
             for k in self.free_after.get(i, ()):
                 env.pop(k, None)
-        if self.banded:
-            flat_out = _walk(self.outputs, lambda v: self._band(v, self._fetch(env, v.seg, v.node)) if isinstance(v, Cw)
-                              else self._value(env, v))
-        else:
-            flat_out = _walk(self.outputs, lambda v: self._value(env, v))
+        flat_out = _walk(self.outputs, lambda v: self._band(v, self._fetch(env, v.seg, v.node))
+                         if self.banded and isinstance(v, Cw) else self._value(env, v))
         return pytree.tree_unflatten(list(flat_out), self.out_spec)
 
     def _run_segment(self, env, seg, keep_memory):
