@@ -227,53 +227,30 @@ static int check_args(comm_mpi *c, const cw_tensor_desc *d, const void *data, in
     return 0;
 }
 
-/* The header and the first piece, then the other pieces: elements [e0, e1) of the view each. */
-static cw_status do_send(comm_mpi *c, const cw_tensor_desc *d, const void *data, int peer, int64_t tag) {
+/* One message of the view to or from peer: the header and the first piece in one MPI
+ * message, then the other pieces, elements [e0, e1) of the view each, packed before a send
+ * and unpacked after a receive (which first checks the header against its own call). */
+static cw_status transfer(comm_mpi *c, int sending, const cw_tensor_desc *d, void *data, int peer, int64_t tag) {
+    const char *what = sending ? "send to" : "recv from";
     size_t es = cw_dtype_size(d->dtype);
     int64_t n = view_numel(d), per = PIECE / (int64_t)es, bytes = n * (int64_t)es;
     int64_t first = n < per ? n : per;
     char *buf = malloc(sizeof(msg_head) + (size_t)first * es);
     if (!buf) {
-        snprintf(c->err, sizeof(c->err), "send to rank %d, tag %" PRId64 ": out of memory", peer, tag);
+        snprintf(c->err, sizeof(c->err), "%s rank %d, tag %" PRId64 ": out of memory", what, peer, tag);
         return CW_ERR_COMM;
     }
     double deadline = now_s() + c->timeout_s;
     msg_head h = {tag, bytes};
-    memcpy(buf, &h, sizeof(h));
-    int bad = 0;
-    for (int64_t e0 = 0, k = 0; !bad && (e0 < n || k == 0); k++) {
-        int64_t e1 = e0 + per < n ? e0 + per : n;
-        size_t hb = k == 0 ? sizeof(h) : 0;
-        copy_range((char *)(uintptr_t)data, d, buf + hb, e0, e1, 0);
-        bad = move(c, 1, buf, (int)(hb + (size_t)(e1 - e0) * es), peer, tag, deadline);
-        e0 = e1;
-    }
-    free(buf);
-    if (bad) return CW_ERR_COMM;
-    if (c->trace)
-        fprintf(c->trace, "comm_mpi: rank %d send to %d tag %" PRId64 " bytes %" PRId64 "\n", c->rank, peer, tag, bytes);
-    c->sent++;
-    c->bytes_sent += bytes;
-    return CW_OK;
-}
-
-static cw_status do_recv(comm_mpi *c, const cw_tensor_desc *d, void *data, int peer, int64_t tag) {
-    size_t es = cw_dtype_size(d->dtype);
-    int64_t n = view_numel(d), per = PIECE / (int64_t)es, bytes = n * (int64_t)es;
-    int64_t first = n < per ? n : per;
-    char *buf = malloc(sizeof(msg_head) + (size_t)first * es);
-    if (!buf) {
-        snprintf(c->err, sizeof(c->err), "recv from rank %d, tag %" PRId64 ": out of memory", peer, tag);
-        return CW_ERR_COMM;
-    }
-    double deadline = now_s() + c->timeout_s;
+    if (sending) memcpy(buf, &h, sizeof(h));
     cw_status st = CW_ERR_COMM;
     for (int64_t e0 = 0, k = 0; e0 < n || k == 0; k++) {
         int64_t e1 = e0 + per < n ? e0 + per : n;
-        size_t hb = k == 0 ? sizeof(msg_head) : 0;
-        if (move(c, 0, buf, (int)(hb + (size_t)(e1 - e0) * es), peer, tag, deadline)) goto out;
-        if (k == 0) {
-            msg_head h;
+        size_t hb = k == 0 ? sizeof(h) : 0;
+        int cnt = (int)(hb + (size_t)(e1 - e0) * es);
+        if (sending) copy_range(data, d, buf + hb, e0, e1, 0);
+        if (move(c, sending, buf, cnt, peer, tag, deadline)) goto out;
+        if (!sending && k == 0) {
             memcpy(&h, buf, sizeof(h));
             if (h.tag != tag || h.bytes != bytes) {
                 snprintf(c->err, sizeof(c->err),
@@ -283,13 +260,14 @@ static cw_status do_recv(comm_mpi *c, const cw_tensor_desc *d, void *data, int p
                 goto out;
             }
         }
-        copy_range(data, d, buf + hb, e0, e1, 1);
+        if (!sending) copy_range(data, d, buf + hb, e0, e1, 1);
         e0 = e1;
     }
     if (c->trace)
-        fprintf(c->trace, "comm_mpi: rank %d recv from %d tag %" PRId64 " bytes %" PRId64 "\n", c->rank, peer, tag, bytes);
-    c->recvd++;
-    c->bytes_recvd += bytes;
+        fprintf(c->trace, "comm_mpi: rank %d %s %d tag %" PRId64 " bytes %" PRId64 "\n", c->rank,
+                sending ? "send to" : "recv from", peer, tag, bytes);
+    if (sending) c->sent++, c->bytes_sent += bytes;
+    else c->recvd++, c->bytes_recvd += bytes;
     st = CW_OK;
 out:
     free(buf);
@@ -300,7 +278,7 @@ static cw_status cb_send(void *user, const cw_tensor_desc *d, const void *data, 
     comm_mpi *c = user;
     if (check_args(c, d, data, peer, stream, "send")) return CW_ERR_COMM;
     if (c->serialize) pthread_mutex_lock(&c->mu);
-    cw_status st = do_send(c, d, data, peer, tag);
+    cw_status st = transfer(c, 1, d, (void *)(uintptr_t)data, peer, tag);
     if (c->serialize) pthread_mutex_unlock(&c->mu);
     return st;
 }
@@ -309,7 +287,7 @@ static cw_status cb_recv(void *user, const cw_tensor_desc *d, void *data, int pe
     comm_mpi *c = user;
     if (check_args(c, d, data, peer, stream, "recv")) return CW_ERR_COMM;
     if (c->serialize) pthread_mutex_lock(&c->mu);
-    cw_status st = do_recv(c, d, data, peer, tag);
+    cw_status st = transfer(c, 0, d, data, peer, tag);
     if (c->serialize) pthread_mutex_unlock(&c->mu);
     return st;
 }
