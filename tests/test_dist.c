@@ -229,15 +229,16 @@ static void *rank_main(void *arg) {
     rank_job *j = arg;
     char err[VAE_ERR_LEN];
     cw_context *ctx = make_ctx(7 + (uint64_t)j->rank);
+    rank_comm rc = {j->h, j->rank, j->fail_after, 0, 3.0};
+    cw_comm comm = {sizeof comm, CW_COMM_VERSION, j->rank, j->n_ranks, &rc, mb_send, mb_recv};
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.policy = CW_PATCHES_FIXED;
+    o.patches = j->patches, o.streams = 3, o.temp_budget = j->budget, o.gather_rank = j->gather_rank;
+    o.comm = j->n_ranks > 0 ? &comm : NULL;
     if (j->video) {
-        rank_comm rc = {j->h, j->rank, j->fail_after, 0, 3.0};
-        cw_comm comm = {sizeof comm, CW_COMM_VERSION, j->rank, j->n_ranks, &rc, mb_send, mb_recv};
-        cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
-        o.patches = j->patches, o.streams = 3, o.temp_budget = j->budget, o.gather_rank = j->gather_rank;
         o.patch_axis = j->video == 2 ? CW_PATCH_AXIS_D : CW_PATCH_AXIS_H;
         o.policy = j->video == 2 ? CW_PATCHES_AUTO : CW_PATCHES_FIXED; /* FIXED counts H bands */
         o.max_patch_rows = j->video == 2 ? 2 : 0;                       /* D: bands of 2 frames */
-        o.comm = j->n_ranks > 0 ? &comm : NULL;
         run_block5(j, ctx, &o);
         cw_context_destroy(ctx);
         return NULL;
@@ -248,15 +249,6 @@ static void *rank_main(void *arg) {
     ASSERT_EQ_I(vae_weights_random(&w, j->seed, err, sizeof err), 0);
     vae_model *m;
     ASSERT_OK(vae_build(&m, ctx, &cfg, w, VAE_DECODER, 1, j->lat, j->lat, CW_F32, 0, err, sizeof err));
-    rank_comm rc = {j->h, j->rank, j->fail_after, 0, 3.0};
-    cw_comm comm = {sizeof comm, CW_COMM_VERSION, j->rank, j->n_ranks, &rc, mb_send, mb_recv};
-    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
-    o.policy = CW_PATCHES_FIXED;
-    o.patches = j->patches;
-    o.streams = 3;
-    o.temp_budget = j->budget;
-    o.gather_rank = j->gather_rank;
-    o.comm = j->n_ranks > 0 ? &comm : NULL;
     if (j->budget == -2) { /* the smallest temp budget that compiles (the same on every rank) */
         o.temp_budget = -1;
         ASSERT_OK_CTX(ctx, cw_graph_min_budget(m->graph, &o.temp_budget, &o));
