@@ -508,6 +508,22 @@ static void cw__plan_compile_stats(cw_plan *p) {
     for (int c = 0; c < p->n_convs; c++) p->stats.n_patches += p->convs[c].patches;
 }
 
+/* Gives a finished plan's arrays their exact sizes: they grew by doubling (cw__grow), so up
+ * to half of each was zeroed capacity the plan would keep resident (4 MiB of tasks for the
+ * SD decoder at 990 patches). A failed shrink keeps the larger array. */
+static void cw__shrink(void **arr, int *cap, int n, size_t elem) {
+    if (n <= 0 || n >= *cap) return;
+    void *na = cw__realloc(*arr, (size_t)n * elem);
+    if (na) *arr = na, *cap = n;
+}
+
+static void cw__plan_shrink(cw_plan *p) {
+    cw__shrink((void **)&p->tasks, &p->cap_tasks, p->n_tasks, sizeof *p->tasks);
+    cw__shrink((void **)&p->acts, &p->cap_acts, p->n_acts, sizeof *p->acts);
+    cw__shrink((void **)&p->bufs, &p->cap_bufs, p->n_bufs, sizeof *p->bufs);
+    cw__shrink((void **)&p->convs, &p->cap_convs, p->n_convs, sizeof *p->convs);
+}
+
 cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt) {
     static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
     if (!g || !out) return CW_ERR_INVALID_ARG;
@@ -530,12 +546,19 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
                          budget, (double)budget / 1048576.0, need, (double)need / 1048576.0);
     }
     CW_TRY(st);
-    if ((opt->comm && (st = cw__compile_distributed(p, budget)) != CW_OK) ||
-        (st = cw__plan_prepare_run(p, budget)) != CW_OK || (st = cw__plan_prepare_convs(p)) != CW_OK) {
+    if (opt->comm && (st = cw__compile_distributed(p, budget)) != CW_OK) {
+        cw__plan_free(p);
+        return st;
+    }
+    cw__plan_shrink(p);
+    if ((st = cw__plan_prepare_run(p, budget)) != CW_OK || (st = cw__plan_prepare_convs(p)) != CW_OK) {
         cw__plan_free(p);
         return st;
     }
     cw__plan_compile_stats(p);
+    /* the candidate plans the budget and memory searches built and dropped leave freed heap
+     * that glibc would keep resident through every run (17 MiB for the SD decoder) */
+    cw__host_trim();
     *out = p;
     return CW_OK;
 }

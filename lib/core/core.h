@@ -68,6 +68,9 @@ void cw__free(void *p);
 void *cw__map(size_t n);
 void cw__unmap(void *p, size_t n);
 char *cw__strdup(const char *s);
+/* Gives the heap's free pages back to the OS (glibc: malloc_trim; elsewhere nothing): after
+ * work whose transient allocations the process would otherwise keep resident. */
+void cw__host_trim(void);
 void cw__test_fail_after(int64_t n);
 /* Number of host allocations made so far (for sweeps). */
 int64_t cw__test_alloc_count(void);

@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 
 #include "core/core.h"
 
@@ -42,6 +45,11 @@ void *cw__map(size_t n) {
 }
 void cw__unmap(void *p, size_t n) {
     if (p) munmap(p, n ? n : 1);
+}
+void cw__host_trim(void) {
+#ifdef __GLIBC__
+    malloc_trim(0); /* glibc's main arena keeps freed pages resident otherwise */
+#endif
 }
 char *cw__strdup(const char *s) {
     size_t n = strlen(s) + 1;

@@ -52,9 +52,6 @@ cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, c
 
 #else
 
-#ifdef __GLIBC__
-#include <malloc.h> /* malloc_trim */
-#endif
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
@@ -228,9 +225,7 @@ void cw__cpu_dnnl_trim(void) {
         dnnl_set_primitive_cache_capacity(0);
         dnnl_set_primitive_cache_capacity(cap);
     }
-#ifdef __GLIBC__
-    malloc_trim(0); /* glibc's main arena keeps freed pages otherwise */
-#endif
+    cw__host_trim();
 }
 
 /* ---- the key: everything but the data pointers ----------------------------------------- */
