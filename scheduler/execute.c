@@ -195,6 +195,8 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
         pp.src_row0 = t->u.prep.src_row0;
         for (int k = 0; k < 3; k++) pp.pad[k] = t->u.prep.pad[k];
         pp.up_h = t->u.prep.up_h;
+        pp.up_d = t->u.prep.up_d;
+        pp.off_d = t->u.prep.off_d;
         return cw__op_prep(be, s, &pp);
     }
     case CW__T_ADD: {

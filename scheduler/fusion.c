@@ -1,6 +1,6 @@
-/* Fusion analysis: which GroupNorm / SiLU / upsample nodes are absorbed into the prep stage
- * of the convs that read them (a chain GN -> SiLU -> upsample, each used only as a conv's
- * x or by the next link), and which convs write through a residual add as an epilogue. */
+/* Fusion analysis: which GroupNorm / SiLU / upsample / replicate pad nodes are absorbed into
+ * the prep stage of the convs that read them (a chain GN -> SiLU -> upsample -> pad, each
+ * used only as a conv's x or by the next link), and which convs write through a residual add as an epilogue. */
 #include "scheduler/lower.h"
 
 /* A replicate pad (CW_OP_PAD): a link of a conv's prep chain, after the upsample. */
@@ -8,13 +8,20 @@ static int cw__is_pad(const cw__node *n) {
     return n->kind == CW__N_OP && n->op == CW_OP_PAD && n->param.i[0] == CW_PAD_REPLICATE;
 }
 
+/* A nearest upsample the prep does: cw_graph_upsample2x, or cw_graph_upsample_nearest with
+ * equal H and W factors of 1 or 2 and any factor and frame offset along D (cw_up_src_d). */
+static int cw__is_up(const cw__node *n) {
+    return n->kind == CW__N_UP2 || (n->kind == CW__N_OP && n->op == CW_OP_UPSAMPLE_NEAREST &&
+                                    n->param.i[1] == n->param.i[2] && n->param.i[1] <= 2);
+}
+
 /* Order of the links in a fusable chain: GN, then SiLU, then upsample, then a replicate pad. */
 static int cw__chain_rank(const cw__node *n) {
-    return n->kind == CW__N_GN ? 0 : n->kind == CW__N_SILU ? 1 : n->kind == CW__N_UP2 ? 2 : cw__is_pad(n) ? 3 : 4;
+    return n->kind == CW__N_GN ? 0 : n->kind == CW__N_SILU ? 1 : cw__is_up(n) ? 2 : cw__is_pad(n) ? 3 : 4;
 }
 
 static int cw__fusable(const cw__node *n) {
-    return n->kind == CW__N_GN || n->kind == CW__N_SILU || n->kind == CW__N_UP2 || cw__is_pad(n);
+    return n->kind == CW__N_GN || n->kind == CW__N_SILU || cw__is_up(n) || cw__is_pad(n);
 }
 
 /* 1 when every live consumer of node i takes it as a conv's x or as the input of a later,
@@ -67,12 +74,20 @@ void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, i
     *gn = -1, *silu = 0, *up = 1;
     while (L->nd[x].fused) {
         const cw__node *n = &g->nodes[x];
-        if (n->kind == CW__N_UP2) *up = 2;
+        if (cw__is_up(n)) *up = n->kind == CW__N_UP2 ? 2 : (int)n->param.i[1];
         else if (n->kind == CW__N_SILU) *silu = 1;
         else if (n->kind == CW__N_GN) *gn = x;
         x = n->in[0];
     }
     *src = x;
+}
+
+void cw__fusion_dmap(const cw__lower *L, int x, int64_t *up_d, int64_t *off_d) {
+    *up_d = 1, *off_d = 0;
+    for (; L->nd[x].fused; x = L->g->nodes[x].in[0]) {
+        const cw__node *n = &L->g->nodes[x];
+        if (n->kind == CW__N_OP && n->op == CW_OP_UPSAMPLE_NEAREST) *up_d = n->param.i[0], *off_d = n->param.i[3];
+    }
 }
 
 int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]) {

@@ -494,6 +494,42 @@ cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, cw_redu
     return cw__op_node(g, out, CW_OP_REDUCE_CHANNELS, &pm, &x, "cw_graph_reduce_channels", names[op]);
 }
 
+/* Where node n is a nearest upsample (cw_graph_upsample2x, or cw_graph_upsample_nearest
+ * without a frame offset) of frames [*start, *start + *len) of a 5-D x (cw_graph_slice along
+ * D): x, with the factors in f; else -1. */
+static int cw__up_of_frames(const cw_graph *g, int n, int64_t f[3], int64_t *start, int64_t *len) {
+    const cw__node *u = &g->nodes[n];
+    if (u->kind == CW__N_UP2) {
+        f[0] = 1, f[1] = f[2] = 2;
+    } else if (u->kind == CW__N_OP && u->op == CW_OP_UPSAMPLE_NEAREST && u->param.i[3] == 0) {
+        for (int k = 0; k < 3; k++) f[k] = u->param.i[k];
+    } else {
+        return -1;
+    }
+    const cw__node *sl = &g->nodes[u->in[0]];
+    if (sl->kind != CW__N_OP || sl->op != CW_OP_SLICE || sl->param.i[0] != 2 || sl->desc.rank != 5) return -1;
+    *start = sl->param.i[1], *len = sl->param.i[2];
+    return sl->in[0];
+}
+
+/* concat(a, b, 2) where a is x's first frame upsampled by (1, fh, fw) and b the rest of x's
+ * frames upsampled by (fd, fh, fw) -- HunyuanVideo's and CogVideoX's upsamplers keep the
+ * first frame once -- is x upsampled by (fd, fh, fw) less fd - 1 frames in front
+ * (CW_OP_UPSAMPLE_NEAREST's offset): one node reading x, which a conv's prep can do, instead
+ * of three copies. The same elements; a and b stay in the graph (computed only where
+ * something else reads them). Returns 1 with *out set, 0 where the pattern does not hold. */
+static int cw__concat_as_upsample(cw_graph *g, cw_node *out, cw_node a, cw_node b, cw_status *st) {
+    int64_t fa[3], fb[3], sa, la, sb, lb;
+    int xa = cw__up_of_frames(g, a, fa, &sa, &la), xb = cw__up_of_frames(g, b, fb, &sb, &lb);
+    if (xa < 0 || xa != xb || sa != 0 || la != 1 || sb != 1 || lb != g->nodes[xa].desc.dims[2] - 1 || fa[0] != 1 ||
+        fa[1] != fb[1] || fa[2] != fb[2])
+        return 0;
+    const cw_op_param pm = {{fb[0], fb[1], fb[2], fb[0] - 1}, {0}};
+    const cw_node x = xa;
+    *st = cw__op_node(g, out, CW_OP_UPSAMPLE_NEAREST, &pm, &x, "cw_graph_concat", "upsample_nearest_first");
+    return 1;
+}
+
 cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim) {
     if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;
@@ -510,6 +546,8 @@ cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int d
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_concat: a %s and b %s must have equal dims but dims[%d]",
                          cw__dims_str(&na->desc, b1, sizeof b1), cw__dims_str(&nb->desc, b2, sizeof b2), dim);
     }
+    cw_status st = CW_OK;
+    if (dim == 2 && cw__concat_as_upsample(g, out, a, b, &st)) return st;
     const cw_op_param pm = {{dim}, {0}};
     const cw_node in[2] = {a, b};
     return cw__op_node(g, out, CW_OP_CONCAT, &pm, in, "cw_graph_concat", "concat");

@@ -13,6 +13,7 @@
 typedef struct cw__conv_unit {
     int node, outn;          /* conv node; node whose buffer it writes (the ADD when fused) */
     int src, gn, silu, up;   /* the prep chain (cw__fusion_chain) */
+    int64_t up_d, off_d;     /* its upsampling along D (cw__fusion_dmap) */
     int pad;                 /* the chain's replicate pad node (cw__fusion_pad), -1 */
     int prep;                /* 1 when the chain is not empty */
     int other;               /* the residual operand, -1 without epilogue */
@@ -43,7 +44,7 @@ typedef struct cw__conv_unit {
  * under max_patch_rows (a cap on H rows) and CW_PATCHES_FIXED, which count H bands. */
 static int cw__axes(const cw__lower *L, const cw__conv_unit *u, int rank) {
     const cw_compile_options *o = &L->p->opt;
-    if (rank != 5 || u->rec >= 0 || u->pass1 || u->rec_x || u->pad >= 0 || L->none) return CW__AX_H;
+    if (rank != 5 || u->rec >= 0 || u->pass1 || u->rec_x || u->pad >= 0 || u->up_d > 1 || L->none) return CW__AX_H;
     if (o->patch_axis == CW_PATCH_AXIS_D) return CW__AX_D;
     /* a distributed plan's bands follow one axis: H unless D is asked for (distribute.c) */
     if (o->patch_axis == CW_PATCH_AXIS_H || o->max_patch_rows > 0 || o->policy == CW_PATCHES_FIXED || o->comm)
@@ -124,8 +125,8 @@ static void cw__prep_pad(const cw__lower *L, cw__task *t, int pad, int64_t up_h)
 
 /* The prep task of patch q: GN apply + SiLU + upsample of its input rows into a buffer. Along
  * D the upsample (of H and W only) maps frame f to frame f: the band's frames [a, b) of the
- * producer, every row, so the row map starts at 0 on both sides. A fused replicate pad
- * (H bands only, cw__axes) clamps each padded index into the upsampled producer. */
+ * producer, every row, so the row map starts at 0 on both sides. A fused replicate pad or an
+ * upsample along D (H bands only, cw__axes) maps each index into the upsampled producer. */
 static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     const cw__patch *pt = &u->cp.patch[q];
     const int ax = u->cp.axis, along_h = ax == cw__hdim(&pt->prob.x);
@@ -149,11 +150,13 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
     t->u.prep.silu = u->silu;
     t->u.prep.up = u->up;
+    t->u.prep.up_d = u->up_d, t->u.prep.off_d = u->off_d;
     t->u.prep.dst_row0 = along_h ? pt->a : 0;
     t->u.prep.src_row0 = along_h ? s0 : 0;
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
-    snprintf(t->name, sizeof t->name, "prep%s%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
-             u->up > 1 ? " up2" : "", u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches);
+    snprintf(t->name, sizeof t->name, "prep%s%s%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
+             u->up > 1 ? " up2" : "", u->up_d > 1 ? " up_d" : "", u->pad >= 0 ? " pad" : "", u->node, q + 1,
+             u->cp.patches);
     CW_TRY(cw__dep_band(L, id, u->src, ax, s0, s1));
     if (u->gn >= 0) CW_TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
     u->prep_task[q] = id;
@@ -365,8 +368,9 @@ static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int6
     a.other = -1;
     a.pass1 = 1; /* its conv writes a band buffer */
     cw__fusion_chain(L, na->in[0], &a.src, &a.gn, &a.silu, &a.up);
+    cw__fusion_dmap(L, na->in[0], &a.up_d, &a.off_d);
     a.pad = cw__fusion_pad(L, na->in[0]);
-    a.prep = a.gn >= 0 || a.silu || a.up > 1 || a.pad >= 0;
+    a.prep = a.gn >= 0 || a.silu || a.up > 1 || a.up_d > 1 || a.pad >= 0;
     a.rec = L->nd[A].rec_of;
     a.cp.patches = 1;
     a.cp.bounds = bounds;
@@ -506,8 +510,9 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     int addn = L->nd[i].epi_into;
     u.outn = addn >= 0 ? addn : i;
     cw__fusion_chain(L, n->in[0], &u.src, &u.gn, &u.silu, &u.up);
+    cw__fusion_dmap(L, n->in[0], &u.up_d, &u.off_d);
     u.pad = cw__fusion_pad(L, n->in[0]);
-    u.prep = u.gn >= 0 || u.silu || u.up > 1 || u.pad >= 0;
+    u.prep = u.gn >= 0 || u.silu || u.up > 1 || u.up_d > 1 || u.pad >= 0;
     const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
     u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
     const int tgt = cw__fusion_inplace_target(L, u.other); /* whose storage an in-place add takes */

@@ -113,6 +113,7 @@ typedef struct cw__task {
             int silu, up;
             int64_t dst_row0, src_row0;
             int64_t pad[3], up_h; /* replicate padding (cw__prep_params) */
+            int64_t up_d, off_d;  /* upsampling along D (cw__prep_params) */
         } prep;
         struct {
             cw__vref dst, a, b;

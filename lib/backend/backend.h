@@ -39,7 +39,7 @@ typedef struct cw__conv_algo {
 } cw__conv_algo;
 
 /* Fused light stage ("prep"): dst = act(src * scale[n,c] + shift[n,c]) with nearest
- * upsampling by `up` in H and W. dst rows are rows [dst_row0, dst_row0 + dst.H) of the
+ * upsampling by `up` in H and W (and up_d, off_d in D). dst rows are rows [dst_row0, dst_row0 + dst.H) of the
  * upsampled tensor; src's first row is row src_row0 of the producer, so
  * dst[n,c,(d,)r,w] = f(src[n,c,(d,)(dst_row0 + r)/up - src_row0, w/up]).
  * With pad (replicate padding after the upsample, before D, H, W): dst is rows of the
@@ -55,6 +55,9 @@ typedef struct cw__prep_params {
     int64_t dst_row0, src_row0;
     int64_t pad[3];  /* replicate padding before D, H, W (the padding after follows from dst) */
     int64_t up_h;    /* > 0: replicate padding on, up_h = the upsampled tensor's rows; 0: off */
+    int64_t up_d, off_d; /* 5-D: frames upsampled by up_d (<= 1: not) less off_d in front
+                            (cw_up_src_d); D is never cut, so dst frame z reads src frame
+                            cw_up_src_d(z) (after the pad's clamp into cw_up_frames frames) */
 } cw__prep_params;
 
 /* A generic op (kernels/kernels.h: CW_OP_* and its contract): out from in[0..n_in) (the

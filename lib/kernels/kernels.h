@@ -231,7 +231,8 @@ typedef enum {
     CW_OP_UNARY,       /* out = cw_unary_elem(param.i[0], in0, param.f[0], param.f[1]) */
     CW_OP_BINARY,      /* out = cw_binary_elem(param.i[0], in0, in1), in1 of in0's dims or of
                           [N, 1, ...] (broadcast over in0's channels: cw_binary_bcast) */
-    CW_OP_UPSAMPLE_NEAREST, /* out[.., d, h, w] = in0[.., d / i[0], h / i[1], w / i[2]] */
+    CW_OP_UPSAMPLE_NEAREST, /* out[.., d, h, w] = in0[.., (d + i[3]) / i[0], h / i[1], w / i[2]]:
+                               i[3] (0..i[0] - 1) source frames dropped in front (cw_up_src_d) */
     CW_OP_REDUCE_CHANNELS,  /* out[n, 0, ...] = cw_reduce_finish(i[0], sum over c ascending of
                                in0[n, c, ...] (squared where cw_reduce_squares), C) */
     CW_OP_CONCAT,           /* out = in0 then in1 along dim i[0] (1 or 2), bits copied */
@@ -313,12 +314,14 @@ static inline int cw_op_out_dims(int code, const cw_op_param *pm, const cw_tenso
             if (in[1]->dims[i] != x->dims[i] && !(i == 1 && in[1]->dims[1] == 1)) return 0;
         return 1;
     }
-    case CW_OP_UPSAMPLE_NEAREST: { /* factors (D, H, W) in i[0..2], each 1..8; 4-D: i[0] = 1 */
+    case CW_OP_UPSAMPLE_NEAREST: { /* factors (D, H, W) in i[0..2], each 1..8; 4-D: i[0] = 1;
+                                      D's offset i[3] in 0..i[0] - 1 */
         if (x->rank != 4 && x->rank != 5) return 0;
         for (int k = 0; k < 3; k++)
             if (pm->i[k] < 1 || pm->i[k] > CW_UPSAMPLE_MAX_FACTOR) return 0;
-        if (x->rank == 4 && pm->i[0] != 1) return 0;
+        if ((x->rank == 4 && pm->i[0] != 1) || pm->i[3] < 0 || pm->i[3] >= pm->i[0]) return 0;
         for (int k = x->rank == 5 ? 0 : 1; k < 3; k++) out->dims[x->rank - 3 + k] = x->dims[x->rank - 3 + k] * pm->i[k];
+        if (x->rank == 5) out->dims[2] -= pm->i[3];
         return 1;
     }
     case CW_OP_REDUCE_CHANNELS: /* op in i[0]; C >= 1 */
@@ -390,6 +393,18 @@ static inline CW_HD float cw_avg4(float a, float b, float c, float d) { return (
  * first row in the producer; returns the row inside the source band. */
 static inline CW_HD int64_t cw_up_src_index(int64_t dst, int64_t dst_off, int64_t src_off, int64_t up) {
     return (dst + dst_off) / up - src_off;
+}
+
+/* Source frame of frame z for nearest upsampling along D by up_d (<= 1: none) with the first
+ * off_d of the up_d copies of frame 0 dropped: (z + off_d) / up_d. off_d = up_d - 1 is
+ * HunyuanVideo's and CogVideoX's upsampler (the first frame kept once, every later one
+ * repeated: a cat of the upsampled first frame and rest), off_d = 0 plain nearest. The
+ * upsampled tensor has up_d * D - off_d frames (cw_up_frames). */
+static inline CW_HD int64_t cw_up_src_d(int64_t z, int64_t up_d, int64_t off_d) {
+    return up_d > 1 ? (z + off_d) / up_d : z;
+}
+static inline CW_HD int64_t cw_up_frames(int64_t d, int64_t up_d, int64_t off_d) {
+    return up_d > 1 ? d * up_d - off_d : d;
 }
 
 /* The prep's source index along one dim with replicate padding (cw__prep_params.pad): dst

@@ -160,7 +160,7 @@ static void prep_run_padded(const cw__prep_params *p, const ncdhw *s, const ncdh
     const cw_dtype sdt = p->src.d.dtype, ddt = p->dst.d.dtype;
     const size_t ses = cw_dtype_size(sdt), des = cw_dtype_size(ddt);
     const int64_t N = d->dim[0], C = d->dim[1], D = d->dim[2], H = d->dim[3], W = d->dim[4];
-    const int64_t up = p->up, Ds = s->dim[2], Wup = s->dim[4] * up;
+    const int64_t up = p->up, Dup = cw_up_frames(s->dim[2], p->up_d, p->off_d), Wup = s->dim[4] * up;
     const int64_t pw = p->pad[2] < W ? p->pad[2] : W, wn = W - pw < Wup ? W - pw : Wup;
     const int norm = p->scale != NULL;
     const int mode = norm * 2 + (p->silu ? 1 : 0);
@@ -169,7 +169,7 @@ static void prep_run_padded(const cw__prep_params *p, const ncdhw *s, const ncdh
             const float sc = norm ? p->scale[n * C + c] : 1.0f;
             const float sh = norm ? p->shift[n * C + c] : 0.0f;
             for (int64_t z = 0; z < D; z++) {
-                const int64_t zs = cw_pad_src(z, p->pad[0], Ds, CW_PAD_REPLICATE);
+                const int64_t zs = cw_up_src_d(cw_pad_src(z, p->pad[0], Dup, CW_PAD_REPLICATE), p->up_d, p->off_d);
                 const char *sp = elem_at(p->src.data, n * s->st[0] + c * s->st[1] + zs * s->st[2], ses);
                 char *dp = elem_at(p->dst.data, n * d->st[0] + c * d->st[1] + z * d->st[2], des);
                 for (int64_t r = 0; r < H; r++) {
@@ -203,7 +203,8 @@ void cw__cpu_prep_run(const cw__prep_params *p) {
             const float sc = norm ? p->scale[n * C + c] : 1.0f;
             const float sh = norm ? p->shift[n * C + c] : 0.0f;
             for (int64_t z = 0; z < D; z++) {
-                const char *sp = elem_at(p->src.data, n * s.st[0] + c * s.st[1] + z * s.st[2], ses);
+                const int64_t zs = cw_up_src_d(z, p->up_d, p->off_d);
+                const char *sp = elem_at(p->src.data, n * s.st[0] + c * s.st[1] + zs * s.st[2], ses);
                 char *dp = elem_at(p->dst.data, n * d.st[0] + c * d.st[1] + z * d.st[2], des);
                 int64_t prev_sr = -1;
                 char *prev_row = NULL;
@@ -666,13 +667,13 @@ static void upsample_nearest_run(const cw__op_args *a) {
     view_ncdhw(&a->out, &d);
     view_ncdhw(&a->in[0], &x);
     const size_t es = cw_dtype_size(a->out.d.dtype);
-    const int64_t fd = a->param.i[0], fh = a->param.i[1], fw = a->param.i[2];
+    const int64_t fd = a->param.i[0], fh = a->param.i[1], fw = a->param.i[2], off = a->param.i[3];
     char *dp = a->out.data;
     const char *xp = a->in[0].data;
     for (int64_t n = 0; n < d.dim[0]; n++)
         for (int64_t c = 0; c < d.dim[1]; c++)
             for (int64_t z = 0; z < d.dim[2]; z++) {
-                const char *xs = xp + (n * x.st[0] + c * x.st[1] + (z / fd) * x.st[2]) * (int64_t)es;
+                const char *xs = xp + (n * x.st[0] + c * x.st[1] + cw_up_src_d(z, fd, off) * x.st[2]) * (int64_t)es;
                 char *ds = dp + (n * d.st[0] + c * d.st[1] + z * d.st[2]) * (int64_t)es;
                 for (int64_t h = 0; h < d.dim[3]; h++) {
                     char *drow = ds + h * d.st[3] * (int64_t)es;

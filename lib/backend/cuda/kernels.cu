@@ -306,7 +306,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     prep_generic_kernel(const __grid_constant__ View dst, void *dp, const __grid_constant__ View src, const void *sp,
                         const float *scale, const float *shift, int silu, int64_t up, int64_t dst_row0,
-                        int64_t src_row0, int64_t pad_d, int64_t pad_h, int64_t pad_w, int64_t up_h) {
+                        int64_t src_row0, int64_t pad_d, int64_t pad_h, int64_t pad_w, int64_t up_h, int64_t up_d,
+                        int64_t off_d) {
     int64_t c[CW_MAX_RANK];
     const int rr = dst.rank - 2, ww = dst.rank - 1;
     const int has_norm = scale != nullptr;
@@ -319,10 +320,13 @@ __global__ void __launch_bounds__(kThreads)
             sh = shift[k];
         }
         if (up_h > 0) { /* replicate padding: clamped into the upsampled tensor */
-            if (dst.rank == 5) c[2] = cw_pad_src(c[2], pad_d, src.dims[2], CW_PAD_REPLICATE);
+            if (dst.rank == 5)
+                c[2] = cw_up_src_d(cw_pad_src(c[2], pad_d, cw_up_frames(src.dims[2], up_d, off_d), CW_PAD_REPLICATE),
+                                   up_d, off_d);
             c[rr] = cw_prep_src(c[rr], dst_row0, pad_h, up_h, up, src_row0);
             c[ww] = cw_prep_src(c[ww], 0, pad_w, src.dims[ww] * up, up, 0);
         } else {
+            if (dst.rank == 5) c[2] = cw_up_src_d(c[2], up_d, off_d);
             c[rr] = cw_up_src_index(c[rr], dst_row0, src_row0, up);
             c[ww] = cw_up_src_index(c[ww], 0, 0, up);
         }
@@ -813,12 +817,12 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     upsample_nearest_kernel(const __grid_constant__ View d, T *dp, const __grid_constant__ View x, const T *xp,
-                            int64_t fd, int64_t fh, int64_t fw) {
+                            int64_t fd, int64_t fh, int64_t fw, int64_t off) {
     int64_t c[CW_MAX_RANK];
     const int r = d.rank;
     CW_GRID_STRIDE(i, d.numel) {
         const int64_t od = coords(d, i, c);
-        if (r == 5) c[2] /= fd;
+        if (r == 5) c[2] = cw_up_src_d(c[2], fd, off);
         c[r - 2] /= fh, c[r - 1] /= fw;
         dp[od] = xp[offset_of(x, c)];
     }
@@ -980,11 +984,11 @@ cudaError_t cw__cu_op(cudaStream_t s, const cw__op_args *a) {
         if (cw_dtype_size(a->out.d.dtype) == 4)
             upsample_nearest_kernel<uint32_t><<<blocks, kThreads, 0, s>>>(
                 vd, static_cast<uint32_t *>(a->out.data), vx, static_cast<const uint32_t *>(a->in[0].data), f[0], f[1],
-                f[2]);
+                f[2], f[3]);
         else
             upsample_nearest_kernel<uint16_t><<<blocks, kThreads, 0, s>>>(
                 vd, static_cast<uint16_t *>(a->out.data), vx, static_cast<const uint16_t *>(a->in[0].data), f[0], f[1],
-                f[2]);
+                f[2], f[3]);
         return cudaGetLastError();
     }
     case CW_OP_REDUCE_CHANNELS: {
@@ -1065,7 +1069,8 @@ cudaError_t cw__cu_prep(cudaStream_t s, const cw__prep_params *p) {
     const cw_tensor_desc *dd = &p->dst.d, *sd = &p->src.d;
     /* rank 4 (or rank 5 with D = 1): the row kernel */
     const int padded = p->up_h > 0;
-    if ((dd->rank == 4 || (dd->rank == 5 && dd->dims[2] == 1)) && sd->rank == dd->rank && p->up >= 1 && !padded) {
+    if ((dd->rank == 4 || (dd->rank == 5 && dd->dims[2] == 1 && p->up_d <= 1)) && sd->rank == dd->rank && p->up >= 1 &&
+        !padded) {
         int64_t d4[4], s4[4];
         V4 vd, vs;
         const cw_tensor_desc *a[1] = {dd}, *b[1] = {sd};
@@ -1085,7 +1090,8 @@ cudaError_t cw__cu_prep(cudaStream_t s, const cw__prep_params *p) {
     prep_generic_kernel<<<blocks_for(d.numel, kThreads), kThreads, 0, s>>>(d, p->dst.data, src, p->src.data, p->scale,
                                                                            p->shift, p->silu, (int64_t)p->up,
                                                                            p->dst_row0, p->src_row0, p->pad[0],
-                                                                           p->pad[1], p->pad[2], p->up_h);
+                                                                           p->pad[1], p->pad[2], p->up_h, p->up_d,
+                                                                           p->off_d);
     return cudaGetLastError();
 }
 
