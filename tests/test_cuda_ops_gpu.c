@@ -470,7 +470,9 @@ static void test_prep(cw_rng *r, int cases) {
         int64_t D = rank == 5 ? cw_rng_range(r, 1, 3) : 1, Hs = cw_rng_range(r, 2, 20), W = cw_rng_range(r, 1, 20);
         int64_t s0 = cw_rng_range(r, 0, Hs - 1), s1 = cw_rng_range(r, s0 + 1, Hs);
         int64_t d0 = cw_rng_range(r, s0 * up, s1 * up - 1), d1 = cw_rng_range(r, d0 + 1, s1 * up);
-        int64_t Wd = W * up - (up > 1 ? cw_rng_range(r, 0, 1) : 0), Dd = D;
+        /* 5-D: frames upsampled by up_d, the first frame kept once in half of those */
+        int64_t up_d = rank == 5 ? cw_rng_range(r, 1, 2) : 1, off_d = up_d > 1 ? cw_rng_range(r, 0, 1) : 0;
+        int64_t Wd = W * up - (up > 1 ? cw_rng_range(r, 0, 1) : 0), Dd = cw_up_frames(D, up_d, off_d);
         /* a third of the cases with replicate padding after the upsample (a fused pad): dst is
          * rows [d0, d1) of the padded tensor, src the rows they clamp to */
         int64_t pad[3] = {0, 0, 0}, up_h = 0;
@@ -482,7 +484,7 @@ static void test_prep(cw_rng *r, int cases) {
             up_h = Hs * up;
             d0 = cw_rng_range(r, 0, up_h + pad[1] + post[1] - 1), d1 = cw_rng_range(r, d0 + 1, up_h + pad[1] + post[1]);
             s0 = cw_prep_src(d0, 0, pad[1], up_h, up, 0), s1 = cw_prep_src(d1 - 1, 0, pad[1], up_h, up, 0) + 1;
-            Wd = W * up + pad[2] + post[2], Dd = D + pad[0] + post[0];
+            Wd = W * up + pad[2] + post[2], Dd = cw_up_frames(D, up_d, off_d) + pad[0] + post[0];
         }
         int norm = (int)cw_rng_range(r, 0, 1), silu = (int)cw_rng_range(r, 0, 1);
         int64_t fd[5], dd[5];
@@ -527,6 +529,7 @@ static void test_prep(cw_rng *r, int cases) {
             pp.src_row0 = s0;
             for (int j = 0; j < 3; j++) pp.pad[j] = pad[j];
             pp.up_h = up_h;
+            pp.up_d = up_d, pp.off_d = off_d;
             ASSERT_OK_CTX(sides[s]->ctx, cw__op_prep(sides[s]->be, sides[s]->s, &pp));
             dsync(sides[s]);
             void *hd = malloc((size_t)dn * es);

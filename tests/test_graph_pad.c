@@ -3,7 +3,7 @@
  * 1), constant pads in 4-D and 5-D; unscheduled and patched on 3 streams with chaos and
  * poison) in f32, f16 and bf16 graphs; an input padded wider than it is, exact; the
  * builder's argument checks; a replicate pad fused into the conv reading it (after GroupNorm,
- * SiLU and an upsample); and the op's contract through cw__op_run (bits copied, the fill as
+ * SiLU and an upsample, HunyuanVideo's with the first frame apart among them); and the op's contract through cw__op_run (bits copied, the fill as
  * stored in each dtype, every mode and rank). */
 #include "graph_run.h"
 
@@ -96,7 +96,9 @@ static void test_pad_exact(cw_context *ctx, cw_rng *r, cw_dtype dt) {
 }
 
 /* A replicate pad read only by a conv fuses into the conv's prep (fusion.c): x -> conv1 ->
- * GroupNorm -> SiLU (-> nearest 2x) -> replicate pad -> conv2 (no padding of its own), N = 1.
+ * GroupNorm -> SiLU (-> nearest 2x; up 2: HunyuanVideo's upsampler, frame 0 upsampled in H
+ * and W, the other frames in D, H and W, then cat: one upsample with a frame offset, fused too)
+ * -> replicate pad -> conv2 (no padding of its own), N = 1.
  * The padded tensor, GroupNorm's and SiLU's outputs are never stored: the patched plan holds
  * less than the same plan with fusion off. Checked against the chain in double, unscheduled
  * (no fusion) and patched (3 patches, 3 streams; each edge patch's rows clamped) under chaos
@@ -115,10 +117,12 @@ static void test_fused_pad(cw_context *ctx, cw_rng *r, cw_dtype dt, int rank, co
     gn_silu_ref(&t, s.c1, per, a);
     int64_t ud[5], pd[5];
     for (int i = 0; i < rank; i++) ud[i] = s.c1d.dims[i] * (up && i >= rank - 2 ? 2 : 1);
+    if (up == 2) ud[2] = 2 * s.c1d.dims[2] - 1; /* frame 0 once, then every frame twice */
     double *u = malloc((size_t)numel(rank, ud) * sizeof *u);
-    for (int64_t e = 0; e < numel(rank, ud); e++) { /* nearest 2x in H and W */
+    for (int64_t e = 0; e < numel(rank, ud); e++) { /* nearest 2x in H and W (and D) */
         int64_t q = e, c[5], src = 0;
         for (int i = rank - 1; i >= 0; i--) c[i] = q % ud[i], q /= ud[i];
+        if (up == 2) c[2] = c[2] == 0 ? 0 : 1 + (c[2] - 1) / 2;
         for (int i = 0; i < rank; i++) src = src * s.c1d.dims[i] + (up && i >= rank - 2 ? c[i] / 2 : c[i]);
         u[e] = a[src];
     }
@@ -140,7 +144,16 @@ static void test_fused_pad(cw_context *ctx, cw_rng *r, cw_dtype dt, int rank, co
     cw_ref_conv(&pdd, pf, &w2d, s.w2, s.bias, &cp0, &yd, ref);
     /* the graph */
     cw_node h = gn_silu_node(&t, ctx, s.g, s.h), y;
-    if (up) ASSERT_OK_CTX(ctx, cw_graph_upsample2x(s.g, &h, h));
+    if (up == 1) ASSERT_OK_CTX(ctx, cw_graph_upsample2x(s.g, &h, h));
+    if (up == 2) { /* HunyuanVideo's upsampler: the first frame and the rest apart, then a cat */
+        const int64_t T = s.c1d.dims[2], f222[3] = {2, 2, 2};
+        cw_node first, rest;
+        ASSERT_OK_CTX(ctx, cw_graph_slice(s.g, &first, h, 2, 0, 1));
+        ASSERT_OK_CTX(ctx, cw_graph_upsample2x(s.g, &first, first));
+        ASSERT_OK_CTX(ctx, cw_graph_slice(s.g, &rest, h, 2, 1, T - 1));
+        ASSERT_OK_CTX(ctx, cw_graph_upsample_nearest(s.g, &rest, rest, f222));
+        ASSERT_OK_CTX(ctx, cw_graph_concat(s.g, &h, first, rest, 2));
+    }
     ASSERT_OK_CTX(ctx, cw_graph_pad(s.g, &h, h, pre, post, CW_PAD_REPLICATE, 0.0f));
     ASSERT_OK_CTX(ctx, cw_graph_conv(s.g, &y, h, constant(ctx, s.g, s.tw2), constant(ctx, s.g, s.tb), &cp0));
     ASSERT_OK_CTX(ctx, cw_graph_output(s.g, y, "y"));
@@ -158,7 +171,7 @@ static void test_fused_pad(cw_context *ctx, cw_rng *r, cw_dtype dt, int rank, co
     }
     const int64_t c1_bytes = n1 * (int64_t)cw_dtype_size(dt);
     fprintf(stderr, "conv -> gn -> silu%s -> pad replicate (%d, %d, %d) / (%d, %d, %d) -> conv, %d-D, %s: activations "
-            "%" PRId64 " B fused, %" PRId64 " B not\n", up ? " -> up2" : "", (int)pre[0], (int)pre[1], (int)pre[2],
+            "%" PRId64 " B fused, %" PRId64 " B not\n", up == 2 ? " -> first frame | rest up (1|2, 2, 2) -> cat" : up ? " -> up2" : "", (int)pre[0], (int)pre[1], (int)pre[2],
             (int)post[0], (int)post[1], (int)post[2], rank, cw__dtype_name(dt), act[1], act[0]);
     CHECK(act[1] < act[0] && act[1] <= 2 * c1_bytes);
     ASSERT_OK(cw_tensor_desc_make(&ydt, dt, rank, yd.dims));
@@ -331,6 +344,7 @@ int main(void) {
         test_fused_pad(ctx, &r, dts[d], 4, p11, p11, 0);
         test_fused_pad(ctx, &r, dts[d], 4, p12, p21, 1);
         test_fused_pad(ctx, &r, dts[d], 5, z, p11, 1);
+        test_fused_pad(ctx, &r, dts[d], 5, hy_pre, hy_post, 2);
     }
     test_badargs(ctx);
     cw_context_destroy(ctx);

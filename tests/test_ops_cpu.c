@@ -804,6 +804,9 @@ static void prep_half_case(cw__backend *be, cw__stream *st, int iter, cw_dtype s
     int64_t D = rank == 5 ? cw_rng_range(&rng, 1, 2) : 1;
     int64_t Hf = cw_rng_range(&rng, 1, 9), Ws = cw_rng_range(&rng, 1, iter % 7 == 0 ? 700 : 19);
     int64_t up = iter % 3 == 0 ? 1 : (iter % 3 == 1 ? 2 : cw_rng_range(&rng, 1, 4));
+    /* 5-D: frames upsampled by up_d; first_once: frame 0 once (HunyuanVideo's upsampler) */
+    int64_t up_d = rank == 5 ? cw_rng_range(&rng, 1, 3) : 1, first_once = up_d > 1 ? cw_rng_range(&rng, 0, 1) : 0;
+    int64_t Dd = D * up_d - (first_once ? up_d - 1 : 0);
     int norm = cw_rng_range(&rng, 0, 1), silu = cw_rng_range(&rng, 0, 1);
     int64_t fd[5] = {N, C, D, Hf, Ws};
     if (rank == 4) fd[2] = Hf, fd[3] = Ws;
@@ -818,7 +821,7 @@ static void prep_half_case(cw__backend *be, cw__stream *st, int iter, cw_dtype s
     cw__view src = full.v;
     src.d.dims[rank - 2] = s1 - s0;
     src.data = tat(&full, s0 * full.v.d.strides[rank - 2]);
-    int64_t dd[5] = {N, C, D, hd, Wd};
+    int64_t dd[5] = {N, C, Dd, hd, Wd};
     if (rank == 4) dd[2] = hd, dd[3] = Wd;
     tbuf_make(&dst, ddt, rank, dd, cw_rng_range(&rng, 0, 1));
     for (int64_t i = 0; i < dst.len; i++) tset(&dst, i, 12345.0f);
@@ -833,6 +836,7 @@ static void prep_half_case(cw__backend *be, cw__stream *st, int iter, cw_dtype s
     memset(&p, 0, sizeof p);
     p.src = src, p.dst = dst.v, p.scale = scale, p.shift = shift, p.silu = silu, p.up = (int)up;
     p.dst_row0 = r0, p.src_row0 = s0;
+    p.up_d = up_d, p.off_d = first_once ? up_d - 1 : 0;
     if (be) {
         ASSERT_OK(cw__op_prep(be, st, &p));
         ASSERT_OK(be->rt->stream_synchronize(be, st));
@@ -843,10 +847,11 @@ static void prep_half_case(cw__backend *be, cw__stream *st, int iter, cw_dtype s
     int64_t bad = 0, inexact = 0;
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++)
-            for (int64_t z = 0; z < D; z++)
+            for (int64_t z = 0; z < Dd; z++)
                 for (int64_t r = 0; r < hd; r++)
                     for (int64_t w = 0; w < Wd; w++) {
-                        int64_t si[5] = {n, c, z, (r0 + r) / up, w / up}, di[5] = {n, c, z, r, w};
+                        const int64_t zs = !first_once ? z / up_d : z == 0 ? 0 : 1 + (z - 1) / up_d;
+                        int64_t si[5] = {n, c, zs, (r0 + r) / up, w / up}, di[5] = {n, c, z, r, w};
                         if (rank == 4) si[2] = si[3], si[3] = si[4], di[2] = di[3], di[3] = di[4];
                         float xf = full.val[voff(&full.v, si)];
                         const float scf = norm ? scale[n * C + c] : 1.0f, shf = norm ? shift[n * C + c] : 0.0f;
