@@ -480,7 +480,12 @@ CW_API cw_status cw_graph_reduce_channels(cw_graph *g, cw_node *out, cw_node x, 
 /* y = a and b concatenated along dim (torch.cat([a, b], dim)): dim 1 joins channels, dim 2
  * the outermost spatial dim (T of [N, C, T, H, W], H of [N, C, H, W]). a, b: [N, C, H, W] or
  * [N, C, D, H, W] of the graph's dtype, equal but in dim; y: their dims with dims[dim] =
- * a's + b's, elements copied exactly (bits, NaN payloads included). Returns
+ * a's + b's, elements copied exactly (bits, NaN payloads included). Where a is x's first
+ * frame (cw_graph_slice(x, 2, 0, 1)) upsampled by (1, fh, fw) (cw_graph_upsample2x or
+ * cw_graph_upsample_nearest) and b x's other frames upsampled by (fd, fh, fw) -- the
+ * upsamplers of HunyuanVideo and CogVideoX -- y is made as one nearest upsample of x with the
+ * first frame kept once (the same elements), which a conv reading y does in its input
+ * preparation: neither the cat nor the upsampled frames are stored. Returns
  * CW_ERR_INVALID_ARG, naming the argument, for a dim other than 1 or 2, an a or b of another
  * rank or dtype or not a node, and naming both shapes when they differ outside dim. */
 CW_API cw_status cw_graph_concat(cw_graph *g, cw_node *out, cw_node a, cw_node b, int dim);
