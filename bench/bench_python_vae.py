@@ -19,6 +19,7 @@ per configuration, the ratios, and the largest difference between the two output
 to max|ref|.
 
   python bench/bench_python_vae.py --config sd --latent 64 --budget 128MiB --repeat 2
+  python bench/bench_python_vae.py --latent 64 --memory auto --procs 3   # medians of 3 processes
   python bench/bench_python_vae.py --config sd --latent 16 --json      # what the test runs
   python bench/bench_python_vae.py --part encoder --config sd --latent 64 --budget 128MiB  # encode 512x512
   python bench/bench_python_vae.py --latent 64 --modes diffusers,convweave,wrap --memory auto
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -180,6 +182,9 @@ def main():
     ap.add_argument("--streams", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeat", type=int, default=1, help="calls per process; time: best, memory: max")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="fresh processes per mode, the modes interleaved; the medians are reported, and the "
+                         "range where > 1 (a process's resident memory varies by tens of MiB run to run)")
     ap.add_argument("--memory", default="none",
                     help="convweave's memory= (a size, 'auto'; 'none': no cap; 'least': the ladder's least total)")
     ap.add_argument("--modes", default="diffusers,convweave",
@@ -206,17 +211,23 @@ def main():
         least = max(pts[0]["total_bytes"] for pts in segs)
         args.memory = str(least)
     with tempfile.TemporaryDirectory() as tmp:
-        res = {m: run_mode(args, m, os.path.join(tmp, f"{m}.pt")) for m in modes}
+        res, procs = {}, {m: [] for m in modes}
+        for _ in range(args.procs):  # the modes interleaved, each in a fresh process
+            for m in modes:
+                res[m] = run_mode(args, m, os.path.join(tmp, f"{m}.pt"))
+                procs[m].append((max(x["working_bytes"] for x in res[m]["runs"]),
+                                 min(x["seconds"] for x in res[m]["runs"])))
         outs = {m: torch.load(os.path.join(tmp, f"{m}.pt")) for m in modes}
     ref = outs["diffusers"]
     for m in modes:
         r = res[m]
-        r["working_bytes"] = max(x["working_bytes"] for x in r["runs"])
-        r["seconds"] = min(x["seconds"] for x in r["runs"])
+        r["procs"] = [{"working_bytes": w, "seconds": t} for w, t in procs[m]]
+        r["working_bytes"] = statistics.median(w for w, _ in procs[m])
+        r["seconds"] = statistics.median(t for _, t in procs[m])
         r["max_rel_diff"] = ((outs[m] - ref).abs().max() / ref.abs().max()).item()
     summary = {"model": args.model, "part": args.part, "config": args.config, "latent": args.latent, "batch": args.batch,
                "budget": args.budget, "memory": args.memory, "streams": args.streams, "threads": args.threads,
-               "repeat": args.repeat, "image": args.latent * 8,
+               "repeat": args.repeat, "procs": args.procs, "image": args.latent * 8,
                "max_rel_diff": max(res[m]["max_rel_diff"] for m in modes), **res}
     if least is not None:
         summary["ladder"] = segs
@@ -229,7 +240,7 @@ def main():
     name = args.config if args.model == "sd" else args.model
     if args.part == "decoder":
         print(f"{name} VAE decode, latent {shapes[0]} -> {shapes[1]}, {args.threads} threads, "
-              f"repeat {args.repeat}")
+              f"repeat {args.repeat}, {args.procs} process(es) per mode (medians)")
     else:
         print(f"{name} VAE encode, image {args.batch}x3x{shapes[1]} -> moments of {shapes[0]}, "
               f"{args.threads} threads, repeat {args.repeat}")
@@ -240,9 +251,13 @@ def main():
               "wrap": f"torch.wrap (export), budget {args.budget}, memory {args.memory}"}
     for m in modes:
         r = res[m]
+        spread = ""
+        if args.procs > 1:
+            ws, ts = [x["working_bytes"] / mib for x in r["procs"]], [x["seconds"] for x in r["procs"]]
+            spread = f"   range {min(ts):.2f}-{max(ts):.2f} s, {min(ws):.1f}-{max(ws):.1f} MiB"
         print(f"{labels[m]:52s} {r['seconds']:8.2f} {r['working_bytes'] / mib:12.1f} "
               f"{r['seconds'] / d['seconds']:5.2f}x {r['working_bytes'] / d['working_bytes']:6.2f}x "
-              f"{r['max_rel_diff']:14.2e}")
+              f"{r['max_rel_diff']:14.2e}{spread}")
     for m in modes[1:]:
         s = res[m]["stats"]
         extra = f", {res[m]['wrap']}" if "wrap" in res[m] else ""
