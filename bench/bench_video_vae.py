@@ -9,6 +9,7 @@ random weights, no hub), each mode in its own fresh process, as bench/bench_pyth
               default tiles are larger than the sizes run here, so they would not tile)
   convweave   convweave.diffusers.enable(vae) with its defaults (budget 256MiB, memory None)
   least       enable(vae, budget="32MiB", memory="auto:1000"): the least memory the ladder has
+              at that temporary budget (--least-budget)
 
 Working memory = peak RSS during the call minus RSS after the model was built and the code
 loaded (before enable()), so what convweave holds between calls counts. The convweave modes
@@ -111,7 +112,7 @@ def child(args):
     if args.mode == "tiled":
         vae.enable_tiling(**tiles(args.model, args.size))
     elif args.mode in ("convweave", "least"):
-        opts = dict(budget="32MiB", memory="auto:1000") if args.mode == "least" else {}
+        opts = dict(budget=args.least_budget, memory="auto:1000") if args.mode == "least" else {}
         t0 = time.perf_counter()
         state = cd.enable(vae, threads=args.threads, streams=args.streams, **opts)
         with torch.no_grad():  # export and compile now, not in the timed call: one whole call (Wan's and
@@ -165,7 +166,7 @@ def child(args):
 def run_mode(args, mode, out):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--out", out, "--model", args.model,
            "--frames", str(args.frames), "--size", str(args.size), "--threads", str(args.threads),
-           "--streams", str(args.streams)] + (["--spy"] if args.spy else [])
+           "--streams", str(args.streams), "--least-budget", args.least_budget] + (["--spy"] if args.spy else [])
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
@@ -224,6 +225,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="torch and convweave threads")
     ap.add_argument("--streams", type=int, default=2)
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    ap.add_argument("--least-budget", default="32MiB",
+                    help="the least mode's temporary budget (the memory ladder's least total depends on it: at 33 "
+                         "frames 64MiB reaches less than 32MiB, whose recompute bands do not fit)")
     ap.add_argument("--spy", action="store_true", help="record the diffusers run's conv3d calls (per-conv report)")
     ap.add_argument("--json", help="also write every result to this file")
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
