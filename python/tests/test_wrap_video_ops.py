@@ -61,6 +61,25 @@ def test_upsample_of_one_frame():
     check_module(Fn(f, c=c), (rand(1, 2, 2, 3, 3),), fallback=False)
 
 
+@needs("slice")
+def test_upsampler_cat_fuses_into_the_conv():
+    """HunyuanVideo's whole upsampler: the cat of the upsampled first frame and rest, replicate
+    padded, into a conv. cw_graph_concat builds the cat as one upsample with a frame offset,
+    which the conv's prep does: the plan never stores the upsampled tensor."""
+    c0, c = nn.Conv3d(2, 3, 1), nn.Conv3d(3, 4, 3)
+
+    def f(s, x):
+        h = s.c0(x)
+        first = F.interpolate(h[:, :, :1].squeeze(2), scale_factor=2.0, mode="nearest").unsqueeze(2)
+        rest = F.interpolate(h[:, :, 1:], scale_factor=2.0, mode="nearest")
+        return s.c(F.pad(torch.cat([first, rest], dim=2), (1, 1, 1, 1, 2, 0), mode="replicate"))
+    x = rand(1, 2, 3, 4, 4)
+    w, _, _ = check_module(Fn(f, c0=c0, c=c), (x,), fallback=False)
+    cat_bytes = 3 * 5 * 8 * 8 * 4  # [1, 3, 1 + 2 * 2, 8, 8] in float32
+    acts = sum(seg["plan"]["activations_peak"] for seg in w.describe()["segments"])
+    assert acts < cat_bytes, f"the plan stores {acts} B of activations: the {cat_bytes} B cat was not fused"
+
+
 def test_rms_norm_channels_last():
     """LTX's RMSNorm: movedim(1, -1), mean of squares over the last dim (the node's channels),
     rsqrt, a per-channel weight, movedim back."""
