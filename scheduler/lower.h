@@ -86,6 +86,10 @@ cw_status cw__writer(cw__lower *L, int n, int task, int64_t r0, int64_t r1);
 cw_status cw__writer_band(cw__lower *L, int n, int task, int ax, int64_t r0, int64_t r1);
 /* Index of H in an activation's dims (rank 4/5); 0 for the 1-D constants. */
 int cw__hdim(const cw_tensor_desc *d);
+/* Node n's rows: its extent along H (cw__hdim). */
+static inline int64_t cw__node_rows(const cw_graph *g, int n) {
+    return g->nodes[n].desc.dims[cw__hdim(&g->nodes[n].desc)];
+}
 /* View of rows [r0, r1) (along H) of buffer b whose dims are d; cw__whole: all rows.
  * cw__band: rows along tensor dim ax (H, or D of a 5-D tensor). */
 cw__vref cw__rows(int b, const cw_tensor_desc *d, int64_t r0, int64_t r1);

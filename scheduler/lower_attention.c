@@ -77,7 +77,7 @@ static cw_status cw__attn_stage_kv(cw__lower *L, int i, int64_t b, const cw_tens
         const int x = n->in[1 + a];
         CW_TRY(cw__temp(L, cw__desc_bytes(sd), sd, &kv[a]));
         CW_TRY(cw__emit_convert(L, i, opnd[1 + a], cw__whole(kv[a], sd), what[a], b, &cv[a]));
-        CW_TRY(cw__dep_rows(L, cv[a], x, 0, g->nodes[x].desc.dims[cw__hdim(&g->nodes[x].desc)]));
+        CW_TRY(cw__dep_rows(L, cv[a], x, 0, cw__node_rows(g, x)));
         opnd[1 + a] = cw__whole(kv[a], sd);
     }
     return CW_OK;
@@ -99,7 +99,7 @@ static cw_status cw__attn_chunk_tasks(cw__lower *L, int i, int64_t b, int64_t t0
         q.start[2] = o.start[2] = t0 / unit;
         q.dims[2] = o.dims[2] = (t1 - t0) / unit;
         CW_TRY(cw__emit_convert(L, i, q, cw__whole(qb, &L->p->bufs[qb].d), "q to f32", b, &cq));
-        CW_TRY(cw__dep_rows(L, cq, n->in[0], 0, g->nodes[n->in[0]].desc.dims[cw__hdim(&g->nodes[n->in[0]].desc)]));
+        CW_TRY(cw__dep_rows(L, cq, n->in[0], 0, cw__node_rows(g, n->in[0])));
     }
     cw__task *t = NULL;
     int id = -1;
@@ -130,7 +130,7 @@ static cw_status cw__attn_chunk_tasks(cw__lower *L, int i, int64_t b, int64_t t0
         return cw__writer(L, i, oc, d->rank == 4 ? o.start[2] : 0, d->rank == 4 ? o.start[2] + o.dims[2] : h);
     }
     for (int a = 0; a < 3; a++)
-        CW_TRY(cw__dep_rows(L, id, n->in[a], 0, g->nodes[n->in[a]].desc.dims[cw__hdim(&g->nodes[n->in[a]].desc)]));
+        CW_TRY(cw__dep_rows(L, id, n->in[a], 0, cw__node_rows(g, n->in[a])));
     const int64_t W = d->dims[d->rank - 1];
     const int64_t r0 = d->rank == 4 ? t0 / W : 0, r1 = d->rank == 4 ? (t1 - 1) / W + 1 : h;
     *out_task = id;

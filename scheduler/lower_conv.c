@@ -36,6 +36,15 @@ typedef struct cw__conv_unit {
     cw__conv_info *ci;
 } cw__conv_unit;
 
+/* Unit u's prep chain from its conv's x (cw__fusion_chain, _dmap, _pad) and whether it is
+ * not empty. */
+static void cw__unit_chain(const cw__lower *L, int x, cw__conv_unit *u) {
+    cw__fusion_chain(L, x, &u->src, &u->gn, &u->silu, &u->up);
+    cw__fusion_dmap(L, x, &u->up_d, &u->off_d);
+    u->pad = cw__fusion_pad(L, x);
+    u->prep = u->gn >= 0 || u->silu || u->up > 1 || u->up_d > 1 || u->pad >= 0;
+}
+
 /* The axes conv unit u may be cut along (cw__conv_share.axes). D (time) only for 5-D convs,
  * and only where every reader of the patch's rows follows the axis: a recomputed conv's two
  * passes and the convs reading its bands (rec, pass1, rec_x) stay on H bands, their band
@@ -345,8 +354,7 @@ static cw_status cw__node_band(const cw__lower *L, int A, int64_t r0, int64_t r1
  * rows q reads, [pt->a, pt->b), through u's fused pad if any; *ap gets A's patch for them. */
 static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q, cw__patch *ap) {
     int64_t r0, r1;
-    cw__src_rows(L, u->pad, L->g->nodes[u->rec].desc.dims[cw__hdim(&L->g->nodes[u->rec].desc)], 1, u->cp.patch[q].a,
-                 u->cp.patch[q].b, &r0, &r1);
+    cw__src_rows(L, u->pad, cw__node_rows(L->g, u->rec), 1, u->cp.patch[q].a, u->cp.patch[q].b, &r0, &r1);
     return cw__node_band(L, u->rec, r0, r1, ap);
 }
 
@@ -367,10 +375,7 @@ static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int6
     a.node = a.outn = A;
     a.other = -1;
     a.pass1 = 1; /* its conv writes a band buffer */
-    cw__fusion_chain(L, na->in[0], &a.src, &a.gn, &a.silu, &a.up);
-    cw__fusion_dmap(L, na->in[0], &a.up_d, &a.off_d);
-    a.pad = cw__fusion_pad(L, na->in[0]);
-    a.prep = a.gn >= 0 || a.silu || a.up > 1 || a.up_d > 1 || a.pad >= 0;
+    cw__unit_chain(L, na->in[0], &a);
     a.rec = L->nd[A].rec_of;
     a.cp.patches = 1;
     a.cp.bounds = bounds;
@@ -429,7 +434,7 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     t->u.prep.up = 1;
     t->u.prep.dst_row0 = pt->a;
     t->u.prep.src_row0 = band.o0;
-    if (u->pad >= 0) cw__prep_pad(L, t, u->pad, L->g->nodes[u->rec].desc.dims[cw__hdim(&L->g->nodes[u->rec].desc)]);
+    if (u->pad >= 0) cw__prep_pad(L, t, u->pad, cw__node_rows(L->g, u->rec));
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
     snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s L%d patch %d/%d", u->rec,
              band.o0, band.o1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->pad >= 0 ? " pad" : "", u->node,
@@ -509,10 +514,7 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     u.node = i;
     int addn = L->nd[i].epi_into;
     u.outn = addn >= 0 ? addn : i;
-    cw__fusion_chain(L, n->in[0], &u.src, &u.gn, &u.silu, &u.up);
-    cw__fusion_dmap(L, n->in[0], &u.up_d, &u.off_d);
-    u.pad = cw__fusion_pad(L, n->in[0]);
-    u.prep = u.gn >= 0 || u.silu || u.up > 1 || u.up_d > 1 || u.pad >= 0;
+    cw__unit_chain(L, n->in[0], &u);
     const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
     u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
     const int tgt = cw__fusion_inplace_target(L, u.other); /* whose storage an in-place add takes */

@@ -49,7 +49,7 @@ cw_status cw__lower_elementwise(cw__lower *L, int i) {
         t->u.prep.up = n->kind == CW__N_UP2 ? 2 : 1;
         t->flops = (double)cw__desc_numel(d) * 4.0;
         snprintf(t->name, sizeof t->name, "%s L%d", n->name, i);
-        CW_TRY(cw__dep_rows(L, id, x, 0, g->nodes[x].desc.dims[cw__hdim(&g->nodes[x].desc)]));
+        CW_TRY(cw__dep_rows(L, id, x, 0, cw__node_rows(g, x)));
         if (n->kind == CW__N_GN) CW_TRY(cw__dep(L, id, L->nd[i].gn_fin));
     }
     CW_TRY(cw__gn_begin(L, i, 1));

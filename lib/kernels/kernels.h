@@ -415,6 +415,13 @@ static inline CW_HD int64_t cw_prep_src(int64_t o, int64_t dst_off, int64_t pad,
     return cw_pad_src(o + dst_off, pad, n, CW_PAD_REPLICATE) / up - src_off;
 }
 
+/* The prep's source frame of dst frame z with replicate padding: z less the pad before D,
+ * clamped into the d_up = cw_up_frames(ds, ...) frames of the upsampled producer, then mapped
+ * to the producer's ds frames (cw_up_src_d). */
+static inline CW_HD int64_t cw_prep_src_d(int64_t z, int64_t pad, int64_t ds, int64_t up_d, int64_t off_d) {
+    return cw_up_src_d(cw_pad_src(z, pad, cw_up_frames(ds, up_d, off_d), CW_PAD_REPLICATE), up_d, off_d);
+}
+
 /* ---- moments (count, mean, M2) in double: Welford updates, Chan merges ---------- */
 
 typedef struct cw_moments {

@@ -160,7 +160,7 @@ static void prep_run_padded(const cw__prep_params *p, const ncdhw *s, const ncdh
     const cw_dtype sdt = p->src.d.dtype, ddt = p->dst.d.dtype;
     const size_t ses = cw_dtype_size(sdt), des = cw_dtype_size(ddt);
     const int64_t N = d->dim[0], C = d->dim[1], D = d->dim[2], H = d->dim[3], W = d->dim[4];
-    const int64_t up = p->up, Dup = cw_up_frames(s->dim[2], p->up_d, p->off_d), Wup = s->dim[4] * up;
+    const int64_t up = p->up, Wup = s->dim[4] * up;
     const int64_t pw = p->pad[2] < W ? p->pad[2] : W, wn = W - pw < Wup ? W - pw : Wup;
     const int norm = p->scale != NULL;
     const int mode = norm * 2 + (p->silu ? 1 : 0);
@@ -169,7 +169,7 @@ static void prep_run_padded(const cw__prep_params *p, const ncdhw *s, const ncdh
             const float sc = norm ? p->scale[n * C + c] : 1.0f;
             const float sh = norm ? p->shift[n * C + c] : 0.0f;
             for (int64_t z = 0; z < D; z++) {
-                const int64_t zs = cw_up_src_d(cw_pad_src(z, p->pad[0], Dup, CW_PAD_REPLICATE), p->up_d, p->off_d);
+                const int64_t zs = cw_prep_src_d(z, p->pad[0], s->dim[2], p->up_d, p->off_d);
                 const char *sp = elem_at(p->src.data, n * s->st[0] + c * s->st[1] + zs * s->st[2], ses);
                 char *dp = elem_at(p->dst.data, n * d->st[0] + c * d->st[1] + z * d->st[2], des);
                 for (int64_t r = 0; r < H; r++) {

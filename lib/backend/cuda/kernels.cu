@@ -320,9 +320,7 @@ __global__ void __launch_bounds__(kThreads)
             sh = shift[k];
         }
         if (up_h > 0) { /* replicate padding: clamped into the upsampled tensor */
-            if (dst.rank == 5)
-                c[2] = cw_up_src_d(cw_pad_src(c[2], pad_d, cw_up_frames(src.dims[2], up_d, off_d), CW_PAD_REPLICATE),
-                                   up_d, off_d);
+            if (dst.rank == 5) c[2] = cw_prep_src_d(c[2], pad_d, src.dims[2], up_d, off_d);
             c[rr] = cw_prep_src(c[rr], dst_row0, pad_h, up_h, up, src_row0);
             c[ww] = cw_prep_src(c[ww], 0, pad_w, src.dims[ww] * up, up, 0);
         } else {
