@@ -3,8 +3,9 @@
  * 1), constant pads in 4-D and 5-D; unscheduled and patched on 3 streams with chaos and
  * poison) in f32, f16 and bf16 graphs; an input padded wider than it is, exact; the
  * builder's argument checks; a replicate pad fused into the conv reading it (after GroupNorm,
- * SiLU and an upsample, HunyuanVideo's with the first frame apart among them); and the op's contract through cw__op_run (bits copied, the fill as
- * stored in each dtype, every mode and rank). */
+ * SiLU and an upsample, HunyuanVideo's with the first frame apart among them); and the op's
+ * contract through cw__op_run (bits copied, the fill as stored in each dtype, every mode and
+ * rank). */
 #include "graph_run.h"
 
 /* y = F.pad of x (rank 4 or 5, xd) by pre/post over (D, H, W) (4-D: H, W; pre[0] = post[0] =

@@ -39,8 +39,8 @@ typedef struct cw__conv_algo {
 } cw__conv_algo;
 
 /* Fused light stage ("prep"): dst = act(src * scale[n,c] + shift[n,c]) with nearest
- * upsampling by `up` in H and W (and up_d, off_d in D). dst rows are rows [dst_row0, dst_row0 + dst.H) of the
- * upsampled tensor; src's first row is row src_row0 of the producer, so
+ * upsampling by `up` in H and W (and up_d, off_d in D). dst rows are rows [dst_row0,
+ * dst_row0 + dst.H) of the upsampled tensor; src's first row is row src_row0 of the producer, so
  * dst[n,c,(d,)r,w] = f(src[n,c,(d,)(dst_row0 + r)/up - src_row0, w/up]).
  * With pad (replicate padding after the upsample, before D, H, W): dst is rows of the
  * padded tensor, and each index is first clamped into the upsampled tensor (cw_prep_src,
