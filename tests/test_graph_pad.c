@@ -171,8 +171,9 @@ static void test_fused_pad(cw_context *ctx, cw_rng *r, cw_dtype dt, int rank, co
         cw_plan_destroy(p);
     }
     const int64_t c1_bytes = n1 * (int64_t)cw_dtype_size(dt);
+    const char *ups = up == 2 ? " -> first frame | rest up (1|2, 2, 2) -> cat" : up ? " -> up2" : "";
     fprintf(stderr, "conv -> gn -> silu%s -> pad replicate (%d, %d, %d) / (%d, %d, %d) -> conv, %d-D, %s: activations "
-            "%" PRId64 " B fused, %" PRId64 " B not\n", up == 2 ? " -> first frame | rest up (1|2, 2, 2) -> cat" : up ? " -> up2" : "", (int)pre[0], (int)pre[1], (int)pre[2],
+            "%" PRId64 " B fused, %" PRId64 " B not\n", ups, (int)pre[0], (int)pre[1], (int)pre[2],
             (int)post[0], (int)post[1], (int)post[2], rank, cw__dtype_name(dt), act[1], act[0]);
     CHECK(act[1] < act[0] && act[1] <= 2 * c1_bytes);
     ASSERT_OK(cw_tensor_desc_make(&ydt, dt, rank, yd.dims));

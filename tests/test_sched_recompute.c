@@ -464,8 +464,9 @@ static void check_cross_block(void) {
     cw_memory_point pts[8];
     int n = 0;
     ASSERT_OK_CTX(c.ctx, cw_graph_memory_ladder(c.g, pts, &n, 8, &o));
-    CHECK(g_replicate || (n == 4 && pts[0].n_recomputed == 4 && pts[0].activations_bytes == act && pts[2].n_recomputed == 2 &&
-          pts[2].activations_bytes == 2 * act && pts[3].n_recomputed == 0 && pts[3].activations_bytes == 4 * act));
+    CHECK(g_replicate || (n == 4 && pts[0].n_recomputed == 4 && pts[0].activations_bytes == act &&
+                          pts[2].n_recomputed == 2 && pts[2].activations_bytes == 2 * act && pts[3].n_recomputed == 0 &&
+                          pts[3].activations_bytes == 4 * act));
     unbuild(&c);
     /* that point on 1-3 streams with chaos and poison: the tail's bytes are NaN from its free
      * on, and the next block's activations written there (a temp budget where 3 streams'

@@ -161,9 +161,10 @@ cw_status cw__op_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) 
                          "(both <= 1 and 0 for a 4-D dst)", p->up_d, p->off_d, CW_UPSAMPLE_MAX_FACTOR);
     if (sd->dims[0] != dd->dims[0] || sd->dims[1] != dd->dims[1] ||
         (r == 5 && cw_up_frames(sd->dims[2], p->up_d, p->off_d) != dd->dims[2] && !padded))
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: src %s and dst %s differ in N, C or D (upsampled by %" PRId64
-                         " less %" PRId64 ")", cw__dims_str(sd, b1, sizeof b1), cw__dims_str(dd, b2, sizeof b2),
-                         p->up_d > 1 ? p->up_d : 1, p->off_d);
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
+                         "prep: src %s and dst %s differ in N, C or D (upsampled by %" PRId64 " less %" PRId64 ")",
+                         cw__dims_str(sd, b1, sizeof b1), cw__dims_str(dd, b2, sizeof b2), p->up_d > 1 ? p->up_d : 1,
+                         p->off_d);
     for (int k = 0; k < 3; k++)
         if (p->pad[k] < 0 || p->pad[k] > CW_PAD_MAX || (k == 0 && r == 4 && p->pad[k]))
             return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: pad[%d] = %" PRId64 " must be in 0..%d (0 for D of 4-D)",
