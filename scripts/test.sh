@@ -50,14 +50,14 @@ for m in "${modes[@]}"; do
   cmake --build "$dir" -j"$jobs"
   if [ "$m" = release ]; then
     # The determinism contract holds on every CPU: run the Release tests as a user's plain
-    # ctest does (this machine's OpenBLAS kernels, default threading), then on the AVX2
-    # kernels every x86-64 development machine has (docs/determinism.md).
+    # ctest does (this machine's OpenBLAS and oneDNN kernels, default threading), then on the
+    # AVX2 kernels of both, which every x86-64 development machine has (docs/determinism.md).
     for core in native Haswell; do
       echo "=== $m tests, OpenBLAS core: $core"
       if [ "$core" = native ]; then
         ctest --test-dir "$dir" --output-on-failure -j"$jobs"
       else
-        OPENBLAS_CORETYPE=$core ctest --test-dir "$dir" --output-on-failure -j"$jobs"
+        OPENBLAS_CORETYPE=$core ONEDNN_MAX_CPU_ISA=AVX2 ctest --test-dir "$dir" --output-on-failure -j"$jobs"
       fi
       grep -m1 "^OpenBLAS core:" "$dir/Testing/Temporary/LastTest.log" || true
     done

@@ -26,6 +26,10 @@
 #ifndef CW_HAVE_DNNL
 
 int cw__cpu_dnnl_compiled(void) { return 0; }
+int cw__cpu_dnnl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    return 0;
+}
 int cw__cpu_dnnl_threads_seen(void) { return 0; }
 void cw__cpu_dnnl_stats(cw__dnnl_stats *s) { memset(s, 0, sizeof *s); }
 cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_info *info, int *listed) {
@@ -149,6 +153,15 @@ static int cache_n;
 static int64_t cache_bytes, idle_bytes; /* of the plans on the list; of those only it holds */
 
 int cw__cpu_dnnl_compiled(void) { return 1; }
+
+int cw__cpu_dnnl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    int old = omp_single();
+    note_threads();
+    dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    omp_restore(old);
+    return st == dnnl_success;
+}
 
 static void plan_destroy(cw__dnnl_plan *pl) {
     if (!pl) return;

@@ -7,7 +7,7 @@
  * The workspace holds U (the weights transformed, every call) and one block's V and M; T
  * is a function of the shape only. A team of threads runs the phases of each block with
  * barriers between them: input transform (split over channels), the 16 GEMMs (split over
- * ij, each one single-threaded OpenBLAS call of a fixed shape), output transform (split
+ * ij, each one single-threaded cw__cpu_gemm1 call of a fixed shape), output transform (split
  * over output channels, overlapping the next block's input transform). Every value is
  * computed by one thread in a fixed order, so the bits never depend on the thread count.
  * x and y are strided views in f32, f16 or bf16 (converted on the transforms' loads and
@@ -224,8 +224,8 @@ static void wino_gemms(const wino_run *r, int64_t nt, int i0, int i1) {
     const cw__cpu_geom *g = r->g;
     const blasint K = (blasint)g->k, C = (blasint)g->c, N = (blasint)nt;
     for (int ij = i0; ij < i1; ij++)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, K, N, C, 1.0f, r->u + ij * g->k * g->c, C,
-                    r->v + ij * g->c * nt, N, 0.0f, r->m + ij * g->k * nt, N);
+        cw__cpu_gemm1(0, 0, K, N, C, 1.0f, r->u + ij * g->k * g->c, C, r->v + ij * g->c * nt, N, 0.0f,
+                      r->m + ij * g->k * nt, N);
 }
 
 static int64_t share(int64_t n, int rank, int members) { return n * rank / members; }

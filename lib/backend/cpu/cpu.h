@@ -29,9 +29,15 @@ void cw__cpu_team_barrier(cw__cpu_team *t);
 void cw__cpu_blas_single(void);
 /* The block grid cw__cpu_sgemm cuts an m x n product into: a function of (m, n) only. */
 void cw__cpu_gemm_blocks(int64_t m, int64_t n, int64_t *mb, int64_t *nb);
-/* C = alpha op(A) op(B) + beta C as single-threaded OpenBLAS calls on the fixed blocks,
- * spread over `threads` threads: identical bits for every thread count. */
+/* C = alpha op(A) op(B) + beta C as single-threaded GEMM calls (cw__cpu_gemm1) on the fixed
+ * blocks, spread over `threads` threads: identical bits for every thread count. */
 void cw__cpu_sgemm(const cw__gemm_params *p, int threads);
+/* One row-major f32 GEMM on the calling thread alone: oneDNN's sgemm where convweave is built
+ * with oneDNN, else OpenBLAS's. oneDNN's JIT kernels follow the CPU's instruction set; Debian's
+ * OpenBLAS 0.3.21 runs AMD Zen 4's AVX-512 with its Haswell (AVX2) kernels, half the rate
+ * (bench/RESULTS.md, "One GEMM"). Bits depend on the CPU and the shape, never on threads. */
+void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* cvt_cpu.c: f32 <-> storage dtype rows, bit-exact with core/half.h (F16C where the CPU
  * has it). Element i of a strided row is at i * stride elements. */
@@ -106,7 +112,7 @@ int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo);
 /* conv_winograd.c: Winograd F(2x2,3x3) for 3x3, stride 1, dilation 1, ungrouped convs (3-D
  * with a kernel depth of 1), any paddings and strided views, f32/f16/bf16 storage with f32
  * arithmetic. The output's tiles are cut into blocks of a size fixed by the shape; each
- * block's 16 products are single-threaded OpenBLAS calls, so the bits never depend on the
+ * block's 16 products are single-threaded cw__cpu_gemm1 calls, so the bits never depend on the
  * thread count. */
 int cw__cpu_wino_supported(const cw__cpu_geom *g);
 /* Tiles per block (a function of the shape only) and the workspace bytes the run uses:
@@ -132,6 +138,10 @@ typedef struct cw__dnnl_info {
 } cw__dnnl_info;
 /* 1 when built with oneDNN. */
 int cw__cpu_dnnl_compiled(void);
+/* cw__cpu_gemm1 through oneDNN's dnnl_sgemm, single-threaded: 1 when it ran, 0 when built
+ * without oneDNN or oneDNN refused (the caller then runs OpenBLAS). */
+int cw__cpu_dnnl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 /* The largest OpenMP max-threads value in effect on a thread when it created or ran a
  * oneDNN primitive (0 before any): 1 when every oneDNN call was single-threaded. */
 int cw__cpu_dnnl_threads_seen(void);

@@ -1,13 +1,14 @@
 /* The cpu backend's own parallelism: a parallel-for over index ranges, thread teams, and
  * the split GEMM (cw__cpu_sgemm) that im2col convs, attention and the gemm op call
- * (Winograd makes its own single-threaded cblas_sgemm calls per block, oneDNN runs its own
- * kernels). convweave owns the split of a GEMM: C is cut into blocks whose boundaries
- * depend only on (m, n) and each block is one single-threaded OpenBLAS call,
- * so the bits of C never depend on the thread count, on how many streams run, or on
- * timing. OpenBLAS's own threading is switched off (process-wide: 0.3.21 has no
- * per-thread count) because the way it splits a GEMM follows its thread count and, on
- * some CPUs (AVX2 kernels), the bits follow the split. docs/determinism.md has the
- * contract. */
+ * (Winograd makes its own single-threaded cw__cpu_gemm1 calls per block, oneDNN convs run
+ * their own kernels). convweave owns the split of a GEMM: C is cut into blocks whose
+ * boundaries depend only on (m, n) and each block is one single-threaded GEMM call
+ * (cw__cpu_gemm1: oneDNN's sgemm where built with it, else OpenBLAS's), so the bits of C
+ * never depend on the thread count, on how many streams run, or on timing. OpenBLAS's own
+ * threading is switched off (process-wide: 0.3.21 has no per-thread count) because the way
+ * it splits a GEMM follows its thread count and, on some CPUs (AVX2 kernels), the bits
+ * follow the split; oneDNN's runs with the calling thread's OpenMP count set to 1.
+ * docs/determinism.md has the contract. */
 #include <cblas.h>
 #include <pthread.h>
 
@@ -164,10 +165,17 @@ static void gemm_block_range(void *arg, int64_t lo, int64_t hi) {
         /* row-major: op(A) rows i0.. are A's rows (no trans) or columns (trans) */
         const float *a = p->a + (p->trans_a ? i0 : i0 * p->lda);
         const float *bm = p->b + (p->trans_b ? j0 * p->ldb : j0);
-        cblas_sgemm(CblasRowMajor, p->trans_a ? CblasTrans : CblasNoTrans, p->trans_b ? CblasTrans : CblasNoTrans,
-                    (blasint)mi, (blasint)nj, (blasint)p->k, p->alpha, a, (blasint)p->lda, bm, (blasint)p->ldb,
-                    p->beta, p->c + i0 * p->ldc + j0, (blasint)p->ldc);
+        cw__cpu_gemm1(p->trans_a, p->trans_b, mi, nj, p->k, p->alpha, a, p->lda, bm, p->ldb, p->beta,
+                      p->c + i0 * p->ldc + j0, p->ldc);
     }
+}
+
+void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (cw__cpu_dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
+    cw__cpu_blas_single();
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
+                (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
 void cw__cpu_sgemm(const cw__gemm_params *p, int threads) {
