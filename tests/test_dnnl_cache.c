@@ -11,7 +11,10 @@
  *    and the released plan runs again to the same bits without making a primitive; once
  *    it is destroyed, empty_cache drops its plans too.
  * 4. The cache keeps at most DN_CACHE_BYTES (64 MiB, as it charges them) of plans nothing
- *    else holds, and destroying the last context empties it. */
+ *    else holds, and destroying the last context empties it.
+ * 5. A problem is costed once: compiling the same graph again (as the memory ladder does for
+ *    every step) makes no descriptor and gives the same plan; cw_context_empty_cache drops
+ *    the kept costings, and the next compile costs afresh, to the same plan. */
 #include "backend/cpu/cpu.h"
 #include "conv_algo_run.h"
 
@@ -222,6 +225,43 @@ static void test_cache_bound(void) {
     ASSERT_EQ_I(e.live_plans, 0);
 }
 
+/* Part 5: costings are kept per problem, dropped by cw_context_empty_cache. */
+static void test_costs_kept(void) {
+    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
+    cfg.backend = CW_BACKEND_CPU;
+    cfg.threads = 1;
+    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    const conv_graph_spec gs = {2, 3, 0.2f};
+    const int64_t xd[4] = {1, 32, 80, 64};
+    cw_tensor_desc d;
+    cw_graph *g = make_graph(&gs, xd, &d);
+    cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+    o.temp_budget = 1 << 20;
+    char *text[3] = {0};
+    int64_t made[3], kept[3];
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) ASSERT_OK(cw_context_empty_cache(ctx));
+        const cw__dnnl_stats s0 = stats_now();
+        if (i == 2) CHECK(s0.cost_entries == 0);
+        cw_plan *p;
+        ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
+        const cw__dnnl_stats s1 = stats_now();
+        made[i] = s1.pds - s0.pds, kept[i] = s1.cost_entries;
+        ASSERT_OK(cw_plan_describe(p, &text[i], 0));
+        cw_plan_destroy(p);
+    }
+    fprintf(stderr, "costs kept: descriptors made %lld, %lld, after empty_cache %lld; %lld problems kept\n",
+            (long long)made[0], (long long)made[1], (long long)made[2], (long long)kept[0]);
+    CHECK(made[0] > 0 && kept[0] > 0 && kept[0] <= 2048);
+    CHECK(made[1] == 0 && kept[1] == kept[0]);
+    CHECK(made[2] > 0);
+    CHECK(strcmp(text[0], text[1]) == 0 && strcmp(text[0], text[2]) == 0);
+    for (int i = 0; i < 3; i++) cw_free(text[i]);
+    cw_graph_destroy(g);
+    free_consts();
+    cw_context_destroy(ctx);
+}
+
 int main(void) {
     if (!cw__cpu_dnnl_compiled()) {
         fprintf(stderr, "built without oneDNN (CONVWEAVE_DNNL=OFF): skipped\n");
@@ -233,5 +273,6 @@ int main(void) {
     test_run_makes_none();
     test_plan_holds();
     test_cache_bound();
+    test_costs_kept();
     TEST_DONE();
 }

@@ -227,10 +227,13 @@ void cw__cpu_dnnl_release(cw__dnnl_plan *pl) {
     if (last) plan_destroy(pl);
 }
 
+static void cost_drop(void);
+
 void cw__cpu_dnnl_trim(void) {
     pthread_mutex_lock(&cache_mu);
     cw__dnnl_plan *dead = cache_evict_idle(0);
     pthread_mutex_unlock(&cache_mu);
+    cost_drop();
     destroy_chain(dead);
     /* oneDNN keeps every primitive it made in its own cache (1024 by default): empty it */
     int cap = 0;
@@ -659,13 +662,73 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
     return CW_OK;
 }
 
+/* ---- costs: what a descriptor-only plan says, per problem key --------------------------- */
+/* The memory ladder builds a plan per recompute step and the budget search several per step,
+ * each costing every patch again: for the SD decoder at 512^2, 102 plans of ~150 patches, a
+ * few hundred distinct problems. Each costing makes oneDNN primitive descriptors (~0.25 ms);
+ * uncached they took 3.5 s of a 13.5 s first decode. At most DN_COST_CAP entries (~460 B
+ * each) are kept: the whole table goes when it is full, and with cw__cpu_dnnl_trim. */
+#define DN_COST_CAP 2048
+#define DN_COST_BUCKETS 512
+typedef struct dn_cost {
+    struct dn_cost *next;
+    uint64_t hash;
+    int64_t key[DN_KEY_LEN];
+    cw__dnnl_info info;
+    int listed;
+} dn_cost;
+static pthread_mutex_t cost_mu = PTHREAD_MUTEX_INITIALIZER;
+static dn_cost *cost_bucket[DN_COST_BUCKETS];
+static int cost_n;
+
+static dn_cost *cost_find(const int64_t *key, uint64_t h) { /* under cost_mu */
+    for (dn_cost *c = cost_bucket[h % DN_COST_BUCKETS]; c; c = c->next)
+        if (c->hash == h && memcmp(c->key, key, sizeof c->key) == 0) return c;
+    return NULL;
+}
+
+static void cost_clear(void) { /* under cost_mu */
+    for (int b = 0; b < DN_COST_BUCKETS; b++)
+        for (dn_cost *c = cost_bucket[b], *nx; c; c = nx) nx = c->next, cw__free(c);
+    memset(cost_bucket, 0, sizeof cost_bucket);
+    cost_n = 0;
+}
+
+static void cost_drop(void) {
+    pthread_mutex_lock(&cost_mu);
+    cost_clear();
+    pthread_mutex_unlock(&cost_mu);
+}
+
 cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_info *info, int *listed) {
+    int64_t key[DN_KEY_LEN];
+    make_key(p, key);
+    const uint64_t h = key_hash(key);
+    pthread_mutex_lock(&cost_mu);
+    const dn_cost *hit = cost_find(key, h);
+    if (hit) *info = hit->info, *listed = hit->listed;
+    pthread_mutex_unlock(&cost_mu);
+    if (hit) return CW_OK;
     cw__dnnl_plan *pl;
     memset(info, 0, sizeof *info);
     *listed = 0;
     CW_TRY(plan_make(ctx, p, 0, &pl));
     *listed = cw__cpu_dnnl_info(pl, info);
     plan_destroy(pl);
+    dn_cost *c = cw__malloc(sizeof *c); /* none: the next costing makes it again */
+    if (!c) return CW_OK;
+    c->hash = h, c->info = *info, c->listed = *listed;
+    memcpy(c->key, key, sizeof key);
+    pthread_mutex_lock(&cost_mu);
+    if (cost_find(key, h)) { /* a racing costing of the same problem got there first */
+        cw__free(c);
+    } else {
+        if (cost_n >= DN_COST_CAP) cost_clear();
+        c->next = cost_bucket[h % DN_COST_BUCKETS];
+        cost_bucket[h % DN_COST_BUCKETS] = c;
+        cost_n++;
+    }
+    pthread_mutex_unlock(&cost_mu);
     return CW_OK;
 }
 
@@ -680,6 +743,9 @@ void cw__cpu_dnnl_stats(cw__dnnl_stats *s) {
     s->cache_bytes = cache_bytes;
     s->idle_bytes = idle_bytes;
     pthread_mutex_unlock(&cache_mu);
+    pthread_mutex_lock(&cost_mu);
+    s->cost_entries = cost_n;
+    pthread_mutex_unlock(&cost_mu);
 }
 
 int cw__cpu_dnnl_info(const cw__dnnl_plan *pl, cw__dnnl_info *info) {

@@ -152,10 +152,11 @@ cw_status cw__cpu_dnnl_cost(cw_context *ctx, const cw__conv_problem *p, cw__dnnl
 /* What oneDNN has made in this process (tests): primitive descriptors (costing and
  * building), primitives, plans built with their primitives; built plans alive now, plans
  * in the cache, the bytes it charges for them and for those only it holds (at most
- * DN_CACHE_BYTES, 64 MiB). */
+ * DN_CACHE_BYTES, 64 MiB); problems whose costing is kept (cw__cpu_dnnl_cost). */
 typedef struct cw__dnnl_stats {
     int64_t pds, primitives, plans_built;
     int64_t live_plans, cache_plans, cache_bytes, idle_bytes;
+    int64_t cost_entries;
 } cw__dnnl_stats;
 void cw__cpu_dnnl_stats(cw__dnnl_stats *s);
 /* The plan for p, held until cw__cpu_dnnl_release. Fails on host OOM or an unexpected
@@ -165,8 +166,9 @@ void cw__cpu_dnnl_release(cw__dnnl_plan *pl);
 /* Takes another hold on pl (released by cw__cpu_dnnl_release) and returns 1 when pl was
  * made for p's problem (same key); else 0 and nothing is held. */
 int cw__cpu_dnnl_hold(cw__dnnl_plan *pl, const cw__conv_problem *p);
-/* Drops the plans only the cache holds, empties oneDNN's primitive cache and gives freed
- * heap back to the OS (glibc: malloc_trim). Plans held elsewhere stay. */
+/* Drops the plans only the cache holds and the kept costings, empties oneDNN's primitive
+ * cache and gives freed heap back to the OS (glibc: malloc_trim). Plans held elsewhere
+ * stay. */
 void cw__cpu_dnnl_trim(void);
 /* Fills info; returns 1 when the plan is worth listing (a oneDNN kernel, not its
  * reference code, runs the bulk of the patch). */
