@@ -172,7 +172,16 @@ static void gemm_block_range(void *arg, int64_t lo, int64_t hi) {
 
 void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    if (cw__cpu_dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
+    /* oneDNN packs a B of 2^18 floats (1 MiB) or more, and a transposed A of 4 MiB, into
+     * buffers it allocates per call (SD decoder: attention's products at 4096 tokens), and
+     * glibc keeps such freed buffers resident in each thread's arena: 12.5 MiB more working
+     * memory than OpenBLAS, 6 MiB with these to OpenBLAS (which packs into its fixed
+     * per-thread buffers). Winograd's products (A up to 512 x 512, B up to 512 x 128) and the
+     * convs' blocks stay with oneDNN. A choice by shape alone. */
+    const int64_t most = (int64_t)1 << 18; /* floats */
+    if (m * k <= most && k * n < most &&
+        cw__cpu_dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+        return;
     cw__cpu_blas_single();
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
                 (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
