@@ -24,12 +24,17 @@ static cw__dnnl_stats stats_now(void) {
     return s;
 }
 
-/* Part 1: a 2-stream compile under a tight budget builds at most one plan per patch. */
-static void test_compile_builds_only_kept(void) {
+/* The tests' context: cpu, one thread. */
+static void open_cpu1(void) {
     cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
     cfg.backend = CW_BACKEND_CPU;
     cfg.threads = 1;
     ASSERT_OK(cw_context_create(&ctx, &cfg));
+}
+
+/* Part 1: a 2-stream compile under a tight budget builds at most one plan per patch. */
+static void test_compile_builds_only_kept(void) {
+    open_cpu1();
     const conv_graph_spec gs = {2, 3, 0.2f};
     const int64_t xd[4] = {1, 32, 96, 80};
     cw_tensor_desc d;
@@ -78,10 +83,7 @@ static cw_graph *prep_graph(const int64_t *xd, cw_tensor_desc *d) {
 
 /* Part 2: compile, then run twice: neither run makes a primitive. */
 static void test_run_makes_none(void) {
-    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
-    cfg.backend = CW_BACKEND_CPU;
-    cfg.threads = 1;
-    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    open_cpu1();
     const int64_t xd[4] = {1, 32, 48, 40};
     cw_tensor_desc d, dy;
     cw_graph *g = prep_graph(xd, &d);
@@ -119,10 +121,7 @@ static void test_run_makes_none(void) {
 
 /* Part 3: a plan's holds across cw_context_empty_cache. */
 static void test_plan_holds(void) {
-    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
-    cfg.backend = CW_BACKEND_CPU;
-    cfg.threads = 1;
-    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    open_cpu1();
     const int64_t xd[4] = {1, 32, 40, 48};
     cw_tensor_desc d;
     cw_graph *g = prep_graph(xd, &d);
@@ -227,10 +226,7 @@ static void test_cache_bound(void) {
 
 /* Part 5: costings are kept per problem, dropped by cw_context_empty_cache. */
 static void test_costs_kept(void) {
-    cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
-    cfg.backend = CW_BACKEND_CPU;
-    cfg.threads = 1;
-    ASSERT_OK(cw_context_create(&ctx, &cfg));
+    open_cpu1();
     const conv_graph_spec gs = {2, 3, 0.2f};
     const int64_t xd[4] = {1, 32, 80, 64};
     cw_tensor_desc d;
