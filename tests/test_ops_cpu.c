@@ -454,11 +454,11 @@ static void add_case(cw__backend *be, cw__stream *st, int iter) {
 
 /* ---- gemm ----------------------------------------------------------------------------- */
 
-static void gemm_case(cw__backend *be, cw__stream *st, int iter, int ta, int tb, int64_t maxdim, int threads) {
-    /* the big cases reach several column blocks (N > 1024) with a short K for the reference */
-    int wide = maxdim >= 300 && iter % 10 == 0;
-    int64_t M = cw_rng_range(&rng, 1, maxdim), N = cw_rng_range(&rng, 1, wide ? 6 * maxdim : maxdim),
-            K = cw_rng_range(&rng, 1, wide ? 64 : maxdim);
+/* C = alpha op(A) op(B) + beta C of these sizes (random operands, leading dimensions and
+ * alpha/beta) against a double loop; on the host (be NULL) with threads threads and, where
+ * split_check, 2 and 3 threads for the bits of 1. */
+static void gemm_check(cw__backend *be, cw__stream *st, int iter, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                       int threads, int split_check) {
     int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
     int64_t lda = ac + cw_rng_range(&rng, 1, 5), ldb = bc + cw_rng_range(&rng, 1, 5), ldc = N + cw_rng_range(&rng, 1, 5);
     float *A = malloc((size_t)(ar * lda) * sizeof(float)), *B = malloc((size_t)(br * ldb) * sizeof(float));
@@ -506,7 +506,7 @@ static void gemm_case(cw__backend *be, cw__stream *st, int iter, int ta, int tb,
                 (long long)ldc, (double)beta, (long long)bad);
         cw_test_failures++;
     }
-    if (!be && threads == 1 && maxdim >= 64) {
+    if (!be && threads == 1 && split_check) {
         /* convweave owns the split (cw__cpu_gemm_blocks): 2 and 3 threads give the bits of 1 */
         float *C2 = malloc((size_t)(M * ldc) * sizeof(float));
         for (int t = 2; t <= 3; t++) {
@@ -521,6 +521,28 @@ static void gemm_case(cw__backend *be, cw__stream *st, int iter, int ta, int tb,
         free(C2);
     }
     free(A), free(B), free(Cm), free(C0);
+}
+
+static void gemm_case(cw__backend *be, cw__stream *st, int iter, int ta, int tb, int64_t maxdim, int threads) {
+    /* the big cases reach several column blocks (N > 1024) with a short K for the reference */
+    int wide = maxdim >= 300 && iter % 10 == 0;
+    int64_t M = cw_rng_range(&rng, 1, maxdim), N = cw_rng_range(&rng, 1, wide ? 6 * maxdim : maxdim),
+            K = cw_rng_range(&rng, 1, wide ? 64 : maxdim);
+    gemm_check(be, st, iter, ta, tb, M, N, K, threads, maxdim >= 64);
+}
+
+/* Each side of cw__cpu_gemm1's choice (oneDNN's sgemm for A of at most 2^18 floats and B of
+ * fewer, where built with oneDNN; else OpenBLAS): one column block (N <= 512) per call. */
+static void test_gemm1_sides(void) {
+    static const int64_t mnk[][3] = {
+        {64, 511, 512}, /* B 2^18 - 512 floats: oneDNN */
+        {64, 512, 512}, /* B 2^18: OpenBLAS */
+        {513, 64, 511}, /* A 2^18 - 1: oneDNN */
+        {514, 64, 511}, /* A 2^18 + 510: OpenBLAS */
+    };
+    for (int c = 0; c < 4; c++)
+        for (int t = 0; t < 4; t++) gemm_check(NULL, NULL, 1000 + 4 * c + t, t & 1, t >> 1, mnk[c][0], mnk[c][1],
+                                               mnk[c][2], 1, 1);
 }
 
 /* Concurrent gemm calls with different thread counts from host threads, and from two
@@ -1127,6 +1149,7 @@ int main(void) {
             gemm_case(NULL, NULL, i, t & 1, t >> 1, 40, 1);
             if (i % 5 == 0) gemm_case(NULL, NULL, i, t & 1, t >> 1, 300, 1);
         }
+    test_gemm1_sides();
 
     int n_soft = quick ? 40 : 300;
     for (int i = 0; i < n_soft; i++) softmax_case(NULL, NULL, i);

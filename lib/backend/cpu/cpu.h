@@ -34,9 +34,11 @@ void cw__cpu_gemm_blocks(int64_t m, int64_t n, int64_t *mb, int64_t *nb);
 void cw__cpu_sgemm(const cw__gemm_params *p, int threads);
 /* One row-major f32 GEMM on the calling thread alone: oneDNN's sgemm where convweave is built
  * with oneDNN and A has at most 2^18 floats and B fewer, else OpenBLAS's (a choice by shape
- * alone: oneDNN allocates a copy of larger operands per call, par_cpu.c). oneDNN's JIT kernels follow the CPU's instruction set; Debian's
- * OpenBLAS 0.3.21 runs AMD Zen 4's AVX-512 with its Haswell (AVX2) kernels, half the rate
- * (bench/RESULTS.md, "One GEMM"). Bits depend on the CPU and the shape, never on threads. */
+ * alone: oneDNN allocates a copy of larger operands per call, par_cpu.c). oneDNN's JIT
+ * kernels follow the CPU's instruction set whatever OPENBLAS_CORETYPE says. On an AVX-512 host
+ * (bench/RESULTS.md, "One GEMM") they ran 1.0-1.2x OpenBLAS's own AVX-512 kernels and
+ * 1.6-2.1x the AVX2 ones OPENBLAS_CORETYPE=Haswell forces; on AVX2 the two are even. Bits
+ * depend on the CPU and the shape, never on threads. */
 void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
