@@ -158,7 +158,8 @@ int cw__cpu_dnnl_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     int old = omp_single();
     note_threads();
-    dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    dnnl_status_t st =
+        dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     omp_restore(old);
     return st == dnnl_success;
 }
