@@ -478,7 +478,16 @@ static int cw__dims_equal(const cw_tensor_desc *a, const cw_tensor_desc *b) {
     return 1;
 }
 
-/* The tensors given to cw_plan_run: counts, shapes, no output overlapping another tensor. */
+/* Whether a and b are one view: same data, dims and strides. */
+static int cw__same_view(const cw_tensor *a, const cw_tensor *b) {
+    if (a->data != b->data || !cw__dims_equal(&a->desc, &b->desc)) return 0;
+    for (int d = 0; d < a->desc.rank; d++)
+        if (a->desc.strides[d] != b->desc.strides[d]) return 0;
+    return 1;
+}
+
+/* The tensors given to cw_plan_run: counts, shapes, no output overlapping another tensor
+ * (but the input donated to it, as the same view). */
 static cw_status cw__check_bindings(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs,
                                     int n_outputs) {
     cw_context *ctx = p->ctx;
@@ -498,9 +507,13 @@ static cw_status cw__check_bindings(cw_plan *p, cw_tensor *const *inputs, int n_
                              i, p->out[i].name, outputs[i] ? cw__dtype_name(outputs[i]->desc.dtype) : "",
                              outputs[i] ? cw__dims_str(&outputs[i]->desc, b1, sizeof b1) : "NULL",
                              cw__dtype_name(p->out[i].d.dtype), cw__dims_str(&p->out[i].d, b2, sizeof b2));
-        for (int j = 0; j < n_inputs; j++)
-            if (cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &inputs[j]->desc, inputs[j]->data))
-                return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps inputs[%d]", i, j);
+        for (int j = 0; j < n_inputs; j++) {
+            if (!cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &inputs[j]->desc, inputs[j]->data)) continue;
+            if (p->out[i].donor == j && cw__same_view(outputs[i], inputs[j])) continue; /* donated (cw_graph_donate) */
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps inputs[%d]%s", i, j,
+                             p->out[i].donor == j ? " (donated to it, but not the same view: same data, dims and strides)"
+                                                  : "");
+        }
         for (int j = 0; j < i; j++)
             if (cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &outputs[j]->desc, outputs[j]->data))
                 return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps outputs[%d]", i, j);

@@ -404,6 +404,35 @@ cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name) {
     return CW_OK;
 }
 
+cw_status cw_graph_donate(cw_graph *g, int input, int output) {
+    static const char fn[] = "cw_graph_donate";
+    if (!g) return CW_ERR_INVALID_ARG;
+    if (input < 0 || input >= g->n_inputs)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input = %d, the graph has %d inputs", fn, input, g->n_inputs);
+    if (output < 0 || output >= g->n_outputs)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: output = %d, the graph has %d outputs", fn, output,
+                         g->n_outputs);
+    cw__node *o = &g->nodes[g->outputs[output]], *in = NULL;
+    for (int i = 0; i < g->n && !in; i++)
+        if (g->nodes[i].kind == CW__N_INPUT && g->nodes[i].index == input) in = &g->nodes[i];
+    if (!in) return cw__error(g->ctx, CW_ERR_INTERNAL, "%s: input %d has no node", fn, input);
+    if (o->donor) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: output %d already has input %d donated", fn, output,
+                                   o->donor - 1);
+    for (int k = 0; k < g->n_outputs; k++)
+        if (g->nodes[g->outputs[k]].donor == input + 1)
+            return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input %d is already donated to output %d", fn, input, k);
+    int same = in->desc.rank == o->desc.rank && in->desc.dtype == o->desc.dtype;
+    for (int d = 0; same && d < o->desc.rank; d++) same = in->desc.dims[d] == o->desc.dims[d];
+    if (!same) {
+        char a[96], b[96];
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input %d is %s %s, output %d is %s %s: a donation needs one shape "
+                         "and dtype", fn, input, cw__dtype_name(in->desc.dtype), cw__dims_str(&in->desc, a, sizeof a),
+                         output, cw__dtype_name(o->desc.dtype), cw__dims_str(&o->desc, b, sizeof b));
+    }
+    o->donor = input + 1;
+    return CW_OK;
+}
+
 cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node) {
     if (!g || !out) return CW_ERR_INVALID_ARG;
     const cw__node *n = cw__graph_node(g, node);

@@ -30,6 +30,7 @@ typedef struct cw__node {
     const cw_tensor *t;  /* constants */
     int index;           /* input / output position */
     int is_output;
+    int donor;           /* output: 1 + the input donated to it (cw_graph_donate), 0 none */
     int n_uses;
 } cw__node;
 
@@ -172,6 +173,7 @@ typedef struct cw__action {
 typedef struct cw__port {
     cw_tensor_desc d;
     char name[64];
+    int donor;           /* output: the input whose tensor it may share (cw_graph_donate), -1 */
 } cw__port;
 
 /* Describes one conv's patching for cw_plan_describe. */

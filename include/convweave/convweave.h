@@ -401,6 +401,16 @@ CW_API cw_status cw_graph_attention_blocks(cw_graph *g, cw_node *out, cw_node q,
 /* Marks a node as the plan's next output (at most 4096): outputs are numbered from 0 in call order, and
  * cw_plan_run takes them in that order. name (may be NULL) names it in error messages. */
 CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
+/* Donates input `input` (cw_graph_input order) to output `output` (cw_graph_output order):
+ * cw_plan_run may then be given the input's tensor as that output too, and the plan writes the
+ * output only after every read of the input, so the caller holds one tensor where it would
+ * hold two (a streamed video VAE's caches: the new cache in the old one's storage). The
+ * input's contents are lost once the run starts writing. A plan honours the donation where
+ * it can order it: the output is read by nothing in the plan and is not computed from the
+ * input itself (cw_plan_get_donor says whether it did; where not, the output needs a tensor
+ * of its own, as without this call). Returns CW_ERR_INVALID_ARG, naming the argument, for an
+ * index out of range, an input or output already donated, or shapes or dtypes that differ. */
+CW_API cw_status cw_graph_donate(cw_graph *g, int input, int output);
 /* Descriptor of a node's result (dims are known at build time). */
 CW_API cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);
 
@@ -693,9 +703,11 @@ CW_API void cw_plan_destroy(cw_plan *p);
  * CW_ERR_INVALID_ARG for a NULL plan. */
 CW_API cw_status cw_plan_release(cw_plan *p);
 /* Runs the plan: inputs in cw_graph_input order, outputs in cw_graph_output order, each
- * shaped as declared (outputs may be strided views). Enqueues everything on the context's
- * streams and waits once at the end; no host synchronisation in between (after
- * cw_plan_release, the run first takes its arenas again). */
+ * shaped as declared (outputs may be strided views). No output may overlap an input or
+ * another output, except that an output may be the very tensor of the input donated to it
+ * (cw_plan_get_donor). Enqueues everything on the context's streams and waits once at the
+ * end; no host synchronisation in between (after cw_plan_release, the run first takes its
+ * arenas again). */
 CW_API cw_status cw_plan_run(cw_plan *p, cw_tensor *const *inputs, int n_inputs, cw_tensor *const *outputs,
                              int n_outputs);
 
@@ -739,6 +751,10 @@ CW_API cw_status cw_plan_set_progress(cw_plan *p, cw_progress_fn fn, void *user)
  * The whole extent without a communicator and on the gather rank; else the rank's band
  * (empty where the rank writes none: r0 == r1). CW_ERR_INVALID_ARG for a bad index. */
 CW_API cw_status cw_plan_get_band(const cw_plan *p, int output, int *axis, int64_t *r0, int64_t *r1);
+/* *input = the input whose tensor output `output` may share in cw_plan_run (a donation the
+ * plan honours, cw_graph_donate), or -1. Returns CW_ERR_INVALID_ARG for a NULL argument or an
+ * output out of range. */
+CW_API cw_status cw_plan_get_donor(const cw_plan *p, int output, int *input);
 /* Describes the plan: its dtype, per conv its patches (output rows, input rows, pre/post
  * padding), algorithm, workspace and prep/band buffer bytes per patch, predicted peak temp,
  * activation arena, halo overhead. Returns a NUL-terminated string the caller frees with

@@ -105,3 +105,80 @@ def test_out_and_callback():
             dec(z, out=torch.empty(1, 3, 5, 8, 8))
         with pytest.raises(convweave.Error, match="the chunks made 5 frames, out has 8"):
             dec(z, out=torch.empty(1, 3, 8, 16, 16))
+
+
+class _CausalStep(torch.nn.Module):
+    """A causal conv step as diffusers' Wan writes it: the new cache (the last 2 frames of h)
+    taken before the conv that reads the old one, a conv of the old cache too."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.a = torch.nn.Conv3d(3, 4, 3, padding=1)
+        self.b = torch.nn.Conv3d(4, 4, 3, padding=(0, 1, 1))
+        self.c = torch.nn.Conv3d(4, 4, 3, padding=1)
+
+    def forward(self, x, cache):
+        h = self.a(x)
+        new = h[:, :, -2:].clone()
+        return self.b(torch.cat([cache, h], 2)) + self.c(cache).sum(2, keepdim=True), new
+
+
+def test_donated_cache():
+    """wrap(donate=): the new cache is written into the old cache's tensor, which the call
+    returns; the same bits as without donating, exact against float64; a tensor passed twice
+    is not used; the bad argument named."""
+    import convweave.torch as cwt
+    step = _CausalStep().eval()
+    x, cache = torch.randn(1, 3, 4, 6, 5), torch.randn(1, 4, 2, 6, 5)
+    plain = cwt.wrap(step, (x, cache), streams=3)
+    given = cwt.wrap(step, (x, cache), streams=3, donate=(1,))
+    d = given.describe()["donated"]
+    assert len(d) == 1 and d[0]["output"] == 1 and d[0]["bytes"] == cache.numel() * 4, d
+    assert plain.describe()["donated"] == []
+    with torch.no_grad():
+        y0, n0 = plain(x, cache)
+        mine = cache.clone()
+        y1, n1 = given(x, mine)
+        y64, n64 = copy.deepcopy(step).double()(x.double(), cache.double())
+    assert n1.data_ptr() == mine.data_ptr()  # the new cache lives in the donated tensor
+    assert torch.equal(y0, y1) and torch.equal(n0, n1)
+    assert max_err(y1, y64) <= 64 * EPS[torch.float32] * max(1.0, y64.abs().max().item())
+    assert max_err(n1, n64) <= 64 * EPS[torch.float32] * max(1.0, n64.abs().max().item())
+    with torch.no_grad():  # passed as x's storage too: not donated, nothing overwritten
+        both = torch.randn(1, 4, 2, 6, 5)
+        w = cwt.wrap(lambda_module(), (both, both), donate=(1,))
+        keep = both.clone()
+        r = w(both, both)
+    assert torch.equal(both, keep) and r[1].data_ptr() != both.data_ptr()
+    with pytest.raises(convweave.Error, match=r"donate='x': expected positions of forward's positional arguments"):
+        cwt.wrap(step, (x, cache), donate="x")
+
+
+def lambda_module():
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv3d(4, 4, 3, padding=1)
+
+        def forward(self, a, b):
+            return self.c(a), self.c(b) * 2
+
+    return Two().eval()
+
+
+def test_stream_donates_and_keeps_first():
+    """The Wan step donates its old caches once their shapes repeat (every chunk after the
+    second), and a first cache the caller gives is not overwritten."""
+    vae = _wan()
+    dec = cv.wan_decoder(vae)
+    with torch.no_grad():
+        dec(torch.randn(1, 4, 4, 8, 8))
+    w = dec.stream.wrapped
+    donated = [len(p.describe()["donated"]) for p in w._programs.values()]
+    assert donated[0] == 0 and donated[-1] > 0, donated
+    s = cv.Stream(_CausalStep().eval(), lambda m, x, c: m(x, c), torch.randn(1, 4, 2, 6, 5))
+    first = s.first.clone()
+    with torch.no_grad():
+        s([torch.randn(1, 3, 4, 6, 5), torch.randn(1, 3, 4, 6, 5)])
+    assert torch.equal(s.first, first)

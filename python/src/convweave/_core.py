@@ -510,6 +510,11 @@ class Graph:
     def output(self, node, name):
         self.ctx.call(lib.cw_graph_output, self.handle, node, name.encode())
 
+    def donate(self, input, output):
+        """cw_graph_donate: input `input`'s tensor may be passed as output `output` too (graph
+        order); the compiled plan says whether it honours that (Plan.donor)."""
+        self.ctx.call(lib.cw_graph_donate, self.handle, int(input), int(output))
+
     def shape(self, node):
         d = C.cw_tensor_desc()
         self.ctx.call(lib.cw_graph_get_node_desc, self.handle, ctypes.byref(d), node)
@@ -690,6 +695,13 @@ class Plan:
         self.ctx.call(lib.cw_plan_get_band, self._h(), int(output), ctypes.byref(axis), ctypes.byref(r0),
                       ctypes.byref(r1))
         return axis.value, r0.value, r1.value
+
+    def donor(self, output):
+        """cw_plan_get_donor: the input whose tensor output `output` may share in run()
+        (a donation the plan honours, Graph.donate), or None."""
+        i = ctypes.c_int()
+        self.ctx.call(lib.cw_plan_get_donor, self._h(), int(output), ctypes.byref(i))
+        return i.value if i.value >= 0 else None
 
     def describe(self, json_format=False):
         """The plan as text (per conv: patches, rows, halos, algorithm, workspace; the

@@ -21,7 +21,8 @@ __all__ = ["conv2d", "conv3d", "use_torch_allocator", "TorchAllocator", "wrap"]
 
 
 def wrap(module, example_inputs, *, memory=None, budget=None, streams=2, dtype=None, fallback=True, patches=None,
-         fuse=True, keep_memory=False, max_plans=4, threads=0, timing=False, process_group=None, gather=True):
+         fuse=True, keep_memory=False, max_plans=4, threads=0, timing=False, process_group=None, gather=True,
+         donate=()):
     """An nn.Module whose forward gives module(*inputs)'s result (same output structure),
     with its convolutions, norms, activations, upsampling and attention run by convweave.
 
@@ -59,11 +60,23 @@ def wrap(module, example_inputs, *, memory=None, budget=None, streams=2, dtype=N
     by a plan directly (computed in PyTorch) raise convweave.Error under gather=False.
     Where PyTorch runs between segments, each segment a later step reads is gathered and
     broadcast, so every rank computes the PyTorch steps on whole tensors. CPU only: CUDA
-    inputs with a process group raise convweave.Error."""
+    inputs with a process group raise convweave.Error.
+
+    donate: positions of forward's positional arguments (ints, a range or a slice; positions a
+    call does not have are ignored) whose tensors the caller gives up, as JAX's
+    donate_argnums: a call may write one of the module's outputs into such a tensor and
+    return it there, so the call holds one tensor where it would hold two (a streamed video
+    VAE's step: the new caches in the old ones' storage). Each donated tensor is paired with
+    the first of the module's outputs, in output order, that the convweave segment reading it
+    computes with its shape and dtype; the plan writes that output only after every read of
+    the tensor (cw_graph_donate). A tensor another step also reads, that is itself an output,
+    or that shares storage with another input of its segment is not used; describe()
+    ["donated"] lists the pairs the plans honour. Do not read a donated tensor after the
+    call: it holds an output or is unchanged, as the pairing went. Not with a process group."""
     from .front import Wrapped
     return Wrapped(module, example_inputs, memory=memory, budget=budget, streams=streams, dtype=dtype,
                    fallback=fallback, patches=patches, fuse=fuse, keep_memory=keep_memory, max_plans=max_plans,
-                   threads=threads, timing=timing, process_group=process_group, gather=gather)
+                   threads=threads, timing=timing, process_group=process_group, gather=gather, donate=donate)
 
 
 class TorchAllocator:

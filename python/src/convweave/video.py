@@ -110,8 +110,10 @@ class Stream:
         cache, t0, first_out = self.first, 0, None
         for i, x in enumerate(chunks):
             kind, tensors = self.step.k.of(cache)
-            if self.wrapped is None:
-                self.wrapped = cwt.wrap(self.step, (x, kind, *tensors), **self.opts)
+            if i == 0:  # the caller's: a step may write its new cache into the tensors it is given
+                tensors = tuple(t.clone() for t in tensors)
+            if self.wrapped is None:  # the old cache's tensors are given up: the new cache's can take them
+                self.wrapped = cwt.wrap(self.step, (x, kind, *tensors), donate=slice(2, None), **self.opts)
             y, *tensors = self.wrapped(x, kind, *tensors)
             cache = self.step.k.cache(self.step.k.next[kind], tensors)
             if post is not None:

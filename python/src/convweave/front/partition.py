@@ -24,7 +24,7 @@ class Segment:
     def __init__(self, idx, ctx):
         self.idx, self.g = idx, Graph(ctx)
         self.origin, self.imports, self.inputs, self.outputs = {}, {}, [], []
-        self.consts = {}
+        self.consts, self.donors = {}, {}  # donors: output position -> donated input position (cw_graph_donate)
         self.dtype, self.plan, self.n_nodes = None, None, 0
 
 

@@ -19,15 +19,24 @@ from .values import Bcast, Const, Cw, Pad, Shuffle, Split, Torch
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 
 
+def _bytes(shape, dtype):
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n
+
+
 
 class Program:
     """One compiled signature: the steps, their segments' plans, and what it read."""
 
-    def __init__(self, mod, flat, spec, context, fallback=True, compile=True, comm=None, gather=True, **opts):
+    def __init__(self, mod, flat, spec, context, fallback=True, compile=True, comm=None, gather=True, donate=(),
+                 **opts):
         """mod exported for the inputs flat (spec: their pytree), lowered and (compile=True)
         compiled on context(device) with compile options opts (memory, budget, streams,
         patches, fuse). comm: None, or the convweave.dist.Comm every plan is compiled with
-        (see _distribute for gather)."""
+        (see _distribute for gather). donate: positions in flat of inputs the caller gives up
+        (_donations)."""
         self.device = next((t.device for t in flat if isinstance(t, torch.Tensor)), torch.device("cpu"))
         if comm is not None and self.device.type != "cpu":
             raise Error("CW_ERR_UNSUPPORTED", f"convweave: process_group with inputs on {self.device}: convweave.dist "
@@ -62,15 +71,48 @@ class Program:
                         "copied_bytes": L.copied}
         opts = dict(dict(memory=None, budget=0, streams=0, patches=None, fuse=True), **opts)  # 0: the context's
         self._distribute()
+        pairs = self._donations(donate) if comm is None else {}
+        self.donated = []
         for kind, seg in (s[:2] for s in self.steps):
             if kind == "seg" and compile:
                 seg.plan = seg.g.compile(budget=opts["budget"], streams=opts["streams"], patches=opts["patches"],
                                          fuse=opts["fuse"], memory=opts["memory"], comm=comm,
                                          gather_rank=seg.gather_rank)
                 seg.out_shapes = [seg.g.shape(n) for n in seg.outputs]
+                seg.donors = {k: seg.plan.donor(k) for k in pairs.get(seg.idx, ())}
+                seg.donors = {k: d for k, d in seg.donors.items() if d is not None}
+                self.donated += [{"segment": seg.idx, "input": seg.origin[seg.inputs[d]].name,
+                                  "output": pairs[seg.idx][k], "bytes": _bytes(seg.g.shape(seg.outputs[k]), seg.dtype)}
+                                 for k, d in seg.donors.items()]
         self.read = [(*slot(mod, kind, target), t, t.data_ptr(), t.dtype, t.device) for kind, target, t in read]
         self.versions = [(t, t._version) for t in L.copy_roots.values()]
         self._last_uses()
+
+    def _donations(self, donate):
+        """Pairs each donated input (positions in flat) with an output its segment may write
+        into the input's tensor (cw_graph_donate): the first of the module's outputs, in
+        order, that the segment reading the input makes with the input's shape. Only inputs
+        that one segment alone reads, and that are no output themselves. Returns {segment
+        index: {its output position: the module's (flat) output position}}; which pairs the
+        plans honour is seg.donors."""
+        reads = collections.Counter(k for step in self.steps for v in self._step_reads(step) for k in self._keys(v))
+        outs = _tensors(self.outputs)
+        passed = {k for v in outs for k in self._keys(v)}
+        made = [(j, v) for j, v in enumerate(outs) if isinstance(v, Cw) and v.node not in v.seg.origin]
+        pairs = collections.defaultdict(dict)
+        for i in sorted(set(donate)):
+            name = self.users[i] if i < len(self.users) else None
+            if name is None or reads[name] != 1 or name in passed:
+                continue
+            seg = next(s[1] for s in self.steps if s[0] == "seg" and ("torch", name) in s[1].imports)
+            node = seg.imports[("torch", name)]
+            for j, v in made:
+                k = seg.outputs.index(v.node) if v.seg is seg else -1
+                if k >= 0 and k not in pairs[seg.idx] and seg.g.shape(v.node) == seg.g.shape(node):
+                    seg.g.donate(seg.inputs.index(node), k)
+                    pairs[seg.idx][k] = j
+                    break
+        return pairs
 
     def _distribute(self):
         """Where each segment's outputs are complete, with a communicator. A segment whose
@@ -223,7 +265,14 @@ class Program:
 
     def _run_segment(self, env, seg, keep_memory):
         ins = [self._fetch(env, seg, n).contiguous() for n in seg.inputs]
-        outs = [torch.empty(s, dtype=seg.dtype, device=self.device) for s in seg.out_shapes]
+        outs = [torch.empty(s, dtype=seg.dtype, device=self.device) if k not in seg.donors else None
+                for k, s in enumerate(seg.out_shapes)]
+        if seg.donors:  # a donated input's tensor takes its output, unless it shares storage with another input
+            ptrs = collections.Counter(t.untyped_storage().data_ptr() for t in ins)
+            for k, d in seg.donors.items():
+                t = ins[d]
+                outs[k] = t if ptrs[t.untyped_storage().data_ptr()] == 1 else \
+                    torch.empty(seg.out_shapes[k], dtype=seg.dtype, device=self.device)
         try:
             seg.plan.run(ins, outs)
         except BaseException:
@@ -253,7 +302,7 @@ class Program:
                           "dtype": str(s.dtype).replace("torch.", ""), "plan": s.plan.stats(),
                           "gather_rank": s.gather_rank if c else None} for s in segs],
             "rank": c.rank if c else 0, "n_ranks": c.n_ranks if c else 1, "gather": self.gather if c else True,
-            "bands": self.bands(),
+            "bands": self.bands(), "donated": self.donated,
             **self.summary}
 
 
@@ -262,7 +311,7 @@ class Wrapped(torch.nn.Module):
 
     def __init__(self, module, example_inputs, *, memory=None, budget=None, streams=2, dtype=None, fallback=True,
                  patches=None, fuse=True, keep_memory=False, max_plans=4, threads=0, timing=False, process_group=None,
-                 gather=True):
+                 gather=True, donate=()):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: module is a {type(module).__name__}, not an "
@@ -278,6 +327,11 @@ class Wrapped(torch.nn.Module):
                     parse_bytes(v)
                 except ValueError as e:
                     raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: {name}={v!r}: {e}") from None
+        if not isinstance(donate, slice) and not (isinstance(donate, (tuple, list, range, set, frozenset)) and all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in donate)):
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: donate={donate!r}: expected positions of forward's "
+                        "positional arguments (ints >= 0, a range or a slice)")
+        self.donate = donate
         if not isinstance(gather, bool):
             raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: gather={gather!r}: expected True or False")
         from ..dist import as_comm
@@ -293,7 +347,7 @@ class Wrapped(torch.nn.Module):
         self._warned = False
         self.last_program = None
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        self._program(*self._flatten(args, {}))  # compile now: what cannot run raises here
+        self._program(*self._flatten(args, {}), self._donated(args))  # compile now: what cannot run raises here
 
     def _context(self, device):
         key = (device.type, device.index or 0)
@@ -316,7 +370,18 @@ class Wrapped(torch.nn.Module):
                 raise Error("CW_ERR_INVALID_ARG", "convweave.torch.wrap: a meta tensor has no data to run on")
         return flat, spec
 
-    def _program(self, flat, spec):
+    def _donated(self, args):
+        """Positions in the flat inputs of the leaves of the donated positional arguments."""
+        pos = range(len(args))[self.donate] if isinstance(self.donate, slice) else self.donate
+        out, at = [], 0
+        for i, a in enumerate(args):
+            n = len(pytree.tree_leaves(a))
+            if i in pos:
+                out += range(at, at + n)
+            at += n
+        return tuple(out)
+
+    def _program(self, flat, spec, donate=()):
         key = (str(spec), tuple((tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else repr(t)
                                 for t in flat))
         with self._lock:
@@ -325,7 +390,7 @@ class Wrapped(torch.nn.Module):
                 del self._programs[key]
                 prog = None
             if prog is None:
-                prog = Program(self.module, flat, spec, self._context, self.fallback, **self.options)
+                prog = Program(self.module, flat, spec, self._context, self.fallback, donate=donate, **self.options)
                 self._programs[key] = prog
                 while len(self._programs) > self.max_plans:
                     self._programs.popitem(last=False)
@@ -344,7 +409,7 @@ class Wrapped(torch.nn.Module):
                               "torch.inference_mode() for convweave)", stacklevel=2)
                 self._warned = True
             return self.module(*args, **kwargs)
-        prog = self._program(flat, spec)
+        prog = self._program(flat, spec, self._donated(args))
         with torch.no_grad():
             return prog.run(flat, self.keep_memory)
 
