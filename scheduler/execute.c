@@ -376,6 +376,21 @@ static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
     return st;
 }
 
+/* A donated input's memory back to the backend after its last reader (joined as a free),
+ * unless this run binds it as a strided view or overlapping another input or an output. */
+static cw_status cw__exec_discard(cw__exec *x, const cw__action *ac) {
+    cw_plan *p = x->p;
+    const int b = ac->id;
+    if (x->dry || !x->be->rt->discard || !cw__desc_is_contiguous(&p->rdesc[b])) return CW_OK;
+    for (int o = 0; o < p->n_bufs; o++)
+        if (o != b && (p->bufs[o].kind == CW__B_INPUT || p->bufs[o].kind == CW__B_OUTPUT) &&
+            cw__views_overlap(&p->rdesc[b], p->ptrs[b], &p->rdesc[o], p->ptrs[o]))
+            return CW_OK;
+    for (int j = 0; j < ac->n_joins; j++)
+        CW_TRY(x->be->rt->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]));
+    return x->be->rt->discard(x->be, x->streams[ac->stream], p->ptrs[b], cw__desc_bytes(&p->rdesc[b]));
+}
+
 static cw_status cw__exec_task(cw__exec *x, int ti) {
     cw_plan *p = x->p;
     cw__backend *be = x->be;
@@ -454,6 +469,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int
         const cw__action *ac = &p->acts[a];
         if (ac->kind == CW__A_ALLOC) st = cw__exec_alloc(&x, ac);
         else if (ac->kind == CW__A_FREE) st = cw__exec_free(&x, ac);
+        else if (ac->kind == CW__A_DISCARD) st = cw__exec_discard(&x, ac);
         else st = cw__exec_task(&x, ac->id);
     }
     if (st == CW_OK) st = cw__exec_join(&x);

@@ -409,18 +409,24 @@ cw_status cw_graph_donate(cw_graph *g, int input, int output) {
     if (!g) return CW_ERR_INVALID_ARG;
     if (input < 0 || input >= g->n_inputs)
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input = %d, the graph has %d inputs", fn, input, g->n_inputs);
-    if (output < 0 || output >= g->n_outputs)
-        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: output = %d, the graph has %d outputs", fn, output,
+    if (output < -1 || output >= g->n_outputs)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: output = %d, the graph has %d outputs (-1: none)", fn, output,
                          g->n_outputs);
-    cw__node *o = &g->nodes[g->outputs[output]], *in = NULL;
+    cw__node *in = NULL;
     for (int i = 0; i < g->n && !in; i++)
         if (g->nodes[i].kind == CW__N_INPUT && g->nodes[i].index == input) in = &g->nodes[i];
     if (!in) return cw__error(g->ctx, CW_ERR_INTERNAL, "%s: input %d has no node", fn, input);
-    if (o->donor) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: output %d already has input %d donated", fn, output,
-                                   o->donor - 1);
+    if (in->donor) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input %d is already donated (to no output)", fn, input);
     for (int k = 0; k < g->n_outputs; k++)
         if (g->nodes[g->outputs[k]].donor == input + 1)
             return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input %d is already donated to output %d", fn, input, k);
+    if (output < 0) {
+        in->donor = 1;
+        return CW_OK;
+    }
+    cw__node *o = &g->nodes[g->outputs[output]];
+    if (o->donor) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: output %d already has input %d donated", fn, output,
+                                   o->donor - 1);
     int same = in->desc.rank == o->desc.rank && in->desc.dtype == o->desc.dtype;
     for (int d = 0; same && d < o->desc.rank; d++) same = in->desc.dims[d] == o->desc.dims[d];
     if (!same) {

@@ -65,6 +65,8 @@ static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
             if (--L->nd[m].reads == 0) CW_TRY(cw__release_reads(L, L->nd[m].rec_rd, L->nd[m].rec_k));
             continue;
         }
+        if (L->nd[m].reads == 1 && nm->kind == CW__N_INPUT && nm->donor && !L->p->opt.comm)
+            CW_TRY(cw__act(L, CW__A_DISCARD, L->nd[m].buf, 0)); /* given up with no output: after its last reader */
         if (--L->nd[m].reads != 0 || nm->kind == CW__N_INPUT || nm->kind == CW__N_CONST || nm->is_output ||
             L->nd[m].moved || L->nd[m].buf < 0 || L->p->bufs[L->nd[m].buf].kind != CW__B_ACT)
             continue;

@@ -30,7 +30,8 @@ typedef struct cw__node {
     const cw_tensor *t;  /* constants */
     int index;           /* input / output position */
     int is_output;
-    int donor;           /* output: 1 + the input donated to it (cw_graph_donate), 0 none */
+    int donor;           /* output: 1 + the input donated to it (cw_graph_donate), 0 none;
+                            input: 1 when donated with no output (its memory may go back) */
     int n_uses;
 } cw__node;
 
@@ -153,7 +154,9 @@ typedef struct cw__task {
     } u;
 } cw__task;
 
-typedef enum { CW__A_ALLOC, CW__A_FREE, CW__A_TASK } cw__akind;
+/* DISCARD: a donated input with no output, after its last reader (cw_graph_donate): placed
+ * and joined like a FREE, run as the backend's discard. */
+typedef enum { CW__A_ALLOC, CW__A_FREE, CW__A_TASK, CW__A_DISCARD } cw__akind;
 typedef struct cw__action {
     cw__akind kind;
     int id;              /* buffer or task */

@@ -5,11 +5,13 @@
  * streams and under a small budget, with chaos and poison: the plan honours the donation, a
  * run with the cache tensor passed as the new cache's output gives the same bits as one with
  * separate tensors, and the cache then holds the new one. Donations a plan cannot order are
- * dropped (cw_plan_get_donor -1) and a shared tensor is then refused; the builder's argument
- * checks. */
+ * dropped (cw_plan_get_donor -1) and a shared tensor is then refused. An input donated to no
+ * output gives its pages back after its last reader (and not while another input shares
+ * them). The builder's argument checks. */
 #include <float.h>
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "conv_ref.h"
 #include "convweave/convweave.h"
@@ -180,6 +182,73 @@ static void test_dropped(cw_context *ctx, const step *s, int new_from) {
     cw_graph_destroy(g);
 }
 
+/* An input donated to no output (cw_graph_donate(g, 1, -1)), read by a conv on the heavy
+ * streams and then by a relu on the light one, where its pages go back (after joining the
+ * conv's streams): every result right on 1-3 streams, and after the run its pages (private
+ * anonymous memory, page-aligned) read zero. Bound to the same memory as the other input, it
+ * is kept. */
+static void test_discard(cw_context *ctx, cw_rng *r) {
+    enum { KC = 4, KT = 2, KH = 32, KW = 32, NE = KC * KT * KH * KW };
+    const int64_t dims[5] = {1, KC, KT, KH, KW}, wdims[5] = {KC, KC, 3, 3, 3};
+    float *w = rnd(r, KC * KC * 27, 0.4f, -0.2f), *v = rnd(r, NE, 2.0f, -1.0f);
+    cw_tensor *tw = upload(ctx, CW_F32, 5, wdims, w);
+    cw_conv_params cp = CW_CONV_PARAMS_INIT;
+    cp.spatial = 3;
+    for (int d = 0; d < 3; d++) cp.pad_pre[d] = cp.pad_post[d] = 1;
+    cw_tensor_desc d, wd;
+    ASSERT_OK(cw_tensor_desc_make(&d, CW_F32, 5, dims));
+    ASSERT_OK(cw_tensor_desc_make(&wd, CW_F32, 5, wdims));
+    double *ref = malloc(NE * sizeof *ref);
+    cw_ref_conv(&d, v, &wd, w, NULL, &cp, &d, ref);
+    cw_graph *g;
+    ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
+    cw_node a = input(ctx, g, "a", CW_F32, 5, dims), c = input(ctx, g, "c", CW_F32, 5, dims), y, z, u;
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y, c, constant(ctx, g, tw), CW_NODE_NONE, &cp));
+    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &u, c, CW_UNARY_RELU, 0.0f, 0.0f));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(g, &z, a, constant(ctx, g, tw), CW_NODE_NONE, &cp));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, y, "y"));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, z, "z"));
+    ASSERT_OK_CTX(ctx, cw_graph_output(g, u, "u"));
+    ASSERT_OK_CTX(ctx, cw_graph_donate(g, 1, -1));
+    CHECK_REFUSED(ctx, cw_graph_donate(g, 1, -1), "cw_graph_donate: input 1 is already donated (to no output)");
+    CHECK_REFUSED(ctx, cw_graph_donate(g, 1, 0), "cw_graph_donate: input 1 is already donated (to no output)");
+    const size_t bytes = NE * sizeof(float);
+    float *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_TRUE(mem != MAP_FAILED);
+    const double bound = 16.0 * (KC * 27 + 8) * FLT_EPSILON;
+    for (int streams = 1; streams <= 3; streams++)
+        for (int shared = 0; shared < 2; shared++) {
+            cw_compile_options opt = CW_COMPILE_OPTIONS_INIT;
+            opt.policy = streams == 1 ? CW_PATCHES_NONE : CW_PATCHES_FIXED, opt.patches = 3, opt.streams = streams;
+            cw_plan *p;
+            ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &opt));
+            memcpy(mem, v, bytes);
+            cw_tensor *tc, *ta = shared ? NULL : upload(ctx, CW_F32, 5, dims, v);
+            ASSERT_OK_CTX(ctx, cw_tensor_wrap(&tc, ctx, &d, mem));
+            cw_tensor *ty = upload(ctx, CW_F32, 5, dims, NULL), *tz = upload(ctx, CW_F32, 5, dims, NULL);
+            cw_tensor *tu = upload(ctx, CW_F32, 5, dims, NULL);
+            cw_tensor *ins[2] = {shared ? tc : ta, tc}, *outs[3] = {ty, tz, tu};
+            ASSERT_OK_CTX(ctx, cw_plan_run(p, ins, 2, outs, 3));
+            float *gy = download(ctx, ty), *gz = download(ctx, tz), *gu = download(ctx, tu);
+            const double ey = cw_ref_rel_err(&d, gy, ref), ez = cw_ref_rel_err(&d, gz, ref);
+            int zeros = 0, kept = memcmp(mem, v, bytes) == 0, relu = 1;
+            for (int i = 0; i < NE; i++) zeros += mem[i] == 0.0f, relu &= gu[i] == (v[i] > 0.0f ? v[i] : 0.0f);
+            CHECK(relu);
+            fprintf(stderr, "discarded input, %d stream(s)%s: errors %g %g, %d of %d zero after\n", streams,
+                    shared ? ", bound twice" : "", ey, ez, zeros, (int)NE);
+            CHECK(ey <= bound && ez <= bound);
+            CHECK(shared ? kept : zeros == NE);
+            free(gy), free(gz), free(gu);
+            cw_tensor_destroy(tc), cw_tensor_destroy(ty), cw_tensor_destroy(tz), cw_tensor_destroy(tu);
+            if (ta) cw_tensor_destroy(ta);
+            cw_plan_destroy(p);
+        }
+    munmap(mem, bytes);
+    cw_graph_destroy(g);
+    cw_tensor_destroy(tw);
+    free(w), free(v), free(ref);
+}
+
 static void test_badargs(cw_context *ctx, const step *s) {
     cw_graph *g;
     ASSERT_OK_CTX(ctx, cw_graph_create(&g, ctx));
@@ -238,6 +307,7 @@ int main(void) {
     test_dropped(ctx, &s, 1);
     test_dropped(ctx, &s, 2);
     test_badargs(ctx, &s);
+    test_discard(ctx, &r);
     step_close(&s);
     cw_context_destroy(ctx);
     TEST_DONE();

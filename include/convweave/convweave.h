@@ -408,8 +408,12 @@ CW_API cw_status cw_graph_output(cw_graph *g, cw_node node, const char *name);
  * input's contents are lost once the run starts writing. A plan honours the donation where
  * it can order it: the output is read by nothing in the plan and is not computed from the
  * input itself (cw_plan_get_donor says whether it did; where not, the output needs a tensor
- * of its own, as without this call). Returns CW_ERR_INVALID_ARG, naming the argument, for an
- * index out of range, an input or output already donated, or shapes or dtypes that differ. */
+ * of its own, as without this call). output = -1 donates the input to no output: after its
+ * last read in a run the backend may give its memory back (cpu: the whole pages inside it
+ * return to the system, as the caller's peak allows; the contents are then undefined),
+ * except in a run where it overlaps another input or an output. Returns
+ * CW_ERR_INVALID_ARG, naming the argument, for an index out of range, an input or output
+ * already donated, or shapes or dtypes that differ. */
 CW_API cw_status cw_graph_donate(cw_graph *g, int input, int output);
 /* Descriptor of a node's result (dims are known at build time). */
 CW_API cw_status cw_graph_get_node_desc(const cw_graph *g, cw_tensor_desc *out, cw_node node);

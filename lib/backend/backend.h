@@ -131,6 +131,11 @@ typedef struct cw__runtime_i {
     int64_t (*host_syncs)(cw__backend *be);
     /* (optional) default: none. Runs fn(arg) on the host in stream order (trace timing). */
     cw_status (*launch_host)(cw__backend *be, cw__stream *s, cw__host_fn fn, void *arg);
+    /* (optional) default: none. The bytes at p are not needed after the work queued on s:
+     * the backend may give their memory back (cpu: the whole pages inside them return to the
+     * system; what they read afterwards is undefined). A donated input with no output,
+     * after its last read (cw_graph_donate). */
+    cw_status (*discard)(cw__backend *be, cw__stream *s, void *p, int64_t bytes);
     /* (optional) default: s itself (cw__stream_handle). The handle a user allocator
      * (cw_allocator) is given for s: cuda's cudaStream_t. Never fails, never synchronises. */
     void *(*stream_handle)(cw__backend *be, cw__stream *s);

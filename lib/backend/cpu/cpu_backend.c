@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -393,6 +394,25 @@ static void run_copy(void *p) {
     memmove(a->dst, a->src, (size_t)a->bytes);
 }
 
+typedef struct discard_args {
+    uintptr_t a, b; /* the page-aligned range inside the bytes */
+} discard_args;
+
+static void run_discard(void *p) {
+    discard_args *d = p;
+    (void)madvise((void *)d->a, d->b - d->a, MADV_DONTNEED); /* advice: a failure leaves the pages */
+}
+
+static cw_status cpu_discard(cw__backend *be, cw__stream *s, void *p, int64_t bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p, hi = lo + (uintptr_t)bytes;
+    const uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page;
+    if (!p || bytes <= 0 || b <= a) return CW_OK;
+    discard_args *d = cw__malloc(sizeof *d);
+    if (!d) return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cpu discard: out of host memory");
+    d->a = a, d->b = b;
+    return cw__cpu_enqueue(be, s, run_discard, d, cw__free);
+}
+
 static cw_status cpu_copy_async(cw__backend *be, cw__stream *s, void *dst, const void *src, int64_t bytes) {
     cw_status st = check_copy(be, "copy_async", dst, src, bytes);
     if (st != CW_OK || bytes == 0) return st;
@@ -474,6 +494,7 @@ static const cw__runtime_i cpu_rt = {
     .stream_synchronize = cpu_stream_synchronize,
     .host_syncs = cpu_host_syncs,
     .launch_host = cpu_launch_host,
+    .discard = cpu_discard,
 };
 
 cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out) {

@@ -512,7 +512,8 @@ class Graph:
 
     def donate(self, input, output):
         """cw_graph_donate: input `input`'s tensor may be passed as output `output` too (graph
-        order); the compiled plan says whether it honours that (Plan.donor)."""
+        order); the compiled plan says whether it honours that (Plan.donor). output=-1: the
+        input is given up with no output (its memory may go back after its last read)."""
         self.ctx.call(lib.cw_graph_donate, self.handle, int(input), int(output))
 
     def shape(self, node):

@@ -69,10 +69,12 @@ def wrap(module, example_inputs, *, memory=None, budget=None, streams=2, dtype=N
     VAE's step: the new caches in the old ones' storage). Each donated tensor is paired with
     the first of the module's outputs, in output order, that the convweave segment reading it
     computes with its shape and dtype; the plan writes that output only after every read of
-    the tensor (cw_graph_donate). A tensor another step also reads, that is itself an output,
-    or that shares storage with another input of its segment is not used; describe()
-    ["donated"] lists the pairs the plans honour. Do not read a donated tensor after the
-    call: it holds an output or is unchanged, as the pairing went. Not with a process group."""
+    the tensor (cw_graph_donate). A donated tensor no output takes is given up to no output:
+    on cpu its whole pages go back to the system after its last read. A tensor another step
+    also reads, that is itself an output, or that shares storage with another input of its
+    segment is not used; describe()["donated"] lists what the plans honour (output None: given
+    back). Do not read a donated tensor after the call: it holds an output, zeros or its old
+    values, as the pairing went. Not with a process group."""
     from .front import Wrapped
     return Wrapped(module, example_inputs, memory=memory, budget=budget, streams=streams, dtype=dtype,
                    fallback=fallback, patches=patches, fuse=fuse, keep_memory=keep_memory, max_plans=max_plans,

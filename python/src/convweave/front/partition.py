@@ -25,6 +25,7 @@ class Segment:
         self.idx, self.g = idx, Graph(ctx)
         self.origin, self.imports, self.inputs, self.outputs = {}, {}, [], []
         self.consts, self.donors = {}, {}  # donors: output position -> donated input position (cw_graph_donate)
+        self.discards = []  # inputs donated to no output
         self.dtype, self.plan, self.n_nodes = None, None, 0
 
 

@@ -84,6 +84,8 @@ class Program:
                 self.donated += [{"segment": seg.idx, "input": seg.origin[seg.inputs[d]].name,
                                   "output": pairs[seg.idx][k], "bytes": _bytes(seg.g.shape(seg.outputs[k]), seg.dtype)}
                                  for k, d in seg.donors.items()]
+                self.donated += [{"segment": seg.idx, "input": seg.origin[seg.inputs[d]].name, "output": None,
+                                  "bytes": _bytes(seg.g.shape(seg.inputs[d]), seg.dtype)} for d in seg.discards]
         self.read = [(*slot(mod, kind, target), t, t.data_ptr(), t.dtype, t.device) for kind, target, t in read]
         self.versions = [(t, t._version) for t in L.copy_roots.values()]
         self._last_uses()
@@ -92,7 +94,9 @@ class Program:
         """Pairs each donated input (positions in flat) with an output its segment may write
         into the input's tensor (cw_graph_donate): the first of the module's outputs, in
         order, that the segment reading the input makes with the input's shape. Only inputs
-        that one segment alone reads, and that are no output themselves. Returns {segment
+        that one segment alone reads, and that are no output themselves; one no output takes
+        is donated to none (cw_graph_donate(.., -1): on cpu its pages go back to the system
+        after its last read). Returns {segment
         index: {its output position: the module's (flat) output position}}; which pairs the
         plans honour is seg.donors."""
         reads = collections.Counter(k for step in self.steps for v in self._step_reads(step) for k in self._keys(v))
@@ -112,6 +116,9 @@ class Program:
                     seg.g.donate(seg.inputs.index(node), k)
                     pairs[seg.idx][k] = j
                     break
+            else:  # no output takes it: its memory may go back after its last read (cpu)
+                seg.g.donate(seg.inputs.index(node), -1)
+                seg.discards.append(seg.inputs.index(node))
         return pairs
 
     def _distribute(self):
