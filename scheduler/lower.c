@@ -238,22 +238,21 @@ static void cw__lower_free(cw__lower *L) {
 
 /* ---- donated inputs (cw_graph_donate) ------------------------------------------------- */
 
-/* The input node at position k (-1: none). */
-static int cw__input_node(const cw_graph *g, int k) {
-    for (int i = 0; i < g->n; i++)
-        if (g->nodes[i].kind == CW__N_INPUT && g->nodes[i].index == k) return i;
-    return -1;
+/* The node of the input donated to output node i's output (-1: none), from inode (the
+ * input nodes by position). */
+static int cw__donor_node(const cw__lower *L, const int *inode, int i) {
+    const cw__node *nd = &L->g->nodes[i];
+    return nd->is_output && L->p->out[nd->index].donor >= 0 ? inode[L->p->out[nd->index].donor] : -1;
 }
 
 /* Whether output node i, whose donor input some unit still to come reads, is lowered later:
  * once its donor's last reader has been (cw__lower_graph), so that its writes come after
  * every read of the donor. Only a node nothing in the plan reads and that is its own unit
  * can wait; for any other the donation is dropped (its output takes a tensor of its own). */
-static int cw__donor_wait(cw__lower *L, int i) {
+static int cw__donor_wait(cw__lower *L, const int *inode, int i) {
     const cw__node *nd = &L->g->nodes[i];
     cw__lnode *ln = &L->nd[i];
-    if (!nd->is_output || L->p->out[nd->index].donor < 0) return 0;
-    int in = cw__input_node(L->g, L->p->out[nd->index].donor);
+    int in = cw__donor_node(L, inode, i);
     if (in < 0 || L->nd[in].reads == 0) return 0;
     if (!ln->live || ln->fused || ln->reads > 0 || (nd->kind == CW__N_ADD && ln->epi >= 0) ||
         (nd->kind == CW__N_CONV && (ln->epi_into >= 0 || ln->rec))) {
@@ -268,12 +267,12 @@ static int cw__donor_wait(cw__lower *L, int i) {
  * donation whose output is written before a read of the input in host order, or by a task
  * that also touches the input, is dropped: the plan is then correct with separate tensors,
  * and cw_plan_run refuses shared ones. */
-static cw_status cw__donations(cw__lower *L) {
+static cw_status cw__donations(cw__lower *L, const int *inode) {
     cw_plan *p = L->p;
     int tb[CW__TASK_MAX_BUFS], last[CW_MAX_STREAMS];
     for (int o = 0; o < p->n_outputs; o++) {
         if (p->out[o].donor < 0) continue;
-        int ib = L->nd[cw__input_node(L->g, p->out[o].donor)].buf, ob = L->nd[L->g->outputs[o]].buf;
+        int ib = L->nd[inode[p->out[o].donor]].buf, ob = L->nd[L->g->outputs[o]].buf;
         int first_w = p->n_tasks, last_r = -1;
         for (int s = 0; s < CW_MAX_STREAMS; s++) last[s] = -1;
         for (int k = 0; k < p->n_tasks; k++) {
@@ -313,28 +312,29 @@ static cw_status cw__lower_graph(cw__lower *L) {
         if (L->nd[i].rec) L->p->rec_nodes[L->p->n_recomputed++] = i;
     CW_TRY(cw__bind_externals(L));
     int *wait = cw__malloc((size_t)g->n * sizeof *wait + 1), n_wait = 0;
-    if (!wait) return cw__oom(L);
-    cw_status st = CW_OK;
+    int *inode = cw__malloc((size_t)g->n_inputs * sizeof *inode + 1);
+    cw_status st = wait && inode ? CW_OK : cw__oom(L);
+    for (int i = 0; i < g->n && st == CW_OK; i++)
+        if (g->nodes[i].kind == CW__N_INPUT) inode[g->nodes[i].index] = i;
     for (int i = 0; i < g->n && st == CW_OK; i++) {
-        if (cw__donor_wait(L, i)) {
+        if (cw__donor_wait(L, inode, i)) {
             wait[n_wait++] = i;
             continue;
         }
         st = cw__lower_node(L, i);
         for (int k = 0; k < n_wait && st == CW_OK; k++) { /* the waiting outputs whose donor is now read */
-            const cw__node *on = &g->nodes[wait[k]];
-            if (L->nd[cw__input_node(g, L->p->out[on->index].donor)].reads > 0) continue;
+            if (L->nd[cw__donor_node(L, inode, wait[k])].reads > 0) continue;
             st = cw__lower_node(L, wait[k]);
             wait[k--] = wait[--n_wait];
         }
     }
     for (int k = 0; k < n_wait && st == CW_OK; k++) st = cw__lower_node(L, wait[k]); /* not reached: inputs are read */
-    cw__free(wait);
-    CW_TRY(st);
-    for (int i = 0; i < g->n; i++)
+    for (int i = 0; i < g->n && st == CW_OK; i++)
         if (g->nodes[i].kind == CW__N_GN && L->nd[i].gn_part >= 0 && L->nd[i].gn_fin < 0)
-            CW_TRY(cw__release(L, L->nd[i].gn_part));
-    CW_TRY(cw__donations(L));
+            st = cw__release(L, L->nd[i].gn_part);
+    if (st == CW_OK) st = cw__donations(L, inode);
+    cw__free(wait), cw__free(inode);
+    CW_TRY(st);
     CW_TRY(cw__plan_sync(L->p));
     L->p->fork_event = L->p->n_events; /* the fork and the joins (execute.c) */
     L->p->n_events += L->p->n_streams;
