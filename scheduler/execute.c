@@ -526,9 +526,9 @@ static cw_status cw__check_bindings(cw_plan *p, cw_tensor *const *inputs, int n_
         for (int j = 0; j < n_inputs; j++) {
             if (!cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &inputs[j]->desc, inputs[j]->data)) continue;
             if (p->out[i].donor == j && cw__same_view(outputs[i], inputs[j])) continue; /* donated (cw_graph_donate) */
-            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps inputs[%d]%s", i, j,
-                             p->out[i].donor == j ? " (donated to it, but not the same view: same data, dims and strides)"
-                                                  : "");
+            const char *why = p->out[i].donor == j ? " (donated to it, but not the same view: same data, dims and "
+                                                     "strides)" : "";
+            return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_plan_run: outputs[%d] overlaps inputs[%d]%s", i, j, why);
         }
         for (int j = 0; j < i; j++)
             if (cw__views_overlap(&outputs[i]->desc, outputs[i]->data, &outputs[j]->desc, outputs[j]->data))

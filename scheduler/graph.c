@@ -416,7 +416,8 @@ cw_status cw_graph_donate(cw_graph *g, int input, int output) {
     for (int i = 0; i < g->n && !in; i++)
         if (g->nodes[i].kind == CW__N_INPUT && g->nodes[i].index == input) in = &g->nodes[i];
     if (!in) return cw__error(g->ctx, CW_ERR_INTERNAL, "%s: input %d has no node", fn, input);
-    if (in->donor) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input %d is already donated (to no output)", fn, input);
+    if (in->donor)
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input %d is already donated (to no output)", fn, input);
     for (int k = 0; k < g->n_outputs; k++)
         if (g->nodes[g->outputs[k]].donor == input + 1)
             return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input %d is already donated to output %d", fn, input, k);
@@ -431,9 +432,10 @@ cw_status cw_graph_donate(cw_graph *g, int input, int output) {
     for (int d = 0; same && d < o->desc.rank; d++) same = in->desc.dims[d] == o->desc.dims[d];
     if (!same) {
         char a[96], b[96];
-        return cw__error(g->ctx, CW_ERR_INVALID_ARG, "%s: input %d is %s %s, output %d is %s %s: a donation needs one shape "
-                         "and dtype", fn, input, cw__dtype_name(in->desc.dtype), cw__dims_str(&in->desc, a, sizeof a),
-                         output, cw__dtype_name(o->desc.dtype), cw__dims_str(&o->desc, b, sizeof b));
+        return cw__error(g->ctx, CW_ERR_INVALID_ARG,
+                         "%s: input %d is %s %s, output %d is %s %s: a donation needs one shape and dtype", fn, input,
+                         cw__dtype_name(in->desc.dtype), cw__dims_str(&in->desc, a, sizeof a), output,
+                         cw__dtype_name(o->desc.dtype), cw__dims_str(&o->desc, b, sizeof b));
     }
     o->donor = input + 1;
     return CW_OK;

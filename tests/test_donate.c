@@ -95,7 +95,8 @@ static cw_graph *step_graph(const step *s, cw_context *ctx, int new_from) {
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y, "y"));
     ASSERT_OK_CTX(ctx, cw_graph_output(g, nc, "new cache"));
     if (new_from >= 2) {
-        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &z, new_from == 2 ? nc : c, constant(ctx, g, s->tw0), CW_NODE_NONE, &s->p0));
+        cw_node zx = new_from == 2 ? nc : c;
+        ASSERT_OK_CTX(ctx, cw_graph_conv(g, &z, zx, constant(ctx, g, s->tw0), CW_NODE_NONE, &s->p0));
         ASSERT_OK_CTX(ctx, cw_graph_output(g, z, "z"));
     }
     ASSERT_OK_CTX(ctx, cw_graph_donate(g, 1, 1));
@@ -136,7 +137,8 @@ static void test_honoured(cw_context *ctx, const step *s, int variant, cw_patch_
         cw_tensor *ins[2] = {s->tx, tc}, *outs[3] = {ty, tn, tz};
         ASSERT_OK_CTX(ctx, cw_plan_run(p, ins, 2, outs, n_out));
         got[shared][0] = download(ctx, ty), got[shared][1] = download(ctx, tn), got[shared][2] = download(ctx, tz);
-        double ey = cw_ref_rel_err(&s->yd, got[shared][0], s->yref), en = cw_ref_rel_err(&s->cd, got[shared][1], s->nref);
+        double ey = cw_ref_rel_err(&s->yd, got[shared][0], s->yref);
+        double en = cw_ref_rel_err(&s->cd, got[shared][1], s->nref);
         double ez = n_out == 3 ? cw_ref_rel_err(&s->cd, got[shared][2], s->zref) : 0.0;
         if (!(ey <= bound) || !(en <= bound) || !(ez <= bound))
             fprintf(stderr, "  shared %d: y error %g, new cache error %g, z error %g (bound %g)\n", shared, ey, en, ez,

@@ -336,8 +336,8 @@ class Wrapped(torch.nn.Module):
                     raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: {name}={v!r}: {e}") from None
         if not isinstance(donate, slice) and not (isinstance(donate, (tuple, list, range, set, frozenset)) and all(
                 isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in donate)):
-            raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: donate={donate!r}: expected positions of forward's "
-                        "positional arguments (ints >= 0, a range or a slice)")
+            raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: donate={donate!r}: expected positions of "
+                        "forward's positional arguments (ints >= 0, a range or a slice)")
         self.donate = donate
         if not isinstance(gather, bool):
             raise Error("CW_ERR_INVALID_ARG", f"convweave.torch.wrap: gather={gather!r}: expected True or False")
