@@ -153,6 +153,25 @@ def test_donated_cache():
     assert torch.equal(both, keep) and r[1].data_ptr() != both.data_ptr()
     with pytest.raises(convweave.Error, match=r"donate='x': expected positions of forward's positional arguments"):
         cwt.wrap(step, (x, cache), donate="x")
+    # a donated tensor that only PyTorch reads (torch.sin falls back) is left alone
+    fb = torch.nn.Conv3d(4, 4, 3, padding=1).eval()
+    w = cwt.wrap(Sin(fb).eval(), (x, cache), donate=(0, 1))
+    keep = cache.clone()
+    with torch.no_grad():
+        y, z = w(x, cache)
+        y_ref, z_ref = Sin(fb)(x, keep)
+    assert torch.equal(cache, keep) and torch.equal(z, z_ref)
+    assert max_err(y, y_ref.double()) <= 64 * EPS[torch.float32] * max(1.0, y_ref.abs().max().item())
+
+
+class Sin(torch.nn.Module):
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x, cache):
+        s = torch.sin(cache)
+        return self.conv(s), s
 
 
 def lambda_module():

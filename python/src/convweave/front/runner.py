@@ -108,7 +108,9 @@ class Program:
             name = self.users[i] if i < len(self.users) else None
             if name is None or reads[name] != 1 or name in passed:
                 continue
-            seg = next(s[1] for s in self.steps if s[0] == "seg" and ("torch", name) in s[1].imports)
+            seg = next((s[1] for s in self.steps if s[0] == "seg" and ("torch", name) in s[1].imports), None)
+            if seg is None:  # read by a step PyTorch runs
+                continue
             node = seg.imports[("torch", name)]
             for j, v in made:
                 k = seg.outputs.index(v.node) if v.seg is seg else -1
