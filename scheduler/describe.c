@@ -21,9 +21,23 @@ static int64_t cw__temp_bytes(const cw_plan *p, int b) {
     return b >= 0 && p->bufs[b].kind == CW__B_TEMP ? p->bufs[b].bytes : 0;
 }
 
+/* The input given back after its last read by discard action a (cw_graph_donate(.., -1)),
+ * or -1. */
+static int cw__discarded(const cw_plan *p, int a) {
+    return p->acts[a].kind == CW__A_DISCARD ? p->bufs[p->acts[a].id].ext : -1;
+}
+
 static cJSON *cw__describe_json(const cw_plan *p) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
+    cJSON *dn = cJSON_AddArrayToObject(root, "donations"); /* [output, input]: output in input's tensor */
+    for (int o = 0; dn && o < p->n_outputs; o++) {
+        const int v[2] = {o, p->out[o].donor};
+        if (v[1] >= 0) cJSON_AddItemToArray(dn, cJSON_CreateIntArray(v, 2));
+    }
+    cJSON *dc = cJSON_AddArrayToObject(root, "discarded"); /* inputs given back after their last read */
+    for (int a = 0; dc && a < p->n_acts; a++)
+        if (cw__discarded(p, a) >= 0) cJSON_AddItemToArray(dc, cJSON_CreateNumber(cw__discarded(p, a)));
     cJSON_AddStringToObject(root, "dtype", cw__dtype_name(p->dtype));
     cJSON_AddNumberToObject(root, "streams", p->n_streams);
     cJSON_AddNumberToObject(root, "budget", (double)p->budget);
@@ -139,6 +153,14 @@ cw_status cw_plan_describe(const cw_plan *p, char **out, int json) {
                 p->opt.comm->rank, p->opt.comm->n_ranks, n[0], (double)bytes[0] / 1048576.0, n[1],
                 (double)bytes[1] / 1048576.0, p->comm_stream);
     }
+    for (int o = 0; o < p->n_outputs; o++)
+        if (p->out[o].donor >= 0)
+            cw__sbf(&b, "  output %d ('%s') in the tensor of input %d ('%s'), donated\n", o, p->out[o].name,
+                    p->out[o].donor, p->in[p->out[o].donor].name);
+    for (int a = 0; a < p->n_acts; a++)
+        if (cw__discarded(p, a) >= 0)
+            cw__sbf(&b, "  input %d ('%s') given back after its last read, donated to no output\n", cw__discarded(p, a),
+                    p->in[cw__discarded(p, a)].name);
     for (int c = 0; c < p->n_convs; c++) {
         const cw__conv_info *ci = &p->convs[c];
         const cw__task *t0 = &p->tasks[ci->tasks[0]];

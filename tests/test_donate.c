@@ -124,6 +124,12 @@ static void test_honoured(cw_context *ctx, const step *s, int variant, cw_patch_
     CHECK(donor == 1);
     ASSERT_OK_CTX(ctx, cw_plan_get_donor(p, 0, &donor));
     CHECK(donor == -1);
+    char *text = NULL, *js = NULL;
+    ASSERT_OK_CTX(ctx, cw_plan_describe(p, &text, 0));
+    ASSERT_OK_CTX(ctx, cw_plan_describe(p, &js, 1));
+    CHECK(strstr(text, "output 1 ('new cache') in the tensor of input 1 ('cache'), donated") != NULL);
+    CHECK(strstr(js, "\"donations\":[[1,1]]") != NULL && strstr(js, "\"discarded\":[]") != NULL);
+    cw_free(text), cw_free(js);
     fprintf(stderr, "donated cache, graph %d, policy %d, %d stream(s), budget %lld\n", variant, (int)policy, streams,
             (long long)budget);
     const int64_t ny = cw_tensor_desc_numel(&s->yd), nn = cw_tensor_desc_numel(&s->cd);
@@ -224,6 +230,10 @@ static void test_discard(cw_context *ctx, cw_rng *r) {
             opt.policy = streams == 1 ? CW_PATCHES_NONE : CW_PATCHES_FIXED, opt.patches = 3, opt.streams = streams;
             cw_plan *p;
             ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &opt));
+            char *text = NULL;
+            ASSERT_OK_CTX(ctx, cw_plan_describe(p, &text, 0));
+            CHECK(strstr(text, "input 1 ('c') given back after its last read, donated to no output") != NULL);
+            cw_free(text);
             memcpy(mem, v, bytes);
             cw_tensor *tc, *ta = shared ? NULL : upload(ctx, CW_F32, 5, dims, v);
             ASSERT_OK_CTX(ctx, cw_tensor_wrap(&tc, ctx, &d, mem));
