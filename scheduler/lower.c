@@ -65,8 +65,6 @@ static cw_status cw__release_reads(cw__lower *L, const int rd[4], int k) {
             if (--L->nd[m].reads == 0) CW_TRY(cw__release_reads(L, L->nd[m].rec_rd, L->nd[m].rec_k));
             continue;
         }
-        if (L->nd[m].reads == 1 && nm->kind == CW__N_INPUT && nm->donor && !L->p->opt.comm)
-            CW_TRY(cw__act(L, CW__A_DISCARD, L->nd[m].buf, 0)); /* given up with no output: after its last reader */
         if (--L->nd[m].reads != 0 || nm->kind == CW__N_INPUT || nm->kind == CW__N_CONST || nm->is_output ||
             L->nd[m].moved || L->nd[m].buf < 0 || L->p->bufs[L->nd[m].buf].kind != CW__B_ACT)
             continue;
@@ -298,9 +296,33 @@ static cw_status cw__donations(cw__lower *L, const int *inode) {
     return CW_OK;
 }
 
+/* Each input donated to no output: a DISCARD action right after the last task that touches
+ * it in host order (cw__plan_sync then joins it with every stream that did). Found on the
+ * finished action list, not at its last reader unit: a task of a later unit (GroupNorm
+ * statistics taken when they are first needed) may still read it. */
+static cw_status cw__discards(cw__lower *L, const int *inode) {
+    cw_plan *p = L->p;
+    int tb[CW__TASK_MAX_BUFS];
+    for (int k = 0; k < L->g->n_inputs && !p->opt.comm; k++) {
+        if (!L->g->nodes[inode[k]].donor) continue;
+        int b = L->nd[inode[k]].buf, at = -1;
+        for (int a = 0; a < p->n_acts; a++) {
+            int n = p->acts[a].kind == CW__A_TASK ? cw__task_bufs(&p->tasks[p->acts[a].id], tb) : 0;
+            for (int j = 0; j < n; j++)
+                if (tb[j] == b) at = a;
+        }
+        if (at < 0) continue; /* never read */
+        CW_TRY(cw__act(L, CW__A_DISCARD, b, 0));
+        cw__action d = p->acts[p->n_acts - 1];
+        memmove(&p->acts[at + 2], &p->acts[at + 1], (size_t)(p->n_acts - 2 - at) * sizeof *p->acts);
+        p->acts[at + 1] = d;
+    }
+    return CW_OK;
+}
+
 /* Lowers every live node in graph order (an output with a donor after its donor's last
  * reader: cw__donor_wait), then frees the partials of GroupNorms nobody finalized, then
- * orders the donations and places events and frees (cw__plan_sync). */
+ * orders the donations, places the discards, and places events and frees (cw__plan_sync). */
 static cw_status cw__lower_graph(cw__lower *L) {
     cw_graph *g = L->g;
     cw__mark_live(L);
@@ -333,6 +355,7 @@ static cw_status cw__lower_graph(cw__lower *L) {
         if (g->nodes[i].kind == CW__N_GN && L->nd[i].gn_part >= 0 && L->nd[i].gn_fin < 0)
             st = cw__release(L, L->nd[i].gn_part);
     if (st == CW_OK) st = cw__donations(L, inode);
+    if (st == CW_OK) st = cw__discards(L, inode);
     cw__free(wait), cw__free(inode);
     CW_TRY(st);
     CW_TRY(cw__plan_sync(L->p));
