@@ -32,13 +32,18 @@ static void open_cpu1(void) {
     ASSERT_OK(cw_context_create(&ctx, &cfg));
 }
 
-/* Part 1: a 2-stream compile under a tight budget builds at most one plan per patch. */
-static void test_compile_builds_only_kept(void) {
+/* The context (open_cpu1) and the conv chain of parts 1 and 5 on an input of dims xd. */
+static cw_graph *open_chain(const int64_t *xd, cw_tensor_desc *d) {
     open_cpu1();
     const conv_graph_spec gs = {2, 3, 0.2f};
+    return make_graph(&gs, xd, d);
+}
+
+/* Part 1: a 2-stream compile under a tight budget builds at most one plan per patch. */
+static void test_compile_builds_only_kept(void) {
     const int64_t xd[4] = {1, 32, 96, 80};
     cw_tensor_desc d;
-    cw_graph *g = make_graph(&gs, xd, &d);
+    cw_graph *g = open_chain(xd, &d);
     cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
     o.streams = 2;
     o.temp_budget = 2 << 20;
@@ -226,11 +231,9 @@ static void test_cache_bound(void) {
 
 /* Part 5: costings are kept per problem, dropped by cw_context_empty_cache. */
 static void test_costs_kept(void) {
-    open_cpu1();
-    const conv_graph_spec gs = {2, 3, 0.2f};
     const int64_t xd[4] = {1, 32, 80, 64};
     cw_tensor_desc d;
-    cw_graph *g = make_graph(&gs, xd, &d);
+    cw_graph *g = open_chain(xd, &d);
     cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
     o.temp_budget = 1 << 20;
     char *text[3] = {0};
