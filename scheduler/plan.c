@@ -61,7 +61,8 @@ cw_status cw__plan_acquire(cw_plan *p) {
 cw_status cw_plan_get_donor(const cw_plan *p, int output, int *input) {
     if (!p || !input) return CW_ERR_INVALID_ARG;
     if (output < 0 || output >= p->n_outputs)
-        return cw__error(p->ctx, CW_ERR_INVALID_ARG, "cw_plan_get_donor: output %d, the plan has %d", output, p->n_outputs);
+        return cw__error(p->ctx, CW_ERR_INVALID_ARG, "cw_plan_get_donor: output %d, the plan has %d", output,
+                         p->n_outputs);
     *input = p->out[output].donor;
     return CW_OK;
 }

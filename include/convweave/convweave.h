@@ -761,8 +761,8 @@ CW_API cw_status cw_plan_get_band(const cw_plan *p, int output, int *axis, int64
 CW_API cw_status cw_plan_get_donor(const cw_plan *p, int output, int *input);
 /* Describes the plan: its dtype, per conv its patches (output rows, input rows, pre/post
  * padding), algorithm, workspace and prep/band buffer bytes per patch, predicted peak temp,
- * activation arena, halo overhead, and the donations it holds (cw_graph_donate). Returns a NUL-terminated string the caller frees with
- * cw_free. json != 0: JSON, else text. */
+ * activation arena, halo overhead, and the donations it holds (cw_graph_donate). Returns a
+ * NUL-terminated string the caller frees with cw_free. json != 0: JSON, else text. */
 CW_API cw_status cw_plan_describe(const cw_plan *p, char **out, int json);
 /* Writes a Chrome trace (Perfetto-compatible) JSON of the last run: one track per stream
  * and a counter track of temp bytes in use. Needs CW_FLAG_TIMING on the context. */
