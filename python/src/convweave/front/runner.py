@@ -4,6 +4,7 @@ the parameters it reads are the ones it compiled (same storage, dtype, device; t
 of those it copied), and runs the steps: convweave segments as plans, the rest in PyTorch.
 Between calls it holds no activation or temporary memory unless keep_memory=True."""
 import collections
+import math
 import threading
 import warnings
 
@@ -17,13 +18,6 @@ from .partition import Lowering, _tensors, _walk
 from .values import Bcast, Const, Cw, Pad, Shuffle, Split, Torch
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
-
-
-def _bytes(shape, dtype):
-    n = dtype.itemsize
-    for d in shape:
-        n *= d
-    return n
 
 
 
@@ -79,13 +73,11 @@ class Program:
                                          fuse=opts["fuse"], memory=opts["memory"], comm=comm,
                                          gather_rank=seg.gather_rank)
                 seg.out_shapes = [seg.g.shape(n) for n in seg.outputs]
-                seg.donors = {k: seg.plan.donor(k) for k in pairs.get(seg.idx, ())}
-                seg.donors = {k: d for k, d in seg.donors.items() if d is not None}
-                self.donated += [{"segment": seg.idx, "input": seg.origin[seg.inputs[d]].name,
-                                  "output": pairs[seg.idx][k], "bytes": _bytes(seg.g.shape(seg.outputs[k]), seg.dtype)}
-                                 for k, d in seg.donors.items()]
-                self.donated += [{"segment": seg.idx, "input": seg.origin[seg.inputs[d]].name, "output": None,
-                                  "bytes": _bytes(seg.g.shape(seg.inputs[d]), seg.dtype)} for d in seg.discards]
+                seg.donors = {k: d for k in pairs.get(seg.idx, ()) if (d := seg.plan.donor(k)) is not None}
+                given = [(d, pairs[seg.idx][k]) for k, d in seg.donors.items()] + [(d, None) for d in seg.discards]
+                self.donated += [{"segment": seg.idx, "input": seg.origin[seg.inputs[d]].name, "output": o,
+                                  "bytes": math.prod(seg.g.shape(seg.inputs[d])) * seg.dtype.itemsize}
+                                 for d, o in given]
         self.read = [(*slot(mod, kind, target), t, t.data_ptr(), t.dtype, t.device) for kind, target, t in read]
         self.versions = [(t, t._version) for t in L.copy_roots.values()]
         self._last_uses()
@@ -96,9 +88,8 @@ class Program:
         order, that the segment reading the input makes with the input's shape. Only inputs
         that one segment alone reads, and that are no output themselves; one no output takes
         is donated to none (cw_graph_donate(.., -1): on cpu its pages go back to the system
-        after its last read). Returns {segment
-        index: {its output position: the module's (flat) output position}}; which pairs the
-        plans honour is seg.donors."""
+        after its last read). Returns {segment index: {its output position: the module's
+        (flat) output position}}; which pairs the plans honour is seg.donors."""
         reads = collections.Counter(k for step in self.steps for v in self._step_reads(step) for k in self._keys(v))
         outs = _tensors(self.outputs)
         passed = {k for v in outs for k in self._keys(v)}
@@ -356,7 +347,7 @@ class Wrapped(torch.nn.Module):
         self._warned = False
         self.last_program = None
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        self._program(*self._flatten(args, {}), self._donated(args))  # compile now: what cannot run raises here
+        self._program(*self._flatten(args, {}), args)  # compile now: what cannot run raises here
 
     def _context(self, device):
         key = (device.type, device.index or 0)
@@ -390,7 +381,7 @@ class Wrapped(torch.nn.Module):
             at += n
         return tuple(out)
 
-    def _program(self, flat, spec, donate=()):
+    def _program(self, flat, spec, args):
         key = (str(spec), tuple((tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else repr(t)
                                 for t in flat))
         with self._lock:
@@ -399,7 +390,8 @@ class Wrapped(torch.nn.Module):
                 del self._programs[key]
                 prog = None
             if prog is None:
-                prog = Program(self.module, flat, spec, self._context, self.fallback, donate=donate, **self.options)
+                prog = Program(self.module, flat, spec, self._context, self.fallback, donate=self._donated(args),
+                               **self.options)
                 self._programs[key] = prog
                 while len(self._programs) > self.max_plans:
                     self._programs.popitem(last=False)
@@ -418,7 +410,7 @@ class Wrapped(torch.nn.Module):
                               "torch.inference_mode() for convweave)", stacklevel=2)
                 self._warned = True
             return self.module(*args, **kwargs)
-        prog = self._program(flat, spec, self._donated(args))
+        prog = self._program(flat, spec, args)
         with torch.no_grad():
             return prog.run(flat, self.keep_memory)
 
