@@ -339,7 +339,7 @@ typedef struct bounds_of {
 } bounds_of;
 
 static double bound_at(const bounds_of *bo, int algo, int64_t o, int par, double exact) {
-    const double e = algo == CW__CPU_ALGO_WINOGRAD ? bo->gamma_w * bo->sw[par][o] : bo->gamma * bo->scale[o];
+    const double e = CW__CPU_IS_WINO(algo) ? bo->gamma_w * bo->sw[par][o] : bo->gamma * bo->scale[o];
     return e + bo->ud * (fabs(exact) + e) + bo->tiny;
 }
 
@@ -404,14 +404,15 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
     cw__conv_problem prob;
     cw__conv_problem_init(&prob, &cc->x, &cc->w, cc->has_bias, &cc->y, &cc->p);
 
-    cw__conv_algo algos[4];
+    cw__conv_algo algos[CW__CPU_ALGO_COUNT];
     int na = 0;
-    ASSERT_OK(cw__cpu_conv_algos(NULL, &prob, algos, 4, &na));
-    int has_gemm = 0, has_direct = 0, has_wino = 0;
+    ASSERT_OK(cw__cpu_conv_algos(NULL, &prob, algos, CW__CPU_ALGO_COUNT, &na));
+    int has_gemm = 0, has_direct = 0, has_wino = 0, has_wino_kb = 0;
     for (int i = 0; i < na; i++) {
         has_gemm |= algos[i].id == CW__CPU_ALGO_GEMM;
         has_direct |= algos[i].id == CW__CPU_ALGO_DIRECT;
         has_wino |= algos[i].id == CW__CPU_ALGO_WINOGRAD;
+        has_wino_kb |= algos[i].id == CW__CPU_ALGO_WINOGRAD_KB;
         stt->dnnl_listed += algos[i].id == CW__CPU_ALGO_DNNL;
         ASSERT_EQ_I(algos[i].workspace, cw__cpu_conv_workspace(&prob, algos[i].id));
     }
@@ -420,12 +421,15 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
      * an f32 block) */
     CHECK(has_gemm == (half || cc->y_w_unit));
     CHECK(has_wino == wino_eligible(cc)); /* Winograd: exactly the shapes it takes */
+    /* its grouped variant where it has a smaller workspace: K of 2 or more */
+    CHECK(has_wino_kb == (wino_eligible(cc) && cc->w.dims[0] >= 2));
 
     const int hd = prob.spatial;
     const int64_t h_out = cc->y.dims[hd];
     for (int algo = 0; algo < CW__CPU_ALGO_COUNT; algo++) {
         if (algo == CW__CPU_ALGO_GEMM && !has_gemm) continue;
         if (algo == CW__CPU_ALGO_WINOGRAD && !has_wino) continue;
+        if (algo == CW__CPU_ALGO_WINOGRAD_KB && !has_wino_kb) continue;
         /* oneDNN runs every problem, listed or not (sub-bands it has no kernel for run
          * cpu_direct inside its plan), so the random patches below all go through it */
         if (algo == CW__CPU_ALGO_DNNL && !cw__cpu_dnnl_compiled()) continue;
@@ -689,7 +693,7 @@ static void check_thread_bits(const conv_case *cc, cw_rng *r) {
     for (int algo = 0; algo < CW__CPU_ALGO_COUNT; algo++) {
         if (algo == CW__CPU_ALGO_DNNL && !cw__cpu_dnnl_compiled()) continue;
         if (algo == CW__CPU_ALGO_GEMM && g_dt == CW_F32 && !cc->y_w_unit) continue;
-        if (algo == CW__CPU_ALGO_WINOGRAD && !wino_eligible(cc)) continue;
+        if (CW__CPU_IS_WINO(algo) && !wino_eligible(cc)) continue;
         int64_t wsb = cw__cpu_conv_workspace(&prob, algo);
         void *ws = wsb > 0 ? malloc((size_t)wsb) : NULL;
         for (int t = 0; t < 3; t++) {
@@ -738,10 +742,14 @@ static void test_threaded(cw_rng *r) {
         memset(&st, 0, sizeof st);
         run_case(r, &cc, &st);
         check_thread_bits(&cc, r);
-        fprintf(stderr, "%s threaded conv %d (%.1f M MACs): gemm rel err %.3g, direct %.3g, dnnl %.3g, winograd %s%.3g\n",
+        fprintf(stderr,
+                "%s threaded conv %d (%.1f M MACs): gemm rel err %.3g, direct %.3g, dnnl %.3g, winograd %s%.3g, "
+                "grouped %.3g\n",
                 cw__dtype_name(g_dt), t, st.macs * 1e-6, st.max_err[0], st.max_err[1], st.max_err[2],
-                st.runs[CW__CPU_ALGO_WINOGRAD] ? "" : "(not listed) ", st.max_err[CW__CPU_ALGO_WINOGRAD]);
+                st.runs[CW__CPU_ALGO_WINOGRAD] ? "" : "(not listed) ", st.max_err[CW__CPU_ALGO_WINOGRAD],
+                st.max_err[CW__CPU_ALGO_WINOGRAD_KB]);
         CHECK(st.runs[CW__CPU_ALGO_WINOGRAD] == wino_eligible(&cc));
+        CHECK(st.runs[CW__CPU_ALGO_WINOGRAD_KB] == wino_eligible(&cc));
     }
 }
 
@@ -792,25 +800,30 @@ static void test_1x1(cw_rng *r) {
 static void test_winograd_cases(cw_rng *r, int n) {
     stats st;
     memset(&st, 0, sizeof st);
-    int64_t t0 = cw__now_ns();
+    int64_t t0 = cw__now_ns(), grouped = 0;
     for (int i = 0; i < n; i++) {
         conv_case cc;
         gen_case_kind(r, &cc, 1);
         CHECK(wino_eligible(&cc));
         run_case(r, &cc, &st);
         st.cases++;
+        grouped += cc.w.dims[0] >= 2;
     }
-    const int W = CW__CPU_ALGO_WINOGRAD;
+    const int W = CW__CPU_ALGO_WINOGRAD, WK = CW__CPU_ALGO_WINOGRAD_KB;
     fprintf(stderr,
             "%s: %lld convs Winograd takes (%lld with strided views), %.2f s\n"
             "  winograd: %lld runs, max rel err %.3g, largest error / its bound gamma(C+11) S_w %.3g (/ the other "
             "algorithms' gamma(R+1) S: %.3g); patched %lld runs, max rel err vs unpatched %.3g\n"
+            "  grouped:  %lld runs, max rel err %.3g, largest error / gamma(C+11) S_w %.3g; patched %lld runs, "
+            "max rel err vs unpatched %.3g\n"
             "  direct:   %lld runs, max rel err %.3g, largest error / gamma(R+1) S %.3g\n",
             cw__dtype_name(g_dt), (long long)st.cases, (long long)st.views, (double)(cw__now_ns() - t0) * 1e-9,
             (long long)st.runs[W], st.max_err[W], st.max_bound[W], st.max_contract[W], (long long)st.patched_runs[W],
-            st.max_patch_err[W], (long long)st.runs[CW__CPU_ALGO_DIRECT], st.max_err[CW__CPU_ALGO_DIRECT],
-            st.max_bound[CW__CPU_ALGO_DIRECT]);
+            st.max_patch_err[W], (long long)st.runs[WK], st.max_err[WK], st.max_bound[WK],
+            (long long)st.patched_runs[WK], st.max_patch_err[WK], (long long)st.runs[CW__CPU_ALGO_DIRECT],
+            st.max_err[CW__CPU_ALGO_DIRECT], st.max_bound[CW__CPU_ALGO_DIRECT]);
     CHECK(st.runs[W] == n && st.patched_runs[W] == n);
+    CHECK(st.runs[WK] == grouped && st.patched_runs[WK] == grouped && grouped > n / 2);
     CHECK(st.bitwise[CW__CPU_ALGO_DIRECT] == st.patched_runs[CW__CPU_ALGO_DIRECT]);
 }
 

@@ -1,7 +1,8 @@
 /* Winograd F(2x2,3x3) as a cpu patch algorithm (cpu_winograd_2x3).
  * 1. Budget: 2-D and 3-D (kernel depth 1) 3x3 conv graphs at 128 channels, where `auto`
  *    picks Winograd once its workspace (the transformed weights and one tile block's
- *    operands) fits, compiled under budgets from the smallest that works to loose ones:
+ *    operands) fits, and 2-D at 256, where a budget too small for that workspace takes its
+ *    grouped variant, compiled under budgets from the smallest that works to loose ones:
  *    the allocator never holds more temporary memory than the budget, and the output is
  *    within 1e-5 of the double reference's scale.
  * 2. Determinism (docs/determinism.md): a fixed-patch Winograd plan on 1-3 streams with
@@ -38,8 +39,9 @@ static double *reference(int sp, const cw_tensor_desc *d, const float *x) {
     return out;
 }
 
-/* Part 1: budgets from the minimum up; temp_peak never above the budget. */
-static void test_budget(int sp, const int64_t *xd) {
+/* Part 1: budgets from the minimum up; temp_peak never above the budget. grouped: some
+ * budget leaves room for the grouped variant (cpu_winograd_2x3_kN) and not for the other. */
+static void test_budget(int sp, const int64_t *xd, int grouped_expected) {
     cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
     cfg.backend = CW_BACKEND_CPU;
     cfg.threads = 2;
@@ -62,8 +64,8 @@ static void test_budget(int sp, const int64_t *xd) {
     int64_t minb = 0;
     ASSERT_OK_CTX(ctx, cw_graph_min_budget(g, &minb, &o));
     const int64_t mib = 1 << 20;
-    const int64_t budgets[9] = {minb, 1 * mib, 2 * mib, 4 * mib, 6 * mib, 8 * mib, 12 * mib, 16 * mib, 64 * mib};
-    int n_wino = 0, last_wino = 0;
+    const int64_t budgets[9] = {minb, 1 * mib, 2 * mib, 3 * mib, 4 * mib, 6 * mib, 8 * mib, 16 * mib, 64 * mib};
+    int n_wino = 0, last_wino = 0, n_grouped = 0;
     for (int b = 0; b < 9; b++) {
         o.temp_budget = budgets[b];
         cw_plan *p;
@@ -74,16 +76,19 @@ static void test_budget(int sp, const int64_t *xd) {
         ASSERT_OK(cw_plan_get_stats(p, &st));
         last_wino = describes(p, "cpu_winograd_2x3");
         n_wino += last_wino;
+        const int grouped = describes(p, "cpu_winograd_2x3_k");
+        n_grouped += grouped;
         ASSERT_LE_I(st.temp_peak, budgets[b]);
         double e = max_rel_diff(ho, ref, n);
         fprintf(stderr, "%d-D budget %8.3f MiB: %lld patches, temp peak %8.3f MiB (predicted %8.3f), winograd %s, rel err %.3g\n",
                 sp, (double)budgets[b] / mib, (long long)st.n_patches, (double)st.temp_peak / mib,
-                (double)st.temp_predicted / mib, last_wino ? "yes" : "no", e);
+                (double)st.temp_predicted / mib, last_wino ? (grouped ? "grouped" : "yes") : "no", e);
         CHECK(e <= 1e-5);
         cw_plan_destroy(p);
     }
     CHECK(n_wino >= 2); /* Winograd is the fastest algorithm for these shapes once it fits */
     CHECK(last_wino);
+    CHECK(!grouped_expected || n_grouped >= 1);
     free(hx), free(ho), free(ref);
     cw_tensor_destroy(in), cw_tensor_destroy(out);
     cw_graph_destroy(g);
@@ -123,18 +128,34 @@ static void test_direct_threads(cw_dtype dt) {
     for (int64_t i = 0; i < nx; i++) f = cw_rng_float(&rng), cw_dtype_convert(x + i * es, dt, &f, CW_F32, 1);
     for (int64_t i = 0; i < nw; i++) f = cw_rng_float(&rng), cw_dtype_convert(w + i * es, dt, &f, CW_F32, 1);
     for (int64_t i = 0; i < K; i++) f = cw_rng_float(&rng), cw_dtype_convert(b + i * es, dt, &f, CW_F32, 1);
-    int64_t wsb = cw__cpu_conv_workspace(&p, CW__CPU_ALGO_WINOGRAD);
-    ASSERT_TRUE(wsb > 0);
-    float *ws = malloc((size_t)wsb);
-    ASSERT_TRUE(ws);
-    for (int t = 1; t <= 4; t++) {
-        cw__cpu_conv_run(&p, CW__CPU_ALGO_WINOGRAD, x, w, b, t == 1 ? y0 : y, ws, t);
-        if (t > 1 && memcmp(y, y0, (size_t)ny * es) != 0) {
-            fprintf(stderr, "%s Winograd patch: %d threads give other bits than 1\n", cw__dtype_name(dt), t);
-            cw_test_failures++;
+    /* the grouped variant: 2 groups of 18 output channels, each through the 5 tile blocks */
+    const int algos[2] = {CW__CPU_ALGO_WINOGRAD, CW__CPU_ALGO_WINOGRAD_KB};
+    const int64_t wsb = cw__cpu_conv_workspace(&p, algos[0]), wsk = cw__cpu_conv_workspace(&p, algos[1]);
+    ASSERT_TRUE(wsb > 0 && wsk > 0 && wsk < wsb);
+    float *ws = malloc((size_t)wsb), *yf = malloc((size_t)ny * sizeof(float)), *yg = malloc((size_t)ny * sizeof(float));
+    ASSERT_TRUE(ws && yf && yg);
+    for (int a = 0; a < 2; a++) {
+        for (int t = 1; t <= 4; t++) {
+            cw__cpu_conv_run(&p, algos[a], x, w, b, t == 1 ? y0 : y, ws, t);
+            if (t > 1 && memcmp(y, y0, (size_t)ny * es) != 0) {
+                fprintf(stderr, "%s Winograd patch (algo %d): %d threads give other bits than 1\n", cw__dtype_name(dt),
+                        algos[a], t);
+                cw_test_failures++;
+            }
         }
+        cw_dtype_convert(a ? yg : yf, CW_F32, y0, dt, (size_t)ny);
     }
-    free(x), free(w), free(b), free(y0), free(y), free(ws);
+    /* the two variants compute each value from the same transforms: equal within f32 GEMM
+     * rounding (in a half dtype, one rounding of the output) */
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < ny; i++) {
+        scale = fmax(scale, fabs(yf[i]));
+        worst = fmax(worst, fabs((double)yf[i] - yg[i]));
+    }
+    fprintf(stderr, "%s Winograd patch: grouped vs not, max |d| %.3g of max |y| %.3g\n", cw__dtype_name(dt), worst,
+            scale);
+    CHECK(worst <= (dt == CW_F32 ? 1e-5 : 1e-2) * scale);
+    free(x), free(w), free(b), free(y0), free(y), free(ws), free(yf), free(yg);
 }
 
 /* Part 3: the hook refuses Winograd where it does not apply (a 5x5 kernel). */
@@ -166,9 +187,11 @@ static void test_refused(void) {
 
 int main(void) {
     rng.s = cw_test_seed(0x3163A77ull);
-    const int64_t x2[4] = {1, 128, 32, 30}, x3[5] = {1, 128, 3, 20, 18};
-    test_budget(2, x2);
-    test_budget(3, x3);
+    const int64_t x2[4] = {1, 128, 32, 30}, x3[5] = {1, 128, 3, 20, 18}, xk[4] = {1, 256, 6, 256};
+    test_budget(2, x2, 0);
+    test_budget(3, x3, 0);
+    /* 256 channels: the transformed weights alone are 4 MiB, half that in groups of 128 */
+    test_budget(2, xk, 1);
     test_streams_threads();
     test_direct_threads(CW_F32);
     test_direct_threads(CW_F16);

@@ -593,6 +593,40 @@ static void watchdog_arm(void) {
     alarm(240);
 }
 
+/* ---- a full queue makes the host wait --------------------------------------------- */
+static _Atomic int queue_ran;
+static void item_count(void *p) {
+    (void)p;
+    atomic_fetch_add(&queue_ran, 1);
+}
+static void item_sleep_100ms(void *p) {
+    (void)p;
+    sleep_us(100000);
+}
+
+/* 2000 items behind one of 100 ms: without the bound the host queues all of them in a few
+ * ms; with it, never more than CPU_QUEUE_MAX are waiting, and every one runs, in order. */
+static void test_queue_bound(void) {
+    cw__backend *be = make_cpu(0, 0, 1);
+    cw__stream *s;
+    ASSERT_OK(be->rt->stream_create(be, &s));
+    atomic_store(&queue_ran, 0);
+    ASSERT_OK(cw__cpu_enqueue(be, s, item_sleep_100ms, NULL, NULL));
+    int most = 0;
+    for (int i = 0; i < 2000; i++) {
+        ASSERT_OK(cw__cpu_enqueue(be, s, item_count, NULL, NULL));
+        const int waiting = i + 1 - atomic_load(&queue_ran);
+        if (waiting > most) most = waiting;
+    }
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    ASSERT_EQ_I(atomic_load(&queue_ran), 2000);
+    fprintf(stderr, "queue bound: at most %d items waiting (bound %d)\n", most, CPU_QUEUE_MAX);
+    ASSERT_LE_I(most, CPU_QUEUE_MAX);
+    ASSERT_TRUE(most >= CPU_QUEUE_MAX - 1); /* the host did run ahead up to the bound */
+    be->rt->stream_destroy(be, s);
+    be->rt->destroy(be);
+}
+
 int main(void) {
     watchdog_arm();
     int64_t t0 = cw__now_ns();
@@ -602,6 +636,7 @@ int main(void) {
     test_never_recorded_and_query();
     test_memory();
     test_destroy_drains();
+    test_queue_bound();
     test_dry();
     test_chaos_dags();
     fprintf(stderr, "test_streams: %.2f s\n", (double)(cw__now_ns() - t0) * 1e-9);

@@ -295,7 +295,8 @@ int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo) {
     if (algo == CW__CPU_ALGO_DIRECT) return 0;
     cv_geom g;
     cw__cpu_geom_make(p, &g);
-    if (algo == CW__CPU_ALGO_WINOGRAD) return cw__cpu_wino_supported(&g) ? cw__cpu_wino_workspace(&g) : -1;
+    if (CW__CPU_IS_WINO(algo))
+        return cw__cpu_wino_supported(&g) ? cw__cpu_wino_workspace(&g, algo == CW__CPU_ALGO_WINOGRAD_KB) : -1;
     return gemm_workspace(&g);
 }
 
@@ -319,9 +320,9 @@ static void conv_run(const cw__conv_problem *p, int algo, const void *x, const v
         assert(gemm_supported(&g));
         if (g.dt == CW_F32) conv_gemm(&g, x, w, b, y, ws, threads);
         else conv_gemm_half(&g, x, w, b, y, ws, threads);
-    } else if (algo == CW__CPU_ALGO_WINOGRAD) {
+    } else if (CW__CPU_IS_WINO(algo)) {
         assert(cw__cpu_wino_supported(&g));
-        cw__cpu_wino_run(&g, x, w, b, y, ws, threads);
+        cw__cpu_wino_run(&g, x, w, b, y, ws, algo == CW__CPU_ALGO_WINOGRAD_KB, threads);
     } else {
         cw__cpu_conv_direct(p, x, w, b, y, threads);
     }
@@ -452,8 +453,18 @@ cw_status cw__cpu_conv_algos(cw__backend *be, const cw__conv_problem *p, cw__con
         memset(a, 0, sizeof *a);
         a->id = CW__CPU_ALGO_WINOGRAD;
         snprintf(a->name, sizeof a->name, "%s", "cpu_winograd_2x3");
-        a->workspace = cw__cpu_wino_workspace(&g);
+        a->workspace = cw__cpu_wino_workspace(&g, 0);
         a->cost = cost_wino(&g);
+        /* the grouped variant: less workspace, at 1.2x the time (conv_winograd.c), so the
+         * planner takes it only where the other does not fit */
+        if (cw__cpu_wino_workspace(&g, 1) < a->workspace) {
+            cw__conv_algo *k = &list[cnt++];
+            *k = *a;
+            k->id = CW__CPU_ALGO_WINOGRAD_KB;
+            snprintf(k->name, sizeof k->name, "cpu_winograd_2x3_k%lld", (long long)cw__cpu_wino_kblock(&g, 1));
+            k->workspace = cw__cpu_wino_workspace(&g, 1);
+            k->cost = 1.2 * a->cost;
+        }
     }
     {
         cw__conv_algo *a = &list[cnt++];
@@ -543,14 +554,14 @@ cw_status cw__cpu_conv_forward(cw__backend *be, cw__stream *s, const cw__conv_pr
     if (algo->id == CW__CPU_ALGO_GEMM && !gemm_supported(&g))
         return cw__error(ctx, CW_ERR_UNSUPPORTED,
                          "cpu conv_forward: cpu_im2col_gemm needs y's W stride 1 and contiguous weights");
-    if (algo->id == CW__CPU_ALGO_WINOGRAD && !cw__cpu_wino_supported(&g))
+    if (CW__CPU_IS_WINO(algo->id) && !cw__cpu_wino_supported(&g))
         return cw__error(ctx, CW_ERR_UNSUPPORTED,
                          "cpu conv_forward: cpu_winograd_2x3 needs a 3x3 kernel (depth 1), stride 1, dilation 1 "
                          "and groups 1");
     cw__dnnl_plan *plan = NULL;
     int64_t need = algo->id == CW__CPU_ALGO_GEMM       ? gemm_workspace(&g)
-                   : algo->id == CW__CPU_ALGO_WINOGRAD ? cw__cpu_wino_workspace(&g)
-                                                       : 0;
+                   : CW__CPU_IS_WINO(algo->id) ? cw__cpu_wino_workspace(&g, algo->id == CW__CPU_ALGO_WINOGRAD_KB)
+                                               : 0;
     if (algo->id == CW__CPU_ALGO_DNNL) {
         /* the task's own (cw__cpu_conv_prepare), else found in or added to the plan cache */
         if (!algo->prepared || !cw__cpu_dnnl_hold(algo->prepared, p)) CW_TRY(cw__cpu_dnnl_plan_get(ctx, p, &plan));

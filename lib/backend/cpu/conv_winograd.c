@@ -4,12 +4,17 @@
  * the input channels, are 16 GEMMs M_ij[K x T] = U_ij[K x C] V_ij[C x T] over a block of T
  * tiles; the transforms only add, subtract and halve. Error: docs/determinism.md.
  *
- * The workspace holds U (the weights transformed, every call) and one block's V and M; T
- * is a function of the shape only. A team of threads runs the phases of each block with
- * barriers between them: input transform (split over channels), the 16 GEMMs (split over
- * ij, each one single-threaded cw__cpu_gemm1 call of a fixed shape), output transform (split
- * over output channels, overlapping the next block's input transform). Every value is
- * computed by one thread in a fixed order, so the bits never depend on the thread count.
+ * The output channels go in groups of Kb (cw__cpu_wino_kblock: all K, or in the grouped
+ * variant CW__CPU_ALGO_WINOGRAD_KB half of K up to 128), each group through every block of T
+ * tiles: the workspace holds one group's U (its weights transformed, every call) and one
+ * block's V and M, so grouped it does not grow with K x C (a 512->512 conv: 9 MiB, not 24).
+ * Each group transforms the input again (1/Kb of a GEMM's work per value; not when one block
+ * holds every tile). Kb and T are functions of the shape and the variant only. A team of threads runs
+ * the phases of each step (group, block) with barriers between them: input transform (split
+ * over channels), the 16 GEMMs (split over ij, each one single-threaded cw__cpu_gemm1 call of
+ * a fixed shape), output transform (split over the group's output channels, overlapping the
+ * next step's weight and input transforms). Every value is computed by one thread in a fixed
+ * order, so the bits never depend on the thread count.
  * x and y are strided views in f32, f16 or bf16 (converted on the transforms' loads and
  * stores); 3-D problems with a kernel depth of 1 are planes of 2-D ones. */
 #include <cblas.h>
@@ -24,9 +29,10 @@ typedef struct wino_run {
     const cw__cpu_geom *g;
     const void *x, *w, *b;
     void *y;
-    float *u, *v, *m;             /* [16][K][C], [16][C][nt], [16][K][nt] */
+    float *u, *v, *m;             /* [16][Kb][C], [16][C][nt], [16][Kb][nt] */
     int64_t tw, th, plane, tiles; /* tiles per row, tile rows, tiles per plane, all tiles */
     int64_t T, blocks;            /* tiles per block (the last may have fewer) */
+    int64_t kb, groups;           /* output channels per group (the last may have fewer) */
 } wino_run;
 
 static inline void *at(const void *p, int64_t off, size_t es) { return (char *)p + off * (int64_t)es; }
@@ -54,9 +60,20 @@ int64_t cw__cpu_wino_block(const cw__cpu_geom *g) {
     return all < 128 ? (all > 0 ? all : 1) : 128;
 }
 
-int64_t cw__cpu_wino_workspace(const cw__cpu_geom *g) {
-    const int64_t T = cw__cpu_wino_block(g);
-    return 16 * (g->k * g->c + T * (g->c + g->k)) * (int64_t)sizeof(float);
+/* Output channels per group: K; grouped, half of K up to 128. Measured with
+ * bench_conv_algos, 512->512 (H x W 32x64, 13x128) and 256->256 (9x256), groups of 512, 128
+ * and 64 channels, twice each on the idle 2-core AVX-512 machine: one thread, groups of 128
+ * ran at 0.87-1.0x the ungrouped time; two threads at 1.13-1.24x (14.5-22.6 ms against
+ * 17.1-22.6 at 512 channels, 6.0-6.2 against 5.2-5.6 at 256); groups of 64 at 1.4-1.6x. */
+int64_t cw__cpu_wino_kblock(const cw__cpu_geom *g, int grouped) {
+    if (!grouped) return g->k;
+    const int64_t half = (g->k + 1) / 2;
+    return half < 128 ? half : 128;
+}
+
+int64_t cw__cpu_wino_workspace(const cw__cpu_geom *g, int grouped) {
+    const int64_t T = cw__cpu_wino_block(g), kb = cw__cpu_wino_kblock(g, grouped);
+    return 16 * (kb * g->c + T * (g->c + kb)) * (int64_t)sizeof(float);
 }
 
 /* ---- weights: U[ij][k][c] = (G g G^T)_ij, G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] ------ */
@@ -74,8 +91,9 @@ static void g_apply(const float *a, const float *b, const float *c, float (*o)[W
     }
 }
 
-/* Output channel k, input channels [c0, c0 + n): the 9 taps tap-major, then G g G^T. */
-static void weights_step(const wino_run *r, int64_t k, int64_t c0, int64_t n) {
+/* Output channel k (row k - k0 of the group's U), input channels [c0, c0 + n): the 9 taps
+ * tap-major, then G g G^T. */
+static void weights_step(const wino_run *r, int64_t k0, int64_t k, int64_t c0, int64_t n) {
     const cw__cpu_geom *g = r->g;
     float w[9][WINO_WC], gw[3][4][WINO_WC], u[4][WINO_WC];
     for (int64_t e = 0; e < n; e++)
@@ -86,14 +104,15 @@ static void weights_step(const wino_run *r, int64_t k, int64_t c0, int64_t n) {
     for (int j = 0; j < 3; j++) g_apply(w[j], w[3 + j], w[6 + j], gw[j], n); /* G g: kernel column j */
     for (int i = 0; i < 4; i++) {                                              /* (G g) G^T: row i */
         g_apply(gw[0][i], gw[1][i], gw[2][i], u, n);
-        for (int j = 0; j < 4; j++) memcpy(r->u + ((4 * i + j) * g->k + k) * g->c + c0, u[j], (size_t)n * sizeof(float));
+        for (int j = 0; j < 4; j++) memcpy(r->u + ((4 * i + j) * r->kb + k - k0) * g->c + c0, u[j], (size_t)n * sizeof(float));
     }
 }
 
-/* Output channels [k0, k1). */
-static void wino_weights(const wino_run *r, int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; k++)
-        for (int64_t c = 0; c < r->g->c; c += WINO_WC) weights_step(r, k, c, r->g->c - c < WINO_WC ? r->g->c - c : WINO_WC);
+/* Output channels [k0 + a, k0 + b) of the group starting at k0. */
+static void wino_weights(const wino_run *r, int64_t k0, int64_t a, int64_t b) {
+    for (int64_t k = k0 + a; k < k0 + b; k++)
+        for (int64_t c = 0; c < r->g->c; c += WINO_WC)
+            weights_step(r, k0, k, c, r->g->c - c < WINO_WC ? r->g->c - c : WINO_WC);
 }
 
 /* ---- input: V[ij][c][t] = (B^T d B)_ij, B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] -- */
@@ -187,11 +206,12 @@ static void output_tiles(const float *m, int64_t kn, int64_t len, float bv, floa
     }
 }
 
-/* Output channel k of segment s from M into y's view. */
-static void output_seg(const wino_run *r, const wino_seg *s, int64_t k, int64_t nt) {
+/* Output channel k (row k - k0 of the group's M) of segment s into y's view. */
+static void output_seg(const wino_run *r, const wino_seg *s, int64_t k0, int64_t k, int64_t nt) {
     const cw__cpu_geom *g = r->g;
     float o[2][2][WINO_SEG], row[2 * WINO_SEG];
-    output_tiles(r->m + k * nt + s->t, g->k * nt, s->len, g->has_bias ? cw__cpu_load1(r->b, g->dt, k) : 0.0f, o);
+    output_tiles(r->m + (k - k0) * nt + s->t, r->kb * nt, s->len, g->has_bias ? cw__cpu_load1(r->b, g->dt, k) : 0.0f,
+                 o);
     const int64_t ow = 2 * s->tc, wn = g->out[2] - ow < 2 * s->len ? g->out[2] - ow : 2 * s->len;
     for (int e = 0; e < 2 && 2 * s->tr + e < g->out[1]; e++) {
         const int64_t off = s->n * g->ys[0] + k * g->ys[1] + s->od * g->ys[2] + (2 * s->tr + e) * g->ys[3] + ow * g->ys[4];
@@ -207,54 +227,63 @@ static void output_seg(const wino_run *r, const wino_seg *s, int64_t k, int64_t 
     }
 }
 
-/* Output channels [k0, k1) of the block's tiles [t0, t0 + nt). */
-static void wino_output(const wino_run *r, int64_t t0, int64_t nt, int64_t k0, int64_t k1) {
+/* Output channels [k0 + a, k0 + b) of the group starting at k0, the block's tiles [t0, t0 + nt). */
+static void wino_output(const wino_run *r, int64_t t0, int64_t nt, int64_t k0, int64_t a, int64_t b) {
     for (int64_t t = 0; t < nt;) {
         const wino_seg s = seg_at(r, t0, t, nt);
-        for (int64_t k = k0; k < k1; k++) output_seg(r, &s, k, nt);
+        for (int64_t k = k0 + a; k < k0 + b; k++) output_seg(r, &s, k0, k, nt);
         t += s.len;
     }
 }
 
 /* ---- the 16 products and the team's phases ---------------------------------------------- */
 
-/* M_ij = U_ij V_ij for ij in [i0, i1), block width nt: single-threaded calls of a shape
- * fixed by the problem. */
-static void wino_gemms(const wino_run *r, int64_t nt, int i0, int i1) {
+/* M_ij = U_ij V_ij for ij in [i0, i1), block width nt, group of kn output channels:
+ * single-threaded calls of a shape fixed by the problem. */
+static void wino_gemms(const wino_run *r, int64_t kn, int64_t nt, int i0, int i1) {
     const cw__cpu_geom *g = r->g;
-    const blasint K = (blasint)g->k, C = (blasint)g->c, N = (blasint)nt;
+    const blasint K = (blasint)kn, C = (blasint)g->c, N = (blasint)nt;
     for (int ij = i0; ij < i1; ij++)
-        cw__cpu_gemm1(0, 0, K, N, C, 1.0f, r->u + ij * g->k * g->c, C, r->v + ij * g->c * nt, N, 0.0f,
-                      r->m + ij * g->k * nt, N);
+        cw__cpu_gemm1(0, 0, K, N, C, 1.0f, r->u + ij * r->kb * g->c, C, r->v + ij * g->c * nt, N, 0.0f,
+                      r->m + ij * r->kb * nt, N);
 }
 
 static int64_t share(int64_t n, int rank, int members) { return n * rank / members; }
 
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Steps run group by group, block by block. Before step s's GEMMs: its group's U (when the
+ * group starts) and its block's V (unless one block holds every tile and V is still there). */
+static void wino_prepare(const wino_run *r, int64_t s, int rank, int n) {
+    const int64_t k0 = s / r->blocks * r->kb, b = s % r->blocks, t0 = b * r->T;
+    if (b == 0) {
+        const int64_t kn = min64(r->g->k - k0, r->kb);
+        wino_weights(r, k0, share(kn, rank, n), share(kn, rank + 1, n));
+    }
+    if (s == 0 || r->blocks > 1)
+        wino_input(r, t0, min64(r->tiles - t0, r->T), share(r->g->c, rank, n), share(r->g->c, rank + 1, n));
+}
+
 static void wino_team(void *arg, cw__cpu_team *t, int rank, int n) {
     const wino_run *r = arg;
-    const int64_t C = r->g->c, K = r->g->k;
-    wino_weights(r, share(K, rank, n), share(K, rank + 1, n));
-    int64_t nt = r->T < r->tiles ? r->T : r->tiles;
-    wino_input(r, 0, nt, share(C, rank, n), share(C, rank + 1, n));
+    const int64_t steps = r->groups * r->blocks;
+    wino_prepare(r, 0, rank, n);
     cw__cpu_team_barrier(t);
-    for (int64_t b = 0; b < r->blocks; b++) {
-        const int64_t t0 = b * r->T;
-        nt = r->tiles - t0 < r->T ? r->tiles - t0 : r->T;
-        wino_gemms(r, nt, (int)share(16, rank, n), (int)share(16, rank + 1, n));
+    for (int64_t s = 0; s < steps; s++) {
+        const int64_t k0 = s / r->blocks * r->kb, kn = min64(r->g->k - k0, r->kb);
+        const int64_t t0 = s % r->blocks * r->T, nt = min64(r->tiles - t0, r->T);
+        wino_gemms(r, kn, nt, (int)share(16, rank, n), (int)share(16, rank + 1, n));
         cw__cpu_team_barrier(t);
-        /* V is free again: the next block's input transform runs beside this output's */
-        wino_output(r, t0, nt, share(K, rank, n), share(K, rank + 1, n));
-        if (b + 1 < r->blocks) {
-            const int64_t t1 = t0 + nt, n1 = r->tiles - t1 < r->T ? r->tiles - t1 : r->T;
-            wino_input(r, t1, n1, share(C, rank, n), share(C, rank + 1, n));
-        }
+        /* U and V are free again: the next step's transforms run beside this output's */
+        wino_output(r, t0, nt, k0, share(kn, rank, n), share(kn, rank + 1, n));
+        if (s + 1 < steps) wino_prepare(r, s + 1, rank, n);
         cw__cpu_team_barrier(t);
     }
 }
 
 void cw__cpu_wino_run(const cw__cpu_geom *g, const void *x, const void *w, const void *b, void *y, void *ws,
-                      int threads) {
-    wino_run r = {g, x, w, b, y, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0};
+                      int grouped, int threads) {
+    wino_run r = {g, x, w, b, y, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
     r.tw = (g->out[2] + 1) / 2;
     r.th = (g->out[1] + 1) / 2;
     r.plane = r.tw * r.th;
@@ -262,12 +291,14 @@ void cw__cpu_wino_run(const cw__cpu_geom *g, const void *x, const void *w, const
     if (r.tiles == 0) return;
     r.T = cw__cpu_wino_block(g);
     r.blocks = (r.tiles + r.T - 1) / r.T;
+    r.kb = cw__cpu_wino_kblock(g, grouped);
+    r.groups = (g->k + r.kb - 1) / r.kb;
     r.u = ws;
-    r.v = r.u + 16 * g->k * g->c;
+    r.v = r.u + 16 * r.kb * g->c;
     r.m = r.v + 16 * g->c * r.T;
     cw__cpu_blas_single();
     /* a helper thread took 0.1-0.2 ms to start and join on the loaded 2-core machine, and
-     * each block adds two barriers: no team under ~20 MFLOP (~0.25 ms of GEMMs) */
+     * each step adds two barriers: no team under ~20 MFLOP (~0.25 ms of GEMMs) */
     const double flops = 32.0 * (double)r.tiles * (double)g->c * (double)g->k;
     cw__cpu_team_run(flops >= 2e7 ? threads : 1, wino_team, &r);
 }

@@ -52,15 +52,18 @@ void cw__cpu_fill_nan(void *p, cw_dtype dt, int64_t i);
 /* Tests: 1 makes the f16 rows use the scalar functions instead of F16C (process-wide). */
 void cw__cpu_cvt_force_scalar(int on);
 
-/* cpu conv algorithm ids (DNNL is listed only when built with oneDNN, WINOGRAD only for
- * the problems cw__cpu_wino_supported accepts) */
+/* cpu conv algorithm ids (DNNL is listed only when built with oneDNN, WINOGRAD and its
+ * grouped variant WINOGRAD_KB, with a smaller workspace, only for the problems
+ * cw__cpu_wino_supported accepts) */
 enum {
     CW__CPU_ALGO_GEMM = 0,
     CW__CPU_ALGO_DIRECT = 1,
     CW__CPU_ALGO_DNNL = 2,
     CW__CPU_ALGO_WINOGRAD = 3,
+    CW__CPU_ALGO_WINOGRAD_KB = 4,
     CW__CPU_ALGO_COUNT
 };
+#define CW__CPU_IS_WINO(id) ((id) == CW__CPU_ALGO_WINOGRAD || (id) == CW__CPU_ALGO_WINOGRAD_KB)
 
 /* conv_geom.c: a problem's geometry as the cpu algorithms read it. 2-D is 3-D with D = 1;
  * extents and strides are in elements, in (D, H, W) or (n/k, c, d, h, w) order. */
@@ -118,14 +121,16 @@ int64_t cw__cpu_conv_workspace(const cw__conv_problem *p, int algo);
  * block's 16 products are single-threaded cw__cpu_gemm1 calls, so the bits never depend on the
  * thread count. */
 int cw__cpu_wino_supported(const cw__cpu_geom *g);
-/* Tiles per block (a function of the shape only) and the workspace bytes the run uses:
- * the transformed weights [16][K][C] plus one block's transformed input [16][C][T] and
- * products [16][K][T], f32. */
+/* Tiles per block and output channels per group (functions of the shape and of `grouped`,
+ * CW__CPU_ALGO_WINOGRAD_KB, only), and the workspace bytes the run uses: one group's
+ * transformed weights [16][Kb][C] plus one block's transformed input [16][C][T] and products
+ * [16][Kb][T], f32. */
 int64_t cw__cpu_wino_block(const cw__cpu_geom *g);
-int64_t cw__cpu_wino_workspace(const cw__cpu_geom *g);
+int64_t cw__cpu_wino_kblock(const cw__cpu_geom *g, int grouped);
+int64_t cw__cpu_wino_workspace(const cw__cpu_geom *g, int grouped);
 /* y = conv(x, w) + b on `threads` threads (bits independent of it); ws: the workspace. */
 void cw__cpu_wino_run(const cw__cpu_geom *g, const void *x, const void *w, const void *b, void *y, void *ws,
-                      int threads);
+                      int grouped, int threads);
 
 /* conv_dnnl.c: oneDNN convolution on blocked layouts (CONVWEAVE_DNNL; stubs without). A
  * plan is one patch problem's sub-bands, primitives and workspace layout, made once, held
