@@ -52,6 +52,10 @@ void cw__cpu_fill_nan(void *p, cw_dtype dt, int64_t i);
 /* Tests: 1 makes the f16 rows use the scalar functions instead of F16C (process-wide). */
 void cw__cpu_cvt_force_scalar(int on);
 
+/* Items a stream holds queued or running before an enqueue onto it waits (cpu_backend.c,
+ * wait_room_locked). Each conv task is milliseconds of work: 256 keep every worker fed. */
+#define CPU_QUEUE_MAX 256
+
 /* cpu conv algorithm ids (DNNL is listed only when built with oneDNN, WINOGRAD and its
  * grouped variant WINOGRAD_KB, with a smaller workspace, only for the problems
  * cw__cpu_wino_supported accepts) */
