@@ -24,6 +24,7 @@ to max|ref|.
   python bench/bench_python_vae.py --part encoder --config sd --latent 64 --budget 128MiB  # encode 512x512
   python bench/bench_python_vae.py --latent 64 --modes diffusers,convweave,wrap --memory auto
   python bench/bench_python_vae.py --model flux2 --budget 64MiB --memory least --threads 2
+  python bench/bench_python_vae.py --latent 64 --budget 32MiB --memory least --threads 2 --procs 3  # the smallest
   python bench/bench_python_vae.py --model asymmetric --modes diffusers,wrap --memory auto --threads 2
 """
 import argparse

@@ -104,7 +104,8 @@ static void weights_step(const wino_run *r, int64_t k0, int64_t k, int64_t c0, i
     for (int j = 0; j < 3; j++) g_apply(w[j], w[3 + j], w[6 + j], gw[j], n); /* G g: kernel column j */
     for (int i = 0; i < 4; i++) {                                              /* (G g) G^T: row i */
         g_apply(gw[0][i], gw[1][i], gw[2][i], u, n);
-        for (int j = 0; j < 4; j++) memcpy(r->u + ((4 * i + j) * r->kb + k - k0) * g->c + c0, u[j], (size_t)n * sizeof(float));
+        for (int j = 0; j < 4; j++)
+            memcpy(r->u + ((4 * i + j) * r->kb + k - k0) * g->c + c0, u[j], (size_t)n * sizeof(float));
     }
 }
 
