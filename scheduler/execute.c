@@ -265,6 +265,7 @@ static cw_status cw__exec_open_run(cw__exec *x) {
     x->timer = p->timer;
     x->timing = ((p->ctx->cfg.flags & CW_FLAG_TIMING) || x->nvtx_worker) && i->launch_host && !x->timer;
     for (int s = 0; s < p->n_streams && st == CW_OK; s++) st = cw__context_stream(p->ctx, s, &x->streams[s]);
+    if (p->opt.comm && i->unbound_queues) i->unbound_queues(x->be); /* ranks wait on each other */
     x->ev = p->events;
     if (x->timing && st == CW_OK) {
         x->ha = cw__malloc((size_t)p->n_tasks * sizeof *x->ha + 1);

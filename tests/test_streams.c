@@ -623,6 +623,22 @@ static void test_queue_bound(void) {
     fprintf(stderr, "queue bound: at most %d items waiting (bound %d)\n", most, CPU_QUEUE_MAX);
     ASSERT_LE_I(most, CPU_QUEUE_MAX);
     ASSERT_TRUE(most >= CPU_QUEUE_MAX - 1); /* the host did run ahead up to the bound */
+
+    /* a distributed run unbounds the queues: its communicator's calls may block on another
+     * rank's host */
+    be->rt->unbound_queues(be);
+    atomic_store(&queue_ran, 0);
+    ASSERT_OK(cw__cpu_enqueue(be, s, item_sleep_100ms, NULL, NULL));
+    most = 0;
+    for (int i = 0; i < 2000; i++) {
+        ASSERT_OK(cw__cpu_enqueue(be, s, item_count, NULL, NULL));
+        const int waiting = i + 1 - atomic_load(&queue_ran);
+        if (waiting > most) most = waiting;
+    }
+    ASSERT_OK(be->rt->stream_synchronize(be, s));
+    ASSERT_EQ_I(atomic_load(&queue_ran), 2000);
+    fprintf(stderr, "queue unbounded: at most %d items waiting\n", most);
+    ASSERT_TRUE(most > CPU_QUEUE_MAX);
     be->rt->stream_destroy(be, s);
     be->rt->destroy(be);
 }

@@ -136,6 +136,11 @@ typedef struct cw__runtime_i {
      * system; what they read afterwards is undefined). A donated input with no output,
      * after its last read (cw_graph_donate). */
     cw_status (*discard)(cw__backend *be, cw__stream *s, void *p, int64_t bytes);
+    /* (optional) default: none. A run whose host functions may block on another process (a
+     * communicator's calls) follows: a backend whose host waits for room in a full queue
+     * (cpu) stops waiting from now on, so ranks blocked at different places cannot wait on
+     * each other. Never fails. */
+    void (*unbound_queues)(cw__backend *be);
     /* (optional) default: s itself (cw__stream_handle). The handle a user allocator
      * (cw_allocator) is given for s: cuda's cudaStream_t. Never fails, never synchronises. */
     void *(*stream_handle)(cw__backend *be, cw__stream *s);

@@ -66,6 +66,7 @@ struct cpu_backend {
     int threads;
     int next_index;
     int live_streams;
+    int unbounded;       /* no queue bound (wait_room_locked): a distributed run came */
     _Atomic int64_t host_syncs;
 };
 
@@ -147,9 +148,11 @@ static void *worker_main(void *p) {
  * set and left 20 MiB of freed heap behind. It cannot deadlock: a queued item waits only on
  * events recorded by items enqueued before it, which are already queued. Not counted as a
  * host synchronisation: no work the host asked for is waited on, only room in a queue. A
- * worker enqueuing onto its own stream does not wait. */
+ * worker enqueuing onto its own stream does not wait. A communicator's send or receive
+ * may block on another rank's host, which no queue here shows: before a distributed run
+ * the scheduler unbounds the queues (cpu_unbound_queues), for good. */
 static void wait_room_locked(cw__stream *s) {
-    if (pthread_equal(pthread_self(), s->thread)) return;
+    if (s->cb->unbounded || pthread_equal(pthread_self(), s->thread)) return;
     while (s->enqueued - s->done >= CPU_QUEUE_MAX) pthread_cond_wait(&s->sync_cv, &s->cb->mu);
 }
 
@@ -338,6 +341,13 @@ static cw_status cpu_launch_host(cw__backend *be, cw__stream *s, cw__host_fn fn,
     return cw__cpu_enqueue(be, s, fn, arg, NULL);
 }
 
+static void cpu_unbound_queues(cw__backend *be) {
+    cpu_backend *cb = cb_of(be);
+    pthread_mutex_lock(&cb->mu);
+    cb->unbounded = 1;
+    pthread_mutex_unlock(&cb->mu);
+}
+
 /* ---- memory -------------------------------------------------------------------------- */
 /* 64-byte aligned blocks carved from cw__malloc (so failures can be injected); the raw
  * pointer sits just below the aligned one. */
@@ -511,6 +521,7 @@ static const cw__runtime_i cpu_rt = {
     .host_syncs = cpu_host_syncs,
     .launch_host = cpu_launch_host,
     .discard = cpu_discard,
+    .unbound_queues = cpu_unbound_queues,
 };
 
 cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, cw__backend **out) {
