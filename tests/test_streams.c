@@ -604,12 +604,8 @@ static void item_sleep_100ms(void *p) {
     sleep_us(100000);
 }
 
-/* 2000 items behind one of 100 ms: without the bound the host queues all of them in a few
- * ms; with it, never more than CPU_QUEUE_MAX are waiting, and every one runs, in order. */
-static void test_queue_bound(void) {
-    cw__backend *be = make_cpu(0, 0, 1);
-    cw__stream *s;
-    ASSERT_OK(be->rt->stream_create(be, &s));
+/* 2000 items queued behind one of 100 ms; returns the most that were waiting at once. */
+static int queue_behind_sleep(cw__backend *be, cw__stream *s) {
     atomic_store(&queue_ran, 0);
     ASSERT_OK(cw__cpu_enqueue(be, s, item_sleep_100ms, NULL, NULL));
     int most = 0;
@@ -620,6 +616,16 @@ static void test_queue_bound(void) {
     }
     ASSERT_OK(be->rt->stream_synchronize(be, s));
     ASSERT_EQ_I(atomic_load(&queue_ran), 2000);
+    return most;
+}
+
+/* Without the bound the host queues all 2000 in a few ms; with it, never more than
+ * CPU_QUEUE_MAX are waiting, and every one runs, in order. */
+static void test_queue_bound(void) {
+    cw__backend *be = make_cpu(0, 0, 1);
+    cw__stream *s;
+    ASSERT_OK(be->rt->stream_create(be, &s));
+    int most = queue_behind_sleep(be, s);
     fprintf(stderr, "queue bound: at most %d items waiting (bound %d)\n", most, CPU_QUEUE_MAX);
     ASSERT_LE_I(most, CPU_QUEUE_MAX);
     ASSERT_TRUE(most >= CPU_QUEUE_MAX - 1); /* the host did run ahead up to the bound */
@@ -627,16 +633,7 @@ static void test_queue_bound(void) {
     /* a distributed run unbounds the queues: its communicator's calls may block on another
      * rank's host */
     be->rt->unbound_queues(be);
-    atomic_store(&queue_ran, 0);
-    ASSERT_OK(cw__cpu_enqueue(be, s, item_sleep_100ms, NULL, NULL));
-    most = 0;
-    for (int i = 0; i < 2000; i++) {
-        ASSERT_OK(cw__cpu_enqueue(be, s, item_count, NULL, NULL));
-        const int waiting = i + 1 - atomic_load(&queue_ran);
-        if (waiting > most) most = waiting;
-    }
-    ASSERT_OK(be->rt->stream_synchronize(be, s));
-    ASSERT_EQ_I(atomic_load(&queue_ran), 2000);
+    most = queue_behind_sleep(be, s);
     fprintf(stderr, "queue unbounded: at most %d items waiting\n", most);
     ASSERT_TRUE(most > CPU_QUEUE_MAX);
     be->rt->stream_destroy(be, s);
