@@ -89,6 +89,25 @@ cw_status cw__dep(cw__lower *L, int task, int dep) {
     return CW_OK;
 }
 
+/* The reads are long done in practice, so the write-after-read deps cost no parallelism. */
+cw_status cw__touching(cw__lower *L, int b, int **out, int *n) {
+    const cw_plan *p = L->p;
+    *out = NULL;
+    *n = 0;
+    int *list = cw__malloc((size_t)p->n_tasks * sizeof *list + 1);
+    if (!list) return cw__oom(L);
+    for (int t = 0; t < p->n_tasks; t++) {
+        int tb[CW__TASK_MAX_BUFS];
+        for (int k = 0, m = cw__task_bufs(&p->tasks[t], tb); k < m; k++)
+            if (tb[k] == b) {
+                list[(*n)++] = t;
+                break;
+            }
+    }
+    *out = list;
+    return CW_OK;
+}
+
 cw_status cw__dep_rows(cw__lower *L, int task, int n, int64_t r0, int64_t r1) {
     return cw__dep_band(L, task, n, cw__hdim(&L->g->nodes[n].desc), r0, r1);
 }

@@ -123,6 +123,40 @@ static int cw__inplace_operand(const cw__lower *L, int i, int u) {
     return m;
 }
 
+/* The operand whose storage lone elementwise node i (an add; a per-channel, unary or binary
+ * op) writes its result into, or -1: an activation of the result's dims and dtype, whole (no
+ * head and tail), that no unit after i reads, with no GroupNorm statistics still to take from
+ * it. Both backends' kernels of these ops read each element before they write it
+ * (ops_cpu.c, kernels.cu), so the exact alias is safe. Not in the unscheduled reference, which
+ * keeps a buffer per node, nor in a distributed plan, whose ranks hold bands of buffers. */
+static int cw__inplace_lone(const cw__lower *L, int i) {
+    const cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[i];
+    int cand[2] = {n->in[0], -1}, rd[4];
+    if (L->none || L->p->opt.comm || n->is_output) return -1;
+    if (n->kind == CW__N_ADD || (n->kind == CW__N_OP && n->op == CW_OP_BINARY)) cand[1] = n->in[1];
+    else if (n->kind != CW__N_OP || (n->op != CW_OP_CHANNEL && n->op != CW_OP_UNARY)) return -1;
+    int k = cw__fusion_unit_reads(L, i, rd);
+    for (int c = 0; c < 2 && k >= 0; c++) {
+        const int m = cand[c];
+        if (m < 0) continue;
+        const cw__node *nm = &g->nodes[m];
+        const cw__lnode *lm = &L->nd[m];
+        if (nm->kind == CW__N_INPUT || nm->kind == CW__N_CONST || nm->is_output || lm->buf < 0 || lm->moved ||
+            lm->rec || lm->fused || L->p->bufs[lm->buf].kind != CW__B_ACT || L->p->bufs[lm->buf].tail >= 0 ||
+            L->p->bufs[lm->buf].head >= 0 || lm->reads != cw__reads_released(L, rd, k, m) ||
+            nm->desc.rank != n->desc.rank || nm->desc.dtype != n->desc.dtype)
+            continue;
+        int same = 1;
+        for (int d = 0; d < n->desc.rank; d++) same &= nm->desc.dims[d] == n->desc.dims[d];
+        for (int q = m + 1; q < g->n && same; q++) /* GroupNorm statistics still to be taken from m */
+            same = !(g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0 &&
+                     L->nd[q].gn_fin < 0);
+        if (same) return m;
+    }
+    return -1;
+}
+
 /* Bytes of node i's result that outlive it, or 0: where i is the input x of an epilogue
  * shortcut (fusion.c, rec_epi), the residual add's result takes x's storage and needs only
  * its first bytes (one batch: every channel plane of the result lies before the rest of x's).
@@ -185,11 +219,11 @@ static cw_status cw__lower_node(cw__lower *L, int i) {
         L->nd[u].rec_k = k;
         return CW_OK;
     }
-    int other = u != i ? cw__inplace_operand(L, i, u) : -1;
+    int other = u != i ? cw__inplace_operand(L, i, u) : cw__inplace_lone(L, i);
     if (nd->is_output) {
         CW_TRY(cw__new_buf(L, CW__B_OUTPUT, nd->index, &nd->desc, 0, &ln->buf));
     } else if (other >= 0) {
-        ln->buf = L->nd[other].buf; /* the add's result overwrites its dying operand */
+        ln->buf = L->nd[other].buf; /* the result overwrites its dying operand */
         L->nd[other].moved = 1;
     } else {
         CW_TRY(cw__new_act(L, i));

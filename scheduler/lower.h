@@ -18,8 +18,8 @@ typedef struct cw__wr {
 /* What the lowering knows about one graph node. Indices are -1 where they do not apply. */
 typedef struct cw__lnode {
     int buf;            /* buffer of its result; -1 while fused or not lowered */
-    int moved;          /* 1: its buffer now holds a residual add's result, written in place;
-                           that node frees it, not this one */
+    int moved;          /* 1: its buffer now holds a later node's result, written in place (a
+                           residual add; a lone elementwise op): that node frees it, not this one */
     int fused;          /* 1: absorbed into its consumers' prep */
     int live;           /* 1: an output depends on it */
     int epi;            /* ADD: the conv fused into it as an epilogue */
@@ -76,6 +76,9 @@ cw_status cw__release_tail(cw__lower *L, int buf);
 cw_status cw__new_task(cw__lower *L, cw__tkind kind, int stage, int stream, int node, cw__task **out, int *id);
 /* task runs after dep (dep < 0: nothing). */
 cw_status cw__dep(cw__lower *L, int task, int dep);
+/* The tasks so far that touch buffer b, into *out (cw__free it), *n of them: a write into
+ * b's storage in place waits for them (write after read). */
+cw_status cw__touching(cw__lower *L, int b, int **out, int *n);
 /* task runs after every writer of node n's rows [r0, r1) along H. */
 cw_status cw__dep_rows(cw__lower *L, int task, int n, int64_t r0, int64_t r1);
 /* The same along tensor dim ax: a writer of a band along the other axis overlaps any

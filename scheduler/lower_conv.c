@@ -276,26 +276,6 @@ static cw_status cw__patch_release(cw__lower *L, cw__conv_unit *u, int k) {
     return CW_OK;
 }
 
-/* The tasks so far that touch buffer b: an in-place epilogue writing b waits for them
- * (write after read; the reads are long done in practice, so this costs no parallelism). */
-static cw_status cw__touching(cw__lower *L, int b, int **out, int *n) {
-    const cw_plan *p = L->p;
-    *out = NULL;
-    *n = 0;
-    int *list = cw__malloc((size_t)p->n_tasks * sizeof *list + 1);
-    if (!list) return cw__oom(L);
-    for (int t = 0; t < p->n_tasks; t++) {
-        int tb[CW__TASK_MAX_BUFS];
-        for (int k = 0, m = cw__task_bufs(&p->tasks[t], tb); k < m; k++)
-            if (tb[k] == b) {
-                list[(*n)++] = t;
-                break;
-            }
-    }
-    *out = list;
-    return CW_OK;
-}
-
 /* A second pass runs conv b on bands of recomputed conv a's output: both convs' temporaries
  * are in flight at once. Splits avail between them in proportion to their reduction lengths
  * (C/groups x kernel volume: im2col workspace per output row), a's share weighted 5/4 for its

@@ -1,6 +1,8 @@
 /* Lowering one lone elementwise node (an add, a generic op, or a GroupNorm apply / SiLU /
  * upsample not fused into a conv): one light-stream task over the whole tensor, then the
- * GroupNorm statistics of its result where a GroupNorm reads it. */
+ * GroupNorm statistics of its result where a GroupNorm reads it. Where its result takes an
+ * operand's storage (lower.c, cw__inplace_lone), the task waits for every earlier task that
+ * touched that storage. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,7 +10,7 @@
 #include "scheduler/lower.h"
 #include "scheduler/planner.h"
 
-cw_status cw__lower_elementwise(cw__lower *L, int i) {
+static cw_status cw__lower_lone(cw__lower *L, int i, const int *war, int n_war) {
     cw_graph *g = L->g;
     const cw__node *n = &g->nodes[i];
     const cw_tensor_desc *d = &n->desc;
@@ -52,7 +54,18 @@ cw_status cw__lower_elementwise(cw__lower *L, int i) {
         CW_TRY(cw__dep_rows(L, id, x, 0, cw__node_rows(g, x)));
         if (n->kind == CW__N_GN) CW_TRY(cw__dep(L, id, L->nd[i].gn_fin));
     }
+    for (int k = 0; k < n_war; k++) CW_TRY(cw__dep(L, id, war[k]));
     CW_TRY(cw__gn_begin(L, i, 1));
     CW_TRY(cw__writer(L, i, id, 0, h));
     return cw__gn_band_stats(L, i, id, cw__hdim(d), 0, h, 0);
+}
+
+cw_status cw__lower_elementwise(cw__lower *L, int i) {
+    const cw__node *n = &L->g->nodes[i];
+    int *war = NULL, n_war = 0;
+    for (int a = 0; a < 3 && n->in[a] >= 0 && !war; a++)
+        if (L->nd[n->in[a]].buf == L->nd[i].buf) CW_TRY(cw__touching(L, L->nd[i].buf, &war, &n_war));
+    cw_status st = cw__lower_lone(L, i, war, n_war);
+    cw__free(war);
+    return st;
 }
