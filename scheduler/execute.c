@@ -190,6 +190,7 @@ static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const c
             pp.shift = pp.scale + nc;
         }
         pp.silu = t->u.prep.silu;
+        pp.unary = t->u.prep.unary, pp.ua = t->u.prep.ua, pp.ub = t->u.prep.ub;
         pp.up = t->u.prep.up;
         pp.dst_row0 = t->u.prep.dst_row0;
         pp.src_row0 = t->u.prep.src_row0;

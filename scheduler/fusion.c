@@ -1,6 +1,7 @@
-/* Fusion analysis: which GroupNorm / SiLU / upsample / replicate pad nodes are absorbed into
- * the prep stage of the convs that read them (a chain GN -> SiLU -> upsample -> pad, each
- * used only as a conv's x or by the next link), and which convs write through a residual add as an epilogue. */
+/* Fusion analysis: which GroupNorm / SiLU / unary op / upsample / replicate pad nodes are
+ * absorbed into the prep stage of the convs that read them (a chain GN -> SiLU -> unary ->
+ * upsample -> pad, each used only as a conv's x or by the next link), and which convs write
+ * through a residual add as an epilogue. */
 #include "scheduler/lower.h"
 
 /* A replicate pad (CW_OP_PAD): a link of a conv's prep chain, after the upsample. */
@@ -15,13 +16,21 @@ static int cw__is_up(const cw__node *n) {
                                     n->param.i[1] == n->param.i[2] && n->param.i[1] <= 2);
 }
 
-/* Order of the links in a fusable chain: GN, then SiLU, then upsample, then a replicate pad. */
+/* A unary op (CW_OP_UNARY: ReLU, an affine map, ...), the prep's unary link. */
+static int cw__is_unary(const cw__node *n) { return n->kind == CW__N_OP && n->op == CW_OP_UNARY; }
+
+/* Order of the links in a fusable chain: GN, SiLU, a unary op, upsample, a replicate pad. */
 static int cw__chain_rank(const cw__node *n) {
-    return n->kind == CW__N_GN ? 0 : n->kind == CW__N_SILU ? 1 : cw__is_up(n) ? 2 : cw__is_pad(n) ? 3 : 4;
+    return n->kind == CW__N_GN     ? 0
+           : n->kind == CW__N_SILU ? 1
+           : cw__is_unary(n)       ? 2
+           : cw__is_up(n)          ? 3
+           : cw__is_pad(n)         ? 4
+                                   : 5;
 }
 
 static int cw__fusable(const cw__node *n) {
-    return n->kind == CW__N_GN || n->kind == CW__N_SILU || cw__is_up(n) || cw__is_pad(n);
+    return n->kind == CW__N_GN || n->kind == CW__N_SILU || cw__is_unary(n) || cw__is_up(n) || cw__is_pad(n);
 }
 
 /* 1 when every live consumer of node i takes it as a conv's x or as the input of a later,
@@ -80,6 +89,14 @@ void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, i
         x = n->in[0];
     }
     *src = x;
+}
+
+void cw__fusion_unary(const cw__lower *L, int x, int *unary, float *a, float *b) {
+    *unary = 0, *a = *b = 0.0f;
+    for (; L->nd[x].fused; x = L->g->nodes[x].in[0]) {
+        const cw__node *n = &L->g->nodes[x];
+        if (cw__is_unary(n)) *unary = (int)n->param.i[0] + 1, *a = n->param.f[0], *b = n->param.f[1];
+    }
 }
 
 void cw__fusion_dmap(const cw__lower *L, int x, int64_t *up_d, int64_t *off_d) {

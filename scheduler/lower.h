@@ -110,6 +110,8 @@ int cw__fusion_pad(const cw__lower *L, int x);
 /* Follows a conv's x through fused nodes: src (materialised), gn node (-1), silu, up (a
  * fused pad is passed through: cw__fusion_pad). */
 void cw__fusion_chain(const cw__lower *L, int x, int *src, int *gn, int *silu, int *up);
+/* The chain's unary link (cw__prep_params.unary, ua, ub): 0 without one. */
+void cw__fusion_unary(const cw__lower *L, int x, int *unary, float *a, float *b);
 /* The chain's upsampling along D (cw__prep_params.up_d, off_d): 1 and 0 without one. */
 void cw__fusion_dmap(const cw__lower *L, int x, int64_t *up_d, int64_t *off_d);
 /* The materialised nodes lowering unit i reads, into out (at most 3); out[3] = the GN whose

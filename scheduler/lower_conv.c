@@ -13,6 +13,8 @@
 typedef struct cw__conv_unit {
     int node, outn;          /* conv node; node whose buffer it writes (the ADD when fused) */
     int src, gn, silu, up;   /* the prep chain (cw__fusion_chain) */
+    int unary;               /* its unary link, parameters ua, ub (cw__fusion_unary) */
+    float ua, ub;
     int64_t up_d, off_d;     /* its upsampling along D (cw__fusion_dmap) */
     int pad;                 /* the chain's replicate pad node (cw__fusion_pad), -1 */
     int prep;                /* 1 when the chain is not empty */
@@ -40,9 +42,10 @@ typedef struct cw__conv_unit {
  * not empty. */
 static void cw__unit_chain(const cw__lower *L, int x, cw__conv_unit *u) {
     cw__fusion_chain(L, x, &u->src, &u->gn, &u->silu, &u->up);
+    cw__fusion_unary(L, x, &u->unary, &u->ua, &u->ub);
     cw__fusion_dmap(L, x, &u->up_d, &u->off_d);
     u->pad = cw__fusion_pad(L, x);
-    u->prep = u->gn >= 0 || u->silu || u->up > 1 || u->up_d > 1 || u->pad >= 0;
+    u->prep = u->gn >= 0 || u->silu || u->unary || u->up > 1 || u->up_d > 1 || u->pad >= 0;
 }
 
 /* The axes conv unit u may be cut along (cw__conv_share.axes). D (time) only for 5-D convs,
@@ -158,14 +161,15 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     t->u.prep.dst = cw__whole(u->pbuf[q], &bd);
     t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
     t->u.prep.silu = u->silu;
+    t->u.prep.unary = u->unary, t->u.prep.ua = u->ua, t->u.prep.ub = u->ub;
     t->u.prep.up = u->up;
     t->u.prep.up_d = u->up_d, t->u.prep.off_d = u->off_d;
     t->u.prep.dst_row0 = along_h ? pt->a : 0;
     t->u.prep.src_row0 = along_h ? s0 : 0;
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
-    snprintf(t->name, sizeof t->name, "prep%s%s%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "",
-             u->up > 1 ? " up2" : "", u->up_d > 1 ? " up_d" : "", u->pad >= 0 ? " pad" : "", u->node, q + 1,
-             u->cp.patches);
+    snprintf(t->name, sizeof t->name, "prep%s%s%s%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "",
+             u->silu ? " silu" : "", u->unary ? " unary" : "", u->up > 1 ? " up2" : "", u->up_d > 1 ? " up_d" : "",
+             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches);
     CW_TRY(cw__dep_band(L, id, u->src, ax, s0, s1));
     if (u->gn >= 0) CW_TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
     u->prep_task[q] = id;
@@ -393,7 +397,7 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     CW_TRY(cw__emit_rec_conv(L, u, q, &ybuf, &id));
     u->pbuf[q] = ybuf;
     u->prep_task[q] = id;
-    if (u->gn < 0 && !u->silu && u->pad < 0) return CW_OK; /* read as it is */
+    if (u->gn < 0 && !u->silu && !u->unary && u->pad < 0) return CW_OK; /* read as it is */
     const cw__buf *bb = &L->p->bufs[ybuf];
     const cw_tensor_desc yd = bb->d;
     cw__patch band;
@@ -411,14 +415,15 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     t->u.prep.dst = u->pad >= 0 ? cw__whole(u->pbuf[q], &bd) : t->u.prep.src;
     t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
     t->u.prep.silu = u->silu;
+    t->u.prep.unary = u->unary, t->u.prep.ua = u->ua, t->u.prep.ub = u->ub;
     t->u.prep.up = 1;
     t->u.prep.dst_row0 = pt->a;
     t->u.prep.src_row0 = band.o0;
     if (u->pad >= 0) cw__prep_pad(L, t, u->pad, cw__node_rows(L->g, u->rec));
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
-    snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s L%d patch %d/%d", u->rec,
-             band.o0, band.o1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->pad >= 0 ? " pad" : "", u->node,
-             q + 1, u->cp.patches);
+    snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s%s L%d patch %d/%d",
+             u->rec, band.o0, band.o1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->unary ? " unary" : "",
+             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches);
     CW_TRY(cw__dep(L, pid, id));
     if (u->gn >= 0) CW_TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
     u->prep_task[q] = pid;

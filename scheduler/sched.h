@@ -113,6 +113,8 @@ typedef struct cw__task {
             cw__vref src, dst;
             int ss_buf;          /* scale/shift buffer (2*N*C floats), -1 none */
             int silu, up;
+            int unary;           /* then a unary op (cw__prep_params.unary, ua, ub) */
+            float ua, ub;
             int64_t dst_row0, src_row0;
             int64_t pad[3], up_h; /* replicate padding (cw__prep_params) */
             int64_t up_d, off_d;  /* upsampling along D (cw__prep_params) */

@@ -2,13 +2,15 @@
  * against a double-precision reference: every op between two 3x3 convs (4-D, unscheduled and
  * patched convs on 3 streams with chaos and poison; rsqrt and pow on sigmoid(conv) + 0.25, in
  * their domain) in f32, f16 and bf16 graphs, two ops in a row on a 5-D tensor, LTX's pixel
- * norm x * rsqrt(mean(x^2 over C) + eps) and a pow chain on 5-D tensors, the builder's
+ * norm x * rsqrt(mean(x^2 over C) + eps) and a pow chain on 5-D tensors, every op fused
+ * into a conv's prep after GroupNorm and SiLU and before an upsample, the builder's
  * argument checks, and the op's contract through cw__op_run (special values: NaN,
  * infinities, signed zeros). */
 #include <float.h>
 #include <math.h>
 #include <string.h>
 
+#include "alloc/alloc.h"
 #include "backend/cpu/cpu.h"
 #include "conv_ref.h"
 #include "convweave/convweave.h"
@@ -87,6 +89,74 @@ static void test_conv_unary_conv(cw_context *ctx, cw_rng *r, cw_dtype dt, int op
                              16.0 * k * u + k * 16.0 * (C * 9 + K * 9 + 8) * FLT_EPSILON};
     sandwich_close(&s, y0, s.c1d.dims, ref0, bound, op_names[op]);
     free(ref0);
+}
+
+/* The op fused into a conv's prep (scheduler/fusion.c's unary link): y = conv2(up2x(op(t)))
+ * with t = silu(group_norm(conv1(x))) (2 groups), or t = sigmoid(conv1(x)) + 0.25 for the
+ * positive_only ops (the sigmoid then a node of its own, the affine and the op links), y the
+ * only output. The patched plan runs GN, SiLU, the op and the upsample in conv2's prep (its
+ * live activations show it); the unscheduled one runs each as a node. Both against double. */
+static void test_prep_unary(cw_context *ctx, cw_rng *r, cw_dtype dt, int op) {
+    const int64_t xdims[4] = {N, C, H, W}, udims[4] = {N, K, 2 * H, 2 * W}, w2dims[4] = {K, K, 3, 3};
+    float a, b;
+    op_scalars(op, &a, &b);
+    sandwich s;
+    sandwich_open(&s, ctx, r, dt, 4, xdims, K, 0.0f);
+    gn_silu t;
+    gn_silu_open(&t, ctx, r, K, 2);
+    const int64_t per = H * W, nu = N * K * 4 * per;
+    double *v = malloc((size_t)N * K * per * sizeof *v), *y = malloc((size_t)nu * sizeof *y);
+    float *uf = malloc((size_t)nu * sizeof *uf);
+    if (positive_only(op)) {
+        for (int64_t i = 0; i < N * K * per; i++) v[i] = 1.0 / (1.0 + exp(-s.c1[i])) + 0.25;
+    } else {
+        for (int64_t n = 0; n < N; n++) gn_silu_ref(&t, s.c1 + n * K * per, per, v + n * K * per);
+    }
+    for (int64_t i = 0; i < nu; i++) { /* nearest 2x of op(v) */
+        const int64_t nc = i / (4 * per), hh = i / (2 * W) % (2 * H), ww = i % (2 * W);
+        uf[i] = (float)ref_unary(op, v[nc * per + hh / 2 * W + ww / 2], a, b);
+    }
+    cw_tensor_desc ud, w2d, yd;
+    ASSERT_OK(cw_tensor_desc_make(&ud, CW_F32, 4, udims));
+    ASSERT_OK(cw_tensor_desc_make(&w2d, CW_F32, 4, w2dims));
+    ASSERT_OK_CTX(ctx, cw_conv_output_desc(ctx, &yd, &ud, &w2d, &s.cp));
+    cw_ref_conv(&ud, uf, &w2d, s.w2, s.bias, &s.cp, &yd, y);
+    cw_node h = s.h, yn;
+    if (positive_only(op)) {
+        ASSERT_OK_CTX(ctx, cw_graph_unary(s.g, &h, h, CW_UNARY_SIGMOID, 0.0f, 0.0f));
+        ASSERT_OK_CTX(ctx, cw_graph_unary(s.g, &h, h, CW_UNARY_AFFINE, 1.0f, 0.25f));
+    } else {
+        h = gn_silu_node(&t, ctx, s.g, h);
+    }
+    ASSERT_OK_CTX(ctx, cw_graph_unary(s.g, &h, h, (cw_unary_op)op, a, b));
+    ASSERT_OK_CTX(ctx, cw_graph_upsample2x(s.g, &h, h));
+    ASSERT_OK_CTX(ctx, cw_graph_conv(s.g, &yn, h, constant(ctx, s.g, s.tw2), constant(ctx, s.g, s.tb), &s.cp));
+    ASSERT_OK_CTX(ctx, cw_graph_output(s.g, yn, "y"));
+    cw_compile_options opt = CW_COMPILE_OPTIONS_INIT;
+    opt.policy = CW_PATCHES_FIXED, opt.patches = 3, opt.streams = 3;
+    cw_plan *p;
+    cw_plan_stats st;
+    ASSERT_OK_CTX(ctx, cw_graph_compile(s.g, &p, &opt));
+    ASSERT_OK_CTX(ctx, cw_plan_get_stats(p, &st));
+    /* one activation lives at a time: conv1's result (overwritten in place by the sigmoid
+     * and the affine); the op's result and its upsample are never materialised (a lone op
+     * after GN and SiLU would hold a second, as the GN and SiLU before it could not fuse) */
+    CHECK(st.activations_live_peak == cw__alloc_round(N * K * per * (int64_t)cw_dtype_size(dt)));
+    cw_plan_destroy(p);
+    /* as test_conv_unary_conv's y1, with the GroupNorm's statistics and SiLU on the way (a
+     * few more roundings of values of order 1) */
+    const double u = unit_roundoff(dt), k = op_cond(op) / 1.5;
+    const double bound = 32.0 * k * u + k * 32.0 * (C * 9 + K * 9 + 8) * FLT_EPSILON;
+    cw_tensor_desc od;
+    ASSERT_OK(cw_tensor_desc_make(&od, dt, 4, yd.dims));
+    double *refs[1] = {y};
+    fprintf(stderr, "conv -> %s -> %s -> up2x -> conv, %s\n", positive_only(op) ? "sigmoid, affine" : "gn, silu",
+            op_names[op], cw__dtype_name(dt));
+    run_graph(ctx, s.g, s.tx, 1, &od, refs, &bound);
+    cw_tensor_destroy(s.tx), cw_tensor_destroy(s.tw1), cw_tensor_destroy(s.tw2), cw_tensor_destroy(s.tb);
+    free(s.x), free(s.w1), free(s.w2), free(s.bias), free(s.c1);
+    gn_silu_close(&t);
+    free(v), free(y), free(uf);
 }
 
 /* 5-D in dtype dt: y0 = gelu(x), y1 = clamp(sigmoid(y0) * 2 - 1, -0.2, 0.3) (an op reading an
@@ -298,6 +368,7 @@ int main(void) {
     const cw_dtype dts[3] = {CW_F32, CW_F16, CW_BF16};
     for (int d = 0; d < 3; d++) {
         for (int op = 0; op < CW_UNARY_OP_COUNT; op++) test_conv_unary_conv(ctx, &r, dts[d], op);
+        for (int op = 0; op < CW_UNARY_OP_COUNT; op++) test_prep_unary(ctx, &r, dts[d], op);
         test_unary_5d(ctx, &r, dts[d]);
         test_norm_pow_5d(ctx, &r, dts[d]);
     }

@@ -51,6 +51,8 @@ typedef struct cw__prep_params {
     cw__view src, dst;
     const float *scale, *shift;
     int silu;
+    int unary;       /* > 0: then cw_unary_elem(unary - 1, ., ua, ub) (a CW_UNARY_* op), after SiLU */
+    float ua, ub;
     int up;
     int64_t dst_row0, src_row0;
     int64_t pad[3];  /* replicate padding before D, H, W (the padding after follows from dst) */

@@ -187,6 +187,11 @@ static inline CW_HD float cw_unary_elem(int op, float x, float a, float b) {
     }
 }
 
+/* The prep's unary link (cw__prep_params.unary): op unary - 1 with a, b; 0 leaves x. */
+static inline CW_HD float cw_prep_unary(float x, int unary, float a, float b) {
+    return unary > 0 ? cw_unary_elem(unary - 1, x, a, b) : x;
+}
+
 /* The binary ops; max and min propagate NaN from either side (torch.maximum/minimum). */
 static inline CW_HD float cw_binary_elem(int op, float a, float b) {
     switch (op) {

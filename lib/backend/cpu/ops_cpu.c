@@ -110,10 +110,10 @@ static inline void prep_row(float *dst, int64_t dsw, const float *src, int64_t s
 }
 
 /* One destination row from one source row in any dtypes: the source elements the row
- * reads are converted tile by tile, transformed once each, and repeated `up` times on the
- * way out (rounded once to dst's dtype before the repeat). */
+ * reads are converted tile by tile, transformed once each (mode, then p's unary link), and
+ * repeated `up` times on the way out (rounded once to dst's dtype before the repeat). */
 static void prep_row_any(void *dst, cw_dtype ddt, int64_t dsw, const void *src, cw_dtype sdt, int64_t ssw,
-                         int64_t wd, int64_t up, float sc, float sh, int mode) {
+                         int64_t wd, int64_t up, float sc, float sh, int mode, const cw__prep_params *p) {
     const size_t des = cw_dtype_size(ddt), ses = cw_dtype_size(sdt);
     const int64_t ns = (wd + up - 1) / up; /* source elements read */
     float buf[TILE];
@@ -127,6 +127,8 @@ static void prep_row_any(void *dst, cw_dtype ddt, int64_t dsw, const void *src, 
         case 2: for (int64_t i = 0; i < m; i++) buf[i] = cw_prep_elem(buf[i], sc, sh, 1, 0); break;
         default: for (int64_t i = 0; i < m; i++) buf[i] = cw_prep_elem(buf[i], sc, sh, 1, 1); break;
         }
+        if (p->unary)
+            for (int64_t i = 0; i < m; i++) buf[i] = cw_prep_unary(buf[i], p->unary, p->ua, p->ub);
         const int64_t d0 = s0 * up, d1 = (s0 + m) * up < wd ? (s0 + m) * up : wd;
         if (up == 1) {
             cw__cpu_store_f32(elem_at(dst, d0 * dsw, des), ddt, dsw, buf, m);
@@ -176,7 +178,7 @@ static void prep_run_padded(const cw__prep_params *p, const ncdhw *s, const ncdh
                     const int64_t sr = cw_prep_src(r, p->dst_row0, p->pad[1], p->up_h, up, p->src_row0);
                     char *drow = dp + r * d->st[3] * (int64_t)des;
                     prep_row_any(drow + pw * d->st[4] * (int64_t)des, ddt, d->st[4],
-                                 sp + sr * s->st[3] * (int64_t)ses, sdt, s->st[4], wn, up, sc, sh, mode);
+                                 sp + sr * s->st[3] * (int64_t)ses, sdt, s->st[4], wn, up, sc, sh, mode, p);
                     pad_row_edges(drow, d->st[4], des, pw, wn, W);
                 }
             }
@@ -218,7 +220,7 @@ void cw__cpu_prep_run(const cw__prep_params *p) {
                         continue;
                     }
                     if (!all_f32) {
-                        prep_row_any(drow, ddt, d.st[4], srow, sdt, s.st[4], W, up, sc, sh, mode);
+                        prep_row_any(drow, ddt, d.st[4], srow, sdt, s.st[4], W, up, sc, sh, mode, p);
                     } else {
                         float *df = (float *)drow;
                         const float *sf = (const float *)srow;
@@ -228,6 +230,9 @@ void cw__cpu_prep_run(const cw__prep_params *p) {
                         case 2: prep_row(df, d.st[4], sf, s.st[4], W, up, sc, sh, 1, 0); break;
                         default: prep_row(df, d.st[4], sf, s.st[4], W, up, sc, sh, 1, 1); break;
                         }
+                        if (p->unary) /* the unary link over the row just written (repeats included) */
+                            for (int64_t w = 0; w < W; w++)
+                                df[w * d.st[4]] = cw_prep_unary(df[w * d.st[4]], p->unary, p->ua, p->ub);
                     }
                     prev_sr = sr;
                     prev_row = drow;

@@ -169,12 +169,24 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* The prep's activation links (cw__prep_params): SiLU, then a unary op. */
+struct PrepAct {
+    int silu, unary;
+    float a, b;
+};
+
+__device__ __forceinline__ float prep_act(float x, float sc, float sh, int has_norm, const PrepAct &act) {
+    return cw_prep_unary(cw_prep_elem(x, sc, sh, has_norm, act.silu), act.unary, act.a, act.b);
+}
+
+static PrepAct prep_act_of(const cw__prep_params *p) { return PrepAct{p->silu, p->unary, p->ua, p->ub}; }
+
 /* prep over rank-4 dst/src: dst[n,c,r,w] = f(src[n,c,(dst_row0 + r)/up - src_row0, w/up]).
  * The row map runs once per row (shared cw_up_src_index); columns divide by up in 32 bits. */
 template <typename TD, typename TS, int VEC>
 __global__ void __launch_bounds__(kThreads)
     prep4_kernel(Rows g, V4 vd, TD *__restrict__ dp, V4 vs, const TS *__restrict__ sp, const float *scale,
-                 const float *shift, int silu, int up, FastDiv dup, int64_t dst_row0, int64_t src_row0) {
+                 const float *shift, PrepAct act, int up, FastDiv dup, int64_t dst_row0, int64_t src_row0) {
     const int tw = 1 << g.log2_tw, lane = threadIdx.x & (tw - 1), nv = g.W / VEC;
     const int has_norm = scale != nullptr;
     CW_ROWS_LOOP(g, row) {
@@ -197,7 +209,7 @@ __global__ void __launch_bounds__(kThreads)
             } else {
                 for (int j = 0; j < VEC; j++) x[j] = to_f(srow[(int)fastdiv(dup, (uint32_t)(w + j)) * vs.sw]);
             }
-            for (int j = 0; j < VEC; j++) x[j] = cw_prep_elem(x[j], sc, sh, has_norm, silu);
+            for (int j = 0; j < VEC; j++) x[j] = prep_act(x[j], sc, sh, has_norm, act);
             if (VEC > 1) {
                 Pack<TD> pk;
                 for (int j = 0; j < VEC; j++) pk.v[j] = from_f<TD>(x[j]);
@@ -305,7 +317,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     prep_generic_kernel(const __grid_constant__ View dst, void *dp, const __grid_constant__ View src, const void *sp,
-                        const float *scale, const float *shift, int silu, int64_t up, int64_t dst_row0,
+                        const float *scale, const float *shift, PrepAct act, int64_t up, int64_t dst_row0,
                         int64_t src_row0, int64_t pad_d, int64_t pad_h, int64_t pad_w, int64_t up_h, int64_t up_d,
                         int64_t off_d) {
     int64_t c[CW_MAX_RANK];
@@ -329,7 +341,7 @@ __global__ void __launch_bounds__(kThreads)
             c[ww] = cw_up_src_index(c[ww], 0, 0, up);
         }
         float x = load_dt(sp, offset_of(src, c), src.dtype);
-        store_dt(dp, od, dst.dtype, cw_prep_elem(x, sc, sh, has_norm, silu));
+        store_dt(dp, od, dst.dtype, prep_act(x, sc, sh, has_norm, act));
     }
 }
 
@@ -710,11 +722,13 @@ cudaError_t prep4_launch(cudaStream_t s, const cw__prep_params *p, const int64_t
     TD *dp = static_cast<TD *>(p->dst.data);
     const TS *sp = static_cast<const TS *>(p->src.data);
     if (vec == kVec)
-        prep4_kernel<TD, TS, kVec><<<row_blocks(g), kThreads, 0, s>>>(g, vd, dp, vs, sp, p->scale, p->shift, p->silu,
-                                                                       p->up, dup, p->dst_row0, p->src_row0);
+        prep4_kernel<TD, TS, kVec><<<row_blocks(g), kThreads, 0, s>>>(g, vd, dp, vs, sp, p->scale, p->shift,
+                                                                       prep_act_of(p), p->up, dup, p->dst_row0,
+                                                                       p->src_row0);
     else
-        prep4_kernel<TD, TS, 1><<<row_blocks(g), kThreads, 0, s>>>(g, vd, dp, vs, sp, p->scale, p->shift, p->silu,
-                                                                    p->up, dup, p->dst_row0, p->src_row0);
+        prep4_kernel<TD, TS, 1><<<row_blocks(g), kThreads, 0, s>>>(g, vd, dp, vs, sp, p->scale, p->shift,
+                                                                    prep_act_of(p), p->up, dup, p->dst_row0,
+                                                                    p->src_row0);
     return cudaGetLastError();
 }
 
@@ -1086,7 +1100,7 @@ cudaError_t cw__cu_prep(cudaStream_t s, const cw__prep_params *p) {
     View d = make_view(&p->dst), src = make_view(&p->src);
     if (d.numel <= 0) return cudaSuccess;
     prep_generic_kernel<<<blocks_for(d.numel, kThreads), kThreads, 0, s>>>(d, p->dst.data, src, p->src.data, p->scale,
-                                                                           p->shift, p->silu, (int64_t)p->up,
+                                                                           p->shift, prep_act_of(p), (int64_t)p->up,
                                                                            p->dst_row0, p->src_row0, p->pad[0],
                                                                            p->pad[1], p->pad[2], p->up_h, p->up_d,
                                                                            p->off_d);
