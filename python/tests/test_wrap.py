@@ -132,6 +132,41 @@ def test_fallback_segments_and_describe():
         cwt.wrap(mod, (rand(1, 2, 8, 8),), fallback=False)
 
 
+def _remat_module():
+    """An inpainting-style decoder in small: f = conv(image * (1 - mask)) is read by the next
+    conv at once and by the last mix at the end, after a chain of wide convs on z."""
+    torch.manual_seed(0)
+    mods = dict(cf=nn.Conv2d(3, 16, 3, padding=1), cg=nn.Conv2d(16, 8, 3, padding=1),
+                c1=nn.Conv2d(8, 32, 3, padding=1), c2=nn.Conv2d(32, 64, 3, padding=1), c3=nn.Conv2d(64, 16, 3, padding=1))
+
+    def fn(s, z, image, mask):
+        f = s.cf(image * (1 - mask))
+        h = s.c1(z + s.cg(F.relu(f)))
+        h = s.c3(F.silu(s.c2(F.silu(h))))
+        return h * mask + f * (1 - mask)
+    side = 128  # f: 16 x 128 x 128 floats, 1 MiB (remat.MIN_BYTES)
+    mask = torch.zeros(1, 1, side, side)
+    mask[..., side // 4:3 * side // 4, :] = 1
+    return Fn(fn, **mods), (rand(1, 8, side, side), rand(1, 3, side, side, seed=1), mask)
+
+
+def test_rematerialize_a_cheap_early_tensor(monkeypatch):
+    """front/remat.py: f, made from the inputs alone by a 3 -> 16 conv, is computed again just
+    before the mix instead of being held across the three wide convs: exact, named in
+    describe(), and the plan's activations are smaller than with recomputing switched off."""
+    from convweave.front import remat
+    mod, ins = _remat_module()
+    w, _, _ = check_module(mod, ins, fallback=False)
+    d = w.describe()
+    assert [(r["bytes"], round(r["gflop"], 4)) for r in d["rematerialized"]] == [(16 * 128 * 128 * 4, 0.0142)], d
+    peak = d["segments"][0]["plan"]["activations_peak"]
+    monkeypatch.setattr(remat, "SHARE", 0.0)  # no cone is cheap enough
+    w0, _, _ = check_module(mod, ins, fallback=False)
+    d0 = w0.describe()
+    assert d0["rematerialized"] == []
+    assert peak < d0["segments"][0]["plan"]["activations_peak"], (peak, d0["segments"][0]["plan"])
+
+
 def test_multiple_outputs_keep_structure():
     conv = nn.Conv2d(2, 4, 3, padding=1)
     mod = Fn(lambda s, x: {"y": s.c(x), "pair": (F.silu(s.c(x)), x * 2.0)}, c=conv)

@@ -15,6 +15,7 @@ from .._core import Context, Error, format_bytes, parse_bytes
 from .. import _lib as C
 from .export import export, placeholders, slot
 from .partition import Lowering, _tensors, _walk
+from .remat import rematerialize
 from .values import Bcast, Const, Cw, Pad, Shuffle, Split, Torch
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
@@ -40,6 +41,7 @@ class Program:
         self.ctx = context(self.device)
         args, kwargs = pytree.tree_unflatten(flat, spec)
         ep = export(mod, args, kwargs)
+        remat = rematerialize(ep.graph)
         self.out_spec = ep.call_spec.out_spec
         vals, self.users, read = placeholders(ep, mod)
         L = Lowering(self.ctx, self.device, fallback)
@@ -62,7 +64,7 @@ class Program:
                         "fallbacks": [{"node": f.node, "op": f.op, "module": f.module, "shape": f.shape,
                                        "bytes": f.bytes, "reason": f.reason, "where": f.where}
                                       for f in L.fallbacks],
-                        "copied_bytes": L.copied}
+                        "copied_bytes": L.copied, "rematerialized": remat}
         opts = dict(dict(memory=None, budget=0, streams=0, patches=None, fuse=True), **opts)  # 0: the context's
         self._distribute()
         pairs = self._donations(donate) if comm is None else {}
