@@ -124,18 +124,22 @@ static int cw__inplace_operand(const cw__lower *L, int i, int u) {
 }
 
 /* The operand whose storage lone elementwise node i (an add; a per-channel, unary or binary
- * op) writes its result into, or -1: an activation of the result's dims and dtype, whole (no
- * head and tail), that no unit after i reads, with no GroupNorm statistics still to take from
- * it. Both backends' kernels of these ops read each element before they write it
- * (ops_cpu.c, kernels.cu), so the exact alias is safe. Not in the unscheduled reference, which
- * keeps a buffer per node, nor in a distributed plan, whose ranks hold bands of buffers. */
+ * op; a GroupNorm apply or SiLU, a prep without upsampling) writes its result into, or -1: an
+ * activation of the result's dims and dtype, whole (no head and tail), that no unit after i
+ * reads, with no GroupNorm statistics still to take from it but i's own (taken before i's
+ * task, which waits for them). Both backends' kernels of these ops read each element before
+ * they write it (ops_cpu.c, kernels.cu; a recomputed band's prep already runs in place), so
+ * the exact alias is safe. Not in the unscheduled reference, which keeps a buffer per node,
+ * nor in a distributed plan, whose ranks hold bands of buffers. */
 static int cw__inplace_lone(const cw__lower *L, int i) {
     const cw_graph *g = L->g;
     const cw__node *n = &g->nodes[i];
     int cand[2] = {n->in[0], -1}, rd[4];
     if (L->none || L->p->opt.comm || n->is_output) return -1;
     if (n->kind == CW__N_ADD || (n->kind == CW__N_OP && n->op == CW_OP_BINARY)) cand[1] = n->in[1];
-    else if (n->kind != CW__N_OP || (n->op != CW_OP_CHANNEL && n->op != CW_OP_UNARY)) return -1;
+    else if (n->kind != CW__N_GN && n->kind != CW__N_SILU &&
+             (n->kind != CW__N_OP || (n->op != CW_OP_CHANNEL && n->op != CW_OP_UNARY)))
+        return -1;
     int k = cw__fusion_unit_reads(L, i, rd);
     for (int c = 0; c < 2 && k >= 0; c++) {
         const int m = cand[c];
@@ -150,8 +154,8 @@ static int cw__inplace_lone(const cw__lower *L, int i) {
         int same = 1;
         for (int d = 0; d < n->desc.rank; d++) same &= nm->desc.dims[d] == n->desc.dims[d];
         for (int q = m + 1; q < g->n && same; q++) /* GroupNorm statistics still to be taken from m */
-            same = !(g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0 &&
-                     L->nd[q].gn_fin < 0);
+            same = q == i || !(g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0 &&
+                               L->nd[q].gn_fin < 0);
         if (same) return m;
     }
     return -1;

@@ -116,6 +116,26 @@ static inline cw_graph *graph_open(cw_context *ctx, cw_dtype dt, int rank, const
     return g;
 }
 
+/* Downloads output o of a run (desc od) and checks its relative error against ref within
+ * bound (the log names policy and o). */
+static inline void check_output(cw_context *ctx, cw_tensor *t, const cw_tensor_desc *od, const double *ref,
+                                double bound, int policy, int o) {
+    const int64_t n = cw_tensor_desc_numel(od);
+    const size_t es = cw_dtype_size(od->dtype);
+    void *raw = malloc((size_t)n * es);
+    float *y = malloc((size_t)n * 4);
+    ASSERT_OK_CTX(ctx, cw_tensor_download(t, raw, (size_t)n * es));
+    ASSERT_OK(cw_dtype_convert(y, CW_F32, raw, od->dtype, n));
+    cw_tensor_desc fd = *od;
+    fd.dtype = CW_F32;
+    double err = cw_ref_rel_err(&fd, y, ref);
+    if (!(err <= bound))
+        fprintf(stderr, "%s policy %d output %d: relative error %g > bound %g\n", cw__dtype_name(od->dtype), policy, o,
+                err, bound);
+    CHECK(err <= bound);
+    free(raw), free(y);
+}
+
 /* Compiles g (policy, 3 streams when patched), runs it on `in`, checks each output's
  * relative error against ref[o] within bound[o]. */
 static inline void run_and_check(cw_context *ctx, cw_graph *g, cw_patch_policy policy, cw_tensor *in, int n_out,
@@ -130,20 +150,7 @@ static inline void run_and_check(cw_context *ctx, cw_graph *g, cw_patch_policy p
     for (int o = 0; o < n_out; o++) outs[o] = upload(ctx, od[o].dtype, od[o].rank, od[o].dims, NULL);
     ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, outs, n_out));
     for (int o = 0; o < n_out; o++) {
-        const int64_t n = cw_tensor_desc_numel(&od[o]);
-        const size_t es = cw_dtype_size(od[o].dtype);
-        void *raw = malloc((size_t)n * es);
-        float *y = malloc((size_t)n * 4);
-        ASSERT_OK_CTX(ctx, cw_tensor_download(outs[o], raw, (size_t)n * es));
-        ASSERT_OK(cw_dtype_convert(y, CW_F32, raw, od[o].dtype, n));
-        cw_tensor_desc fd = od[o];
-        fd.dtype = CW_F32;
-        double err = cw_ref_rel_err(&fd, y, ref[o]);
-        if (!(err <= bound[o]))
-            fprintf(stderr, "%s policy %d output %d: relative error %g > bound %g\n", cw__dtype_name(od[o].dtype),
-                    (int)policy, o, err, bound[o]);
-        CHECK(err <= bound[o]);
-        free(raw), free(y);
+        check_output(ctx, outs[o], &od[o], ref[o], bound[o], (int)policy, o);
         cw_tensor_destroy(outs[o]);
     }
     cw_plan_destroy(p);

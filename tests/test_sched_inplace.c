@@ -1,8 +1,9 @@
 /* Lone elementwise ops written into a dying operand's storage (scheduler/lower.c,
  * cw__inplace_lone): h = conv1(x); b = conv2(h), patched on the heavy streams; c = 2h + 0.5
- * overwrites h, which b's patches read, so it must wait for them (write after read); d = b - c
- * overwrites b; y = conv3(d). Checked against a double-precision reference unscheduled and
- * patched on 3 streams with chaos and poison, in f32, f16 and bf16. The patched plan's live
+ * (or silu(group_norm(h)), a lone GroupNorm apply and SiLU) overwrites h, which b's patches
+ * read, so it must wait for them (write after read); d = b - c overwrites b; y = conv3(d).
+ * Checked against a double-precision reference unscheduled and patched on 3 streams with
+ * chaos and poison, in f32, f16 and bf16. The patched plan's live
  * activations peak at two tensors of h's size (h and b), where a buffer per node holds three.
  * With h also an output of the plan, c leaves it alone: h comes back as conv1 made it. */
 #include <stdlib.h>
@@ -17,6 +18,8 @@ enum { N = 1, C = 3, K = 8, H = 16, W = 8 };
 typedef struct {
     cw_tensor *tx, *tw[3], *tb;
     float *x, *w[3], *bias;
+    gn_silu gn; /* the GroupNorm's gamma and beta (2 groups) */
+    int use_gn; /* c = silu(group_norm(h)), not 2h + 0.5 */
 } weights;
 
 static void weights_make(weights *s, cw_context *ctx, cw_rng *r, cw_dtype dt) {
@@ -25,15 +28,17 @@ static void weights_make(weights *s, cw_context *ctx, cw_rng *r, cw_dtype dt) {
     s->w[0] = rnd_stored(ctx, r, dt, 4, w0, 0.3f, 0.0f, &s->tw[0]);
     for (int i = 1; i < 3; i++) s->w[i] = rnd_stored(ctx, r, dt, 4, wk, 0.2f, 0.0f, &s->tw[i]);
     s->bias = rnd_stored(ctx, r, dt, 1, &k, 0.1f, 0.0f, &s->tb);
+    gn_silu_open(&s->gn, ctx, r, K, 2);
 }
 
 static void weights_free(weights *s) {
     cw_tensor_destroy(s->tx), cw_tensor_destroy(s->tb), free(s->x), free(s->bias);
     for (int i = 0; i < 3; i++) cw_tensor_destroy(s->tw[i]), free(s->w[i]);
+    gn_silu_close(&s->gn);
 }
 
-/* h = conv1(x) and y = conv3(b - (2h + 0.5)) in double, from the stored values (each conv's
- * input rounded to f32). */
+/* h = conv1(x) and y = conv3(b - c) in double, from the stored values (each conv's input
+ * rounded to f32). */
 static void reference(const weights *s, double *h, double *y) {
     const int64_t xdims[4] = {N, C, H, W}, w0[4] = {K, C, 3, 3}, wk[4] = {K, K, 3, 3}, hdims[4] = {N, K, H, W};
     cw_conv_params cp = CW_CONV_PARAMS_INIT;
@@ -44,14 +49,15 @@ static void reference(const weights *s, double *h, double *y) {
     ASSERT_OK(cw_tensor_desc_make(&wkd, CW_F32, 4, wk));
     ASSERT_OK(cw_tensor_desc_make(&hd, CW_F32, 4, hdims));
     const int64_t n = N * K * H * W;
-    double *b = malloc((size_t)n * sizeof *b), *d = malloc((size_t)n * sizeof *d);
+    double *b = malloc((size_t)n * sizeof *b), *d = malloc((size_t)n * sizeof *d), *c = malloc((size_t)n * sizeof *c);
     float *f = malloc((size_t)n * sizeof *f);
     cw_ref_conv(&xd, s->x, &w0d, s->w[0], s->bias, &cp, &hd, h);
     for (int64_t i = 0; i < n; i++) f[i] = (float)h[i];
     cw_ref_conv(&hd, f, &wkd, s->w[1], s->bias, &cp, &hd, b);
-    for (int64_t i = 0; i < n; i++) d[i] = b[i] - (2.0 * h[i] + 0.5), f[i] = (float)d[i];
+    if (s->use_gn) gn_silu_ref(&s->gn, h, H * W, c);
+    for (int64_t i = 0; i < n; i++) d[i] = b[i] - (s->use_gn ? c[i] : 2.0 * h[i] + 0.5), f[i] = (float)d[i];
     cw_ref_conv(&hd, f, &wkd, s->w[2], s->bias, &cp, &hd, y);
-    free(b), free(d), free(f);
+    free(b), free(d), free(c), free(f);
 }
 
 /* The graph above; with `keep`, h is also an output (read after c), so c may not take it. */
@@ -64,7 +70,8 @@ static cw_graph *build(cw_context *ctx, const weights *s, cw_dtype dt, int keep)
     const cw_node bias = constant(ctx, g, s->tb);
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &h, x, constant(ctx, g, s->tw[0]), bias, &cp));
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &b, h, constant(ctx, g, s->tw[1]), bias, &cp));
-    ASSERT_OK_CTX(ctx, cw_graph_unary(g, &c, h, CW_UNARY_AFFINE, 2.0f, 0.5f));
+    if (s->use_gn) c = gn_silu_node(&s->gn, ctx, g, h);
+    else ASSERT_OK_CTX(ctx, cw_graph_unary(g, &c, h, CW_UNARY_AFFINE, 2.0f, 0.5f));
     ASSERT_OK_CTX(ctx, cw_graph_binary(g, &d, b, c, CW_BINARY_SUB));
     ASSERT_OK_CTX(ctx, cw_graph_conv(g, &y, d, constant(ctx, g, s->tw[2]), bias, &cp));
     ASSERT_OK_CTX(ctx, cw_graph_output(g, y, "y"));
@@ -77,7 +84,9 @@ static cw_graph *build(cw_context *ctx, const weights *s, cw_dtype dt, int keep)
  * peak. */
 static int64_t run(cw_context *ctx, cw_graph *g, const weights *s, cw_dtype dt, cw_patch_policy policy, int keep,
                    double *const ref[2], double bound) {
-    const int64_t ydims[4] = {N, K, H, W}, n = N * K * H * W;
+    const int64_t ydims[4] = {N, K, H, W};
+    cw_tensor_desc yd;
+    ASSERT_OK(cw_tensor_desc_make(&yd, dt, 4, ydims));
     cw_compile_options opt = CW_COMPILE_OPTIONS_INIT;
     opt.policy = policy;
     opt.patches = 4;
@@ -88,20 +97,7 @@ static int64_t run(cw_context *ctx, cw_graph *g, const weights *s, cw_dtype dt, 
     cw_tensor *in = s->tx;
     for (int rep = 0; rep < 2; rep++) { /* a second run reuses the arena's stale contents */
         ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, out, 1 + keep));
-        for (int o = 0; o <= keep; o++) {
-            void *raw = malloc((size_t)n * 4);
-            float *yv = malloc((size_t)n * 4);
-            ASSERT_OK_CTX(ctx, cw_tensor_download(out[o], raw, (size_t)n * cw_dtype_size(dt)));
-            ASSERT_OK(cw_dtype_convert(yv, CW_F32, raw, dt, n));
-            cw_tensor_desc yd;
-            ASSERT_OK(cw_tensor_desc_make(&yd, CW_F32, 4, ydims));
-            const double err = cw_ref_rel_err(&yd, yv, ref[o]);
-            if (!(err <= bound))
-                fprintf(stderr, "%s policy %d keep %d output %d: relative error %g > %g\n", cw__dtype_name(dt),
-                        (int)policy, keep, o, err, bound);
-            CHECK(err <= bound);
-            free(raw), free(yv);
-        }
+        for (int o = 0; o <= keep; o++) check_output(ctx, out[o], &yd, ref[o], bound, (int)policy, o);
     }
     cw_plan_stats st;
     ASSERT_OK_CTX(ctx, cw_plan_get_stats(p, &st));
@@ -110,10 +106,11 @@ static int64_t run(cw_context *ctx, cw_graph *g, const weights *s, cw_dtype dt, 
     return st.activations_live_peak;
 }
 
-static void test_inplace(cw_context *ctx, cw_rng *r, cw_dtype dt) {
+static void test_inplace(cw_context *ctx, cw_rng *r, cw_dtype dt, int use_gn) {
     const int64_t n = N * K * H * W, bytes = n * (int64_t)cw_dtype_size(dt);
     weights s;
     weights_make(&s, ctx, r, dt);
+    s.use_gn = use_gn;
     double *h = malloc((size_t)n * sizeof *h), *y = malloc((size_t)n * sizeof *y);
     double *const ref[2] = {y, h};
     reference(&s, h, y);
@@ -122,8 +119,9 @@ static void test_inplace(cw_context *ctx, cw_rng *r, cw_dtype dt) {
         cw_graph *g = build(ctx, &s, dt, keep);
         const int64_t ref_peak = run(ctx, g, &s, dt, CW_PATCHES_NONE, keep, ref, bound);
         const int64_t peak = run(ctx, g, &s, dt, CW_PATCHES_FIXED, keep, ref, bound);
-        fprintf(stderr, "%s keep %d: live activations %lld bytes patched, %lld unscheduled (tensor %lld)\n",
-                cw__dtype_name(dt), keep, (long long)peak, (long long)ref_peak, (long long)bytes);
+        fprintf(stderr, "%s %s keep %d: live activations %lld bytes patched, %lld unscheduled (tensor %lld)\n",
+                cw__dtype_name(dt), use_gn ? "gn silu" : "affine", keep, (long long)peak, (long long)ref_peak,
+                (long long)bytes);
         /* keep: h is the plan's own output, so the activations are b, c (a buffer of its own)
          * and d (in b's storage): two at once either way */
         CHECK(ref_peak >= (keep ? 2 : 3) * bytes);
@@ -138,7 +136,7 @@ int main(void) {
     cw_rng r = {cw_test_seed(41)};
     cw_context *ctx = chaos_context();
     const cw_dtype dts[3] = {CW_F32, CW_F16, CW_BF16};
-    for (int i = 0; i < 3; i++) test_inplace(ctx, &r, dts[i]);
+    for (int i = 0; i < 3; i++) test_inplace(ctx, &r, dts[i], 0), test_inplace(ctx, &r, dts[i], 1);
     cw_context_destroy(ctx);
     TEST_DONE();
 }

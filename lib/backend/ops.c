@@ -149,8 +149,9 @@ cw_status cw__op_prep(cw__backend *be, cw__stream *s, const cw__prep_params *p) 
                          cw__dims_str(sd, b1, sizeof b1), cw__dims_str(dd, b2, sizeof b2));
     if (p->up < 1) return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: up = %d, must be >= 1", p->up);
     if (p->unary < 0 || p->unary > CW_UNARY_OP_COUNT)
-        return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: unary = %d, must be 0 (none) or a CW_UNARY_* op + 1 (1..%d)",
-                         p->unary, (int)CW_UNARY_OP_COUNT);
+        return cw__error(be->ctx, CW_ERR_INVALID_ARG,
+                         "prep: unary = %d, must be 0 (none) or a CW_UNARY_* op + 1 (1..%d)", p->unary,
+                         (int)CW_UNARY_OP_COUNT);
     if ((p->scale == NULL) != (p->shift == NULL))
         return cw__error(be->ctx, CW_ERR_INVALID_ARG, "prep: scale and shift must both be set or both NULL");
     if (p->dst_row0 < 0 || p->src_row0 < 0) /* the row map divides: truncation needs rows >= 0 */

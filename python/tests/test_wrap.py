@@ -137,7 +137,8 @@ def _remat_module():
     conv at once and by the last mix at the end, after a chain of wide convs on z."""
     torch.manual_seed(0)
     mods = dict(cf=nn.Conv2d(3, 16, 3, padding=1), cg=nn.Conv2d(16, 8, 3, padding=1),
-                c1=nn.Conv2d(8, 32, 3, padding=1), c2=nn.Conv2d(32, 64, 3, padding=1), c3=nn.Conv2d(64, 16, 3, padding=1))
+                c1=nn.Conv2d(8, 32, 3, padding=1), c2=nn.Conv2d(32, 64, 3, padding=1),
+                c3=nn.Conv2d(64, 16, 3, padding=1))
 
     def fn(s, z, image, mask):
         f = s.cf(image * (1 - mask))
