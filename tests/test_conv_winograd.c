@@ -8,7 +8,8 @@
  * 2. Determinism (docs/determinism.md): a fixed-patch Winograd plan on 1-3 streams with
  *    1-3 threads per task, under chaos + poison, gives the first plan's bits on every run;
  *    one Winograd patch (pre/post padding, several tile blocks, a strided output view) run
- *    directly on 1-4 threads gives identical bits, in f32 and f16.
+ *    directly on 1-4 threads gives identical bits, in f32 and f16; 640 -> 600 channels run
+ *    in groups of 384 (the GEMM operand's 1 MiB cap) against the double reference.
  * 3. The conv_forward hook refuses Winograd for a problem it does not apply to. */
 #include "backend/cpu/cpu.h"
 #include "conv_algo_run.h"
@@ -158,6 +159,52 @@ static void test_direct_threads(cw_dtype dt) {
     free(x), free(w), free(b), free(y0), free(y), free(ws), free(yf), free(yg);
 }
 
+/* Part 2c: 640 -> 600 channels, where one group of all 600 output channels would make a
+ * 1.5 MiB GEMM operand (U_ij): the ungrouped variant takes them 384 at a time
+ * (cw__cpu_wino_kblock) and its result stays within 1e-5 of the double reference's scale,
+ * on 1 and 2 threads with the same bits. */
+static void test_capped_groups(void) {
+    cw__conv_problem p;
+    memset(&p, 0, sizeof p);
+    p.spatial = 2;
+    p.groups = 1;
+    p.has_bias = 1;
+    for (int i = 0; i < 3; i++) p.stride[i] = p.dilation[i] = 1;
+    p.pad_pre[0] = p.pad_post[0] = p.pad_pre[1] = p.pad_post[1] = 1;
+    const int64_t C = 640, K = 600, H = 6, W = 10;
+    int64_t xd[4] = {1, C, H, W}, wd[4] = {K, C, 3, 3}, yd[4] = {1, K, H, W};
+    ASSERT_OK(cw_tensor_desc_make(&p.x, CW_F32, 4, xd));
+    ASSERT_OK(cw_tensor_desc_make(&p.w, CW_F32, 4, wd));
+    ASSERT_OK(cw_tensor_desc_make(&p.y, CW_F32, 4, yd));
+    cw__cpu_geom g;
+    cw__cpu_geom_make(&p, &g);
+    CHECK(cw__cpu_wino_kblock(&g, 0) == 384);
+    const int64_t nx = C * H * W, nw = K * C * 9, ny = K * H * W;
+    float *x = malloc((size_t)nx * 4), *w = malloc((size_t)nw * 4), *b = malloc((size_t)K * 4);
+    float *y1 = malloc((size_t)ny * 4), *y2 = malloc((size_t)ny * 4);
+    double *ref = malloc((size_t)ny * sizeof *ref);
+    const int64_t wsb = cw__cpu_conv_workspace(&p, CW__CPU_ALGO_WINOGRAD);
+    float *ws = malloc((size_t)wsb);
+    ASSERT_TRUE(x && w && b && y1 && y2 && ref && ws);
+    for (int64_t i = 0; i < nx; i++) x[i] = cw_rng_float(&rng);
+    for (int64_t i = 0; i < nw; i++) w[i] = cw_rng_float(&rng) * 0.05f;
+    for (int64_t i = 0; i < K; i++) b[i] = cw_rng_float(&rng);
+    cw__cpu_conv_run(&p, CW__CPU_ALGO_WINOGRAD, x, w, b, y1, ws, 1);
+    cw__cpu_conv_run(&p, CW__CPU_ALGO_WINOGRAD, x, w, b, y2, ws, 2);
+    CHECK(memcmp(y1, y2, (size_t)ny * 4) == 0);
+    cw_conv_params cp = CW_CONV_PARAMS_INIT;
+    cp.pad_pre[0] = cp.pad_post[0] = cp.pad_pre[1] = cp.pad_post[1] = 1;
+    cw_ref_conv(&p.x, x, &p.w, w, b, &cp, &p.y, ref);
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < ny; i++) {
+        scale = fmax(scale, fabs(ref[i]));
+        worst = fmax(worst, fabs(y1[i] - ref[i]));
+    }
+    fprintf(stderr, "Winograd 640 -> 600 in groups of 384: max |d| %.3g of max |y| %.3g\n", worst, scale);
+    CHECK(worst <= 1e-5 * scale);
+    free(x), free(w), free(b), free(y1), free(y2), free(ref), free(ws);
+}
+
 /* Part 3: the hook refuses Winograd where it does not apply (a 5x5 kernel). */
 static void test_refused(void) {
     cw_context_config cfg = CW_CONTEXT_CONFIG_INIT;
@@ -195,6 +242,7 @@ int main(void) {
     test_streams_threads();
     test_direct_threads(CW_F32);
     test_direct_threads(CW_F16);
+    test_capped_groups();
     test_refused();
     TEST_DONE();
 }

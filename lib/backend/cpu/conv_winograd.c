@@ -60,13 +60,23 @@ int64_t cw__cpu_wino_block(const cw__cpu_geom *g) {
     return all < 128 ? (all > 0 ? all : 1) : 128;
 }
 
-/* Output channels per group: K; grouped, half of K up to 128. Measured with
- * bench_conv_algos, 512->512 (H x W 32x64, 13x128) and 256->256 (9x256), groups of 512, 128
- * and 64 channels, twice each on the idle 2-core AVX-512 machine: one thread, groups of 128
- * ran at 0.87-1.0x the ungrouped time; two threads at 1.13-1.24x (14.5-22.6 ms against
- * 17.1-22.6 at 512 channels, 6.0-6.2 against 5.2-5.6 at 256); groups of 64 at 1.4-1.6x. */
+/* Output channels per group: K, or fewer where one group's U_ij (Kb x C floats, the GEMMs'
+ * A operand) would pass 1 MiB: the largest multiple of 64 that keeps it within. On the 2-core
+ * AVX-512 Intel Xeon (2 MiB L2 per core), bench_conv_algos on 26 x 256 rows, 2 threads:
+ * 768->768 with all 768 per group ran at 57 GFLOP/s (1247 ms), with 384 the same, with 256 at
+ * 283 (250 ms); 1024->1024 (8 x 256) at 36 with all, 224 with 256; 640->640 at 99 with all,
+ * 311 with 384; 512->512 and below (U_ij <= 1 MiB) at 259-289 with all, where groups of 128
+ * are 1.1-1.15x slower. Grouped (the variant CW__CPU_ALGO_WINOGRAD_KB): half of K up to 128.
+ * Measured with bench_conv_algos, 512->512 (H x W 32x64, 13x128) and 256->256 (9x256),
+ * groups of 512, 128 and 64 channels, twice each on the idle 2-core AVX-512 AMD machine: one
+ * thread, groups of 128 ran at 0.87-1.0x the ungrouped time; two threads at 1.13-1.24x
+ * (14.5-22.6 ms against 17.1-22.6 at 512 channels, 6.0-6.2 against 5.2-5.6 at 256); groups of
+ * 64 at 1.4-1.6x. */
 int64_t cw__cpu_wino_kblock(const cw__cpu_geom *g, int grouped) {
-    if (!grouped) return g->k;
+    if (!grouped) {
+        const int64_t cap = (INT64_C(1) << 18) / (g->c > 0 ? g->c : 1) / 64 * 64;
+        return g->k <= cap ? g->k : cap >= 64 ? cap : 64;
+    }
     const int64_t half = (g->k + 1) / 2;
     return half < 128 ? half : 128;
 }
