@@ -540,7 +540,11 @@ for mode in single tune; do
         >/dev/null 2>"$tmp/err" &
     pid=$!
     first="" victim=""
-    for _ in $(seq 300); do
+    # polled until the child to kill appears (at most 10 minutes, or until the run ends):
+    # --tune's second child starts only once its first trial has run, which under TSan on a
+    # slow 2-core host took minutes, not the 15 s this loop once allowed
+    for _ in $(seq 12000); do
+        grep -qs '^State:[[:space:]]*[^Z]' /proc/$pid/status || break # gone, or a zombie
         k=$(cat /proc/$pid/task/*/children 2>/dev/null | tr -d ' ')
         if [ -n "$k" ] && { [ $mode = single ] || { [ -n "$first" ] && [ "$k" != "$first" ]; }; }; then
             victim=$k
