@@ -90,50 +90,56 @@ static int cw__reads_released(const cw__lower *L, const int rd[4], int k, int m)
     return n;
 }
 
+/* Whether activation m's storage may take node i's result, read by unit u (reads rd[0, k)):
+ * nothing after u reads m, it is not an output, it has i's rank and dtype and dims (fewer
+ * channels in i where channels_le), and no GroupNorm but i itself still takes statistics
+ * from it. */
+static int cw__dying_operand(const cw__lower *L, int i, int m, const int rd[4], int k, int channels_le) {
+    const cw_graph *g = L->g;
+    const cw__node *n = &g->nodes[i], *nm = &g->nodes[m];
+    const cw__lnode *lm = &L->nd[m];
+    if (lm->buf < 0 || lm->moved || nm->is_output || L->p->bufs[lm->buf].kind != CW__B_ACT ||
+        lm->reads != cw__reads_released(L, rd, k, m) || nm->desc.rank != n->desc.rank ||
+        nm->desc.dtype != n->desc.dtype)
+        return 0;
+    for (int d = 0; d < n->desc.rank; d++)
+        if (nm->desc.dims[d] != n->desc.dims[d] && !(channels_le && d == 1 && n->desc.dims[d] < nm->desc.dims[d]))
+            return 0;
+    for (int q = m + 1; q < g->n; q++) /* GroupNorm statistics still to be taken from m */
+        if (q != i && g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0 &&
+            L->nd[q].gn_fin < 0)
+            return 0;
+    return 1;
+}
+
 /* The node whose storage the result of ADD node i (whose conv epilogue is unit u) may take,
  * or -1: its residual operand, or where that is an epilogue shortcut (nd[].rec_epi) the
- * shortcut's input x. Legal when that node is an activation that nothing after this unit
- * reads, with the add's shape and dtype (x: no fewer channels, fusion.c), and the conv does
- * not read it directly (its halo rows would be overwritten under it). A conv that recomputes
- * conv A per band may take A's own input, which A's unit still holds (its reads are released
- * after this unit): the recomputes read it band by band, ordered before each band's write
- * (cw__emit_patches). The unscheduled reference keeps a buffer per node. */
+ * shortcut's input x (no fewer channels, fusion.c), when it dies here (cw__dying_operand) and
+ * the conv does not read it directly (its halo rows would be overwritten under it). A conv
+ * that recomputes conv A per band may take A's own input, which A's unit still holds (its
+ * reads are released after this unit): the recomputes read it band by band, ordered before
+ * each band's write (cw__emit_patches). The unscheduled reference keeps a buffer per node. */
 static int cw__inplace_operand(const cw__lower *L, int i, int u) {
     const cw_graph *g = L->g;
     const cw__node *an = &g->nodes[i];
     int other = an->in[0] == u ? an->in[1] : an->in[0];
     int m = cw__fusion_inplace_target(L, other);
     if (L->none || m < 0) return -1;
-    const cw__node *nm = &g->nodes[m];
-    const cw__lnode *lm = &L->nd[m];
-    int rd[4];
-    int reads = cw__reads_released(L, rd, cw__fusion_unit_reads(L, u, rd), m);
-    if (lm->buf < 0 || lm->moved || lm->reads != reads || nm->is_output ||
-        L->p->bufs[lm->buf].kind != CW__B_ACT || nm->desc.rank != an->desc.rank || nm->desc.dtype != an->desc.dtype)
-        return -1;
-    for (int d = 0; d < an->desc.rank; d++)
-        if (nm->desc.dims[d] != an->desc.dims[d] && !(m != other && d == 1 && an->desc.dims[d] < nm->desc.dims[d]))
-            return -1;
-    int src, gn, silu, up;
+    int rd[4], src, gn, silu, up;
+    if (!cw__dying_operand(L, i, m, rd, cw__fusion_unit_reads(L, u, rd), m != other)) return -1;
     cw__fusion_chain(L, g->nodes[u].in[0], &src, &gn, &silu, &up);
-    if (src == m) return -1;
-    for (int q = m + 1; q < g->n; q++) /* GroupNorm statistics still to be taken from m */
-        if (g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0 && L->nd[q].gn_fin < 0)
-            return -1;
-    return m;
+    return src == m ? -1 : m;
 }
 
 /* The operand whose storage lone elementwise node i (an add; a per-channel, unary or binary
- * op; a GroupNorm apply or SiLU, a prep without upsampling) writes its result into, or -1: an
- * activation of the result's dims and dtype, whole (no head and tail), that no unit after i
- * reads, with no GroupNorm statistics still to take from it but i's own (taken before i's
- * task, which waits for them). Both backends' kernels of these ops read each element before
- * they write it (ops_cpu.c, kernels.cu; a recomputed band's prep already runs in place), so
- * the exact alias is safe. Not in the unscheduled reference, which keeps a buffer per node,
- * nor in a distributed plan, whose ranks hold bands of buffers. */
+ * op; a GroupNorm apply or SiLU, a prep without upsampling) writes its result into, or -1: one
+ * that dies here (cw__dying_operand; i's own statistics are taken before i's task, which
+ * waits for them), whole (no head and tail). Both backends' kernels of these ops read each
+ * element before they write it (ops_cpu.c, kernels.cu; a recomputed band's prep already runs
+ * in place), so the exact alias is safe. Not in the unscheduled reference, which keeps a
+ * buffer per node, nor in a distributed plan, whose ranks hold bands of buffers. */
 static int cw__inplace_lone(const cw__lower *L, int i) {
-    const cw_graph *g = L->g;
-    const cw__node *n = &g->nodes[i];
+    const cw__node *n = &L->g->nodes[i];
     int cand[2] = {n->in[0], -1}, rd[4];
     if (L->none || L->p->opt.comm || n->is_output) return -1;
     if (n->kind == CW__N_ADD || (n->kind == CW__N_OP && n->op == CW_OP_BINARY)) cand[1] = n->in[1];
@@ -143,20 +149,9 @@ static int cw__inplace_lone(const cw__lower *L, int i) {
     int k = cw__fusion_unit_reads(L, i, rd);
     for (int c = 0; c < 2 && k >= 0; c++) {
         const int m = cand[c];
-        if (m < 0) continue;
-        const cw__node *nm = &g->nodes[m];
-        const cw__lnode *lm = &L->nd[m];
-        if (nm->kind == CW__N_INPUT || nm->kind == CW__N_CONST || nm->is_output || lm->buf < 0 || lm->moved ||
-            lm->rec || lm->fused || L->p->bufs[lm->buf].kind != CW__B_ACT || L->p->bufs[lm->buf].tail >= 0 ||
-            L->p->bufs[lm->buf].head >= 0 || lm->reads != cw__reads_released(L, rd, k, m) ||
-            nm->desc.rank != n->desc.rank || nm->desc.dtype != n->desc.dtype)
-            continue;
-        int same = 1;
-        for (int d = 0; d < n->desc.rank; d++) same &= nm->desc.dims[d] == n->desc.dims[d];
-        for (int q = m + 1; q < g->n && same; q++) /* GroupNorm statistics still to be taken from m */
-            same = q == i || !(g->nodes[q].kind == CW__N_GN && g->nodes[q].in[0] == m && L->nd[q].gn_refs > 0 &&
-                               L->nd[q].gn_fin < 0);
-        if (same) return m;
+        if (m >= 0 && cw__dying_operand(L, i, m, rd, k, 0) && L->p->bufs[L->nd[m].buf].tail < 0 &&
+            L->p->bufs[L->nd[m].buf].head < 0)
+            return m;
     }
     return -1;
 }

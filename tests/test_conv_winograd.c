@@ -104,16 +104,24 @@ static void test_streams_threads(void) {
     check_streams_threads(&gs, xd, "cpu_winograd_2x3");
 }
 
-/* Part 2b: one Winograd patch (pre/post padding, 9 tile blocks, y a view with a padded
- * row) on 1-4 threads, in f32 and f16. */
-static void test_direct_threads(cw_dtype dt) {
+/* A 2-D 3x3 problem with bias, stride and dilation 1, padding 1 on every side; the caller
+ * sets the descs. */
+static cw__conv_problem problem_2d(void) {
     cw__conv_problem p;
     memset(&p, 0, sizeof p);
     p.spatial = 2;
     p.groups = 1;
     p.has_bias = 1;
     for (int i = 0; i < 3; i++) p.stride[i] = p.dilation[i] = 1;
-    p.pad_pre[0] = 2, p.pad_post[0] = 0, p.pad_pre[1] = p.pad_post[1] = 1;
+    p.pad_pre[0] = p.pad_post[0] = p.pad_pre[1] = p.pad_post[1] = 1;
+    return p;
+}
+
+/* Part 2b: one Winograd patch (pre/post padding, 9 tile blocks, y a view with a padded
+ * row) on 1-4 threads, in f32 and f16. */
+static void test_direct_threads(cw_dtype dt) {
+    cw__conv_problem p = problem_2d();
+    p.pad_pre[0] = 2, p.pad_post[0] = 0;
     const int64_t C = 40, K = 36, H = 45, W = 50, Ho = H + 2 - 2, ld = W + 3; /* y's row stride */
     int64_t xd[4] = {1, C, H, W}, wd[4] = {K, C, 3, 3}, yd[4] = {1, K, Ho, W};
     ASSERT_OK(cw_tensor_desc_make(&p.x, dt, 4, xd));
@@ -164,13 +172,7 @@ static void test_direct_threads(cw_dtype dt) {
  * (cw__cpu_wino_kblock) and its result stays within 1e-5 of the double reference's scale,
  * on 1 and 2 threads with the same bits. */
 static void test_capped_groups(void) {
-    cw__conv_problem p;
-    memset(&p, 0, sizeof p);
-    p.spatial = 2;
-    p.groups = 1;
-    p.has_bias = 1;
-    for (int i = 0; i < 3; i++) p.stride[i] = p.dilation[i] = 1;
-    p.pad_pre[0] = p.pad_post[0] = p.pad_pre[1] = p.pad_post[1] = 1;
+    cw__conv_problem p = problem_2d();
     const int64_t C = 640, K = 600, H = 6, W = 10;
     int64_t xd[4] = {1, C, H, W}, wd[4] = {K, C, 3, 3}, yd[4] = {1, K, H, W};
     ASSERT_OK(cw_tensor_desc_make(&p.x, CW_F32, 4, xd));

@@ -21,10 +21,8 @@ import math
 import torch
 
 from .ops import TABLE
+from .partition import _CONVS
 
-aten = torch.ops.aten
-_CONVS = {aten.conv2d.default, aten.conv3d.default, aten.conv2d.padding, aten.conv3d.padding,
-          aten.convolution.default}
 MIN_BYTES = 1 << 20
 MAX_CONE = 8
 SHARE = 0.02
