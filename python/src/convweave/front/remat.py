@@ -46,8 +46,8 @@ def _flops(node):
 
 def _cone(node):
     """node and the call_function nodes it is made from, back to placeholders and get_attr
-    nodes, in graph order; None where one is not an op of the table or there are more than
-    MAX_CONE."""
+    nodes (in no particular order); None where one is not an op of the table or there are
+    more than MAX_CONE."""
     seen, stack = {}, [node]
     while stack:
         n = stack.pop()
