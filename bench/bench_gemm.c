@@ -30,9 +30,11 @@ static float *fill(int64_t n) {
 
 int main(void) {
     /* M x N x K: Winograd at 512/256/128 channels (K x 128 tiles x C), a 1x1 conv over 1024
-     * pixels, an im2col block (K x 512 columns x 9 C) */
+     * pixels, an im2col block (K x 512 columns x 9 C), Winograd at 768 channels, a 1x1 conv 512 -> 256,
+     * attention's two products for a 256-query chunk of 4096 tokens at 512 channels */
     static const int shapes[][3] = {{512, 128, 512}, {256, 128, 256}, {128, 128, 128},
-                                    {128, 1024, 128}, {512, 512, 4608}, {128, 512, 1152}};
+                                    {128, 1024, 128}, {512, 512, 4608}, {128, 512, 1152},
+                                    {768, 128, 768}, {256, 1024, 512}, {256, 4096, 512}, {256, 512, 4096}};
     cw__cpu_blas_single();
     printf("OpenBLAS core %s; cw__cpu_gemm1 through %s\n", openblas_get_corename(),
            cw__cpu_dnnl_compiled() ? "oneDNN's dnnl_sgemm" : "OpenBLAS");

@@ -531,16 +531,20 @@ static void gemm_case(cw__backend *be, cw__stream *st, int iter, int ta, int tb,
     gemm_check(be, st, iter, ta, tb, M, N, K, threads, maxdim >= 64);
 }
 
-/* Each side of cw__cpu_gemm1's choice (oneDNN's sgemm for A of at most 2^18 floats and B of
- * fewer, where built with oneDNN; else OpenBLAS): one column block (N <= 512) per call. */
-static void test_gemm1_sides(void) {
+/* cw__cpu_gemm1's cut (built with oneDNN): one call while A (M x K) stays within 2^18
+ * floats and B (K x N) under, else row, column and k blocks accumulated in order; without
+ * oneDNN each is one OpenBLAS call. Every transpose, and beta both 0 and not. */
+static void test_gemm1_blocks(void) {
     static const int64_t mnk[][3] = {
-        {64, 511, 512}, /* B 2^18 - 512 floats: oneDNN */
-        {64, 512, 512}, /* B 2^18: OpenBLAS */
-        {513, 64, 511}, /* A 2^18 - 1: oneDNN */
-        {514, 64, 511}, /* A 2^18 + 510: OpenBLAS */
+        {64, 511, 512},   /* B 2^18 - 512 floats: one call */
+        {64, 512, 512},   /* B 2^18: column blocks of 496 */
+        {513, 64, 511},   /* A 2^18 - 1: one call */
+        {514, 64, 511},   /* A 2^18 + 510: row blocks of 512 */
+        {40, 70, 4500},   /* K > 4096: k blocks of 512, the last 404 */
+        {250, 260, 1100}, /* row and column blocks of 224 */
+        {530, 9, 4097},   /* all three */
     };
-    for (int c = 0; c < 4; c++)
+    for (int c = 0; c < 7; c++)
         for (int t = 0; t < 4; t++) gemm_check(NULL, NULL, 1000 + 4 * c + t, t & 1, t >> 1, mnk[c][0], mnk[c][1],
                                                mnk[c][2], 1, 1);
 }
@@ -1149,7 +1153,7 @@ int main(void) {
             gemm_case(NULL, NULL, i, t & 1, t >> 1, 40, 1);
             if (i % 5 == 0) gemm_case(NULL, NULL, i, t & 1, t >> 1, 300, 1);
         }
-    test_gemm1_sides();
+    test_gemm1_blocks();
 
     int n_soft = quick ? 40 : 300;
     for (int i = 0; i < n_soft; i++) softmax_case(NULL, NULL, i);

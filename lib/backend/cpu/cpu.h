@@ -33,8 +33,9 @@ void cw__cpu_gemm_blocks(int64_t m, int64_t n, int64_t *mb, int64_t *nb);
  * blocks, spread over `threads` threads: identical bits for every thread count. */
 void cw__cpu_sgemm(const cw__gemm_params *p, int threads);
 /* One row-major f32 GEMM on the calling thread alone: oneDNN's sgemm where convweave is built
- * with oneDNN and A has at most 2^18 floats and B fewer, else OpenBLAS's (a choice by shape
- * alone: oneDNN allocates a copy of larger operands per call, par_cpu.c). oneDNN's JIT
+ * with oneDNN, in calls whose A block has at most 2^18 floats and B block fewer (a cut by
+ * shape alone: oneDNN allocates a copy of larger operands per call, par_cpu.c), else
+ * OpenBLAS's. oneDNN's JIT
  * kernels follow the CPU's instruction set whatever OPENBLAS_CORETYPE says. On an AVX-512 host
  * (bench/RESULTS.md, "One GEMM") they ran 1.0-1.2x OpenBLAS's own AVX-512 kernels and
  * 1.6-2.1x the AVX2 ones OPENBLAS_CORETYPE=Haswell forces; on AVX2 the two are even. Bits

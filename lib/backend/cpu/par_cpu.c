@@ -170,21 +170,49 @@ static void gemm_block_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
+/* One single-threaded product: OpenBLAS's cblas_sgemm. */
+static void blas_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    cw__cpu_blas_single();
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
+                (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
 void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     /* oneDNN packs a B of 2^18 floats (1 MiB) or more, and a transposed A of 4 MiB, into
      * buffers it allocates per call (SD decoder: attention's products at 4096 tokens), and
-     * glibc keeps such freed buffers resident in each thread's arena: 12.5 MiB more working
-     * memory than OpenBLAS, 6 MiB with these to OpenBLAS (which packs into its fixed
-     * per-thread buffers). Winograd's products (A up to 512 x 512, B up to 512 x 128) and the
-     * convs' blocks stay with oneDNN. A choice by shape alone. */
+     * glibc keeps such freed buffers resident in each thread's arena (12.5 MiB more working
+     * memory, measured). So a larger product is cut into calls whose A block (MC x KC) and
+     * B block (KC x NC) stay under 2^18 floats, the k blocks of one C block accumulated in
+     * order (beta, then 1): the cut depends on (m, n, k) only. OpenBLAS runs only where
+     * convweave is built without oneDNN (or oneDNN refuses a block): its DYNAMIC_ARCH picks
+     * kernels by CPU model, and 0.3.21 falls back to its SSE3 (Prescott) kernels on models
+     * it does not know (Emerald Rapids: 24 GFLOP/s single-threaded against oneDNN's
+     * 110-140, bench/bench_gemm.c), where oneDNN dispatches on the instruction set. */
     const int64_t most = (int64_t)1 << 18; /* floats */
-    if (m * k <= most && k * n < most &&
-        cw__cpu_dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    if (!cw__cpu_dnnl_compiled() || m == 0 || n == 0 || k == 0) {
+        blas_gemm1(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
-    cw__cpu_blas_single();
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
-                (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+    }
+    const int64_t kc = k * 64 <= most ? k : 512; /* one k block unless a 64-wide block passes 2^18 */
+    const int64_t mc = m * kc <= most ? m : most / kc / 16 * 16, nc = n * kc < most ? n : (most - 1) / kc / 16 * 16;
+    for (int64_t i0 = 0; i0 < m; i0 += mc) {
+        const int64_t mi = m - i0 < mc ? m - i0 : mc;
+        for (int64_t j0 = 0; j0 < n; j0 += nc) {
+            const int64_t nj = n - j0 < nc ? n - j0 : nc;
+            for (int64_t k0 = 0; k0 < k; k0 += kc) {
+                /* row-major: a non-transposed operand's rows are its first index */
+                const float *ab = trans_a ? a + k0 * lda + i0 : a + i0 * lda + k0;
+                const float *bb = trans_b ? b + j0 * ldb + k0 : b + k0 * ldb + j0;
+                const int64_t kk = k - k0 < kc ? k - k0 : kc;
+                const float bt = k0 == 0 ? beta : 1.0f;
+                if (!cw__cpu_dnnl_sgemm(trans_a, trans_b, mi, nj, kk, alpha, ab, lda, bb, ldb, bt, c + i0 * ldc + j0,
+                                        ldc))
+                    blas_gemm1(trans_a, trans_b, mi, nj, kk, alpha, ab, lda, bb, ldb, bt, c + i0 * ldc + j0, ldc);
+            }
+        }
+    }
 }
 
 void cw__cpu_sgemm(const cw__gemm_params *p, int threads) {
