@@ -124,7 +124,7 @@ static void weights_step(const wino_run *r, int64_t k0, int64_t k, int64_t c0, i
 }
 
 /* Output channels [k0 + a, k0 + b) of the group starting at k0. */
-static void wino_weights(const wino_run *r, int64_t k0, int64_t a, int64_t b) {
+CW_CPU_CLONES static void wino_weights(const wino_run *r, int64_t k0, int64_t a, int64_t b) {
     for (int64_t k = k0 + a; k < k0 + b; k++)
         for (int64_t c = 0; c < r->g->c; c += WINO_WC)
             weights_step(r, k0, k, c, r->g->c - c < WINO_WC ? r->g->c - c : WINO_WC);
@@ -193,7 +193,7 @@ static void input_seg(const wino_run *r, const wino_seg *s, int64_t c, int64_t n
 }
 
 /* Channels [c0, c1) of the block's tiles [t0, t0 + nt). */
-static void wino_input(const wino_run *r, int64_t t0, int64_t nt, int64_t c0, int64_t c1) {
+CW_CPU_CLONES static void wino_input(const wino_run *r, int64_t t0, int64_t nt, int64_t c0, int64_t c1) {
     for (int64_t t = 0; t < nt;) {
         const wino_seg s = seg_at(r, t0, t, nt);
         for (int64_t c = c0; c < c1; c++) input_seg(r, &s, c, nt);
@@ -243,7 +243,7 @@ static void output_seg(const wino_run *r, const wino_seg *s, int64_t k0, int64_t
 }
 
 /* Output channels [k0 + a, k0 + b) of the group starting at k0, the block's tiles [t0, t0 + nt). */
-static void wino_output(const wino_run *r, int64_t t0, int64_t nt, int64_t k0, int64_t a, int64_t b) {
+CW_CPU_CLONES static void wino_output(const wino_run *r, int64_t t0, int64_t nt, int64_t k0, int64_t a, int64_t b) {
     for (int64_t t = 0; t < nt;) {
         const wino_seg s = seg_at(r, t0, t, nt);
         for (int64_t k = k0 + a; k < k0 + b; k++) output_seg(r, &s, k0, k, nt);

@@ -6,6 +6,17 @@
 
 #include "backend/backend.h"
 
+/* The hot elementwise loops (conv preps, Winograd's transforms, the generic ops) compiled
+ * three times, for AVX-512 (x86-64-v4), AVX2 and the baseline (SSE2), one picked once per
+ * process by the CPU (GCC's function multiversioning: an ifunc). Vector width changes no
+ * bits here: the loops add, multiply and divide in the order the source gives, and C11 mode
+ * (-std=c11) with -ffp-contract=off forbids fusing a multiply-add. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define CW_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define CW_CPU_CLONES
+#endif
+
 /* Enqueues fn(arg) on stream s; the worker calls fin(arg) after fn (fin may be NULL;
  * typically cw__free). On failure to enqueue, fin(arg) is called here and the status
  * returned. */

@@ -112,7 +112,7 @@ static inline void prep_row(float *dst, int64_t dsw, const float *src, int64_t s
 /* One destination row from one source row in any dtypes: the source elements the row
  * reads are converted tile by tile, transformed once each (mode, then p's unary link), and
  * repeated `up` times on the way out (rounded once to dst's dtype before the repeat). */
-static void prep_row_any(void *dst, cw_dtype ddt, int64_t dsw, const void *src, cw_dtype sdt, int64_t ssw,
+CW_CPU_CLONES static void prep_row_any(void *dst, cw_dtype ddt, int64_t dsw, const void *src, cw_dtype sdt, int64_t ssw,
                          int64_t wd, int64_t up, float sc, float sh, int mode, const cw__prep_params *p) {
     const size_t des = cw_dtype_size(ddt), ses = cw_dtype_size(sdt);
     const int64_t ns = (wd + up - 1) / up; /* source elements read */
@@ -158,7 +158,7 @@ static void pad_row_edges(char *row, int64_t dsw, size_t es, int64_t pre, int64_
 /* prep with replicate padding (p->pad): each dst index is clamped into the upsampled tensor
  * (cw_prep_src); a row's interior W is the unpadded prep of its source row, then its edges
  * are copied out into the padding. */
-static void prep_run_padded(const cw__prep_params *p, const ncdhw *s, const ncdhw *d) {
+CW_CPU_CLONES static void prep_run_padded(const cw__prep_params *p, const ncdhw *s, const ncdhw *d) {
     const cw_dtype sdt = p->src.d.dtype, ddt = p->dst.d.dtype;
     const size_t ses = cw_dtype_size(sdt), des = cw_dtype_size(ddt);
     const int64_t N = d->dim[0], C = d->dim[1], D = d->dim[2], H = d->dim[3], W = d->dim[4];
@@ -185,7 +185,7 @@ static void prep_run_padded(const cw__prep_params *p, const ncdhw *s, const ncdh
         }
 }
 
-void cw__cpu_prep_run(const cw__prep_params *p) {
+CW_CPU_CLONES void cw__cpu_prep_run(const cw__prep_params *p) {
     ncdhw s, d;
     view_ncdhw(&p->src, &s);
     view_ncdhw(&p->dst, &d);
@@ -439,7 +439,7 @@ static void add_row_half(void *y, int64_t sy, const void *pa, int64_t sa, const 
 
 /* Elementwise with plain indexed loads and stores, so an exact alias of dst with a or b
  * is fine (each element is read before it is written). */
-void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b) {
+CW_CPU_CLONES void cw__cpu_add_run(const cw__view *dst, const cw__view *a, const cw__view *b) {
     const cw_dtype dt = dst->d.dtype;
     const size_t es = cw_dtype_size(dt);
     float *y = (float *)dst->data;
@@ -521,7 +521,7 @@ static void view_nc5(const cw__view *v, int64_t dim[5], int64_t st[5]) {
 /* The per-channel op, out[n, c, ...] = cw_channel_elem(code, x[n, c, ...], v[c]). Plain
  * indexed loads and stores, so out may alias x exactly (f16/bf16: a TILE chunk is converted
  * before any of it is stored). */
-static void channel_run(const cw__op_args *a) {
+CW_CPU_CLONES static void channel_run(const cw__op_args *a) {
     int64_t dim[5], sd[5], sx[5], tmp[5];
     view_nc5(&a->out, dim, sd);
     view_nc5(&a->in[0], tmp, sx);
@@ -614,7 +614,7 @@ static void binary_tile(int op, float *x, const float *y, int64_t m) {
  * be [N, 1, ...], read with channel stride 0): rows of W in TILE chunks converted to f32 on
  * load, computed, rounded once on store. Every chunk is loaded before any of it is stored,
  * so out may alias an input exactly. */
-static void map_run(const cw__op_args *a) {
+CW_CPU_CLONES static void map_run(const cw__op_args *a) {
     int64_t dim[5], sd[5], sx[5], sy[5], tmp[5];
     const int binary = a->code == CW_OP_BINARY;
     view_pad5(&a->out, dim, sd);
@@ -925,7 +925,7 @@ static cw_status cpu_gemm(cw__backend *be, cw__stream *s, const cw__gemm_params 
 
 /* ---- softmax -------------------------------------------------------------------------- */
 
-void cw__cpu_softmax_rows_run(float *x, int64_t rows, int64_t cols, int64_t ld) {
+CW_CPU_CLONES void cw__cpu_softmax_rows_run(float *x, int64_t rows, int64_t cols, int64_t ld) {
     for (int64_t r = 0; r < rows; r++) {
         float *row = x + r * ld;
         float mx = cw_softmax_row_max(row, cols);
