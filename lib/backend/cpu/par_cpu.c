@@ -185,9 +185,11 @@ void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, fl
      * glibc keeps such freed buffers resident in each thread's arena (12.5 MiB more working
      * memory, measured). So a larger product is cut into calls whose A block (MC x KC) and
      * B block (KC x NC) stay under 2^18 floats, the k blocks of one C block accumulated in
-     * order (beta, then 1): the cut depends on (m, n, k) only. oneDNN still copies some
-     * smaller blocks whose leading dimension is a large power of two (a 1x1 conv's patch,
-     * ldb = rows x W = 4096: 450-930 KiB per call); glibc's raised mmap threshold then keeps
+     * order (beta, then 1): the cut depends on (m, n, k) only. oneDNN still copies a
+     * smaller B block whose ldb is a multiple of 1024 floats (4 KiB) once the block is large
+     * enough (128 x 128 x 512 is; 32 x 464 x 512 is not): a 1x1 conv's patch, ldb = rows x W
+     * = 4096, 450-930 KiB per call, measured by interposing posix_memalign. glibc's raised
+     * mmap threshold then keeps
      * about 10 MiB of them (SD decoder at its least total: 573 against 562 MiB peak RSS,
      * the same with MALLOC_MMAP_THRESHOLD_=131072; bench/RESULTS.md). OpenBLAS runs only where
      * convweave is built without oneDNN (or oneDNN refuses a block): its DYNAMIC_ARCH picks
