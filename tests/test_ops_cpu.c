@@ -458,9 +458,10 @@ static void add_case(cw__backend *be, cw__stream *st, int iter) {
  * alpha/beta) against a double loop; on the host (be NULL) with threads threads and, where
  * split_check, 2 and 3 threads for the bits of 1. */
 static void gemm_check(cw__backend *be, cw__stream *st, int iter, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                       int threads, int split_check) {
+                       int threads, int split_check, int64_t ldb_fixed) {
     int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
     int64_t lda = ac + cw_rng_range(&rng, 1, 5), ldb = bc + cw_rng_range(&rng, 1, 5), ldc = N + cw_rng_range(&rng, 1, 5);
+    if (ldb_fixed) ldb = ldb_fixed;
     float *A = malloc((size_t)(ar * lda) * sizeof(float)), *B = malloc((size_t)(br * ldb) * sizeof(float));
     float *Cm = malloc((size_t)(M * ldc) * sizeof(float)), *C0 = malloc((size_t)(M * ldc) * sizeof(float));
     for (int64_t i = 0; i < ar * lda; i++) A[i] = cw_rng_float(&rng);
@@ -528,25 +529,31 @@ static void gemm_case(cw__backend *be, cw__stream *st, int iter, int ta, int tb,
     int wide = maxdim >= 300 && iter % 10 == 0;
     int64_t M = cw_rng_range(&rng, 1, maxdim), N = cw_rng_range(&rng, 1, wide ? 6 * maxdim : maxdim),
             K = cw_rng_range(&rng, 1, wide ? 64 : maxdim);
-    gemm_check(be, st, iter, ta, tb, M, N, K, threads, maxdim >= 64);
+    gemm_check(be, st, iter, ta, tb, M, N, K, threads, maxdim >= 64, 0);
 }
 
 /* cw__cpu_gemm1's cut (built with oneDNN): one call while A (M x K) stays within 2^18
- * floats and B (K x N) under, else row, column and k blocks accumulated in order; without
- * oneDNN each is one OpenBLAS call. Every transpose, and beta both 0 and not. */
+ * floats and B (K x N) under, else row, column and k blocks accumulated in order; a B whose
+ * leading dimension is a multiple of 1024 floats copied in column chunks from 64 rows on
+ * (gemm_block); without oneDNN each is one OpenBLAS call. Every transpose, and beta both 0
+ * and not. */
 static void test_gemm1_blocks(void) {
-    static const int64_t mnk[][3] = {
-        {64, 511, 512},   /* B 2^18 - 512 floats: one call */
-        {64, 512, 512},   /* B 2^18: column blocks of 496 */
-        {513, 64, 511},   /* A 2^18 - 1: one call */
-        {514, 64, 511},   /* A 2^18 + 510: row blocks of 512 */
-        {40, 70, 4500},   /* K > 4096: k blocks of 512, the last 404 */
-        {250, 260, 1100}, /* row and column blocks of 224 */
-        {530, 9, 4097},   /* all three */
+    static const int64_t mnk[][4] = {
+        {64, 511, 512, 0},   /* B 2^18 - 512 floats: one call */
+        {64, 512, 512, 0},   /* B 2^18: column blocks of 496 */
+        {513, 64, 511, 0},   /* A 2^18 - 1: one call */
+        {514, 64, 511, 0},   /* A 2^18 + 510: row blocks of 512 */
+        {40, 70, 4500, 0},   /* K > 4096: k blocks of 512, the last 404 */
+        {250, 260, 1100, 0}, /* row and column blocks of 224 */
+        {530, 9, 4097, 0},   /* all three */
+        {96, 300, 200, 1024},  /* ldb 1024: B copied in chunks of 320 columns */
+        {64, 1030, 40, 2048},  /* chunks of 1008 */
+        {63, 200, 100, 1024},  /* 63 rows: not copied */
+        {70, 150, 4500, 5120}, /* k blocks of 512 copied in chunks of 128 */
     };
-    for (int c = 0; c < 7; c++)
+    for (int c = 0; c < 11; c++)
         for (int t = 0; t < 4; t++) gemm_check(NULL, NULL, 1000 + 4 * c + t, t & 1, t >> 1, mnk[c][0], mnk[c][1],
-                                               mnk[c][2], 1, 1);
+                                               mnk[c][2], 1, 1, mnk[c][3]);
 }
 
 /* Concurrent gemm calls with different thread counts from host threads, and from two

@@ -178,6 +178,35 @@ static void blas_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
                 (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
+/* One block through oneDNN (OpenBLAS where it refuses). oneDNN copies a B whose leading
+ * dimension is a multiple of 1024 floats (4 KiB) into a buffer it allocates per call, once A
+ * has enough rows (128 x 128 x 512 it copies, 32 x 464 x 512 not; probed with ldb 512, 768,
+ * 1024, 3072, 4000, 4096): a 1x1 conv's patch (ldb = rows x W) and attention's keys and
+ * scores (ldb = tokens). glibc's raised mmap threshold then kept about 10 MiB of those
+ * buffers (SD decoder at its least total: 573 against 562 MiB peak RSS, the same with
+ * MALLOC_MMAP_THRESHOLD_=131072). So from 64 rows such a B is copied here instead, in column
+ * chunks of at most 1008 columns and BPACK floats, into a stack buffer whose leading
+ * dimension (the chunk's width) is no multiple of 1024; the chunks depend on the shape only. */
+enum { BPACK = 1 << 16 }; /* floats: 256 KiB */
+
+static void gemm_block(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (ldb % 1024 != 0 || m < 64 || k > BPACK / 16) {
+        if (!cw__cpu_dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+            blas_gemm1(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    float bp[BPACK];
+    const int64_t w = BPACK / k / 16 * 16 < 1008 ? BPACK / k / 16 * 16 : 1008;
+    for (int64_t j0 = 0; j0 < n; j0 += w) {
+        const int64_t wj = n - j0 < w ? n - j0 : w;
+        for (int64_t l = 0; l < k; l++) /* op(B)[l][j0 + j] into bp[l][j] */
+            for (int64_t j = 0; j < wj; j++) bp[l * wj + j] = trans_b ? b[(j0 + j) * ldb + l] : b[l * ldb + j0 + j];
+        if (!cw__cpu_dnnl_sgemm(trans_a, 0, m, wj, k, alpha, a, lda, bp, wj, beta, c + j0, ldc))
+            blas_gemm1(trans_a, 0, m, wj, k, alpha, a, lda, bp, wj, beta, c + j0, ldc);
+    }
+}
+
 void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     /* oneDNN packs a B of 2^18 floats (1 MiB) or more, and a transposed A of 4 MiB, into
@@ -185,13 +214,8 @@ void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, fl
      * glibc keeps such freed buffers resident in each thread's arena (12.5 MiB more working
      * memory, measured). So a larger product is cut into calls whose A block (MC x KC) and
      * B block (KC x NC) stay under 2^18 floats, the k blocks of one C block accumulated in
-     * order (beta, then 1): the cut depends on (m, n, k) only. oneDNN still copies a
-     * smaller B block whose ldb is a multiple of 1024 floats (4 KiB) once the block is large
-     * enough (128 x 128 x 512 is; 32 x 464 x 512 is not): a 1x1 conv's patch, ldb = rows x W
-     * = 4096, 450-930 KiB per call, measured by interposing posix_memalign. glibc's raised
-     * mmap threshold then keeps
-     * about 10 MiB of them (SD decoder at its least total: 573 against 562 MiB peak RSS,
-     * the same with MALLOC_MMAP_THRESHOLD_=131072; bench/RESULTS.md). OpenBLAS runs only where
+     * order (beta, then 1): the cut depends on (m, n, k) only. B blocks with a leading
+     * dimension oneDNN copies are copied by gemm_block instead, onto the stack. OpenBLAS runs only where
      * convweave is built without oneDNN (or oneDNN refuses a block): its DYNAMIC_ARCH picks
      * kernels by CPU model, and 0.3.21 falls back to its SSE3 (Prescott) kernels on models
      * it does not know (Emerald Rapids: 24 GFLOP/s single-threaded against oneDNN's
@@ -213,9 +237,7 @@ void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, fl
                 const float *bb = trans_b ? b + j0 * ldb + k0 : b + k0 * ldb + j0;
                 const int64_t kk = k - k0 < kc ? k - k0 : kc;
                 const float bt = k0 == 0 ? beta : 1.0f;
-                if (!cw__cpu_dnnl_sgemm(trans_a, trans_b, mi, nj, kk, alpha, ab, lda, bb, ldb, bt, c + i0 * ldc + j0,
-                                        ldc))
-                    blas_gemm1(trans_a, trans_b, mi, nj, kk, alpha, ab, lda, bb, ldb, bt, c + i0 * ldc + j0, ldc);
+                gemm_block(trans_a, trans_b, mi, nj, kk, alpha, ab, lda, bb, ldb, bt, c + i0 * ldc + j0, ldc);
             }
         }
     }
