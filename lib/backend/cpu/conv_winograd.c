@@ -61,16 +61,13 @@ int64_t cw__cpu_wino_block(const cw__cpu_geom *g) {
 }
 
 /* Output channels per group: K, or fewer where one group's U_ij (Kb x C floats, the GEMMs'
- * A operand) would pass 1 MiB: the largest multiple of 64 that keeps it within. On the 2-core
- * AVX-512 Intel Xeon (2 MiB L2 per core), bench_conv_algos on 26 x 256 rows, 2 threads:
- * 768->768 with all 768 per group ran at 57 GFLOP/s (1247 ms), with 384 the same, with 256 at
- * 283 (250 ms); 1024->1024 (8 x 256) at 36 with all, 224 with 256; 640->640 at 99 with all,
- * 311 with 384; 512->512 and below (U_ij <= 1 MiB) at 259-289 with all, where groups of 128
- * are 1.1-1.15x slower. The slowness was OpenBLAS's: cw__cpu_gemm1 then sent an A operand
- * past 2^18 floats to OpenBLAS, whose 0.3.21 runs SSE3 kernels on that CPU (par_cpu.c). With
- * every product through oneDNN, all 768 per group ran as fast as groups of 320 (209 against
- * 214 ms; 1024: 111 against 114 ms) for 2-3x the workspace (48 against 23.5 MiB), so the cap
- * stays, for memory. Grouped (the variant CW__CPU_ALGO_WINOGRAD_KB): half of K up to 128.
+ * A operand) would pass 1 MiB: the largest multiple of 64 that keeps it within, for the
+ * workspace's sake. On the 2-core AVX-512 Intel Xeon, bench_conv_algos, 2 threads: 768->768
+ * on 26 x 256 rows ran in 209 ms with all 768 per group and 214 ms with groups of 320, for
+ * 48 against 23.5 MiB of workspace; 1024->1024 on 8 x 256 in 111 against 114 ms. (A first
+ * measurement had all 768 per group at 57 GFLOP/s: cw__cpu_gemm1 then sent such an A to
+ * OpenBLAS, which runs SSE3 kernels on that CPU, par_cpu.c.) 512->512 and below are one
+ * group. Grouped (the variant CW__CPU_ALGO_WINOGRAD_KB): half of K up to 128.
  * Measured with bench_conv_algos, 512->512 (H x W 32x64, 13x128) and 256->256 (9x256),
  * groups of 512, 128 and 64 channels, twice each on the idle 2-core AVX-512 AMD machine: one
  * thread, groups of 128 ran at 0.87-1.0x the ungrouped time; two threads at 1.13-1.24x

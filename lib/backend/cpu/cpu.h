@@ -10,9 +10,9 @@
  * three times, for AVX-512 (x86-64-v4), AVX2 and the baseline (SSE2), one picked once per
  * process by the CPU (GCC's function multiversioning: an ifunc). Vector width changes no
  * bits here: the loops add, multiply and divide in the order the source gives, and C11 mode
- * (-std=c11) with -ffp-contract=off forbids fusing a multiply-add. */
-/* Not under TSan: an ifunc's resolver runs while the library is relocated, before TSan's
- * runtime is up, and GCC instruments it (every test crashed on load). */
+ * (-std=c11) with -ffp-contract=off forbids fusing a multiply-add. Not under TSan: an
+ * ifunc's resolver runs while the library is relocated, before TSan's runtime is up, and GCC
+ * instruments it (every test crashed on load). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && \
     !defined(__SANITIZE_THREAD__)
 #define CW_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))

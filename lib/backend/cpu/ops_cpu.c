@@ -112,8 +112,9 @@ static inline void prep_row(float *dst, int64_t dsw, const float *src, int64_t s
 /* One destination row from one source row in any dtypes: the source elements the row
  * reads are converted tile by tile, transformed once each (mode, then p's unary link), and
  * repeated `up` times on the way out (rounded once to dst's dtype before the repeat). */
-CW_CPU_CLONES static void prep_row_any(void *dst, cw_dtype ddt, int64_t dsw, const void *src, cw_dtype sdt, int64_t ssw,
-                         int64_t wd, int64_t up, float sc, float sh, int mode, const cw__prep_params *p) {
+CW_CPU_CLONES static void prep_row_any(void *dst, cw_dtype ddt, int64_t dsw, const void *src, cw_dtype sdt,
+                                       int64_t ssw, int64_t wd, int64_t up, float sc, float sh, int mode,
+                                       const cw__prep_params *p) {
     const size_t des = cw_dtype_size(ddt), ses = cw_dtype_size(sdt);
     const int64_t ns = (wd + up - 1) / up; /* source elements read */
     float buf[TILE];

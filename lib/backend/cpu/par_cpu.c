@@ -170,15 +170,17 @@ static void gemm_block_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-/* One single-threaded product: OpenBLAS's cblas_sgemm. */
-static void blas_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                       int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+/* One single-threaded product: oneDNN's sgemm, or OpenBLAS's where convweave is built
+ * without oneDNN or oneDNN refuses it. */
+static void gemm_call(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                      int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (cw__cpu_dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
     cw__cpu_blas_single();
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
                 (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
-/* One block through oneDNN (OpenBLAS where it refuses). oneDNN copies a B whose leading
+/* One block (gemm_call). oneDNN copies a B whose leading
  * dimension is a multiple of 1024 floats (4 KiB) into a buffer it allocates per call, once A
  * has enough rows (128 x 128 x 512 it copies, 32 x 464 x 512 not; probed with ldb 512, 768,
  * 1024, 3072, 4000, 4096): a 1x1 conv's patch (ldb = rows x W) and attention's keys and
@@ -192,8 +194,7 @@ enum { BPACK = 1 << 16 }; /* floats: 256 KiB */
 static void gemm_block(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     if (ldb % 1024 != 0 || m < 64 || k > BPACK / 16) {
-        if (!cw__cpu_dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
-            blas_gemm1(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        gemm_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
     float bp[BPACK];
@@ -202,8 +203,7 @@ static void gemm_block(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
         const int64_t wj = n - j0 < w ? n - j0 : w;
         for (int64_t l = 0; l < k; l++) /* op(B)[l][j0 + j] into bp[l][j] */
             for (int64_t j = 0; j < wj; j++) bp[l * wj + j] = trans_b ? b[(j0 + j) * ldb + l] : b[l * ldb + j0 + j];
-        if (!cw__cpu_dnnl_sgemm(trans_a, 0, m, wj, k, alpha, a, lda, bp, wj, beta, c + j0, ldc))
-            blas_gemm1(trans_a, 0, m, wj, k, alpha, a, lda, bp, wj, beta, c + j0, ldc);
+        gemm_call(trans_a, 0, m, wj, k, alpha, a, lda, bp, wj, beta, c + j0, ldc);
     }
 }
 
@@ -214,15 +214,15 @@ void cw__cpu_gemm1(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, fl
      * glibc keeps such freed buffers resident in each thread's arena (12.5 MiB more working
      * memory, measured). So a larger product is cut into calls whose A block (MC x KC) and
      * B block (KC x NC) stay under 2^18 floats, the k blocks of one C block accumulated in
-     * order (beta, then 1): the cut depends on (m, n, k) only. B blocks with a leading
-     * dimension oneDNN copies are copied by gemm_block instead, onto the stack. OpenBLAS runs only where
-     * convweave is built without oneDNN (or oneDNN refuses a block): its DYNAMIC_ARCH picks
-     * kernels by CPU model, and 0.3.21 falls back to its SSE3 (Prescott) kernels on models
-     * it does not know (Emerald Rapids: 24 GFLOP/s single-threaded against oneDNN's
-     * 110-140, bench/bench_gemm.c), where oneDNN dispatches on the instruction set. */
+     * order (beta, then 1): the cut depends on (m, n, k) only. A B block with a leading
+     * dimension oneDNN would copy is copied by gemm_block instead, onto the stack. OpenBLAS
+     * runs only where convweave is built without oneDNN (or oneDNN refuses a block): its
+     * DYNAMIC_ARCH picks kernels by CPU model, and 0.3.21 falls back to its SSE3 (Prescott)
+     * kernels on models it does not know (Emerald Rapids: 24 GFLOP/s single-threaded against
+     * oneDNN's 110-140, bench/bench_gemm.c), where oneDNN dispatches on the instruction set. */
     const int64_t most = (int64_t)1 << 18; /* floats */
     if (!cw__cpu_dnnl_compiled() || m == 0 || n == 0 || k == 0) {
-        blas_gemm1(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        gemm_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
     const int64_t kc = k * 64 <= most ? k : 512; /* one k block unless a 64-wide block passes 2^18 */
