@@ -204,3 +204,25 @@ def test_stream_donates_and_keeps_first():
     with torch.no_grad():
         s([torch.randn(1, 3, 4, 6, 5), torch.randn(1, 3, 4, 6, 5)])
     assert torch.equal(s.first, first)
+
+
+def test_stream_empties_cache_after_decode(monkeypatch):
+    """A decode ends by giving back the heap its chunks' caches and outputs freed
+    (Wrapped.empty_cache) unless keep_memory is set; the next decode runs the same plans
+    to the same bits."""
+    import convweave.front.runner as runner
+    calls = []
+    real = runner.Wrapped.empty_cache
+    monkeypatch.setattr(runner.Wrapped, "empty_cache", lambda self: (calls.append(self), real(self))[1])
+    vae = _wan()
+    z = torch.randn(1, 4, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    dec = cv.wan_decoder(vae)
+    with torch.no_grad():
+        y0 = dec(z)
+        assert len(calls) == 1 and calls[0] is dec.stream.wrapped
+        y1 = dec(z)
+    assert len(calls) == 2 and torch.equal(y0, y1)
+    kept = cv.wan_decoder(vae, keep_memory=True)
+    with torch.no_grad():
+        y2 = kept(z)
+    assert len(calls) == 2 and torch.equal(y0, y2)

@@ -105,7 +105,9 @@ class Stream:
         their outputs joined along dim 2: in `out` when given, else in a tensor made once the
         second output shows the size of the later ones (they must all have it). post(y) is
         applied to each output first (in place: a clamp). With callback(y, t0) each output
-        goes there instead (frames t0..), nothing is kept, and None is returned."""
+        goes there instead (frames t0..), nothing is kept, and None is returned. Unless
+        keep_memory is set, the wrapped step's empty_cache() runs at the end: the heap the
+        chunks' freed caches and outputs leave goes back to the system."""
         import convweave.torch as cwt
         cache, t0, first_out = self.first, 0, None
         for i, x in enumerate(chunks):
@@ -133,6 +135,9 @@ class Stream:
                 _check_out(out, y, t0)
                 out[:, :, t0:t0 + y.shape[2]].copy_(y)
             t0 += y.shape[2]
+        cache = tensors = y = None  # the last chunk's caches: freed before the heap goes back
+        if self.wrapped is not None and not self.opts.get("keep_memory"):
+            self.wrapped.empty_cache()
         if callback is None and out.shape[2] != t0:
             raise Error("CW_ERR_INVALID_ARG", f"convweave.video: the chunks made {t0} frames, out has {out.shape[2]}")
         return None if callback is not None else out

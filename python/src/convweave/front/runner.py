@@ -416,6 +416,15 @@ class Wrapped(torch.nn.Module):
         with torch.no_grad():
             return prog.run(flat, self.keep_memory)
 
+    def empty_cache(self):
+        """Gives back what the wrapped module's contexts cache between calls and the freed heap
+        around them (Context.empty_cache: cached pool segments, oneDNN kernels no cached plan
+        uses, glibc's malloc_trim). The cached plans stay; keep_memory plans keep their arenas."""
+        with self._lock:
+            contexts = list(self._contexts.values())
+        for c in contexts:
+            c.empty_cache()
+
     def describe(self):
         """The last compiled signature: segments and their plans' statistics, nodes run by
         convweave, folded and fallen back (each with op, shape, bytes, reason and source),
