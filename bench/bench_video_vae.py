@@ -10,6 +10,8 @@ random weights, no hub), each mode in its own fresh process, as bench/bench_pyth
   convweave   convweave.diffusers.enable(vae) with its defaults (budget 256MiB, memory None)
   least       enable(vae, budget="32MiB", memory="auto:1000"): the least memory the ladder has
               at that temporary budget (--least-budget)
+  cw:B:M      enable(vae, budget=B, memory=M), M "none" for None: a point between the two
+              (cw:64MiB:auto:30: a 64 MiB temporary budget, at most 30 % more conv FLOPs)
 
 Working memory = peak RSS during the call minus RSS after the model was built and the code
 loaded (before enable()), so what convweave holds between calls counts. The convweave modes
@@ -111,8 +113,11 @@ def child(args):
     spy = None
     if args.mode == "tiled":
         vae.enable_tiling(**tiles(args.model, args.size))
-    elif args.mode in ("convweave", "least"):
+    elif is_cw(args.mode):
         opts = dict(budget=args.least_budget, memory="auto:1000") if args.mode == "least" else {}
+        if args.mode.startswith("cw:"):
+            budget, memory = args.mode[3:].split(":", 1)
+            opts = dict(budget=budget, memory=None if memory == "none" else memory)
         t0 = time.perf_counter()
         state = cd.enable(vae, threads=args.threads, streams=args.streams, **opts)
         with torch.no_grad():  # export and compile now, not in the timed call: one whole call (Wan's and
@@ -144,7 +149,7 @@ def child(args):
     res["shape"] = list(out.shape)
     if calls:
         res["torch_conv3d"] = torch_conv3d_temps(calls)
-    if args.mode in ("convweave", "least"):
+    if is_cw(args.mode):
         d = cd.describe(vae)
         plans = state.last_program.plans()
         ws = []
@@ -161,6 +166,11 @@ def child(args):
         res["temp_peak"] = max((s["plan"]["temp_peak"] for s in d["segments"]), default=0)
         res["activations_peak"] = max((s["plan"]["activations_peak"] for s in d["segments"]), default=0)
     print(json.dumps(res))
+
+
+def is_cw(mode):
+    """A mode run by convweave: convweave, least, cw:BUDGET:MEMORY."""
+    return mode in ("convweave", "least") or mode.startswith("cw:")
 
 
 def run_mode(args, mode, out):
@@ -180,8 +190,8 @@ def one(args, mib=1 << 20):
     import torch
     modes = args.modes.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        res = {m: run_mode(args, m, os.path.join(tmp, f"{m}.pt")) for m in modes}
-        outs = {m: torch.load(os.path.join(tmp, f"{m}.pt")) for m in modes if "error" not in res[m]}
+        res = {m: run_mode(args, m, os.path.join(tmp, f"{i}.pt")) for i, m in enumerate(modes)}
+        outs = {m: torch.load(os.path.join(tmp, f"{i}.pt")) for i, m in enumerate(modes) if "error" not in res[m]}
     exact = outs.get("convweave", outs.get("least", outs.get("diffusers")))  # the untiled decode
     ref = {m: res[m] for m in ("diffusers", "tiled") if m in outs}
     for m in outs:
@@ -224,15 +234,18 @@ def main():
     ap.add_argument("--size", type=int, default=256, help="frame height = width")
     ap.add_argument("--threads", type=int, default=2, help="torch and convweave threads")
     ap.add_argument("--streams", type=int, default=2)
-    ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}, cw:BUDGET:MEMORY")
     ap.add_argument("--least-budget", default="32MiB",
                     help="the least mode's temporary budget (the memory ladder's least total depends on it: at 33 "
                          "frames 64MiB reaches less than 32MiB, whose recompute bands do not fit)")
     ap.add_argument("--spy", action="store_true", help="record the diffusers run's conv3d calls (per-conv report)")
     ap.add_argument("--json", help="also write every result to this file")
-    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    for m in args.modes.split(","):
+        if m not in MODES and not (m.startswith("cw:") and m.count(":") >= 2):
+            ap.error(f"--modes: {m!r} is none of {', '.join(MODES)}, cw:BUDGET:MEMORY")
     if args.child:
         args.mode = args.child
         args.frames = int(args.frames)
