@@ -114,10 +114,7 @@ def child(args):
     if args.mode == "tiled":
         vae.enable_tiling(**tiles(args.model, args.size))
     elif is_cw(args.mode):
-        opts = dict(budget=args.least_budget, memory="auto:1000") if args.mode == "least" else {}
-        if args.mode.startswith("cw:"):
-            budget, memory = args.mode[3:].split(":", 1)
-            opts = dict(budget=budget, memory=None if memory == "none" else memory)
+        opts = cw_opts(args.mode, args.least_budget)
         t0 = time.perf_counter()
         state = cd.enable(vae, threads=args.threads, streams=args.streams, **opts)
         with torch.no_grad():  # export and compile now, not in the timed call: one whole call (Wan's and
@@ -171,6 +168,16 @@ def child(args):
 def is_cw(mode):
     """A mode run by convweave: convweave, least, cw:BUDGET:MEMORY."""
     return mode in ("convweave", "least") or mode.startswith("cw:")
+
+
+def cw_opts(mode, least_budget):
+    """enable()'s options for a convweave mode; ValueError for a cw: mode without a memory."""
+    if mode == "least":
+        return dict(budget=least_budget, memory="auto:1000")
+    if not mode.startswith("cw:"):
+        return {}
+    budget, memory = mode[3:].split(":", 1)  # ValueError without the second ':'
+    return dict(budget=budget, memory=None if memory == "none" else memory)
 
 
 def run_mode(args, mode, out):
@@ -244,7 +251,10 @@ def main():
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     for m in args.modes.split(","):
-        if m not in MODES and not (m.startswith("cw:") and m.count(":") >= 2):
+        try:
+            if m not in MODES:
+                cw_opts(m if m.startswith("cw:") else "cw:", args.least_budget)
+        except ValueError:
             ap.error(f"--modes: {m!r} is none of {', '.join(MODES)}, cw:BUDGET:MEMORY")
     if args.child:
         args.mode = args.child

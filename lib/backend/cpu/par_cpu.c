@@ -180,15 +180,15 @@ static void gemm_call(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                 (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
-/* One block (gemm_call). oneDNN copies a B whose leading
- * dimension is a multiple of 1024 floats (4 KiB) into a buffer it allocates per call, once A
- * has enough rows (128 x 128 x 512 it copies, 32 x 464 x 512 not; probed with ldb 512, 768,
- * 1024, 3072, 4000, 4096): a 1x1 conv's patch (ldb = rows x W) and attention's keys and
- * scores (ldb = tokens). glibc's raised mmap threshold then kept about 10 MiB of those
- * buffers (SD decoder at its least total: 573 against 562 MiB peak RSS, the same with
- * MALLOC_MMAP_THRESHOLD_=131072). So from 64 rows such a B is copied here instead, in column
- * chunks of at most 1008 columns and BPACK floats, into a stack buffer whose leading
- * dimension (the chunk's width) is no multiple of 1024; the chunks depend on the shape only. */
+/* One block (gemm_call). oneDNN copies a B whose leading dimension is a multiple of 1024 floats
+ * (4 KiB) into a buffer it allocates per call, once A has enough rows (128 x 128 x 512 it
+ * copies, 32 x 464 x 512 not; probed with ldb 512, 768, 1024, 3072, 4000, 4096): a 1x1 conv's
+ * patch (ldb = rows x W) and attention's keys and scores (ldb = tokens). glibc's raised mmap
+ * threshold then kept about 10 MiB of those buffers (SD decoder at its least total: 573 against
+ * 562 MiB peak RSS, the same with MALLOC_MMAP_THRESHOLD_=131072). So from 64 rows such a B is
+ * copied here instead, in column chunks of at most 1008 columns and BPACK floats, into a stack
+ * buffer whose leading dimension (the chunk's width) is no multiple of 1024; the chunks depend
+ * on the shape only. */
 enum { BPACK = 1 << 16 }; /* floats: 256 KiB */
 
 static void gemm_block(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
