@@ -476,18 +476,19 @@ static cw_status cw__plan_prepare_convs(cw_plan *p) {
     for (int k = 0; k < p->n_tasks; k++) {
         cw__task *t = &p->tasks[k];
         if (t->kind != CW__T_CONV) continue;
+        cw__conv_ext *ce = cw__conv_of(p, t);
         cw__conv_algo used;
-        cw__conv_problem pr = t->u.conv.prob;
+        cw__conv_problem pr = ce->prob;
         cw__run_desc(p, &t->u.conv.x, &pr.x);
         cw__run_desc(p, &t->u.conv.w, &pr.w);
         cw__run_desc(p, &t->u.conv.y, &pr.y);
-        CW_TRY(cw__op_conv_prepare(be, &pr, &t->u.conv.algo, t->u.conv.algo.workspace, &used));
-        if (used.id != t->u.conv.algo.id && used.workspace <= t->u.conv.algo.workspace) {
-            int64_t ws = t->u.conv.algo.workspace; /* the buffer the plan sized stays */
-            t->u.conv.algo = used;
-            t->u.conv.algo.workspace = ws;
+        CW_TRY(cw__op_conv_prepare(be, &pr, &ce->algo, ce->algo.workspace, &used));
+        if (used.id != ce->algo.id && used.workspace <= ce->algo.workspace) {
+            int64_t ws = ce->algo.workspace; /* the buffer the plan sized stays */
+            ce->algo = used;
+            ce->algo.workspace = ws;
         } else {
-            t->u.conv.algo.prepared = used.prepared; /* the task holds it: cw__plan_free drops it */
+            ce->algo.prepared = used.prepared; /* the task holds it: cw__plan_free drops it */
         }
     }
     return CW_OK;
@@ -522,6 +523,8 @@ static void cw__plan_shrink(cw_plan *p) {
     cw__shrink((void **)&p->acts, &p->cap_acts, p->n_acts, sizeof *p->acts);
     cw__shrink((void **)&p->bufs, &p->cap_bufs, p->n_bufs, sizeof *p->bufs);
     cw__shrink((void **)&p->convs, &p->cap_convs, p->n_convs, sizeof *p->convs);
+    cw__shrink((void **)&p->cexts, &p->cap_cexts, p->n_cexts, sizeof *p->cexts);
+    cw__shrink((void **)&p->names, &p->cap_names, p->n_names, 1);
 }
 
 cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt) {

@@ -13,7 +13,7 @@
 /* The axis a conv's patches cut: "H" (rows), or "D" (frames of a 5-D conv). */
 static const char *cw__axis_name(const cw_plan *p, const cw__conv_info *ci) {
     const cw__task *t = &p->tasks[ci->tasks[0]];
-    return t->u.conv.prob.spatial == 3 && ci->axis == 2 ? "D" : "H";
+    return cw__conv_of(p, t)->prob.spatial == 3 && ci->axis == 2 ? "D" : "H";
 }
 
 /* Bytes of buffer b when it is a temporary (a conv's prep or band buffer), else 0. */
@@ -64,19 +64,20 @@ static cJSON *cw__describe_json(const cw_plan *p) {
         cJSON *arr = cJSON_AddArrayToObject(o, "patch");
         for (int j = 0; arr && j < ci->patches; j++) {
             const cw__task *t = &p->tasks[ci->tasks[j]];
-            const cw__conv_problem *pr = &t->u.conv.prob;
+            const cw__conv_ext *ce = cw__conv_of(p, t);
+            const cw__conv_problem *pr = &ce->prob;
             int hd = ci->axis, hp = ci->axis - 2;
             cJSON *q = cJSON_CreateObject();
             if (!q) break;
             cJSON_AddItemToArray(arr, q);
-            cJSON_AddStringToObject(q, "name", t->name);
+            cJSON_AddStringToObject(q, "name", cw__task_name(p, t));
             cJSON_AddNumberToObject(q, "out_row0", (double)t->u.conv.y.start[hd]);
             cJSON_AddNumberToObject(q, "out_rows", (double)t->u.conv.y.dims[hd]);
             cJSON_AddNumberToObject(q, "in_rows", (double)pr->x.dims[hd]);
             cJSON_AddNumberToObject(q, "pad_pre", (double)pr->pad_pre[hp]);
             cJSON_AddNumberToObject(q, "pad_post", (double)pr->pad_post[hp]);
-            cJSON_AddStringToObject(q, "algo", t->u.conv.algo.name);
-            cJSON_AddNumberToObject(q, "workspace", (double)t->u.conv.algo.workspace);
+            cJSON_AddStringToObject(q, "algo", ce->algo.name);
+            cJSON_AddNumberToObject(q, "workspace", (double)ce->algo.workspace);
             cJSON_AddNumberToObject(q, "prep_bytes", (double)cw__temp_bytes(p, t->u.conv.x.buf));
             cJSON_AddNumberToObject(q, "band_bytes", (double)cw__temp_bytes(p, t->u.conv.y.buf));
             cJSON_AddNumberToObject(q, "stream", t->stream);
@@ -165,17 +166,18 @@ cw_status cw_plan_describe(const cw_plan *p, char **out, int json) {
         const cw__conv_info *ci = &p->convs[c];
         const cw__task *t0 = &p->tasks[ci->tasks[0]];
         const char *ax = cw__axis_name(p, ci), *rows = ax[0] == 'D' ? "frames" : "rows";
-        cw__sbf(&b, "  conv L%d %s: %" PRId64 " output %s (%s) in %d patch(es)%s, algo %s\n", ci->node, t0->name,
-                ci->out_rows, rows, ax, ci->patches, ci->fused_prep ? ", fused prep" : "", t0->u.conv.algo.name);
+        cw__sbf(&b, "  conv L%d %s: %" PRId64 " output %s (%s) in %d patch(es)%s, algo %s\n", ci->node, cw__task_name(p, t0),
+                ci->out_rows, rows, ax, ci->patches, ci->fused_prep ? ", fused prep" : "", cw__conv_of(p, t0)->algo.name);
         for (int j = 0; j < ci->patches; j++) {
             const cw__task *t = &p->tasks[ci->tasks[j]];
-            const cw__conv_problem *pr = &t->u.conv.prob;
+            const cw__conv_ext *ce = cw__conv_of(p, t);
+            const cw__conv_problem *pr = &ce->prob;
             int hd = ci->axis, hp = ci->axis - 2;
             int64_t pb = cw__temp_bytes(p, t->u.conv.x.buf), yb = cw__temp_bytes(p, t->u.conv.y.buf);
             cw__sbf(&b, "    patch %d/%d: out %s [%" PRId64 ", %" PRId64 ") <- in %s %" PRId64
                         " pad %" PRId64 "/%" PRId64 ", workspace %" PRId64 " B",
                     j + 1, ci->patches, rows, t->u.conv.y.start[hd], t->u.conv.y.start[hd] + t->u.conv.y.dims[hd],
-                    rows, pr->x.dims[hd], pr->pad_pre[hp], pr->pad_post[hp], t->u.conv.algo.workspace);
+                    rows, pr->x.dims[hd], pr->pad_pre[hp], pr->pad_post[hp], ce->algo.workspace);
             if (pb) cw__sbf(&b, ", prep buffer %" PRId64 " B", pb);
             if (yb) cw__sbf(&b, ", band buffer %" PRId64 " B", yb);
             cw__sbf(&b, ", stream %d\n", t->stream);

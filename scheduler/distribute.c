@@ -307,8 +307,8 @@ static cw_status cw__message(cw__dist *D, int buf, int64_t a, int64_t b, int src
     t.u.comm.v = cw__rows_view(D, buf, a, b);
     t.u.comm.peer = D->me == src ? dst : src;
     t.u.comm.tag = tag;
-    snprintf(t.name, sizeof t.name, "%s rows %" PRId64 "..%" PRId64 " of buffer %d %s rank %d",
-             t.kind == CW__T_SEND ? "send" : "recv", a, b, buf, t.kind == CW__T_SEND ? "to" : "from", t.u.comm.peer);
+    CW_TRY(cw__task_set_name(D->p, &t, "%s rows %" PRId64 "..%" PRId64 " of buffer %d %s rank %d",
+             t.kind == CW__T_SEND ? "send" : "recv", a, b, buf, t.kind == CW__T_SEND ? "to" : "from", t.u.comm.peer));
     int id;
     return cw__push_task(D, &t, &id);
 }
@@ -624,7 +624,7 @@ cw_status cw__plan_distribute(cw_plan *p) {
         /* the rank's plan replaces the single one */
         for (int t = 0; t < nt; t++) {
             cw__task *k = &p->tasks[t];
-            if (map[t] < 0 && k->kind == CW__T_CONV) cw__op_conv_release(p->ctx->be, &k->u.conv.algo);
+            if (map[t] < 0 && k->kind == CW__T_CONV) cw__op_conv_release(p->ctx->be, &cw__conv_of(p, k)->algo);
             cw__free(k->deps), cw__free(k->waits), cw__free(k->alloc_waits);
         }
         for (int x = 0; x < p->n_acts; x++) cw__free(p->acts[x].joins), cw__free(p->acts[x].waits);

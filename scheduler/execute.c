@@ -49,7 +49,7 @@ typedef struct cw__hostarg {
 static void cw__host_begin(void *arg) {
     cw__hostarg *h = arg;
     const cw__task *t = &h->p->tasks[h->task];
-    if (h->nvtx) cw__nvtx_push(t->name, t->stage + 1, t->stream);
+    if (h->nvtx) cw__nvtx_push(cw__task_name(h->p, t), t->stage + 1, t->stream);
     if (h->p->t0) h->p->t0[h->task] = cw__now_ns();
 }
 
@@ -142,7 +142,7 @@ static void cw__comm_fail(cw_plan *p, const cw__task *t, cw_status st) {
     int ok = CW_OK;
     if (atomic_compare_exchange_strong(&p->comm_status, &ok, (int)st))
         snprintf(p->comm_msg, sizeof p->comm_msg, "rank %d: %s (message %" PRId64 ") failed: %s", p->opt.comm->rank,
-                 t->name, t->u.comm.tag, cw_status_name(st));
+                 cw__task_name(p, t), t->u.comm.tag, cw_status_name(st));
 }
 
 static cw_status cw__comm_call(cw_plan *p, const cw__task *t, cw__view *v, void *stream) {
@@ -170,12 +170,13 @@ static cw_status cw__enqueue_comm(cw_plan *p, cw__backend *be, cw__stream *s, co
 static cw_status cw__enqueue(cw_plan *p, cw__backend *be, cw__stream *s, const cw__task *t) {
     switch (t->kind) {
     case CW__T_CONV: {
-        cw__conv_problem pr = t->u.conv.prob;
+        const cw__conv_ext *ce = cw__conv_of(p, t);
+        cw__conv_problem pr = ce->prob;
         cw__view x = cw__resolve(p, &t->u.conv.x), w = cw__resolve(p, &t->u.conv.w), y = cw__resolve(p, &t->u.conv.y);
         pr.x = x.d, pr.w = w.d, pr.y = y.d;
         const void *b = t->u.conv.has_b ? p->ptrs[t->u.conv.b.buf] : NULL;
         void *ws = t->u.conv.ws_buf >= 0 ? p->ptrs[t->u.conv.ws_buf] : NULL;
-        cw__conv_algo algo = t->u.conv.algo;
+        cw__conv_algo algo = ce->algo;
         algo.threads = t->threads;
         return cw__op_conv_forward(be, s, &pr, &algo, x.data, w.data, b, y.data, ws, algo.workspace);
     }
@@ -406,7 +407,7 @@ static cw_status cw__exec_task(cw__exec *x, int ti) {
     if (x->timing) st = be->rt->launch_host(be, s, cw__host_begin, &x->ha[ti]);
     if (st == CW_OK && x->timer) st = be->rt->timer_mark(be, x->timer, 1 + 2 * ti, s);
     int nvtx_host = x->nvtx && !x->nvtx_worker;
-    if (nvtx_host) cw__nvtx_push(t->name, t->stage + 1, t->stream);
+    if (nvtx_host) cw__nvtx_push(cw__task_name(p, t), t->stage + 1, t->stream);
     if (st == CW_OK && !x->dry) st = cw__enqueue(p, be, s, t);
     if (nvtx_host) cw__nvtx_pop();
     if (st == CW_OK && x->timing) st = be->rt->launch_host(be, s, cw__host_end, &x->ha[ti]);

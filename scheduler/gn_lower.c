@@ -34,8 +34,8 @@ cw_status cw__gn_band_stats_at(cw__lower *L, int n, int task, const cw__vref *x,
         t->u.stats.groups = g->nodes[k].groups;
         t->u.stats.part_buf = ln->gn_part;
         t->u.stats.part_index = part;
-        snprintf(t->name, sizeof t->name, "gn stats L%d %s %" PRId64 "-%" PRId64, k,
-                 x->rank == 5 && x->dims[2] < g->nodes[n].desc.dims[2] ? "frames" : "rows", r0, r1);
+        CW_TRY(cw__task_set_name(L->p, t, "gn stats L%d %s %" PRId64 "-%" PRId64, k,
+                 x->rank == 5 && x->dims[2] < g->nodes[n].desc.dims[2] ? "frames" : "rows", r0, r1));
         if (ln->gn_stats_first < 0) ln->gn_stats_first = id;
         CW_TRY(cw__dep(L, id, task));
     }
@@ -80,7 +80,7 @@ static cw_status cw__gn_finalize(cw__lower *L, int k) {
     t->u.fin.beta = cw__gn_vec(L, gn->in[2], c);
     t->u.fin.eps = gn->eps;
     t->u.fin.ss_buf = ln->gn_ss;
-    snprintf(t->name, sizeof t->name, "gn finalize L%d", k);
+    CW_TRY(cw__task_set_name(L->p, t, "gn finalize L%d", k));
     for (int i = ln->gn_stats_first; i >= 0 && i < id; i++)
         if (L->p->tasks[i].kind == CW__T_STATS && L->p->tasks[i].node == k) CW_TRY(cw__dep(L, id, i));
     ln->gn_fin = id;
@@ -102,7 +102,7 @@ static cw_status cw__gn_whole_stats(cw__lower *L, int k) {
     t->u.stats.groups = g->nodes[k].groups;
     t->u.stats.part_buf = ln->gn_part;
     t->u.stats.part_index = 0;
-    snprintf(t->name, sizeof t->name, "gn stats L%d", k);
+    CW_TRY(cw__task_set_name(L->p, t, "gn stats L%d", k));
     ln->gn_stats_first = id;
     return cw__dep_rows(L, id, x, 0, d->dims[cw__hdim(d)]);
 }

@@ -60,8 +60,6 @@ typedef struct cw__lower {
 } cw__lower;
 
 /* ---- emit.c: the plan's building blocks ---- */
-/* Grows *arr (zero-filled) to hold need elements of elem bytes. */
-cw_status cw__grow(void **arr, int *cap, int need, size_t elem);
 cw_status cw__oom(cw__lower *L);
 cw_status cw__new_buf(cw__lower *L, cw__bkind kind, int ext, const cw_tensor_desc *d, int64_t bytes, int *out);
 /* Appends an action to the host-ordered list. */

@@ -29,7 +29,7 @@ static cw_status cw__emit_convert(cw__lower *L, int node, cw__vref src, cw__vref
     int64_t e = 1;
     for (int k = 0; k < dst.rank; k++) e *= dst.dims[k];
     t->flops = (double)e;
-    snprintf(t->name, sizeof t->name, "attention L%d n%" PRId64 " %s", node, n, what);
+    CW_TRY(cw__task_set_name(L->p, t, "attention L%d n%" PRId64 " %s", node, n, what));
     return CW_OK;
 }
 
@@ -118,7 +118,7 @@ static cw_status cw__attn_chunk_tasks(cw__lower *L, int i, int64_t b, int64_t t0
         keys += (double)((e < t1 ? e : t1) - r) * (double)(k1 - k0);
     }
     t->flops = 4.0 * keys * (double)d->dims[1];
-    snprintf(t->name, sizeof t->name, "attention L%d n%" PRId64 " tokens %" PRId64 "-%" PRId64, i, b, t0, t1);
+    CW_TRY(cw__task_set_name(L->p, t, "attention L%d n%" PRId64 " tokens %" PRId64 "-%" PRId64, i, b, t0, t1));
     if (half) {
         CW_TRY(cw__dep(L, id, cq));
         CW_TRY(cw__dep(L, id, cv[0]));

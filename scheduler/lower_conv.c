@@ -167,9 +167,9 @@ static cw_status cw__emit_prep(cw__lower *L, cw__conv_unit *u, int q) {
     t->u.prep.dst_row0 = along_h ? pt->a : 0;
     t->u.prep.src_row0 = along_h ? s0 : 0;
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
-    snprintf(t->name, sizeof t->name, "prep%s%s%s%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "",
+    CW_TRY(cw__task_set_name(L->p, t, "prep%s%s%s%s%s%s L%d patch %d/%d", u->gn >= 0 ? " gn" : "",
              u->silu ? " silu" : "", u->unary ? " unary" : "", u->up > 1 ? " up2" : "", u->up_d > 1 ? " up_d" : "",
-             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches);
+             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches));
     CW_TRY(cw__dep_band(L, id, u->src, ax, s0, s1));
     if (u->gn >= 0) CW_TRY(cw__dep(L, id, L->nd[u->gn].gn_fin));
     u->prep_task[q] = id;
@@ -191,10 +191,14 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
         CW_TRY(cw__temp(L, cw__desc_bytes(&yb), &yb, &u->ybuf[j]));
     }
     cw__task *t = NULL;
+    int ext;
+    CW_TRY(cw__conv_ext_new(L->p, &ext));
     CW_TRY(cw__new_task(L, CW__T_CONV, CW_STAGE_CONV, cw__next_heavy(L), u->node, &t, id));
-    t->u.conv.prob = pt->prob;
-    t->u.conv.algo = u->cp.algo;
-    t->u.conv.algo.workspace = u->cp.ws;
+    t->u.conv.ext = ext;
+    cw__conv_ext *ce = cw__conv_of(L->p, t);
+    ce->prob = pt->prob;
+    ce->algo = u->cp.algo;
+    ce->algo.workspace = u->cp.ws;
     if ((u->prep && pt->b > pt->a) || u->rec >= 0) {
         t->u.conv.x = cw__whole(u->pbuf[j], &L->p->bufs[u->pbuf[j]].d);
     } else {
@@ -214,7 +218,7 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
                                          : cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
     t->u.conv.ws_buf = u->ws[j];
     t->flops = cw__conv_flops(&pt->prob);
-    snprintf(t->name, sizeof t->name, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches);
+    CW_TRY(cw__task_set_name(L->p, t, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches));
     if (u->ci) u->ci->tasks[j] = *id;
     if (u->prep_task[j] >= 0) return cw__dep(L, *id, u->prep_task[j]);
     if (pt->b > pt->a) return cw__dep_band(L, *id, u->src, ax, pt->a, pt->b);
@@ -261,8 +265,8 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
         e->u.add.b = other;
     }
     e->flops = (double)cw__desc_numel(&n->desc) * (double)(pt->o1 - pt->o0) / (double)u->ci->out_rows;
-    snprintf(e->name, sizeof e->name, "residual add%s%s L%d patch %d/%d", shortcut ? " + shortcut" : "",
-             u->inplace ? " in place" : "", addn, j + 1, u->cp.patches);
+    CW_TRY(cw__task_set_name(L->p, e, "residual add%s%s L%d patch %d/%d", shortcut ? " + shortcut" : "",
+             u->inplace ? " in place" : "", addn, j + 1, u->cp.patches));
     CW_TRY(cw__dep(L, *id, conv));
     if (shortcut) {
         CW_TRY(cw__dep(L, *id, sconv));
@@ -421,9 +425,9 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     t->u.prep.src_row0 = band.o0;
     if (u->pad >= 0) cw__prep_pad(L, t, u->pad, cw__node_rows(L->g, u->rec));
     t->flops = (double)cw__desc_numel(&bd) * 8.0;
-    snprintf(t->name, sizeof t->name, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s%s L%d patch %d/%d",
+    CW_TRY(cw__task_set_name(L->p, t, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s%s L%d patch %d/%d",
              u->rec, band.o0, band.o1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->unary ? " unary" : "",
-             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches);
+             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches));
     CW_TRY(cw__dep(L, pid, id));
     if (u->gn >= 0) CW_TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
     u->prep_task[q] = pid;

@@ -23,7 +23,7 @@ static cw_status cw__lower_lone(cw__lower *L, int i, const int *war, int n_war) 
         t->u.add.a = cw__whole(L->nd[n->in[0]].buf, d);
         t->u.add.b = cw__whole(L->nd[n->in[1]].buf, d);
         t->flops = (double)cw__desc_numel(d);
-        snprintf(t->name, sizeof t->name, "add L%d", i);
+        CW_TRY(cw__task_set_name(L->p, t, "add L%d", i));
         CW_TRY(cw__dep_rows(L, id, n->in[0], 0, h));
         CW_TRY(cw__dep_rows(L, id, n->in[1], 0, h));
     } else if (n->kind == CW__N_OP) { /* one task over the whole tensors */
@@ -39,7 +39,7 @@ static cw_status cw__lower_lone(cw__lower *L, int i, const int *war, int n_war) 
             if (g->nodes[x].kind != CW__N_CONST) CW_TRY(cw__dep_rows(L, id, x, 0, xd->dims[cw__hdim(xd)]));
         }
         t->flops = (double)cw__desc_numel(d) * info.flops;
-        snprintf(t->name, sizeof t->name, "%s L%d", n->name, i);
+        CW_TRY(cw__task_set_name(L->p, t, "%s L%d", n->name, i));
     } else {
         int x = n->in[0];
         if (n->kind == CW__N_GN) CW_TRY(cw__gn_ready(L, i));
@@ -50,7 +50,7 @@ static cw_status cw__lower_lone(cw__lower *L, int i, const int *war, int n_war) 
         t->u.prep.silu = n->kind == CW__N_SILU;
         t->u.prep.up = n->kind == CW__N_UP2 ? 2 : 1;
         t->flops = (double)cw__desc_numel(d) * 4.0;
-        snprintf(t->name, sizeof t->name, "%s L%d", n->name, i);
+        CW_TRY(cw__task_set_name(L->p, t, "%s L%d", n->name, i));
         CW_TRY(cw__dep_rows(L, id, x, 0, cw__node_rows(g, x)));
         if (n->kind == CW__N_GN) CW_TRY(cw__dep(L, id, L->nd[i].gn_fin));
     }

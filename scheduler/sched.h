@@ -85,11 +85,18 @@ typedef struct cw__vref {
 typedef enum { CW__T_CONV, CW__T_PREP, CW__T_ADD, CW__T_STATS, CW__T_FINALIZE, CW__T_ATTN, CW__T_OP, CW__T_SEND,
                CW__T_RECV } cw__tkind;
 
+/* A conv task's problem and algorithm (464 bytes), kept apart from its task record so that
+ * the plan's other tasks (most of a patched plan's) do not carry them. */
+typedef struct cw__conv_ext {
+    cw__conv_problem prob; /* descs' strides filled at run time */
+    cw__conv_algo algo;
+} cw__conv_ext;
+
 typedef struct cw__task {
     cw__tkind kind;
     int stage;           /* CW_STAGE_* */
     int stream;          /* plan stream index */
-    char name[128];
+    int name;            /* its name's offset in the plan's name pool (cw__task_name) */
     int *deps;
     int n_deps;
     int event;           /* index into plan events, -1 if no cross-stream consumer */
@@ -103,8 +110,7 @@ typedef struct cw__task {
     int node;
     union {
         struct {
-            cw__conv_problem prob; /* descs' strides filled at run time */
-            cw__conv_algo algo;
+            int ext;             /* its problem and algorithm: p->cexts[ext] (cw__conv_of) */
             cw__vref x, w, b, y;
             int has_b;
             int ws_buf;
@@ -202,6 +208,10 @@ struct cw_plan {
     int n_bufs, cap_bufs;
     cw__task *tasks;
     int n_tasks, cap_tasks;
+    cw__conv_ext *cexts;   /* the conv tasks' problems and algorithms */
+    int n_cexts, cap_cexts;
+    char *names;           /* the tasks' names, each ended by a NUL; offset 0 is "" */
+    int n_names, cap_names;
     cw__action *acts;
     int n_acts, cap_acts;
     int n_events;
@@ -247,6 +257,17 @@ struct cw_plan {
     _Atomic int comm_status;
     char comm_msg[256];
 };
+
+/* emit.c: grows *arr (zero-filled) to hold need elements of elem bytes. */
+cw_status cw__grow(void **arr, int *cap, int need, size_t elem);
+/* plan.c: names task t (printf-style) in the plan's name pool. */
+cw_status cw__task_set_name(cw_plan *p, cw__task *t, const char *fmt, ...) CW__PRINTF(3, 4);
+/* plan.c: a new conv problem-and-algorithm record, zeroed, in *out. */
+cw_status cw__conv_ext_new(cw_plan *p, int *out);
+static inline const char *cw__task_name(const cw_plan *p, const cw__task *t) {
+    return p->names ? p->names + t->name : "";
+}
+static inline cw__conv_ext *cw__conv_of(const cw_plan *p, const cw__task *t) { return &p->cexts[t->u.conv.ext]; }
 
 /* arena.c: places every activation at a fixed offset of one arena (after cw__plan_sync). */
 cw_status cw__plan_place_activations(cw_plan *p);

@@ -73,7 +73,7 @@ cw_status cw_plan_write_trace(const cw_plan *p, const char *path) {
         if (!p->t0[k]) continue;
         fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
                    "\"args\":{\"task\":%d,\"mflop\":%.3f}}",
-                t->name, cw__stage_name(t->stage), t->stream, (double)(p->t0[k] - base) * 1e-3,
+                cw__task_name(p, t), cw__stage_name(t->stage), t->stream, (double)(p->t0[k] - base) * 1e-3,
                 (double)(p->t1[k] - p->t0[k]) * 1e-3, k, t->flops * 1e-6);
     }
     int64_t live = 0;

@@ -183,7 +183,7 @@ static int hb_check(const cw_plan *p) {
                         if (bad < 5 && !hb_quiet)
                             fprintf(stderr, "  hazard: task %d '%s' (stream %d, buffer %d) may overlap task %d '%s' "
                                             "(stream %d, buffer %d) in memory\n",
-                                    T, p->tasks[T].name, p->tasks[T].stream, b, U, p->tasks[U].name, us, o);
+                                    T, cw__task_name(p, &p->tasks[T]), p->tasks[T].stream, b, U, cw__task_name(p, &p->tasks[U]), us, o);
                         bad++;
                     }
                 }
@@ -219,8 +219,8 @@ static int hb_check(const cw_plan *p) {
                 if (bad < 5 && !hb_quiet)
                     fprintf(stderr, "  hazard: task %d '%s' (stream %d) %s buffer %d where task %d '%s' (stream %d) %s "
                                     "it, unordered\n",
-                            T, p->tasks[T].name, p->tasks[T].stream, at2->write ? "writes" : "reads", b, U,
-                            p->tasks[U].name, us, au->write ? "wrote" : "read");
+                            T, cw__task_name(p, &p->tasks[T]), p->tasks[T].stream, at2->write ? "writes" : "reads", b, U,
+                            cw__task_name(p, &p->tasks[U]), us, au->write ? "wrote" : "read");
                 bad++;
             }
     }

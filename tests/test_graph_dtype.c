@@ -282,10 +282,11 @@ static void check_halved(const cw_plan *f, const cw_plan *h, cw_dtype dt) {
     ASSERT_EQ_I(2 * h->act_live_peak, f->act_live_peak);
     for (int t = 0; t < f->n_tasks; t++)
         if (f->tasks[t].kind == CW__T_CONV) {
-            const cw__conv_problem *pa = &f->tasks[t].u.conv.prob, *pc = &h->tasks[t].u.conv.prob;
+            const cw__conv_ext *fa = cw__conv_of(f, &f->tasks[t]), *ha = cw__conv_of(h, &h->tasks[t]);
+            const cw__conv_problem *pa = &fa->prob, *pc = &ha->prob;
             ASSERT_TRUE(pc->x.dtype == dt && pc->w.dtype == dt && pc->y.dtype == dt);
             ASSERT_TRUE(pa->x.dtype == CW_F32 && pa->w.dtype == CW_F32 && pa->y.dtype == CW_F32);
-            ASSERT_EQ_I(h->tasks[t].u.conv.algo.workspace, f->tasks[t].u.conv.algo.workspace);
+            ASSERT_EQ_I(ha->algo.workspace, fa->algo.workspace);
         }
 }
 
