@@ -71,7 +71,7 @@ static int cw__lives(const cw_plan *p, cw__life *out, int *slot) {
     for (int b = 0; b < p->n_bufs; b++) slot[b] = -1;
     for (int a = 0; a < p->n_acts; a++) {
         const cw__action *ac = &p->acts[a];
-        if (ac->kind == CW__A_TASK || p->bufs[ac->id].kind != CW__B_ACT) continue;
+        if (ac->kind == CW__A_TASK || ac->kind == CW__A_DROP || p->bufs[ac->id].kind != CW__B_ACT) continue;
         if (ac->kind == CW__A_ALLOC) {
             slot[ac->id] = n;
             out[n++] = (cw__life){ac->id, cw__alloc_round(p->bufs[ac->id].bytes), a, p->n_acts};
@@ -87,7 +87,7 @@ static int64_t cw__live_peak(const cw_plan *p) {
     int64_t cur = 0, peak = 0;
     for (int a = 0; a < p->n_acts; a++) {
         const cw__action *ac = &p->acts[a];
-        if (ac->kind == CW__A_TASK || p->bufs[ac->id].kind != CW__B_ACT) continue;
+        if (ac->kind == CW__A_TASK || ac->kind == CW__A_DROP || p->bufs[ac->id].kind != CW__B_ACT) continue;
         cur += (ac->kind == CW__A_ALLOC ? 1 : -1) * cw__alloc_round(p->bufs[ac->id].bytes);
         if (cur > peak) peak = cur;
     }

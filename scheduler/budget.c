@@ -525,6 +525,7 @@ static void cw__plan_shrink(cw_plan *p) {
     cw__shrink((void **)&p->convs, &p->cap_convs, p->n_convs, sizeof *p->convs);
     cw__shrink((void **)&p->cexts, &p->cap_cexts, p->n_cexts, sizeof *p->cexts);
     cw__shrink((void **)&p->names, &p->cap_names, p->n_names, 1);
+    cw__shrink((void **)&p->drops, &p->cap_drops, p->n_drops, sizeof *p->drops);
 }
 
 cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt) {

@@ -375,6 +375,8 @@ static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
     if (!x->dry && (p->ctx->cfg.flags & CW_FLAG_POISON))
         st = x->be->rt->fill32_async(x->be, x->streams[ac->stream], p->ptrs[ac->id], CW_POISON_NAN_BITS,
                                      (p->bufs[ac->id].bytes + 3) / 4);
+    else if (!x->dry && x->be->rt->discard) /* its pages back: the next buffer there faults in only what it writes */
+        st = x->be->rt->discard(x->be, x->streams[ac->stream], p->ptrs[ac->id], p->bufs[ac->id].bytes, 1, 0);
     if (st == CW_OK && ac->event >= 0) st = x->be->rt->event_record(x->be, x->ev[ac->event], x->streams[ac->stream]);
     return st;
 }
@@ -391,7 +393,30 @@ static cw_status cw__exec_discard(cw__exec *x, const cw__action *ac) {
             return CW_OK;
     for (int j = 0; j < ac->n_joins; j++)
         CW_TRY(x->be->rt->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]));
-    return x->be->rt->discard(x->be, x->streams[ac->stream], p->ptrs[b], cw__desc_bytes(&p->rdesc[b]));
+    return x->be->rt->discard(x->be, x->streams[ac->stream], p->ptrs[b], cw__desc_bytes(&p->rdesc[b]), 1, 0);
+}
+
+/* Rows [0, r1) of an activation, dead (drops.c): their whole pages in every channel plane
+ * go back (from row 0: the pages that straddled r0 went not with the last drop); poisoned
+ * instead under CW_FLAG_POISON, rows [r0, r1), so that a late reader would see NaN. */
+static cw_status cw__exec_drop(cw__exec *x, const cw__action *ac) {
+    cw_plan *p = x->p;
+    if (x->dry) return CW_OK;
+    cw__stream *s = x->streams[ac->stream];
+    for (int j = 0; j < ac->n_joins; j++)
+        CW_TRY(x->be->rt->stream_wait_event(x->be, s, x->ev[p->tasks[ac->joins[j]].event]));
+    const cw_tensor_desc *d = &p->rdesc[ac->id]; /* compact: an activation */
+    const cw__drop *dr = &p->drops[ac->drop];
+    const int64_t es = (int64_t)cw_dtype_size(d->dtype), row = d->strides[dr->ax] * es;
+    const int64_t plane = d->dims[dr->ax] * row, n = cw__desc_bytes(d) / plane;
+    char *base = p->ptrs[ac->id];
+    if (!(p->ctx->cfg.flags & CW_FLAG_POISON))
+        return x->be->rt->discard(x->be, s, base, dr->r1 * row, n, plane);
+    cw_status st = CW_OK;
+    for (int64_t i = 0; i < n && st == CW_OK; i++)
+        st = x->be->rt->fill32_async(x->be, s, base + i * plane + dr->r0 * row, CW_POISON_NAN_BITS,
+                                     (dr->r1 - dr->r0) * row / 4);
+    return st;
 }
 
 static cw_status cw__exec_task(cw__exec *x, int ti) {
@@ -473,6 +498,7 @@ cw_status cw__plan_execute(cw_plan *p, cw__backend *be, cw__allocator *temp, int
         if (ac->kind == CW__A_ALLOC) st = cw__exec_alloc(&x, ac);
         else if (ac->kind == CW__A_FREE) st = cw__exec_free(&x, ac);
         else if (ac->kind == CW__A_DISCARD) st = cw__exec_discard(&x, ac);
+        else if (ac->kind == CW__A_DROP) st = cw__exec_drop(&x, ac);
         else st = cw__exec_task(&x, ac->id);
     }
     if (st == CW_OK) st = cw__exec_join(&x);

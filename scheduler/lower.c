@@ -391,6 +391,7 @@ static cw_status cw__lower_graph(cw__lower *L) {
     if (st == CW_OK) st = cw__discards(L, inode);
     cw__free(wait), cw__free(inode);
     CW_TRY(st);
+    CW_TRY(cw__plan_drops(L->p));
     CW_TRY(cw__plan_sync(L->p));
     L->p->fork_event = L->p->n_events; /* the fork and the joins (execute.c) */
     L->p->n_events += L->p->n_streams;

@@ -27,7 +27,7 @@ void cw__plan_free(cw_plan *p) {
     }
     for (int i = 0; i < p->n_convs; i++) cw__free(p->convs[i].tasks);
     cw__free(p->tasks), cw__free(p->acts), cw__free(p->bufs), cw__free(p->convs);
-    cw__free(p->cexts), cw__free(p->names);
+    cw__free(p->cexts), cw__free(p->names), cw__free(p->drops);
     cw__free(p->in), cw__free(p->out), cw__free(p->events), cw__free(p->ptrs), cw__free(p->rdesc);
     cw__free(p->t0), cw__free(p->t1), cw__free(p->rec_nodes), cw__free(p->bands), cw__free(p->comm_args);
     cw__free(p);

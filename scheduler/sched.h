@@ -163,8 +163,17 @@ typedef struct cw__task {
 } cw__task;
 
 /* DISCARD: a donated input with no output, after its last reader (cw_graph_donate): placed
- * and joined like a FREE, run as the backend's discard. */
-typedef enum { CW__A_ALLOC, CW__A_FREE, CW__A_TASK, CW__A_DISCARD } cw__akind;
+ * and joined like a FREE, run as the backend's discard. DROP: rows of a live activation that
+ * no later task touches (drops.c), placed and joined like a FREE, run as the backend's
+ * discard of those rows' whole pages. */
+typedef enum { CW__A_ALLOC, CW__A_FREE, CW__A_TASK, CW__A_DISCARD, CW__A_DROP } cw__akind;
+
+/* A DROP's rows: [r0, r1) along dim ax of its activation (the rows before r0 went earlier). */
+typedef struct cw__drop {
+    int ax;
+    int64_t r0, r1;
+} cw__drop;
+
 typedef struct cw__action {
     cw__akind kind;
     int id;              /* buffer or task */
@@ -173,8 +182,9 @@ typedef struct cw__action {
                             buffer too (they wait on it before their first use); FREE of an
                             activation: recorded after it when a later activation on another
                             stream reuses its bytes; else -1 */
-    int *joins;          /* FREE: tasks on other streams to wait for first */
+    int *joins;          /* FREE, DROP: tasks on other streams to wait for first */
     int n_joins;
+    int drop;            /* DROP: its rows, p->drops[drop] */
     int *waits;          /* ALLOC of an activation: events of the frees of earlier activations
                             whose arena bytes it reuses (arena.c) */
     int n_waits;
@@ -212,6 +222,8 @@ struct cw_plan {
     int n_cexts, cap_cexts;
     char *names;           /* the tasks' names, each ended by a NUL; offset 0 is "" */
     int n_names, cap_names;
+    cw__drop *drops;       /* the DROP actions' rows */
+    int n_drops, cap_drops;
     cw__action *acts;
     int n_acts, cap_acts;
     int n_events;
@@ -269,6 +281,8 @@ static inline const char *cw__task_name(const cw_plan *p, const cw__task *t) {
 }
 static inline cw__conv_ext *cw__conv_of(const cw_plan *p, const cw__task *t) { return &p->cexts[t->u.conv.ext]; }
 
+/* drops.c: inserts DROP actions into the host-ordered action list (before cw__plan_sync). */
+cw_status cw__plan_drops(cw_plan *p);
 /* arena.c: places every activation at a fixed offset of one arena (after cw__plan_sync). */
 cw_status cw__plan_place_activations(cw_plan *p);
 /* distribute.c: makes p, a finished single-process plan, this rank's share under

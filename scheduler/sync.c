@@ -89,8 +89,8 @@ static cw_status cw__sync_task(cw__sync *y, int ti) {
     return CW_OK;
 }
 
-/* A FREE runs on the stream of the buffer's last user, after joining the other users. A
- * tail's users are its head's (tasks name the tensor's head, cw__buf.tail). */
+/* A FREE (DISCARD, DROP) runs on the stream of the buffer's last user so far, after joining
+ * the other users. A tail's users are its head's (tasks name the tensor's head, cw__buf.tail). */
 static cw_status cw__sync_free(cw__sync *y, cw__action *ac) {
     cw_plan *p = y->p;
     const int S = y->S;

@@ -134,17 +134,23 @@ static int hb_check(const cw_plan *p) {
     int64_t(*fvc)[HB_MS] = calloc((size_t)nb + 1, sizeof *fvc); /* clock at each buffer's free */
     int64_t(*evc)[HB_MS] = calloc((size_t)p->n_events + 1, sizeof *evc);
     char *freed = calloc((size_t)nb + 1, 1);
+    int64_t(*dvc)[HB_MS] = calloc((size_t)p->n_acts + 1, sizeof *dvc); /* clock at each DROP */
+    int *tpos = calloc((size_t)nt + 1, sizeof *tpos);                  /* each task's action */
     int bad = 0;
     for (int a = 0; a < p->n_acts; a++) {
         const cw__action *ac = &p->acts[a];
         int s = ac->kind == CW__A_TASK ? p->tasks[ac->id].stream : ac->stream;
         if (ac->kind == CW__A_TASK) {
             const cw__task *t = &p->tasks[ac->id];
+            tpos[ac->id] = a;
             for (int w = 0; w < t->n_waits; w++) hb_join(vc[s], tvc[t->waits[w]], S);
             for (int w = 0; w < t->n_alloc_waits; w++) hb_join(vc[s], evc[t->alloc_waits[w]], S);
             memcpy(svc[ac->id], vc[s], sizeof vc[s]);
             vc[s][s]++;
             memcpy(tvc[ac->id], vc[s], sizeof vc[s]);
+        } else if (ac->kind == CW__A_DROP) {
+            for (int j = 0; j < ac->n_joins; j++) hb_join(vc[s], tvc[ac->joins[j]], S);
+            memcpy(dvc[a], vc[s], sizeof vc[s]);
         } else if (ac->kind == CW__A_FREE) {
             for (int j = 0; j < ac->n_joins; j++) hb_join(vc[s], tvc[ac->joins[j]], S);
             memcpy(fvc[ac->id], vc[s], sizeof vc[s]);
@@ -224,8 +230,32 @@ static int hb_check(const cw_plan *p) {
                 bad++;
             }
     }
+    /* a DROP of rows [r0, r1): every access to them comes before it in host order and
+     * happens before it */
+    for (int a = 0; a < p->n_acts; a++) {
+        const cw__action *ac = &p->acts[a];
+        if (ac->kind != CW__A_DROP) continue;
+        const cw__drop *dr = &p->drops[ac->drop];
+        hb_acc rows;
+        memset(&rows, 0, sizeof rows);
+        rows.buf = ac->id, rows.v.buf = ac->id, rows.v.rank = p->bufs[ac->id].d.rank;
+        for (int d = 0; d < rows.v.rank; d++) rows.v.dims[d] = p->bufs[ac->id].d.dims[d];
+        rows.v.start[dr->ax] = dr->r0, rows.v.dims[dr->ax] = dr->r1 - dr->r0;
+        for (int x = 0; x < cnt[ac->id]; x++) {
+            int T = use[at[ac->id] + x][0];
+            const hb_acc *au = &acc[T][use[at[ac->id] + x][1]];
+            if (!hb_overlap(au, &rows)) continue;
+            int ts = p->tasks[T].stream;
+            if (tpos[T] < a && tvc[T][ts] <= dvc[a][ts]) continue;
+            if (bad < 5 && !hb_quiet)
+                fprintf(stderr, "  hazard: task %d '%s' (stream %d) touches rows %lld..%lld of buffer %d %s their drop\n",
+                        T, cw__task_name(p, &p->tasks[T]), ts, (long long)dr->r0, (long long)dr->r1, ac->id,
+                        tpos[T] > a ? "after" : "unordered with");
+            bad++;
+        }
+    }
     free(cnt), free(at), free(use), free(acc), free(nacc);
-    free(tvc), free(svc), free(fvc), free(evc), free(freed);
+    free(tvc), free(svc), free(fvc), free(evc), free(freed), free(dvc), free(tpos);
     return bad;
 }
 

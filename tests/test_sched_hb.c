@@ -4,7 +4,10 @@
  * poison. The determinism contract (docs/determinism.md): every run of every stream count
  * gives the bits of the 1-stream plan with the same patches; the unscheduled plan (other
  * patches, other GEMM shapes) agrees within 1e-5 of the output's scale. Regression test
- * for activation buffers that the allocator ordered only on the allocating stream. */
+ * for activation buffers that the allocator ordered only on the allocating stream. The cpu
+ * plans give the rows of each conv's input back as its patches pass them (drops.c): the
+ * replay checks every access to those rows comes before the drop, and poison turns the
+ * drops into NaN fills that a late reader would carry into the output. */
 #include "convweave/convweave.h"
 #include "hb_check.h"
 #include "testutil.h"
@@ -79,6 +82,7 @@ int main(void) {
         cw_plan *p, *pr;
         ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &o));
         ASSERT_OK_CTX(ctx, cw_graph_compile(g, &pr, &r));
+        ASSERT_TRUE(p->n_drops > 0);
         cw_tensor *in, *out, *ref;
         ASSERT_OK_CTX(ctx, cw_tensor_create(&in, ctx, &d));
         ASSERT_OK_CTX(ctx, cw_tensor_create(&out, ctx, &d));

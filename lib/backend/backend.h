@@ -133,11 +133,12 @@ typedef struct cw__runtime_i {
     int64_t (*host_syncs)(cw__backend *be);
     /* (optional) default: none. Runs fn(arg) on the host in stream order (trace timing). */
     cw_status (*launch_host)(cw__backend *be, cw__stream *s, cw__host_fn fn, void *arg);
-    /* (optional) default: none. The bytes at p are not needed after the work queued on s:
-     * the backend may give their memory back (cpu: the whole pages inside them return to the
-     * system; what they read afterwards is undefined). A donated input with no output,
-     * after its last read (cw_graph_donate). */
-    cw_status (*discard)(cw__backend *be, cw__stream *s, void *p, int64_t bytes);
+    /* (optional) default: none. The n ranges of `bytes` bytes at p, p + stride, ... are not
+     * needed after the work queued on s: the backend may give their memory back (cpu: the
+     * whole pages inside each return to the system; what they read afterwards is
+     * undefined). A donated input with no output after its last read (cw_graph_donate), an
+     * activation at its free, an activation's dead rows in each channel plane (drops.c). */
+    cw_status (*discard)(cw__backend *be, cw__stream *s, void *p, int64_t bytes, int64_t n, int64_t stride);
     /* (optional) default: none. A run whose host functions may block on another process (a
      * communicator's calls) follows: a backend whose host waits for room in a full queue
      * (cpu) stops waiting from now on, so ranks blocked at different places cannot wait on

@@ -421,21 +421,24 @@ static void run_copy(void *p) {
 }
 
 typedef struct discard_args {
-    uintptr_t a, b; /* the page-aligned range inside the bytes */
+    uintptr_t p, bytes, n, stride;
 } discard_args;
 
-static void run_discard(void *p) {
-    discard_args *d = p;
-    (void)madvise((void *)d->a, d->b - d->a, MADV_DONTNEED); /* advice: a failure leaves the pages */
+/* madvise is advice: a failure leaves the pages */
+static void run_discard(void *arg) {
+    const discard_args *d = arg;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (uintptr_t i = 0; i < d->n; i++) {
+        const uintptr_t lo = d->p + i * d->stride, a = (lo + page - 1) / page * page, b = (lo + d->bytes) / page * page;
+        if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+    }
 }
 
-static cw_status cpu_discard(cw__backend *be, cw__stream *s, void *p, int64_t bytes) {
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p, hi = lo + (uintptr_t)bytes;
-    const uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page;
-    if (!p || bytes <= 0 || b <= a) return CW_OK;
+static cw_status cpu_discard(cw__backend *be, cw__stream *s, void *p, int64_t bytes, int64_t n, int64_t stride) {
+    if (!p || bytes <= 0 || n <= 0 || stride < 0) return CW_OK;
     discard_args *d = cw__malloc(sizeof *d);
     if (!d) return cw__error(be->ctx, CW_ERR_OUT_OF_MEMORY, "cpu discard: out of host memory");
-    d->a = a, d->b = b;
+    *d = (discard_args){(uintptr_t)p, (uintptr_t)bytes, (uintptr_t)n, (uintptr_t)stride};
     return cw__cpu_enqueue(be, s, run_discard, d, cw__free);
 }
 
