@@ -41,6 +41,7 @@ typedef struct cw__sync {
     int *lastu;     /* per buffer x stream: last task using it there (-1) */
     int *waited;    /* per stream x stream: latest task of the second the first waited for */
     int *alloc_act; /* per buffer: its ALLOC action (-1) */
+    int *dstream;   /* per buffer: the stream of its DROPs (-1: none yet) */
     char *ordered;  /* per buffer x stream: the stream is ordered after the allocation */
 } cw__sync;
 
@@ -90,13 +91,17 @@ static cw_status cw__sync_task(cw__sync *y, int ti) {
 }
 
 /* A FREE (DISCARD, DROP) runs on the stream of the buffer's last user so far, after joining
- * the other users. A tail's users are its head's (tasks name the tensor's head, cw__buf.tail). */
+ * the other users. A tail's users are its head's (tasks name the tensor's head, cw__buf.tail).
+ * A buffer's DROPs and its FREE all run on its first DROP's stream: in that stream's order,
+ * no drop's page discard can run after the free has let another tensor have the bytes. */
 static cw_status cw__sync_free(cw__sync *y, cw__action *ac) {
     cw_plan *p = y->p;
     const int S = y->S;
     int b = p->bufs[ac->id].head >= 0 ? p->bufs[ac->id].head : ac->id, fs = 0, lt = -1;
     for (int s = 0; s < S; s++)
         if (y->lastu[b * S + s] > lt) lt = y->lastu[b * S + s], fs = s;
+    if (y->dstream[b] >= 0) fs = y->dstream[b];
+    else if (ac->kind == CW__A_DROP) y->dstream[b] = fs;
     ac->stream = fs;
     for (int s = 0; s < S; s++) {
         int u = y->lastu[b * S + s];
@@ -153,21 +158,23 @@ static cw_status cw__sync_pass(cw__sync *y) {
 
 cw_status cw__plan_sync(cw_plan *p) {
     const int S = p->n_streams, nb = p->n_bufs;
-    cw__sync y = {p, S, NULL, NULL, NULL, NULL, NULL};
+    cw__sync y = {p, S, NULL, NULL, NULL, NULL, NULL, NULL};
     y.first = cw__malloc((size_t)nb * sizeof *y.first + 1);
     y.lastu = cw__malloc((size_t)nb * (size_t)S * sizeof *y.lastu + 1);
     y.waited = cw__malloc((size_t)S * (size_t)S * sizeof *y.waited);
     y.alloc_act = cw__malloc((size_t)nb * sizeof *y.alloc_act + 1);
     y.ordered = cw__calloc((size_t)nb * (size_t)S + 1, 1);
+    y.dstream = cw__malloc((size_t)nb * sizeof *y.dstream + 1);
     cw_status st;
-    if (!y.first || !y.lastu || !y.waited || !y.alloc_act || !y.ordered) {
+    if (!y.first || !y.lastu || !y.waited || !y.alloc_act || !y.ordered || !y.dstream) {
         st = cw__sync_oom(&y);
     } else {
-        for (int b = 0; b < nb; b++) y.first[b] = -1, y.alloc_act[b] = -1;
+        for (int b = 0; b < nb; b++) y.first[b] = -1, y.alloc_act[b] = -1, y.dstream[b] = -1;
         for (int k = 0; k < nb * S; k++) y.lastu[k] = -1;
         for (int k = 0; k < S * S; k++) y.waited[k] = -1;
         st = cw__sync_pass(&y);
     }
     cw__free(y.first), cw__free(y.lastu), cw__free(y.waited), cw__free(y.alloc_act), cw__free(y.ordered);
+    cw__free(y.dstream);
     return st;
 }

@@ -148,8 +148,9 @@ static int hb_check(const cw_plan *p) {
             memcpy(svc[ac->id], vc[s], sizeof vc[s]);
             vc[s][s]++;
             memcpy(tvc[ac->id], vc[s], sizeof vc[s]);
-        } else if (ac->kind == CW__A_DROP) {
+        } else if (ac->kind == CW__A_DROP) { /* work on its stream, like a task */
             for (int j = 0; j < ac->n_joins; j++) hb_join(vc[s], tvc[ac->joins[j]], S);
+            vc[s][s]++;
             memcpy(dvc[a], vc[s], sizeof vc[s]);
         } else if (ac->kind == CW__A_FREE) {
             for (int j = 0; j < ac->n_joins; j++) hb_join(vc[s], tvc[ac->joins[j]], S);
@@ -231,7 +232,8 @@ static int hb_check(const cw_plan *p) {
             }
     }
     /* a DROP of rows [r0, r1): every access to them comes before it in host order and
-     * happens before it */
+     * happens before it; and a later task on another activation sharing the buffer's bytes
+     * (after its free) starts after it, so that its pages are not given back under it */
     for (int a = 0; a < p->n_acts; a++) {
         const cw__action *ac = &p->acts[a];
         if (ac->kind != CW__A_DROP) continue;
@@ -252,6 +254,29 @@ static int hb_check(const cw_plan *p) {
                         T, cw__task_name(p, &p->tasks[T]), ts, (long long)dr->r0, (long long)dr->r1, ac->id,
                         tpos[T] > a ? "after" : "unordered with");
             bad++;
+        }
+        const int ds = ac->stream;
+        if (!freed[ac->id] || fvc[ac->id][ds] < dvc[a][ds]) { /* its free comes after it */
+            if (bad < 5 && !hb_quiet)
+                fprintf(stderr, "  hazard: buffer %d's free (or none) is unordered with the drop of its rows %lld..%lld\n",
+                        ac->id, (long long)dr->r0, (long long)dr->r1);
+            bad++;
+        }
+        const char *lo = p->ptrs[ac->id], *hi = lo + p->bufs[ac->id].bytes;
+        for (int T = 0; T < nt; T++) {
+            if (tpos[T] < a) continue;
+            int ob[CW__TASK_MAX_BUFS], no = cw__task_bufs(&p->tasks[T], ob);
+            for (int j = 0; j < no; j++) {
+                const int o = ob[j];
+                if (o == ac->id || p->bufs[o].kind != CW__B_ACT) continue;
+                const char *l2 = p->ptrs[o], *h2 = l2 + p->bufs[o].bytes;
+                if (!(l2 < hi && lo < h2) || dvc[a][ds] <= svc[T][ds]) continue;
+                if (bad < 5 && !hb_quiet)
+                    fprintf(stderr, "  hazard: task %d '%s' (stream %d, buffer %d) may run before the drop of "
+                                    "buffer %d's rows in the same memory (stream %d)\n",
+                            T, cw__task_name(p, &p->tasks[T]), p->tasks[T].stream, o, ac->id, ds);
+                bad++;
+            }
         }
     }
     free(cnt), free(at), free(use), free(acc), free(nacc);
