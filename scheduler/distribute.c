@@ -624,7 +624,6 @@ cw_status cw__plan_distribute(cw_plan *p) {
         /* the rank's plan replaces the single one */
         for (int t = 0; t < nt; t++) {
             cw__task *k = &p->tasks[t];
-            if (map[t] < 0 && k->kind == CW__T_CONV) cw__op_conv_release(p->ctx->be, &cw__conv_of(p, k)->algo);
             cw__free(k->deps), cw__free(k->waits), cw__free(k->alloc_waits);
         }
         for (int x = 0; x < p->n_acts; x++) cw__free(p->acts[x].joins), cw__free(p->acts[x].waits);

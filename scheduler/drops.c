@@ -22,26 +22,6 @@ static int64_t cw__step(int64_t bytes, int64_t planes) {
     return s > planes * 4096 ? s : planes * 4096;
 }
 
-/* The views task t accesses its buffers through; returns how many (at most 5). */
-static int cw__task_views(const cw__task *t, const cw__vref **v) {
-    int n = 0;
-    switch (t->kind) {
-    case CW__T_CONV: v[n++] = &t->u.conv.x, v[n++] = &t->u.conv.y; break;
-    case CW__T_PREP: v[n++] = &t->u.prep.src, v[n++] = &t->u.prep.dst; break;
-    case CW__T_ADD: v[n++] = &t->u.add.dst, v[n++] = &t->u.add.a, v[n++] = &t->u.add.b; break;
-    case CW__T_STATS: v[n++] = &t->u.stats.x; break;
-    case CW__T_FINALIZE: break;
-    case CW__T_OP:
-        v[n++] = &t->u.op.out;
-        for (int k = 0; k < cw_op_get_info(t->u.op.code).n_in; k++) v[n++] = &t->u.op.in[k];
-        break;
-    case CW__T_ATTN: v[n++] = &t->u.attn.q, v[n++] = &t->u.attn.k, v[n++] = &t->u.attn.v, v[n++] = &t->u.attn.o; break;
-    case CW__T_SEND:
-    case CW__T_RECV: v[n++] = &t->u.comm.v; break;
-    }
-    return n;
-}
-
 /* An activation whose rows can go: whole (no head and tail), at least 3-D, its rows along
  * H (dim rank - 2). */
 static int cw__droppable(const cw__buf *b) {
@@ -51,7 +31,7 @@ static int cw__droppable(const cw__buf *b) {
 /* The first row of buffer b that task t touches: INT64_MAX if none; 0 where t reaches it
  * otherwise than through a view of its shape (a scale/shift or workspace buffer). */
 static int64_t cw__first_row(const cw_plan *p, const cw__task *t, int b) {
-    const cw__vref *v[5];
+    const cw__vref *v[CW__TASK_MAX_BUFS] = {0};
     int tb[CW__TASK_MAX_BUFS], nv = cw__task_views(t, v), nb = cw__task_bufs(t, tb), via = 0;
     const cw__buf *bf = &p->bufs[b];
     const int ax = bf->d.rank - 2;

@@ -359,11 +359,17 @@ static cw_status cw__exec_alloc(cw__exec *x, const cw__action *ac) {
     return CW_OK;
 }
 
+/* A FREE, DISCARD or DROP first waits for the buffer's users on other streams (sync.c). */
+static cw_status cw__exec_joins(cw__exec *x, const cw__action *ac) {
+    for (int j = 0; j < ac->n_joins; j++)
+        CW_TRY(x->be->rt->stream_wait_event(x->be, x->streams[ac->stream], x->ev[x->p->tasks[ac->joins[j]].event]));
+    return CW_OK;
+}
+
 static cw_status cw__exec_free(cw__exec *x, const cw__action *ac) {
     cw_plan *p = x->p;
     cw_status st = CW_OK;
-    for (int j = 0; j < ac->n_joins && st == CW_OK; j++)
-        CW_TRY(x->be->rt->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]));
+    CW_TRY(cw__exec_joins(x, ac));
     if (p->bufs[ac->id].kind != CW__B_ACT) {
         st = cw__alloc_free(x->temp, p->ptrs[ac->id], x->streams[ac->stream]);
         x->live[ac->id] = 0;
@@ -391,8 +397,7 @@ static cw_status cw__exec_discard(cw__exec *x, const cw__action *ac) {
         if (o != b && (p->bufs[o].kind == CW__B_INPUT || p->bufs[o].kind == CW__B_OUTPUT) &&
             cw__views_overlap(&p->rdesc[b], p->ptrs[b], &p->rdesc[o], p->ptrs[o]))
             return CW_OK;
-    for (int j = 0; j < ac->n_joins; j++)
-        CW_TRY(x->be->rt->stream_wait_event(x->be, x->streams[ac->stream], x->ev[p->tasks[ac->joins[j]].event]));
+    CW_TRY(cw__exec_joins(x, ac));
     return x->be->rt->discard(x->be, x->streams[ac->stream], p->ptrs[b], cw__desc_bytes(&p->rdesc[b]), 1, 0);
 }
 
@@ -403,8 +408,7 @@ static cw_status cw__exec_drop(cw__exec *x, const cw__action *ac) {
     cw_plan *p = x->p;
     if (x->dry) return CW_OK;
     cw__stream *s = x->streams[ac->stream];
-    for (int j = 0; j < ac->n_joins; j++)
-        CW_TRY(x->be->rt->stream_wait_event(x->be, s, x->ev[p->tasks[ac->joins[j]].event]));
+    CW_TRY(cw__exec_joins(x, ac));
     const cw_tensor_desc *d = &p->rdesc[ac->id]; /* compact: an activation */
     const cw__drop *dr = &p->drops[ac->drop];
     const int64_t es = (int64_t)cw_dtype_size(d->dtype), row = d->strides[dr->ax] * es;

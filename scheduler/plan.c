@@ -15,8 +15,8 @@ void cw__plan_free(cw_plan *p) {
     if (p->own_temp) cw__alloc_destroy(p->temp);
     else if (p->temp) cw__alloc_release_cached(p->temp); /* its arena in the context's pool */
     if (p->timer) p->ctx->be->rt->timer_destroy(p->ctx->be, p->timer);
-    /* every record, whether or not a task still names it (cw__op_conv_release forgets what it
-     * released: a distributed plan's dropped tasks' were released already) */
+    /* every record, whether or not a task still names it (a distributed plan's rank keeps
+     * some of the single plan's conv tasks; their records stay in p->cexts) */
     for (int i = 0; i < p->n_cexts; i++) cw__op_conv_release(p->ctx->be, &p->cexts[i].algo);
     for (int i = 0; i < p->n_tasks; i++)
         cw__free(p->tasks[i].deps), cw__free(p->tasks[i].waits), cw__free(p->tasks[i].alloc_waits);

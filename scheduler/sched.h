@@ -305,6 +305,10 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
  * CW__TASK_MAX_BUFS; returns how many. */
 #define CW__TASK_MAX_BUFS 5
 int cw__task_bufs(const cw__task *t, int *out);
+/* sync.c: the views task t reads or writes its buffers through (the buffers cw__task_bufs
+ * lists but these do not, a workspace, scale/shift or partials, it reaches whole), into v,
+ * which holds CW__TASK_MAX_BUFS; returns how many. */
+int cw__task_views(const cw__task *t, const cw__vref **v);
 /* sync.c: places allocations and frees on streams and the events between streams. */
 cw_status cw__plan_sync(cw_plan *p);
 /* execute.c: replays the action list on a backend; dry = allocation simulation only. */

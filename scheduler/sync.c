@@ -8,27 +8,38 @@
 
 #include "scheduler/sched.h"
 
-int cw__task_bufs(const cw__task *t, int *out) {
+int cw__task_views(const cw__task *t, const cw__vref **v) {
     int n = 0;
-    int b[CW__TASK_MAX_BUFS] = {-1, -1, -1, -1, -1};
     switch (t->kind) {
-    case CW__T_CONV: b[0] = t->u.conv.x.buf, b[1] = t->u.conv.y.buf, b[2] = t->u.conv.ws_buf; break;
-    case CW__T_PREP: b[0] = t->u.prep.src.buf, b[1] = t->u.prep.dst.buf, b[2] = t->u.prep.ss_buf; break;
-    case CW__T_ADD: b[0] = t->u.add.dst.buf, b[1] = t->u.add.a.buf, b[2] = t->u.add.b.buf; break;
-    case CW__T_STATS: b[0] = t->u.stats.x.buf, b[1] = t->u.stats.part_buf; break;
-    case CW__T_FINALIZE: b[0] = t->u.fin.part_buf, b[1] = t->u.fin.ss_buf; break;
+    case CW__T_CONV: v[n++] = &t->u.conv.x, v[n++] = &t->u.conv.y; break;
+    case CW__T_PREP: v[n++] = &t->u.prep.src, v[n++] = &t->u.prep.dst; break;
+    case CW__T_ADD: v[n++] = &t->u.add.dst, v[n++] = &t->u.add.a, v[n++] = &t->u.add.b; break;
+    case CW__T_STATS: v[n++] = &t->u.stats.x; break;
+    case CW__T_FINALIZE: break;
     case CW__T_OP:
-        b[0] = t->u.op.out.buf;
-        for (int k = 0; k < cw_op_get_info(t->u.op.code).n_in; k++) b[1 + k] = t->u.op.in[k].buf;
+        v[n++] = &t->u.op.out;
+        for (int k = 0; k < cw_op_get_info(t->u.op.code).n_in; k++) v[n++] = &t->u.op.in[k];
         break;
-    case CW__T_ATTN:
-        b[0] = t->u.attn.q.buf, b[1] = t->u.attn.k.buf, b[2] = t->u.attn.v.buf, b[3] = t->u.attn.o.buf;
-        b[4] = t->u.attn.s_buf;
-        break;
+    case CW__T_ATTN: v[n++] = &t->u.attn.q, v[n++] = &t->u.attn.k, v[n++] = &t->u.attn.v, v[n++] = &t->u.attn.o; break;
     case CW__T_SEND:
-    case CW__T_RECV: b[0] = t->u.comm.v.buf; break;
+    case CW__T_RECV: v[n++] = &t->u.comm.v; break;
     }
-    for (int i = 0; i < CW__TASK_MAX_BUFS; i++)
+    return n;
+}
+
+int cw__task_bufs(const cw__task *t, int *out) {
+    const cw__vref *v[CW__TASK_MAX_BUFS] = {0};
+    int b[CW__TASK_MAX_BUFS], n = 0, m = cw__task_views(t, v);
+    for (int k = 0; k < m; k++) b[k] = v[k]->buf;
+    switch (t->kind) { /* the buffers no view names */
+    case CW__T_CONV: b[m++] = t->u.conv.ws_buf; break;
+    case CW__T_PREP: b[m++] = t->u.prep.ss_buf; break;
+    case CW__T_STATS: b[m++] = t->u.stats.part_buf; break;
+    case CW__T_FINALIZE: b[m++] = t->u.fin.part_buf, b[m++] = t->u.fin.ss_buf; break;
+    case CW__T_ATTN: b[m++] = t->u.attn.s_buf; break;
+    default: break;
+    }
+    for (int i = 0; i < m; i++)
         if (b[i] >= 0) out[n++] = b[i];
     return n;
 }
