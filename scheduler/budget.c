@@ -161,14 +161,19 @@ static int cw__plan_recomputes(const cw_plan *p, int node) {
     return 0;
 }
 
-/* Stores fresh convs c->fresh[lo, hi) again: the plan replaces *p when it holds no more
- * activations + temporaries (*kept = 1), else they are allowed again (*kept = 0). */
+/* Stores fresh convs c->fresh[lo, hi) again: the plan replaces *p when it holds less
+ * activations + temporaries, or as much at no more recompute FLOPs (*kept = 1), else they are
+ * allowed again (*kept = 0). (Storing is not always cheaper: an epilogue shortcut whose x is
+ * recomputed reads the band of x its block recomputes anyway, while stored it recomputes x
+ * once more for itself; and recomputed, the activations it would hold are never resident
+ * whole on a backend that gives dead rows back, drops.c.) */
 static cw_status cw__rec_try_store(cw_graph *g, const cw_compile_options *o, int64_t budget, cw__rec_climb *c, int lo,
                                    int hi, cw_plan **p, int *kept) {
     for (int f = lo; f < hi; f++) c->allow[c->fresh[f]] = 0;
     cw_plan *q = NULL;
     cw_status st = cw__compile_at(g, o, budget, 1, c->allow, &q);
-    *kept = st == CW_OK && cw__plan_memory(q) <= cw__plan_memory(*p);
+    *kept = st == CW_OK && (cw__plan_memory(q) < cw__plan_memory(*p) ||
+                            (cw__plan_memory(q) == cw__plan_memory(*p) && q->recompute_flop <= (*p)->recompute_flop));
     if (*kept) {
         cw__plan_free(*p);
         *p = q;

@@ -49,6 +49,9 @@ static cJSON *cw__describe_json(const cw_plan *p) {
     cJSON_AddNumberToObject(root, "activations_live_peak", (double)p->act_live_peak);
     cJSON_AddNumberToObject(root, "conv_gflop", p->conv_gflop);
     cJSON_AddNumberToObject(root, "halo_overhead_pct", p->stats.halo_overhead_pct);
+    cJSON_AddNumberToObject(root, "recompute_gflop", p->recompute_flop * 1e-9);
+    cJSON *rn = cJSON_AddArrayToObject(root, "recomputed"); /* conv nodes whose results are recomputed */
+    for (int i = 0; rn && i < p->n_recomputed; i++) cJSON_AddItemToArray(rn, cJSON_CreateNumber(p->rec_nodes[i]));
     cJSON *convs = cJSON_AddArrayToObject(root, "convs");
     for (int c = 0; convs && c < p->n_convs; c++) {
         const cw__conv_info *ci = &p->convs[c];
@@ -138,6 +141,11 @@ cw_status cw_plan_describe(const cw_plan *p, char **out, int json) {
     cw__sbf(&b, ", predicted peak temp %.2f MiB, activations %.2f MiB, conv %.3f GFLOP, halo recompute %.3f%% FLOPs\n",
             (double)p->temp_predicted / 1048576.0, (double)p->act_bytes / 1048576.0, p->conv_gflop,
             p->stats.halo_overhead_pct);
+    if (p->n_recomputed > 0) {
+        cw__sbf(&b, "  recomputed (%.3f GFLOP paid again):", p->recompute_flop * 1e-9);
+        for (int i = 0; i < p->n_recomputed; i++) cw__sbf(&b, " L%d", p->rec_nodes[i]);
+        cw__sbf(&b, "\n");
+    }
     if (p->opt.comm && p->opt.comm->n_ranks > 1) {
         int64_t n[2] = {0, 0}, bytes[2] = {0, 0};
         for (int k = 0; k < p->n_tasks; k++) {

@@ -39,7 +39,9 @@ typedef struct cw__lnode {
     int rec_epi;        /* rec: a shortcut conv S (one row in, one row out along H) whose only
                            reader is the residual add of a conv B recomputing A, S and A reading
                            the same dying x: each band of S is computed in B's epilogue, and the
-                           add's result takes x's storage (fusion.c, lower_conv.c) */
+                           add's result takes x's storage (fusion.c, lower_conv.c); where x is
+                           recomputed itself, S's band is computed from the band of x that B's
+                           recompute of A computes, and the add's result has a buffer of its own */
     int rec_of;         /* CONV: the recomputed conv whose bands it reads, -1 */
     int rec_rd[4], rec_k; /* rec: its unit's reads, released after its last reader's unit */
     cw__conv_algo rec_algo; /* rec: the algorithm of its first pass (the second uses it too) */
@@ -57,6 +59,13 @@ typedef struct cw__lower {
     int fuse, none;
     const unsigned char *rec_allow; /* per node: a conv that may be recomputed (NULL: none) */
     cw__lnode *nd;      /* per graph node */
+    /* lower_conv.c, while conv B emits one band's recompute and B's epilogue shortcut S reads
+     * a recomputed x: the recompute of x nested in it (for B's recomputed A) also computes S's
+     * rows [sc_o0, sc_o1) of that band from it, before A's GN/SiLU overwrite it, so that x is
+     * not computed a third time for S. sc_x = x (-1: none), sc_node = S, sc_b = B; sc_band
+     * gets S's band buffer (-1 until computed), sc_conv its conv task. */
+    int sc_x, sc_node, sc_b, sc_band, sc_conv;
+    int64_t sc_o0, sc_o1;
 } cw__lower;
 
 /* ---- emit.c: the plan's building blocks ---- */

@@ -35,6 +35,14 @@ typedef struct cw__conv_unit {
     int *xr_task;            /* rec_x, per patch: the task of its recompute that reads other's
                                 rows (its prep, or its conv without one), -1 before emitted */
     int64_t *xr_lo, *xr_hi;  /* rec_x, per patch: those rows of other */
+    int sx;                  /* the epilogue shortcut S reads a recomputed x: each patch's S band is
+                                computed inside its recompute, from the band of x computed there
+                                for A (L->sc_x) */
+    int *sband, *sconv;      /* sx, per patch: that S band's buffer (-1: not computed) and conv */
+    int xin;                 /* 1: the conv reads its input rows from band buffer xbuf (first
+                                row xrow0 along H), written by task xtask: no prep */
+    int xbuf, xtask;
+    int64_t xrow0;
     cw__conv_info *ci;
 } cw__conv_unit;
 
@@ -199,7 +207,9 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     ce->prob = pt->prob;
     ce->algo = u->cp.algo;
     ce->algo.workspace = u->cp.ws;
-    if ((u->prep && pt->b > pt->a) || u->rec >= 0) {
+    if (u->xin) {
+        t->u.conv.x = cw__band(u->xbuf, &L->p->bufs[u->xbuf].d, ax, pt->a - u->xrow0, pt->b - u->xrow0);
+    } else if ((u->prep && pt->b > pt->a) || u->rec >= 0) {
         t->u.conv.x = cw__whole(u->pbuf[j], &L->p->bufs[u->pbuf[j]].d);
     } else {
         t->u.conv.x = cw__band(L->nd[u->src].buf, xd, ax, pt->a, pt->b > pt->a ? pt->b : pt->a);
@@ -220,17 +230,26 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     t->flops = cw__conv_flops(&pt->prob);
     CW_TRY(cw__task_set_name(L->p, t, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches));
     if (u->ci) u->ci->tasks[j] = *id;
+    if (u->xin) return cw__dep(L, *id, u->xtask);
     if (u->prep_task[j] >= 0) return cw__dep(L, *id, u->prep_task[j]);
     if (pt->b > pt->a) return cw__dep_band(L, *id, u->src, ax, pt->a, pt->b);
     return CW_OK;
 }
 
-static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, int *ybuf, int *conv,
-                                    int *ptask, cw__patch *ap);
+/* Where a band conv's input rows come from: xbuf < 0: its own prep or recompute; else rows
+ * of band buffer xbuf (first row xrow0), written by task xtask. */
+typedef struct cw__band_in {
+    int xbuf, xtask;
+    int64_t xrow0;
+} cw__band_in;
+
+static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, cw__band_in in, int *ybuf,
+                                    int *conv, int *ptask, cw__patch *ap);
 
 /* The residual add of patch j after its conv task `conv`; *id gets it. Where the operand is
  * an epilogue shortcut S (nd[].rec_epi), S's rows [o0, o1) are computed first, into a band
- * buffer, from x's rows (S maps rows one to one). */
+ * buffer, from x's rows (S maps rows one to one) -- or, where x is recomputed, they were
+ * computed in patch j's recompute (u->sband). */
 static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int conv, int *id) {
     const cw_graph *g = L->g;
     const cw__node *n = &g->nodes[u->node];
@@ -240,8 +259,13 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
     if (shortcut) {
         cw__patch sp;
         int ptask = -1;
-        CW_TRY(cw__emit_band_conv(L, u->node, u->other, pt->o0, pt->o1, &sbuf, &sconv, &ptask, &sp));
-        L->p->conv_gflop += cw__conv_flops(&sp.prob) * 1e-9; /* S's only computation */
+        if (u->sx && u->sband[j] >= 0) {
+            sbuf = u->sband[j], sconv = u->sconv[j];
+        } else {
+            CW_TRY(cw__emit_band_conv(L, u->node, u->other, pt->o0, pt->o1, (cw__band_in){-1, -1, 0}, &sbuf, &sconv,
+                                      &ptask, &sp));
+            L->p->conv_gflop += cw__conv_flops(&sp.prob) * 1e-9; /* S's only computation */
+        }
     }
     cw__task *e = NULL;
     CW_TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
@@ -351,9 +375,9 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q);
 /* Recomputed conv A's output rows [r0, r1), read by unit b, into a band buffer (*ybuf; *conv
  * gets its conv task, *ptask its prep task or -1, *ap its patch): a one-patch unit for A
  * whose input rows come from A's own prep, or -- where A reads a recomputed conv itself --
- * from that conv's band, recomputed first (recursively). */
-static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, int *ybuf, int *conv,
-                                    int *ptask, cw__patch *ap) {
+ * from that conv's band, recomputed first (recursively), or from `in` (A has no prep). */
+static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, cw__band_in in, int *ybuf,
+                                    int *conv, int *ptask, cw__patch *ap) {
     const cw__node *na = &L->g->nodes[A];
     cw__conv_unit a;
     memset(&a, 0, sizeof a);
@@ -365,6 +389,11 @@ static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int6
     a.pass1 = 1; /* its conv writes a band buffer */
     cw__unit_chain(L, na->in[0], &a);
     a.rec = L->nd[A].rec_of;
+    if (in.xbuf >= 0) { /* its rows as they are in in.xbuf: nothing to prep or recompute */
+        if (a.prep) return cw__error(L->g->ctx, CW_ERR_INTERNAL, "compile: a band conv with a prep chain given its rows");
+        a.rec = -1, a.xin = 1;
+        a.xbuf = in.xbuf, a.xtask = in.xtask, a.xrow0 = in.xrow0;
+    }
     a.cp.patches = 1;
     a.cp.bounds = bounds;
     a.cp.patch = ap;
@@ -373,10 +402,27 @@ static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int6
     a.cp.axis = ap->axis; /* H: recomputes follow their reader's H bands */
     CW_TRY(cw__rec_algo(L, b, A, &ap->prob, &a.cp.algo));
     a.cp.ws = a.cp.algo.workspace;
-    CW_TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
+    if (!a.xin) CW_TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
     CW_TRY(cw__emit_conv(L, &a, 0, conv));
     CW_TRY(cw__release(L, ws));
     return cw__release(L, pbuf);
+}
+
+/* Inside the recompute of a band of x (into buffer xbuf from row xrow0, written by xtask) for
+ * a conv B whose epilogue shortcut S reads x (L->sc_x): S's rows [sc_o0, sc_o1) from it, into
+ * a band buffer held until B's epilogue (L->sc_band, sc_conv; *sconv the conv, for the write
+ * after read of whatever overwrites xbuf next). Nothing where those rows are not all in it. */
+static cw_status cw__emit_sc_band(cw__lower *L, int xbuf, int xtask, int64_t xrow0, int *sconv) {
+    const cw_tensor_desc *xd = &L->p->bufs[xbuf].d;
+    *sconv = -1;
+    if (L->sc_o1 <= L->sc_o0 || L->sc_o0 < xrow0 || L->sc_o1 > xrow0 + xd->dims[cw__hdim(xd)]) return CW_OK;
+    cw__patch sp;
+    int ptask = -1;
+    CW_TRY(cw__emit_band_conv(L, L->sc_b, L->sc_node, L->sc_o0, L->sc_o1, (cw__band_in){xbuf, xtask, xrow0},
+                              &L->sc_band, &L->sc_conv, &ptask, &sp));
+    L->p->conv_gflop += cw__conv_flops(&sp.prob) * 1e-9; /* S's only computation */
+    *sconv = L->sc_conv;
+    return CW_OK;
 }
 
 /* A's band for patch q of unit u (A = u->rec), into a band buffer (cw__emit_band_conv). */
@@ -384,7 +430,7 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *y
     cw__patch ap, band;
     int ptask = -1;
     CW_TRY(cw__rec_band(L, u, q, &band));
-    CW_TRY(cw__emit_band_conv(L, u->node, u->rec, band.o0, band.o1, ybuf, conv, &ptask, &ap));
+    CW_TRY(cw__emit_band_conv(L, u->node, u->rec, band.o0, band.o1, (cw__band_in){-1, -1, 0}, ybuf, conv, &ptask, &ap));
     if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : *conv; /* what reads other's rows */
     L->p->recompute_flop += cw__conv_flops(&ap.prob);
     return CW_OK;
@@ -394,18 +440,22 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *y
  * SiLU and a replicate pad: A's band for exactly those rows (cw__emit_rec_conv), then GN
  * apply + SiLU in place on it, the band buffer being q's prep buffer; or, through a pad, GN
  * apply + SiLU + the pad from it into q's prep buffer (A's band is dropped after). Exact: the
- * statistics are A's whole-tensor ones from its first pass. */
+ * statistics are A's whole-tensor ones from its first pass. Where A is the x of an epilogue
+ * shortcut S waiting for it (L->sc_x), S's band is computed from A's band first, before the
+ * prep overwrites it (cw__emit_sc_band). */
 static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     const cw__patch *pt = &u->cp.patch[q];
     int ybuf = -1, id = -1;
     CW_TRY(cw__emit_rec_conv(L, u, q, &ybuf, &id));
     u->pbuf[q] = ybuf;
     u->prep_task[q] = id;
+    cw__patch band;
+    CW_TRY(cw__rec_band(L, u, q, &band));
+    int sconv = -1;
+    if (L->sc_x >= 0 && u->rec == L->sc_x && L->sc_band < 0) CW_TRY(cw__emit_sc_band(L, ybuf, id, band.o0, &sconv));
     if (u->gn < 0 && !u->silu && !u->unary && u->pad < 0) return CW_OK; /* read as it is */
     const cw__buf *bb = &L->p->bufs[ybuf];
     const cw_tensor_desc yd = bb->d;
-    cw__patch band;
-    CW_TRY(cw__rec_band(L, u, q, &band));
     cw_tensor_desc bd = pt->prob.x; /* through a pad: q's padded input rows, in a buffer of their own */
     if (u->pad >= 0) {
         memset(bd.strides, 0, sizeof bd.strides);
@@ -431,6 +481,7 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     CW_TRY(cw__dep(L, pid, id));
     if (u->gn >= 0) CW_TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
     u->prep_task[q] = pid;
+    if (sconv >= 0) CW_TRY(cw__dep(L, pid, sconv)); /* write after S's read */
     if (u->pad >= 0) CW_TRY(cw__release(L, ybuf)); /* after its prep, in host order */
     return CW_OK;
 }
@@ -474,8 +525,16 @@ static cw_status cw__emit_patches(cw__lower *L, cw__conv_unit *u) {
     int next_prep = 0;
     for (int j = 0; j < P; j++) {
         const cw__patch *pt = &u->cp.patch[j];
-        while (next_prep < P && (next_prep < j + ahead || (u->rec_x && u->xr_lo[next_prep] < pt->o1)))
-            CW_TRY(u->rec >= 0 ? cw__emit_recompute(L, u, next_prep++) : cw__emit_prep(L, u, next_prep++));
+        while (next_prep < P && (next_prep < j + ahead || (u->rec_x && u->xr_lo[next_prep] < pt->o1))) {
+            const int q = next_prep++;
+            if (u->sx) {
+                L->sc_x = L->g->nodes[u->other].in[0], L->sc_node = u->other, L->sc_b = u->node;
+                L->sc_o0 = u->cp.patch[q].o0, L->sc_o1 = u->cp.patch[q].o1, L->sc_band = -1;
+            }
+            CW_TRY(u->rec >= 0 ? cw__emit_recompute(L, u, q) : cw__emit_prep(L, u, q));
+            if (u->sx) u->sband[q] = L->sc_band, u->sconv[q] = L->sc_conv;
+            L->sc_x = L->sc_band = -1;
+        }
         int id = -1, last;
         CW_TRY(cw__emit_conv(L, u, j, &id));
         last = id;
@@ -521,6 +580,7 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     int64_t h_out = n->desc.dims[axes == CW__AX_D ? CW__PATCH_DDIM : cw__hdim(&n->desc)];
     /* band buffers per patch: the conv's output band (in place, first pass), S's band */
     int ybufs = (u.inplace || u.pass1) + (u.other >= 0 && L->nd[u.other].rec_epi);
+    u.sx = u.other >= 0 && L->nd[u.other].rec_epi && u.rec >= 0 && L->nd[g->nodes[u.other].in[0]].rec;
     cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, ybufs, h_out, axes);
     if (u.rec >= 0 && sh.avail > 0) sh.avail = cw__rec_split(L, i, u.rec, sh.avail, 0);
     if (u.rec_x && sh.n_pbufs < 2) sh.n_pbufs = 2; /* one stream: the next band's recompute is in flight too */
@@ -532,8 +592,16 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
         u.pbuf = cw__malloc((size_t)P * sizeof *u.pbuf);
         u.ybuf = cw__malloc((size_t)P * sizeof *u.ybuf);
         u.prep_task = cw__malloc((size_t)P * sizeof *u.prep_task);
+        if (u.sx) {
+            u.sband = cw__malloc((size_t)P * sizeof *u.sband);
+            u.sconv = cw__malloc((size_t)P * sizeof *u.sconv);
+            if (!u.sband || !u.sconv) st = cw__oom(L);
+        }
         if (!u.ws || !u.pbuf || !u.ybuf || !u.prep_task) st = cw__oom(L);
-        for (int q = 0; q < P && st == CW_OK; q++) u.ws[q] = u.pbuf[q] = u.ybuf[q] = u.prep_task[q] = -1;
+        for (int q = 0; q < P && st == CW_OK; q++) {
+            u.ws[q] = u.pbuf[q] = u.ybuf[q] = u.prep_task[q] = -1;
+            if (u.sx) u.sband[q] = u.sconv[q] = -1;
+        }
     }
     if (st == CW_OK && u.rec_x) st = cw__rec_x_rows(L, &u);
     if (st == CW_OK && u.inplace) st = cw__touching(L, L->nd[tgt].buf, &u.war, &u.n_war);
@@ -544,5 +612,6 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     cw__conv_plan_free(&u.cp);
     cw__free(u.ws), cw__free(u.pbuf), cw__free(u.ybuf), cw__free(u.prep_task), cw__free(u.war);
     cw__free(u.xr_task), cw__free(u.xr_lo), cw__free(u.xr_hi);
+    cw__free(u.sband), cw__free(u.sconv);
     return st;
 }
