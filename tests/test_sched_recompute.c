@@ -385,6 +385,13 @@ static void check_least_runs(const chain *cn, const float *in, const double *ref
             CHECK_EQ_I(sr.activations_live_peak, w->least_live);
             if (w->least_act >= 0) CHECK_EQ_I(sr.activations_peak, w->least_act);
             rec = sr.n_recomputed;
+            char *txt = NULL; /* describe() names each recomputed conv on one line */
+            ASSERT_OK(cw_plan_describe(pr, &txt, 0));
+            const char *line = strstr(txt, "  recomputed (");
+            int named = 0;
+            for (const char *q = line; q && *q && *q != '\n'; q++) named += q[0] == ' ' && q[1] == 'L';
+            CHECK_EQ_I(named, sr.n_recomputed);
+            cw_free(txt);
             int64_t n;
             float *ys = run(&c, ps, in, &n);
             CHECK(hb_check(ps) == 0);
