@@ -60,19 +60,23 @@ void cw__fusion_analyse(cw__lower *L) {
         if (!cw__fusable(n) || n->is_output || !L->nd[i].live) continue;
         L->nd[i].fused = cw__fuses(L, i);
     }
-    /* Residual epilogue: add(a, b) where one operand is a conv used only here. */
+    /* Residual epilogue: add(a, b) where one operand is a conv used only here: the second,
+     * unless only the first reads more than one row per output row (a block's conv2 beside its
+     * 1x1 shortcut, in either order: the shortcut may then go into conv2's epilogue when conv2
+     * recomputes conv1, cw__rec_shortcut; stored, either order holds as much). */
     for (int i = 0; i < g->n; i++) {
         const cw__node *n = &g->nodes[i];
-        if (n->kind != CW__N_ADD || n->in[0] == n->in[1]) continue;
-        for (int a = 1; a >= 0; a--) {
-            int c = n->in[a];
-            const cw__node *cn = &g->nodes[c];
-            if (cn->kind == CW__N_CONV && cn->n_uses == 1 && !cn->is_output && L->nd[c].epi_into < 0 && L->nd[i].live) {
-                L->nd[i].epi = c;
-                L->nd[c].epi_into = i;
-                break;
-            }
+        if (n->kind != CW__N_ADD || n->in[0] == n->in[1] || !L->nd[i].live) continue;
+        int ok[2], kh[2];
+        for (int a = 0; a < 2; a++) {
+            const cw__node *cn = &g->nodes[n->in[a]];
+            ok[a] = cn->kind == CW__N_CONV && cn->n_uses == 1 && !cn->is_output && L->nd[n->in[a]].epi_into < 0;
+            kh[a] = ok[a] ? (int)g->nodes[cn->in[1]].desc.dims[cn->conv.spatial] : 0;
         }
+        const int a = ok[0] && (!ok[1] || (kh[1] == 1 && kh[0] > 1)) ? 0 : 1;
+        if (!ok[a]) continue;
+        L->nd[i].epi = n->in[a];
+        L->nd[n->in[a]].epi_into = i;
     }
 }
 

@@ -488,6 +488,8 @@ def constant_pad(L, node, x, pad, *args):
     pre, post = [0] * (rank - 2), [0] * (rank - 2)
     for i in range(len(pad) // 2):  # pad lists the last dim first
         pre[rank - 3 - i], post[rank - 3 - i] = pad[2 * i], pad[2 * i + 1]
+    if not any(pre) and not any(post) and isinstance(x, Cw):  # pads nothing (a kernel-1 causal conv's): x itself
+        return x
     if folds:
         return Pad(x, tuple(pre), tuple(post), _out_shape(node))
     # a replicate pad (HunyuanVideo's causal conv), or a constant one read by other ops
