@@ -327,20 +327,24 @@ static int64_t cw__rec_split(const cw__lower *L, int b, int a, int64_t avail, in
 }
 
 /* The algorithm for band problem pr of a recomputed conv: the first pass's if listed and its
- * workspace fits the recomputed conv's part of a heavy stream's share (cw__rec_split),
- * else the fastest that fits, else the one with the least workspace. */
+ * workspace fits the recomputed conv's part of a heavy stream's share (cw__rec_split), else
+ * the fastest that fits -- unless one that fits the whole share is over 4x as fast (the
+ * band convs of a recompute run one after another on a heavy stream, each workspace given
+ * back before the next: the dry run is the check, and a smaller sizing budget falls back) --
+ * else the one with the least workspace. The list comes fastest first. */
 static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_problem *pr, cw__conv_algo *algo) {
     cw__backend *be = L->g->ctx->be;
     cw__conv_algo list[16];
     int n = 0;
     CW_TRY(cw__op_conv_algos(be, pr, list, 16, &n));
     if (n == 0) return cw__error(L->g->ctx, CW_ERR_UNSUPPORTED, "compile: no algorithm for a recomputed band");
-    int64_t cap = L->budget < 0 ? INT64_MAX
-                                : cw__rec_split(L, b, rec, L->budget - CW__SMALL_RESERVE(L->budget), 1) /
-                                      L->heavy;
-    int pick = -1, least = 0;
+    const int64_t avail = L->budget - CW__SMALL_RESERVE(L->budget);
+    const int64_t cap = L->budget < 0 ? INT64_MAX : cw__rec_split(L, b, rec, avail, 1) / L->heavy;
+    const int64_t whole = L->budget < 0 ? INT64_MAX : avail / L->heavy;
+    int pick = -1, least = 0, big = -1;
     for (int k = 0; k < n; k++) {
         if (list[k].workspace < list[least].workspace) least = k;
+        if (big < 0 && list[k].workspace <= whole) big = k;
         if (list[k].workspace > cap) continue;
         if (list[k].id == L->nd[rec].rec_algo.id) {
             pick = k;
@@ -348,6 +352,7 @@ static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_probl
         }
         if (pick < 0) pick = k;
     }
+    if (big >= 0 && (pick < 0 || list[pick].cost > 4.0 * list[big].cost)) pick = big;
     *algo = list[pick >= 0 ? pick : least];
     return CW_OK;
 }
