@@ -60,23 +60,20 @@ void cw__fusion_analyse(cw__lower *L) {
         if (!cw__fusable(n) || n->is_output || !L->nd[i].live) continue;
         L->nd[i].fused = cw__fuses(L, i);
     }
-    /* Residual epilogue: add(a, b) where one operand is a conv used only here: the second,
-     * unless only the first reads more than one row per output row (a block's conv2 beside its
-     * 1x1 shortcut, in either order: the shortcut may then go into conv2's epilogue when conv2
-     * recomputes conv1, cw__rec_shortcut; stored, either order holds as much). */
+    /* Residual epilogue: add(a, b) where one operand is a conv used only here (the second
+     * first; cw__fusion_recompute may move it to the first, cw__rec_epilogue). */
     for (int i = 0; i < g->n; i++) {
         const cw__node *n = &g->nodes[i];
-        if (n->kind != CW__N_ADD || n->in[0] == n->in[1] || !L->nd[i].live) continue;
-        int ok[2], kh[2];
-        for (int a = 0; a < 2; a++) {
-            const cw__node *cn = &g->nodes[n->in[a]];
-            ok[a] = cn->kind == CW__N_CONV && cn->n_uses == 1 && !cn->is_output && L->nd[n->in[a]].epi_into < 0;
-            kh[a] = ok[a] ? (int)g->nodes[cn->in[1]].desc.dims[cn->conv.spatial] : 0;
+        if (n->kind != CW__N_ADD || n->in[0] == n->in[1]) continue;
+        for (int a = 1; a >= 0; a--) {
+            int c = n->in[a];
+            const cw__node *cn = &g->nodes[c];
+            if (cn->kind == CW__N_CONV && cn->n_uses == 1 && !cn->is_output && L->nd[c].epi_into < 0 && L->nd[i].live) {
+                L->nd[i].epi = c;
+                L->nd[c].epi_into = i;
+                break;
+            }
         }
-        const int a = ok[0] && (!ok[1] || (kh[1] == 1 && kh[0] > 1)) ? 0 : 1;
-        if (!ok[a]) continue;
-        L->nd[i].epi = n->in[a];
-        L->nd[n->in[a]].epi_into = i;
     }
 }
 
@@ -262,6 +259,29 @@ static void cw__rec_shortcut(cw__lower *L, int b) {
     L->nd[S].rec = L->nd[S].rec_epi = 1;
 }
 
+/* cw__rec_shortcut for conv b, also where b's add took the shortcut S as its epilogue
+ * (add(conv2, shortcut): HunyuanVideo, CogVideoX, Wan; SD adds shortcut + conv2): the
+ * epilogue moves to b if S then goes into it, and stays with S if not (stored, either
+ * order holds as much, but the pages a cpu plan gives back differ: drops.c). */
+static void cw__rec_epilogue(cw__lower *L, int b) {
+    const cw_graph *g = L->g;
+    const cw__node *nb = &g->nodes[b];
+    int addn = -1;
+    for (int i = b + 1; i < g->n && L->nd[b].epi_into < 0 && addn < 0; i++)
+        if (g->nodes[i].kind == CW__N_ADD && (g->nodes[i].in[0] == b || g->nodes[i].in[1] == b)) addn = i;
+    if (addn < 0 || nb->n_uses != 1 || nb->is_output || L->nd[addn].epi < 0) {
+        cw__rec_shortcut(L, b);
+        return;
+    }
+    const int S = L->nd[addn].epi;
+    L->nd[S].epi_into = -1;
+    L->nd[addn].epi = b, L->nd[b].epi_into = addn;
+    cw__rec_shortcut(L, b);
+    if (L->nd[S].rec_epi) return;
+    L->nd[b].epi_into = -1;
+    L->nd[addn].epi = S, L->nd[S].epi_into = addn;
+}
+
 void cw__fusion_recompute(cw__lower *L) {
     const cw_graph *g = L->g;
     for (int i = 0; i < g->n; i++) L->nd[i].rec = L->nd[i].rec_stats = L->nd[i].rec_epi = 0, L->nd[i].rec_of = -1;
@@ -279,7 +299,7 @@ void cw__fusion_recompute(cw__lower *L) {
         if (L->nd[src].rec) L->nd[j].rec_of = src;
     }
     for (int j = 0; j < g->n; j++) /* shortcuts computed band by band in their add's epilogue */
-        if (g->nodes[j].kind == CW__N_CONV && L->nd[j].rec_of >= 0) cw__rec_shortcut(L, j);
+        if (g->nodes[j].kind == CW__N_CONV && L->nd[j].rec_of >= 0) cw__rec_epilogue(L, j);
 }
 
 int cw__fusion_inplace_target(const cw__lower *L, int other) {
