@@ -53,7 +53,7 @@ static int cw__fuses(const cw__lower *L, int i) {
 
 void cw__fusion_analyse(cw__lower *L) {
     cw_graph *g = L->g;
-    for (int i = 0; i < g->n; i++) L->nd[i].epi = L->nd[i].epi_into = -1;
+    for (int i = 0; i < g->n; i++) L->nd[i].epi = L->nd[i].epi_into = L->nd[i].add_of = -1;
     if (!L->fuse) return;
     for (int i = g->n - 1; i >= 0; i--) {
         const cw__node *n = &g->nodes[i];
@@ -64,15 +64,13 @@ void cw__fusion_analyse(cw__lower *L) {
      * first; cw__fusion_recompute may move it to the first, cw__rec_epilogue). */
     for (int i = 0; i < g->n; i++) {
         const cw__node *n = &g->nodes[i];
-        if (n->kind != CW__N_ADD || n->in[0] == n->in[1]) continue;
+        if (n->kind != CW__N_ADD || n->in[0] == n->in[1] || !L->nd[i].live) continue;
         for (int a = 1; a >= 0; a--) {
             int c = n->in[a];
             const cw__node *cn = &g->nodes[c];
-            if (cn->kind == CW__N_CONV && cn->n_uses == 1 && !cn->is_output && L->nd[c].epi_into < 0 && L->nd[i].live) {
-                L->nd[i].epi = c;
-                L->nd[c].epi_into = i;
-                break;
-            }
+            if (cn->kind != CW__N_CONV || cn->n_uses != 1 || cn->is_output) continue;
+            L->nd[c].add_of = i;
+            if (L->nd[i].epi < 0) L->nd[i].epi = c, L->nd[c].epi_into = i;
         }
     }
 }
@@ -239,47 +237,34 @@ static int cw__rec_candidate(const cw__lower *L, int a, int *gns) {
  * the add's result is written over x, band by band, after the later bands' recomputes of A
  * have read their halo rows (lower_conv.c). S costs no FLOPs twice, and neither its result
  * nor the add's needs storage of its own: the block holds x alone. */
-static void cw__rec_shortcut(cw__lower *L, int b) {
+static int cw__rec_shortcut(const cw__lower *L, int b, int addn, int S) {
     const cw_graph *g = L->g;
-    int addn = L->nd[b].epi_into, A = L->nd[b].rec_of;
-    if (addn < 0) return;
-    const cw__node *an = &g->nodes[addn];
-    int S = an->in[0] == b ? an->in[1] : an->in[0];
+    const int A = L->nd[b].rec_of;
     const cw__node *ns = &g->nodes[S];
-    if (ns->kind != CW__N_CONV || !L->nd[S].live || !L->rec_allow[S] || L->nd[S].rec || L->nd[S].epi_into >= 0 ||
-        ns->is_output || ns->n_uses != 1 || ns->in[0] < 0 || L->nd[ns->in[0]].fused)
-        return;
+    if (ns->kind != CW__N_CONV || !L->nd[S].live || !L->rec_allow[S] || L->nd[S].rec || L->nd[S].add_of != addn ||
+        ns->in[0] < 0 || L->nd[ns->in[0]].fused)
+        return 0;
     int asrc, ag, as, au;
     cw__fusion_chain(L, g->nodes[A].in[0], &asrc, &ag, &as, &au);
     const cw_conv_params *c = &ns->conv;
     int h = c->spatial - 2;
-    if (asrc != ns->in[0] || g->nodes[ns->in[1]].desc.dims[c->spatial] != 1 || c->stride[h] != 1 ||
-        c->pad_pre[h] != 0 || c->pad_post[h] != 0 || !cw__rec_x_dies(L, asrc, addn, A, S, 1))
-        return;
-    L->nd[S].rec = L->nd[S].rec_epi = 1;
+    return asrc == ns->in[0] && g->nodes[ns->in[1]].desc.dims[c->spatial] == 1 && c->stride[h] == 1 &&
+           c->pad_pre[h] == 0 && c->pad_post[h] == 0 && cw__rec_x_dies(L, asrc, addn, A, S, 1);
 }
 
-/* cw__rec_shortcut for conv b, also where b's add took the shortcut S as its epilogue
- * (add(conv2, shortcut): HunyuanVideo, CogVideoX, Wan; SD adds shortcut + conv2): the
- * epilogue moves to b if S then goes into it, and stays with S if not (stored, either
- * order holds as much, but the pages a cpu plan gives back differ: drops.c). */
+/* Conv b, recomputing A, adds a shortcut S (add_of): where cw__rec_shortcut holds, S is
+ * recomputed in b's epilogue -- the epilogue moving to b where the add took S first
+ * (add(conv2, shortcut): HunyuanVideo, CogVideoX, Wan; SD adds shortcut + conv2). Where it
+ * does not, the epilogue stays where it is (stored, either order holds as much, but the
+ * pages a cpu plan gives back differ: drops.c). */
 static void cw__rec_epilogue(cw__lower *L, int b) {
     const cw_graph *g = L->g;
-    const cw__node *nb = &g->nodes[b];
-    int addn = -1;
-    for (int i = b + 1; i < g->n && L->nd[b].epi_into < 0 && addn < 0; i++)
-        if (g->nodes[i].kind == CW__N_ADD && (g->nodes[i].in[0] == b || g->nodes[i].in[1] == b)) addn = i;
-    if (addn < 0 || nb->n_uses != 1 || nb->is_output || L->nd[addn].epi < 0) {
-        cw__rec_shortcut(L, b);
-        return;
-    }
-    const int S = L->nd[addn].epi;
-    L->nd[S].epi_into = -1;
-    L->nd[addn].epi = b, L->nd[b].epi_into = addn;
-    cw__rec_shortcut(L, b);
-    if (L->nd[S].rec_epi) return;
-    L->nd[b].epi_into = -1;
-    L->nd[addn].epi = S, L->nd[S].epi_into = addn;
+    const int addn = L->nd[b].add_of;
+    if (addn < 0 || L->nd[addn].epi < 0) return;
+    const int S = g->nodes[addn].in[0] == b ? g->nodes[addn].in[1] : g->nodes[addn].in[0];
+    if (!cw__rec_shortcut(L, b, addn, S)) return;
+    if (L->nd[addn].epi == S) L->nd[S].epi_into = -1, L->nd[addn].epi = b, L->nd[b].epi_into = addn;
+    L->nd[S].rec = L->nd[S].rec_epi = 1;
 }
 
 void cw__fusion_recompute(cw__lower *L) {

@@ -250,7 +250,6 @@ static cw_status cw__lower_init(cw__lower *L, cw_plan *p, cw_graph *g, int64_t b
     L->threads = bt > 0 ? (bt / L->heavy > 0 ? bt / L->heavy : 1) : 0;
     L->fuse = !none && p->opt.fuse;
     L->none = none;
-    L->sc_x = L->sc_band = L->sc_conv = -1;
     L->nd = cw__calloc((size_t)g->n + 1, sizeof *L->nd);
     p->in = cw__calloc((size_t)g->n_inputs + 1, sizeof *p->in);
     p->out = cw__calloc((size_t)g->n_outputs + 1, sizeof *p->out);

@@ -24,6 +24,8 @@ typedef struct cw__lnode {
     int live;           /* 1: an output depends on it */
     int epi;            /* ADD: the conv fused into it as an epilogue */
     int epi_into;       /* CONV: the ADD it writes into */
+    int add_of;         /* CONV used once, by an ADD of two different operands, not an output: that
+                           ADD (whether or not it is its epilogue), -1 */
     int reads;          /* lowering units still to read it */
     int gn_refs;        /* GN: units still to use its scale/shift */
     int gn_part;        /* GN: buffer of the partial statistics */
@@ -59,13 +61,6 @@ typedef struct cw__lower {
     int fuse, none;
     const unsigned char *rec_allow; /* per node: a conv that may be recomputed (NULL: none) */
     cw__lnode *nd;      /* per graph node */
-    /* lower_conv.c, while conv B emits one band's recompute and B's epilogue shortcut S reads
-     * a recomputed x: the recompute of x nested in it (for B's recomputed A) also computes S's
-     * rows [sc_o0, sc_o1) of that band from it, before A's GN/SiLU overwrite it, so that x is
-     * not computed a third time for S. sc_x = x (-1: none), sc_node = S, sc_b = B; sc_band
-     * gets S's band buffer (-1 until computed), sc_conv its conv task. */
-    int sc_x, sc_node, sc_b, sc_band, sc_conv;
-    int64_t sc_o0, sc_o1;
 } cw__lower;
 
 /* ---- emit.c: the plan's building blocks ---- */

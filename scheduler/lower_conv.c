@@ -9,6 +9,23 @@
 #include "scheduler/lower.h"
 #include "scheduler/planner.h"
 
+/* Where a band conv's input rows come from: xbuf < 0: its own prep or recompute; else rows
+ * of band buffer xbuf (first row xrow0 along H), written by task xtask: no prep. */
+typedef struct cw__band_in {
+    int xbuf, xtask;
+    int64_t xrow0;
+} cw__band_in;
+
+/* While conv B emits one band's recompute of A and B's epilogue shortcut S reads a
+ * recomputed x: the recompute of x nested in it also computes S's rows [o0, o1) of that band
+ * from it, before A's GN/SiLU overwrite it, so that x is not computed a third time for S
+ * (cw__emit_sc_band). band gets S's band buffer (-1 until computed), conv its conv task. */
+typedef struct cw__sc_req {
+    int x, S, B;
+    int64_t o0, o1;
+    int band, conv;
+} cw__sc_req;
+
 /* One conv unit being lowered: node i, its fused prep chain, its residual epilogue. */
 typedef struct cw__conv_unit {
     int node, outn;          /* conv node; node whose buffer it writes (the ADD when fused) */
@@ -37,18 +54,21 @@ typedef struct cw__conv_unit {
     int64_t *xr_lo, *xr_hi;  /* rec_x, per patch: those rows of other */
     int sx;                  /* the epilogue shortcut S reads a recomputed x: each patch's S band is
                                 computed inside its recompute, from the band of x computed there
-                                for A (L->sc_x) */
+                                for A (cw__sc_req) */
     int *sband, *sconv;      /* sx, per patch: that S band's buffer (-1: not computed) and conv */
-    int xin;                 /* 1: the conv reads its input rows from band buffer xbuf (first
-                                row xrow0 along H), written by task xtask: no prep */
-    int xbuf, xtask;
-    int64_t xrow0;
+    cw__sc_req *sc;          /* the shortcut band its recompute computes on the way (NULL: none) */
+    cw__band_in in;          /* its input rows, when given (in.xbuf >= 0) */
     cw__conv_info *ci;
 } cw__conv_unit;
 
-/* Unit u's prep chain from its conv's x (cw__fusion_chain, _dmap, _pad) and whether it is
- * not empty. */
-static void cw__unit_chain(const cw__lower *L, int x, cw__conv_unit *u) {
+/* Unit u for conv node i, writing its own result, without epilogue or given rows: its prep
+ * chain from its conv's x (cw__fusion_chain, _dmap, _pad) and whether it is not empty. */
+static void cw__unit_init(const cw__lower *L, int i, cw__conv_unit *u) {
+    const int x = L->g->nodes[i].in[0];
+    memset(u, 0, sizeof *u);
+    u->node = u->outn = i;
+    u->other = u->rec = -1;
+    u->in.xbuf = -1;
     cw__fusion_chain(L, x, &u->src, &u->gn, &u->silu, &u->up);
     cw__fusion_unary(L, x, &u->unary, &u->ua, &u->ub);
     cw__fusion_dmap(L, x, &u->up_d, &u->off_d);
@@ -207,8 +227,8 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     ce->prob = pt->prob;
     ce->algo = u->cp.algo;
     ce->algo.workspace = u->cp.ws;
-    if (u->xin) {
-        t->u.conv.x = cw__band(u->xbuf, &L->p->bufs[u->xbuf].d, ax, pt->a - u->xrow0, pt->b - u->xrow0);
+    if (u->in.xbuf >= 0) {
+        t->u.conv.x = cw__band(u->in.xbuf, &L->p->bufs[u->in.xbuf].d, ax, pt->a - u->in.xrow0, pt->b - u->in.xrow0);
     } else if ((u->prep && pt->b > pt->a) || u->rec >= 0) {
         t->u.conv.x = cw__whole(u->pbuf[j], &L->p->bufs[u->pbuf[j]].d);
     } else {
@@ -230,21 +250,16 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     t->flops = cw__conv_flops(&pt->prob);
     CW_TRY(cw__task_set_name(L->p, t, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches));
     if (u->ci) u->ci->tasks[j] = *id;
-    if (u->xin) return cw__dep(L, *id, u->xtask);
+    if (u->in.xbuf >= 0) return cw__dep(L, *id, u->in.xtask);
     if (u->prep_task[j] >= 0) return cw__dep(L, *id, u->prep_task[j]);
     if (pt->b > pt->a) return cw__dep_band(L, *id, u->src, ax, pt->a, pt->b);
     return CW_OK;
 }
 
-/* Where a band conv's input rows come from: xbuf < 0: its own prep or recompute; else rows
- * of band buffer xbuf (first row xrow0), written by task xtask. */
-typedef struct cw__band_in {
-    int xbuf, xtask;
-    int64_t xrow0;
-} cw__band_in;
-
-static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, cw__band_in in, int *ybuf,
-                                    int *conv, int *ptask, cw__patch *ap);
+static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, cw__band_in in,
+                                    cw__sc_req *sc, int *ybuf, int *conv, int *ptask, cw__patch *ap);
+static cw_status cw__emit_sc_conv(cw__lower *L, int B, int S, int64_t o0, int64_t o1, cw__band_in in, int *sbuf,
+                                  int *sconv);
 
 /* The residual add of patch j after its conv task `conv`; *id gets it. Where the operand is
  * an epilogue shortcut S (nd[].rec_epi), S's rows [o0, o1) are computed first, into a band
@@ -256,17 +271,10 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
     const cw__patch *pt = &u->cp.patch[j];
     const int ax = u->cp.axis, shortcut = L->nd[u->other].rec_epi;
     int addn = u->outn, sbuf = -1, sconv = -1;
-    if (shortcut) {
-        cw__patch sp;
-        int ptask = -1;
-        if (u->sx && u->sband[j] >= 0) {
-            sbuf = u->sband[j], sconv = u->sconv[j];
-        } else {
-            CW_TRY(cw__emit_band_conv(L, u->node, u->other, pt->o0, pt->o1, (cw__band_in){-1, -1, 0}, &sbuf, &sconv,
-                                      &ptask, &sp));
-            L->p->conv_gflop += cw__conv_flops(&sp.prob) * 1e-9; /* S's only computation */
-        }
-    }
+    if (shortcut && u->sx && u->sband[j] >= 0)
+        sbuf = u->sband[j], sconv = u->sconv[j];
+    else if (shortcut)
+        CW_TRY(cw__emit_sc_conv(L, u->node, u->other, pt->o0, pt->o1, (cw__band_in){-1, -1, 0}, &sbuf, &sconv));
     cw__task *e = NULL;
     CW_TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
     e->u.add.dst = cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
@@ -381,23 +389,19 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q);
  * gets its conv task, *ptask its prep task or -1, *ap its patch): a one-patch unit for A
  * whose input rows come from A's own prep, or -- where A reads a recomputed conv itself --
  * from that conv's band, recomputed first (recursively), or from `in` (A has no prep). */
-static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, cw__band_in in, int *ybuf,
-                                    int *conv, int *ptask, cw__patch *ap) {
-    const cw__node *na = &L->g->nodes[A];
+static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, cw__band_in in,
+                                    cw__sc_req *sc, int *ybuf, int *conv, int *ptask, cw__patch *ap) {
     cw__conv_unit a;
-    memset(&a, 0, sizeof a);
+    cw__unit_init(L, A, &a);
     int64_t bounds[2] = {r0, r1};
     int ws = -1, pbuf = -1;
     *ptask = -1;
-    a.node = a.outn = A;
-    a.other = -1;
     a.pass1 = 1; /* its conv writes a band buffer */
-    cw__unit_chain(L, na->in[0], &a);
     a.rec = L->nd[A].rec_of;
+    a.sc = sc;
     if (in.xbuf >= 0) { /* its rows as they are in in.xbuf: nothing to prep or recompute */
         if (a.prep) return cw__error(L->g->ctx, CW_ERR_INTERNAL, "compile: a band conv with a prep chain given its rows");
-        a.rec = -1, a.xin = 1;
-        a.xbuf = in.xbuf, a.xtask = in.xtask, a.xrow0 = in.xrow0;
+        a.rec = -1, a.in = in;
     }
     a.cp.patches = 1;
     a.cp.bounds = bounds;
@@ -407,26 +411,33 @@ static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int6
     a.cp.axis = ap->axis; /* H: recomputes follow their reader's H bands */
     CW_TRY(cw__rec_algo(L, b, A, &ap->prob, &a.cp.algo));
     a.cp.ws = a.cp.algo.workspace;
-    if (!a.xin) CW_TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
+    if (a.in.xbuf < 0) CW_TRY(a.rec >= 0 ? cw__emit_recompute(L, &a, 0) : cw__emit_prep(L, &a, 0));
     CW_TRY(cw__emit_conv(L, &a, 0, conv));
     CW_TRY(cw__release(L, ws));
     return cw__release(L, pbuf);
 }
 
-/* Inside the recompute of a band of x (into buffer xbuf from row xrow0, written by xtask) for
- * a conv B whose epilogue shortcut S reads x (L->sc_x): S's rows [sc_o0, sc_o1) from it, into
- * a band buffer held until B's epilogue (L->sc_band, sc_conv; *sconv the conv, for the write
- * after read of whatever overwrites xbuf next). Nothing where those rows are not all in it. */
-static cw_status cw__emit_sc_band(cw__lower *L, int xbuf, int xtask, int64_t xrow0, int *sconv) {
-    const cw_tensor_desc *xd = &L->p->bufs[xbuf].d;
-    *sconv = -1;
-    if (L->sc_o1 <= L->sc_o0 || L->sc_o0 < xrow0 || L->sc_o1 > xrow0 + xd->dims[cw__hdim(xd)]) return CW_OK;
+/* Epilogue shortcut S's rows [o0, o1) for conv B's add, from x's rows as `in` gives them,
+ * into a band buffer (*sbuf, *sconv its conv task): S's only computation. */
+static cw_status cw__emit_sc_conv(cw__lower *L, int B, int S, int64_t o0, int64_t o1, cw__band_in in, int *sbuf,
+                                  int *sconv) {
     cw__patch sp;
     int ptask = -1;
-    CW_TRY(cw__emit_band_conv(L, L->sc_b, L->sc_node, L->sc_o0, L->sc_o1, (cw__band_in){xbuf, xtask, xrow0},
-                              &L->sc_band, &L->sc_conv, &ptask, &sp));
-    L->p->conv_gflop += cw__conv_flops(&sp.prob) * 1e-9; /* S's only computation */
-    *sconv = L->sc_conv;
+    CW_TRY(cw__emit_band_conv(L, B, S, o0, o1, in, NULL, sbuf, sconv, &ptask, &sp));
+    L->p->conv_gflop += cw__conv_flops(&sp.prob) * 1e-9;
+    return CW_OK;
+}
+
+/* Inside the recompute of a band of x (into buffer xbuf from row xrow0, written by xtask)
+ * that request sc waits for: S's rows [sc->o0, sc->o1) from it, into a band buffer held until
+ * B's epilogue (sc->band, sc->conv; *sconv the conv, for the write after read of whatever
+ * overwrites xbuf next). Nothing where those rows are not all in it. */
+static cw_status cw__emit_sc_band(cw__lower *L, cw__sc_req *sc, int xbuf, int xtask, int64_t xrow0, int *sconv) {
+    const cw_tensor_desc *xd = &L->p->bufs[xbuf].d;
+    *sconv = -1;
+    if (sc->o1 <= sc->o0 || sc->o0 < xrow0 || sc->o1 > xrow0 + xd->dims[cw__hdim(xd)]) return CW_OK;
+    CW_TRY(cw__emit_sc_conv(L, sc->B, sc->S, sc->o0, sc->o1, (cw__band_in){xbuf, xtask, xrow0}, &sc->band, &sc->conv));
+    *sconv = sc->conv;
     return CW_OK;
 }
 
@@ -435,7 +446,8 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *y
     cw__patch ap, band;
     int ptask = -1;
     CW_TRY(cw__rec_band(L, u, q, &band));
-    CW_TRY(cw__emit_band_conv(L, u->node, u->rec, band.o0, band.o1, (cw__band_in){-1, -1, 0}, ybuf, conv, &ptask, &ap));
+    CW_TRY(cw__emit_band_conv(L, u->node, u->rec, band.o0, band.o1, (cw__band_in){-1, -1, 0}, u->sc, ybuf, conv,
+                              &ptask, &ap));
     if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : *conv; /* what reads other's rows */
     L->p->recompute_flop += cw__conv_flops(&ap.prob);
     return CW_OK;
@@ -446,7 +458,7 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *y
  * apply + SiLU in place on it, the band buffer being q's prep buffer; or, through a pad, GN
  * apply + SiLU + the pad from it into q's prep buffer (A's band is dropped after). Exact: the
  * statistics are A's whole-tensor ones from its first pass. Where A is the x of an epilogue
- * shortcut S waiting for it (L->sc_x), S's band is computed from A's band first, before the
+ * shortcut S waiting for it (u->sc), S's band is computed from A's band first, before the
  * prep overwrites it (cw__emit_sc_band). */
 static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     const cw__patch *pt = &u->cp.patch[q];
@@ -457,7 +469,7 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     cw__patch band;
     CW_TRY(cw__rec_band(L, u, q, &band));
     int sconv = -1;
-    if (L->sc_x >= 0 && u->rec == L->sc_x && L->sc_band < 0) CW_TRY(cw__emit_sc_band(L, ybuf, id, band.o0, &sconv));
+    if (u->sc && u->rec == u->sc->x && u->sc->band < 0) CW_TRY(cw__emit_sc_band(L, u->sc, ybuf, id, band.o0, &sconv));
     if (u->gn < 0 && !u->silu && !u->unary && u->pad < 0) return CW_OK; /* read as it is */
     const cw__buf *bb = &L->p->bufs[ybuf];
     const cw_tensor_desc yd = bb->d;
@@ -528,17 +540,17 @@ static cw_status cw__emit_patches(cw__lower *L, cw__conv_unit *u) {
     const int P = u->cp.patches, H = L->heavy;
     const int ahead = u->prep || u->rec >= 0 ? (L->light != 0 ? L->heavy + 1 : 1) : 0;
     int next_prep = 0;
+    cw__sc_req sc = {-1, -1, -1, 0, 0, -1, -1};
+    if (u->sx) sc.x = L->g->nodes[u->other].in[0], sc.S = u->other, sc.B = u->node;
     for (int j = 0; j < P; j++) {
         const cw__patch *pt = &u->cp.patch[j];
         while (next_prep < P && (next_prep < j + ahead || (u->rec_x && u->xr_lo[next_prep] < pt->o1))) {
             const int q = next_prep++;
-            if (u->sx) {
-                L->sc_x = L->g->nodes[u->other].in[0], L->sc_node = u->other, L->sc_b = u->node;
-                L->sc_o0 = u->cp.patch[q].o0, L->sc_o1 = u->cp.patch[q].o1, L->sc_band = -1;
-            }
+            sc.o0 = u->cp.patch[q].o0, sc.o1 = u->cp.patch[q].o1, sc.band = sc.conv = -1;
+            u->sc = u->sx ? &sc : NULL;
             CW_TRY(u->rec >= 0 ? cw__emit_recompute(L, u, q) : cw__emit_prep(L, u, q));
-            if (u->sx) u->sband[q] = L->sc_band, u->sconv[q] = L->sc_conv;
-            L->sc_x = L->sc_band = -1;
+            if (u->sx) u->sband[q] = sc.band, u->sconv[q] = sc.conv;
+            u->sc = NULL;
         }
         int id = -1, last;
         CW_TRY(cw__emit_conv(L, u, j, &id));
@@ -563,11 +575,9 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     cw_graph *g = L->g;
     const cw__node *n = &g->nodes[i];
     cw__conv_unit u;
-    memset(&u, 0, sizeof u);
-    u.node = i;
+    cw__unit_init(L, i, &u);
     int addn = L->nd[i].epi_into;
     u.outn = addn >= 0 ? addn : i;
-    cw__unit_chain(L, n->in[0], &u);
     const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
     u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
     const int tgt = cw__fusion_inplace_target(L, u.other); /* whose storage an in-place add takes */
