@@ -74,9 +74,10 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
                                 const unsigned char *rec_allow, cw_plan **out) {
     int64_t sizing = budget;
     cw_status st = CW_OK;
-    for (int attempt = 0; attempt < 16; attempt++) {
+    int whole = 1;
+    for (int attempt = 0; attempt < 17; attempt++) {
         cw_plan *p = NULL;
-        CW_TRY(cw__plan_build(g, o, sizing, budget, rec_allow, &p));
+        CW_TRY(cw__plan_build(g, o, sizing, budget, rec_allow, whole, &p));
         p->budget = budget;
         if ((st = cw__plan_bind_constants(p)) != CW_OK) {
             cw__plan_free(p);
@@ -91,8 +92,14 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
             *out = p;
             return CW_OK;
         }
+        const int had_whole = p->n_rec_whole > 0;
         cw__plan_free(p);
         if (st != CW_ERR_BUDGET || budget < 0) return st;
+        if (whole && had_whole) { /* the same sizing without plans on the whole share first */
+            whole = 0;
+            continue;
+        }
+        whole = 0;
         sizing = sizing - sizing / 6 - 1;
         if (sizing <= 0) break;
     }

@@ -399,7 +399,7 @@ static cw_status cw__lower_graph(cw__lower *L) {
 }
 
 cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, int64_t cap,
-                         const unsigned char *rec_allow, cw_plan **out) {
+                         const unsigned char *rec_allow, int rec_whole, cw_plan **out) {
     *out = NULL;
     cw_context *ctx = g->ctx;
     cw_plan *p = cw__calloc(1, sizeof *p);
@@ -414,6 +414,7 @@ cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t bud
     cw__lower L;
     cw_status st = cw__lower_init(&L, p, g, budget);
     L.rec_allow = rec_allow;
+    L.rec_whole = rec_whole;
     if (st == CW_OK) st = cw__lower_graph(&L);
     cw__lower_free(&L);
     if (st != CW_OK) {

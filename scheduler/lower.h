@@ -60,6 +60,7 @@ typedef struct cw__lower {
     int rr;             /* round-robin heavy stream */
     int fuse, none;
     const unsigned char *rec_allow; /* per node: a conv that may be recomputed (NULL: none) */
+    int rec_whole;      /* cw__plan_build's rec_whole */
     cw__lnode *nd;      /* per graph node */
 } cw__lower;
 

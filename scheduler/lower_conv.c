@@ -334,6 +334,58 @@ static int64_t cw__rec_split(const cw__lower *L, int b, int a, int64_t avail, in
     return (int64_t)((double)avail * r[which] / (r[0] + r[1]));
 }
 
+static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_problem *pr, cw__conv_algo *algo);
+static cw_status cw__node_band(const cw__lower *L, int A, int64_t r0, int64_t r1, cw__patch *ap);
+
+/* What recomputed conv A's band for the tallest band of plan cp of unit u (A = u->rec) holds
+ * beside u's own temporaries while it is computed: A's input rows and its workspace. */
+static cw_status cw__rec_reserve(cw__lower *L, const cw__conv_unit *u, const cw__conv_plan *cp, int64_t *bytes) {
+    int q = 0;
+    for (int k = 1; k < cp->patches; k++)
+        if (cp->patch[k].b - cp->patch[k].a > cp->patch[q].b - cp->patch[q].a) q = k;
+    int64_t r0, r1;
+    cw__src_rows(L, u->pad, cw__node_rows(L->g, u->rec), 1, cp->patch[q].a, cp->patch[q].b, &r0, &r1);
+    cw__patch ap;
+    cw__conv_algo algo;
+    CW_TRY(cw__node_band(L, u->rec, r0, r1, &ap));
+    CW_TRY(cw__rec_algo(L, u->node, u->rec, &ap.prob, &algo));
+    cw_tensor_desc xd = ap.prob.x;
+    memset(xd.strides, 0, sizeof xd.strides);
+    cw__desc_fill_strides(&xd);
+    *bytes = cw__alloc_round(cw__desc_bytes(&xd)) + cw__alloc_round(algo.workspace);
+    return CW_OK;
+}
+
+/* Unit u recomputing A, planned on its part of the share (cw__rec_split) into *cp: planned
+ * again on the whole share less what A's band holds beside it (cw__rec_reserve, sized
+ * again on the new plan's bands until it holds), that plan is taken where it is over 4x
+ * faster (algorithm cost x bands), as cw__rec_algo does for A's bands. The dry run is the
+ * check: where the plan does not fit, the budget search builds it again without (budget.c). */
+static cw_status cw__rec_whole(cw__lower *L, const cw__conv_unit *u, const cw__conv_problem *full,
+                               const cw__conv_share *sh, int64_t whole, cw__conv_plan *cp) {
+    cw__conv_share w = *sh;
+    int64_t res = 0;
+    CW_TRY(cw__rec_reserve(L, u, cp, &res));
+    for (int k = 0; k < 3 && whole - res > sh->avail; k++) {
+        cw__conv_plan alt;
+        int64_t r2 = 0;
+        w.avail = whole - res;
+        cw_status st = cw__planner_plan(L->g->ctx->be, full, &w, &alt, NULL);
+        if (st == CW_OK) st = cw__rec_reserve(L, u, &alt, &r2);
+        if (st == CW_OK && r2 <= res && 2.0 * alt.algo.cost * alt.patches < cp->algo.cost * cp->patches) {
+            cw__conv_plan_free(cp);
+            *cp = alt;
+            L->p->n_rec_whole++;
+            return CW_OK;
+        }
+        cw__conv_plan_free(&alt);
+        if (st != CW_OK && st != CW_ERR_BUDGET) return st;
+        if (st != CW_OK || r2 <= res) return CW_OK;
+        res = r2;
+    }
+    return CW_OK;
+}
+
 /* The algorithm for band problem pr of a recomputed conv: the first pass's if listed and its
  * workspace fits the recomputed conv's part of a heavy stream's share (cw__rec_split), else
  * the fastest that fits -- unless one that fits the whole share is over 4x as fast (the
@@ -597,9 +649,11 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     int ybufs = (u.inplace || u.pass1) + (u.other >= 0 && L->nd[u.other].rec_epi);
     u.sx = u.other >= 0 && L->nd[u.other].rec_epi && u.rec >= 0 && L->nd[g->nodes[u.other].in[0]].rec;
     cw__conv_share sh = cw__share(L, u.prep || u.rec >= 0, ybufs, h_out, axes);
+    const int64_t whole = sh.avail;
     if (u.rec >= 0 && sh.avail > 0) sh.avail = cw__rec_split(L, i, u.rec, sh.avail, 0);
     if (u.rec_x && sh.n_pbufs < 2) sh.n_pbufs = 2; /* one stream: the next band's recompute is in flight too */
     cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);
+    if (st == CW_OK && L->rec_whole && u.rec >= 0 && whole > sh.avail) st = cw__rec_whole(L, &u, &full, &sh, whole, &u.cp);
     if (st == CW_OK && u.pass1) L->nd[i].rec_algo = u.cp.algo;
     if (st == CW_OK) {
         int P = u.cp.patches;

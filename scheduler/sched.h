@@ -246,6 +246,7 @@ struct cw_plan {
                                 CW_FLAG_TIMING): mark 0 at the fork, 1+2k / 2+2k around task k */
     double conv_gflop, halo_flop;
     double recompute_flop;   /* conv FLOPs of second passes over recomputed blocks */
+    int n_rec_whole;         /* convs recomputing a band planned on the whole share (lower_conv.c) */
     int n_recomputed;
     int *rec_nodes;          /* the recomputed convs (each block's first conv), n_recomputed */
     /* run state */
@@ -298,9 +299,10 @@ const cw__node *cw__graph_node(const cw_graph *g, cw_node id);
 /* rec_allow (per graph node, may be NULL: none): the convs that may be recomputed where only
  * convs read them (cw_compile_options.memory_budget, budget.c picks them): 1 where one conv
  * reads it (the first conv of a ResNet-style block), 2 also where several do (each then
- * recomputes it); the others are stored. */
+ * recomputes it); the others are stored. rec_whole: a conv recomputing another's bands may
+ * take a plan sized on the whole share where it is much faster (lower_conv.c cw__rec_whole). */
 cw_status cw__plan_build(cw_graph *g, const cw_compile_options *opt, int64_t budget, int64_t cap,
-                         const unsigned char *rec_allow, cw_plan **out);
+                         const unsigned char *rec_allow, int rec_whole, cw_plan **out);
 /* sync.c: the buffers task t touches (weights and biases excepted), into out, which holds
  * CW__TASK_MAX_BUFS; returns how many. */
 #define CW__TASK_MAX_BUFS 5

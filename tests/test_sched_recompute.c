@@ -29,7 +29,9 @@
  * - a 32->16 block then two 16->16 blocks, as the SD decoder's last up block: its 1x1
  *   shortcut is computed in conv2's epilogue and the block's result written over its input;
  * - both chains again with every 3x3 conv reading a replicate pad (HunyuanVideo's), fused
- *   into its prep: the same live activations, recomputed through the pads. */
+ *   into its prep: the same live activations, recomputed through the pads;
+ * - two 64-channel blocks at tight temp budgets: conv2, recomputing conv1, takes a GEMM over
+ *   cpu_direct where the whole share less conv1's band fits it, within the budget, exact. */
 #include "convweave/convweave.h"
 #include "hb_check.h"
 #include "testutil.h"
@@ -596,6 +598,61 @@ static void check_ladder(const double *ref, const float *in) {
     unbuild(&c);
 }
 
+/* Two 64-channel blocks at temp budgets where the least plan recomputes both blocks' conv1:
+ * on its part of the share (cw__rec_split) conv2's bands fit only cpu_direct; on the whole
+ * share less what conv1's band holds beside it they fit a GEMM over 2x faster (lower_conv.c
+ * cw__rec_whole), and the dry run keeps that plan where the allocator can place it, building
+ * again without where not (budget.c). At one budget of the range at least, no 64->64 conv
+ * is left on cpu_direct (without cw__rec_whole every one of them leaves conv2 there); every
+ * plan runs within its budget, agrees with the double interpreter and passes hb_check. */
+static void check_whole_share(void) {
+    const int64_t ch[3] = {64, 64, 64};
+    const int pre[2] = {1, 1};
+    chain cn = chain_make(ch, pre, 2);
+    float *in = rvec(C0 * HW * HW, 1.0f, 0.0f);
+    double *ref = chain_reference(&cn, in);
+    int fast = 0, tried = 0;
+    for (int64_t T = 204000; T <= 276000; T += 6000) {
+        gctx c;
+        chain_build(&c, &cn, 0, 0);
+        cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
+        o.temp_budget = T;
+        o.streams = 2;
+        cw_memory_point pt = least_point(&c, &o);
+        o.memory_budget = pt.total_bytes;
+        cw_plan *p = NULL;
+        ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &p, &o));
+        cw_plan_stats s;
+        ASSERT_OK(cw_plan_get_stats(p, &s));
+        CHECK_EQ_I(s.n_recomputed, 2);
+        char *txt = NULL;
+        ASSERT_OK(cw_plan_describe(p, &txt, 0));
+        int direct = 0;
+        for (const char *l = strstr(txt, "64->64"); l; l = strstr(l + 1, "64->64")) {
+            const char *e = strchr(l, '\n'), *d = strstr(l, "cpu_direct");
+            direct += d && (!e || d < e);
+        }
+        cw_free(txt);
+        fast += direct == 0, tried++;
+        int64_t n;
+        float *y = run(&c, p, in, &n);
+        CHECK(hb_check(p) == 0);
+        ASSERT_OK(cw_plan_get_stats(p, &s));
+        ASSERT_LE_I(s.temp_peak, T);
+        ASSERT_LE_I(s.temp_peak + s.activations_peak, pt.total_bytes);
+        const double e = cw_err_rel_d(y, ref, n);
+        if (!(e <= 1e-5)) fprintf(stderr, "whole share, temp budget %" PRId64 ": vs double %.3g\n", T, e);
+        CHECK(e <= 1e-5);
+        free(y);
+        cw_plan_destroy(p);
+        unbuild(&c);
+    }
+    printf("64-channel blocks, least plans at %d temp budgets: %d with no 64->64 conv on cpu_direct\n", tried, fast);
+    CHECK(fast >= 1);
+    free(in), free(ref);
+    chain_free(&cn);
+}
+
 int main(void) {
     rng.s = cw_test_seed(21);
     make_weights();
@@ -694,6 +751,8 @@ int main(void) {
     g_conv2_first = 1;
     check_cross_block();
     g_conv2_first = 0;
+    /* 10. a recomputing conv planned on the whole share where that is much faster */
+    check_whole_share();
     free(base), free(yr), free(in), free(ref);
     free_conv(&conv_in), free_conv(&conv_out);
     for (int b = 0; b < 2; b++) {
