@@ -612,7 +612,7 @@ static void check_whole_share(void) {
     float *in = rvec(C0 * HW * HW, 1.0f, 0.0f);
     double *ref = chain_reference(&cn, in);
     int fast = 0, tried = 0;
-    for (int64_t T = 204000; T <= 276000; T += 6000) {
+    for (int64_t T = 210000; T <= 270000; T += 12000) {
         gctx c;
         chain_build(&c, &cn, 0, 0);
         cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
@@ -634,6 +634,7 @@ static void check_whole_share(void) {
         }
         cw_free(txt);
         fast += direct == 0, tried++;
+        if (direct == 0) printf("  temp budget %" PRId64 ": no 64->64 conv on cpu_direct\n", T);
         int64_t n;
         float *y = run(&c, p, in, &n);
         CHECK(hb_check(p) == 0);
