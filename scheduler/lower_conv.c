@@ -358,9 +358,10 @@ static cw_status cw__rec_reserve(cw__lower *L, const cw__conv_unit *u, const cw_
 
 /* Unit u recomputing A, planned on its part of the share (cw__rec_split) into *cp: planned
  * again on the whole share less what A's band holds beside it (cw__rec_reserve, sized
- * again on the new plan's bands until it holds), that plan is taken where it is over 4x
- * faster (algorithm cost x bands), as cw__rec_algo does for A's bands. The dry run is the
- * check: where the plan does not fit, the budget search builds it again without (budget.c). */
+ * again on the new plan's bands until it holds), that plan is taken where it is over 2x
+ * faster (algorithm cost x bands), as cw__rec_algo does (at 4x) for A's bands. The dry run
+ * is the check: where the plan does not fit, the budget search builds it again without
+ * (budget.c). */
 static cw_status cw__rec_whole(cw__lower *L, const cw__conv_unit *u, const cw__conv_problem *full,
                                const cw__conv_share *sh, int64_t whole, cw__conv_plan *cp) {
     cw__conv_share w = *sh;
@@ -653,7 +654,8 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     if (u.rec >= 0 && sh.avail > 0) sh.avail = cw__rec_split(L, i, u.rec, sh.avail, 0);
     if (u.rec_x && sh.n_pbufs < 2) sh.n_pbufs = 2; /* one stream: the next band's recompute is in flight too */
     cw_status st = cw__planner_plan(g->ctx->be, &full, &sh, &u.cp, NULL);
-    if (st == CW_OK && L->rec_whole && u.rec >= 0 && whole > sh.avail) st = cw__rec_whole(L, &u, &full, &sh, whole, &u.cp);
+    if (st == CW_OK && L->rec_whole && u.rec >= 0 && whole > sh.avail)
+        st = cw__rec_whole(L, &u, &full, &sh, whole, &u.cp);
     if (st == CW_OK && u.pass1) L->nd[i].rec_algo = u.cp.algo;
     if (st == CW_OK) {
         int P = u.cp.patches;
