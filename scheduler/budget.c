@@ -92,14 +92,11 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
             *out = p;
             return CW_OK;
         }
-        const int had_whole = p->n_rec_whole > 0;
+        const int again = whole && p->n_rec_whole > 0; /* the same sizing without them first */
         cw__plan_free(p);
         if (st != CW_ERR_BUDGET || budget < 0) return st;
-        if (whole && had_whole) { /* the same sizing without plans on the whole share first */
-            whole = 0;
-            continue;
-        }
         whole = 0;
+        if (again) continue;
         sizing = sizing - sizing / 6 - 1;
         if (sizing <= 0) break;
     }

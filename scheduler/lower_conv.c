@@ -335,7 +335,7 @@ static int64_t cw__rec_split(const cw__lower *L, int b, int a, int64_t avail, in
 }
 
 static cw_status cw__rec_algo(cw__lower *L, int b, int rec, const cw__conv_problem *pr, cw__conv_algo *algo);
-static cw_status cw__node_band(const cw__lower *L, int A, int64_t r0, int64_t r1, cw__patch *ap);
+static cw_status cw__rec_band_of(const cw__lower *L, const cw__conv_unit *u, const cw__patch *pt, cw__patch *ap);
 
 /* What recomputed conv A's band for the tallest band of plan cp of unit u (A = u->rec) holds
  * beside u's own temporaries while it is computed: A's input rows and its workspace. */
@@ -343,16 +343,11 @@ static cw_status cw__rec_reserve(cw__lower *L, const cw__conv_unit *u, const cw_
     int q = 0;
     for (int k = 1; k < cp->patches; k++)
         if (cp->patch[k].b - cp->patch[k].a > cp->patch[q].b - cp->patch[q].a) q = k;
-    int64_t r0, r1;
-    cw__src_rows(L, u->pad, cw__node_rows(L->g, u->rec), 1, cp->patch[q].a, cp->patch[q].b, &r0, &r1);
     cw__patch ap;
     cw__conv_algo algo;
-    CW_TRY(cw__node_band(L, u->rec, r0, r1, &ap));
+    CW_TRY(cw__rec_band_of(L, u, &cp->patch[q], &ap));
     CW_TRY(cw__rec_algo(L, u->node, u->rec, &ap.prob, &algo));
-    cw_tensor_desc xd = ap.prob.x;
-    memset(xd.strides, 0, sizeof xd.strides);
-    cw__desc_fill_strides(&xd);
-    *bytes = cw__alloc_round(cw__desc_bytes(&xd)) + cw__alloc_round(algo.workspace);
+    *bytes = cw__alloc_round(cw__desc_bytes(&ap.prob.x)) + cw__alloc_round(algo.workspace);
     return CW_OK;
 }
 
@@ -428,12 +423,17 @@ static cw_status cw__node_band(const cw__lower *L, int A, int64_t r0, int64_t r1
     return cw__patch_make(&fa, r0, r1, ap);
 }
 
-/* Recomputed conv A's band for patch q of its consumer (unit u): A's output rows are the
- * rows q reads, [pt->a, pt->b), through u's fused pad if any; *ap gets A's patch for them. */
-static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q, cw__patch *ap) {
+/* Recomputed conv A's band for a patch pt of its consumer (unit u): A's output rows are the
+ * rows pt reads, [pt->a, pt->b), through u's fused pad if any; *ap gets A's patch for them. */
+static cw_status cw__rec_band_of(const cw__lower *L, const cw__conv_unit *u, const cw__patch *pt, cw__patch *ap) {
     int64_t r0, r1;
-    cw__src_rows(L, u->pad, cw__node_rows(L->g, u->rec), 1, u->cp.patch[q].a, u->cp.patch[q].b, &r0, &r1);
+    cw__src_rows(L, u->pad, cw__node_rows(L->g, u->rec), 1, pt->a, pt->b, &r0, &r1);
     return cw__node_band(L, u->rec, r0, r1, ap);
+}
+
+/* The same for u's patch q. */
+static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q, cw__patch *ap) {
+    return cw__rec_band_of(L, u, &u->cp.patch[q], ap);
 }
 
 static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q);
