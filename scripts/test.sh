@@ -17,12 +17,12 @@ for m in "${modes[@]}"; do
     asan)    dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_ASAN=ON -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_BENCH=OFF); env=(CW_TEST_QUICK=1) ;;
     tsan)    dir=build-tsan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_TSAN=ON -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_BENCH=OFF); env=(CW_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1) ;;
     fuzz)
-      echo "=== fuzz build (build-fuzz)"
+      echo "=== [${SECONDS}s] fuzz build (build-fuzz)"
       CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_FUZZ=ON \
         -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_TESTS=OFF -DCONVWEAVE_BUILD_BENCH=OFF -DCONVWEAVE_BUILD_DEMOS=OFF >/dev/null
       cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_vae_config fuzz_npy
       for t in safetensors:safetensors vae_config:config_json npy:npy; do
-        echo "=== fuzz_${t%%:*}: regression corpus + 200000 fixed-seed runs"
+        echo "=== [${SECONDS}s] fuzz_${t%%:*}: regression corpus + 200000 fixed-seed runs"
         work=$(mktemp -d)
         ./build-fuzz/fuzz_${t%%:*} -seed=1 -runs=200000 -max_len=4096 -print_final_stats=1 "$work" tests/corpus/${t#*:}
         rm -rf "$work"
@@ -33,7 +33,7 @@ for m in "${modes[@]}"; do
       # runs, with the pinned test requirements; the package built from this tree (its CMake
       # build cached in build-python/); then pytest. Mode "python" alone: scripts/test.sh python
       venv=${CONVWEAVE_VENV:-$HOME/.cache/convweave/venv}
-      echo "=== python (venv $venv)"
+      echo "=== [${SECONDS}s] python (venv $venv)"
       if [ ! -x "$venv/bin/python" ]; then
         python3 -c 'import ensurepip' 2>/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
         python3 -m venv "$venv"
@@ -41,11 +41,12 @@ for m in "${modes[@]}"; do
       "$venv/bin/pip" install -q -r python/requirements-test.txt
       "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps \
         -Cbuild-dir="$PWD/build-python" ./python
-      (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
+      # one pytest process per core, at most 4 (each imports torch; most tests run on one core)
+      (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider -n $((jobs < 4 ? jobs : 4)) tests)
       continue ;;
     *) echo "unknown mode $m" >&2; exit 2 ;;
   esac
-  echo "=== $m build ($dir)"
+  echo "=== [${SECONDS}s] $m build ($dir)"
   cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
   cmake --build "$dir" -j"$jobs"
   if [ "$m" = release ]; then
@@ -53,7 +54,7 @@ for m in "${modes[@]}"; do
     # ctest does (this machine's OpenBLAS and oneDNN kernels, default threading), then on the
     # AVX2 kernels of both, which every x86-64 development machine has (docs/determinism.md).
     for core in native Haswell; do
-      echo "=== $m tests, OpenBLAS core: $core"
+      echo "=== [${SECONDS}s] $m tests, OpenBLAS core: $core"
       if [ "$core" = native ]; then
         ctest --test-dir "$dir" --output-on-failure -j"$jobs"
       else
@@ -61,9 +62,9 @@ for m in "${modes[@]}"; do
       fi
       grep -m1 "^OpenBLAS core:" "$dir/Testing/Temporary/LastTest.log" || true
     done
-    echo "=== gpu-check --no-device"; bash scripts/gpu-check.sh --no-device --build-dir "$dir"
+    echo "=== [${SECONDS}s] gpu-check --no-device"; bash scripts/gpu-check.sh --no-device --build-dir "$dir"
     continue
   fi
-  echo "=== $m tests"
+  echo "=== [${SECONDS}s] $m tests"
   env "${env[@]}" ctest --test-dir "$dir" --output-on-failure -j"$jobs"
 done
