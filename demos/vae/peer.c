@@ -237,15 +237,17 @@ int peer_diffusers_run(const peer_job *job, peer_result *res, volatile pid_t *ch
     if (!imported) {
         res->skipped = 1;
         if (code == PEER_IMPORT_FAILED)
-            snprintf(res->note, sizeof(res->note), "%s cannot import torch and diffusers (%s); set CONVWEAVE_PYTHON to one that has them", desc,
+            snprintf(res->note, sizeof(res->note),
+                     "%.200s cannot import torch and diffusers (%.150s); set CONVWEAVE_PYTHON to one that has them", desc,
                      why);
         else
-            snprintf(res->note, sizeof(res->note), "%s %s before importing torch and diffusers%s%s; set CONVWEAVE_PYTHON to one that has them",
+            snprintf(res->note, sizeof(res->note),
+                     "%.200s %s before importing torch and diffusers%s%.150s; set CONVWEAVE_PYTHON to one that has them",
                      desc, how, why[0] ? ": " : "", why);
         goto cleanup;
     }
     if (code != 0 || !done) {
-        snprintf(res->note, sizeof(res->note), "failed: %s %s%s%s", desc, how, why[0] ? ": " : "", why);
+        snprintf(res->note, sizeof(res->note), "failed: %.200s %s%s%.150s", desc, how, why[0] ? ": " : "", why);
         goto cleanup;
     }
     take_output(job, out, &cs, res);

@@ -232,7 +232,7 @@ int run_ranks(const opts *o, const job *jb, child_area *final) {
         run_result r = ar->rank[bad];
         char tmp[sizeof(r.err)];
         snprintf(tmp, sizeof(tmp), "%s", r.err);
-        snprintf(r.err, sizeof(r.err), "rank %d/%d: %.*s", bad, n, (int)sizeof(r.err) - 24, tmp);
+        snprintf(r.err, sizeof(r.err), "rank %d/%d: %.*s", bad, n, (int)sizeof(r.err) - 32, tmp);
         ret = report_failure(&r);
     } else if (st.end != CHILD_EXITED || st.code != 0) {
         if (errtext) fputs(errtext, stderr);
