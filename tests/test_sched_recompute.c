@@ -703,6 +703,16 @@ int main(void) {
     o.memory_budget = reached / 2;
     CHECK(cw_graph_compile(c.g, &pr, &o) == CW_ERR_BUDGET);
     CHECK(strstr(cw_context_get_last_error(c.ctx), "with every recomputable block recomputed") != NULL);
+    /* a compile that succeeds after refusing candidate plans leaves the last failed call's message */
+    char failed[512];
+    snprintf(failed, sizeof failed, "%s", cw_context_get_last_error(c.ctx));
+    o.memory_budget = reached;
+    ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &pr, &o));
+    if (strcmp(cw_context_get_last_error(c.ctx), failed) != 0) {
+        fprintf(stderr, "a successful compile changed the last error to: %s\n", cw_context_get_last_error(c.ctx));
+        cw_test_failures++;
+    }
+    cw_plan_destroy(pr);
     cw_plan_destroy(ps);
     free(ys);
     unbuild(&c);

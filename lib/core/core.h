@@ -48,8 +48,13 @@ struct cw_context {
 /* Records a message as the context's last error, logs it at debug, returns st.
  * ctx may be NULL (then the message is only logged to stderr at warn). */
 cw_status cw__error(cw_context *ctx, cw_status st, const char *fmt, ...) CW__PRINTF(3, 4);
-/* Forgets the context's last error (a call that recovered from a failure inside it). */
+/* Forgets the context's last error (a context whose backend probe failed and fell back). */
 void cw__error_clear(cw_context *ctx);
+/* The last error is the last failed *call*'s: a call that recovers from failures inside it
+ * (refused candidate plans) saves the message at its start (buf: CW__ERR_LEN bytes) and
+ * restores it where it succeeds. */
+void cw__error_save(cw_context *ctx, char *buf);
+void cw__error_restore(cw_context *ctx, const char *buf);
 void cw__log(const cw_context *ctx, cw_log_level lvl, const char *fmt, ...) CW__PRINTF(3, 4);
 /* The i-th stream of the context (0 <= i < CW__MAX_STREAMS), created on first use. */
 cw_status cw__context_stream(cw_context *ctx, int i, cw__stream **out);

@@ -82,6 +82,18 @@ void cw__error_clear(cw_context *ctx) {
     pthread_mutex_unlock(&ctx->err_mu);
 }
 
+void cw__error_save(cw_context *ctx, char *buf) {
+    pthread_mutex_lock(&ctx->err_mu);
+    memcpy(buf, ctx->err, CW__ERR_LEN);
+    pthread_mutex_unlock(&ctx->err_mu);
+}
+
+void cw__error_restore(cw_context *ctx, const char *buf) {
+    pthread_mutex_lock(&ctx->err_mu);
+    memcpy(ctx->err, buf, CW__ERR_LEN);
+    pthread_mutex_unlock(&ctx->err_mu);
+}
+
 cw_status cw__error(cw_context *ctx, cw_status st, const char *fmt, ...) {
     char buf[CW__ERR_LEN];
     va_list ap;
