@@ -329,20 +329,53 @@ static cw_status cw__feasible_budget(cw_graph *g, const cw_compile_options *opt,
     }
 }
 
+/* cw_graph_min_budget, cw_graph_memory_ladder and cw_graph_compile: the last failed call's
+ * message stays the context's when they succeed, not that of a candidate plan their search
+ * built and refused (cw_context_get_last_error). */
+static cw_status cw__min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_options *opt);
+static cw_status cw__memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
+                                   const cw_compile_options *opt);
+static cw_status cw__compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt);
+
 cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_options *opt) {
+    if (!g) return CW_ERR_INVALID_ARG;
+    char last[CW__ERR_LEN];
+    cw__error_save(g->ctx, last);
+    cw_status st = cw__min_budget(g, out_bytes, opt);
+    if (st == CW_OK) cw__error_restore(g->ctx, last);
+    return st;
+}
+
+cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
+                                 const cw_compile_options *opt) {
+    if (!g) return CW_ERR_INVALID_ARG;
+    char last[CW__ERR_LEN];
+    cw__error_save(g->ctx, last);
+    cw_status st = cw__memory_ladder(g, points, out_n, max_points, opt);
+    if (st == CW_OK) cw__error_restore(g->ctx, last);
+    return st;
+}
+
+cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt) {
+    if (!g || !out) return CW_ERR_INVALID_ARG;
+    char last[CW__ERR_LEN];
+    cw__error_save(g->ctx, last);
+    cw_status st = cw__compile(g, out, opt);
+    if (st == CW_OK) cw__error_restore(g->ctx, last);
+    return st;
+}
+
+static cw_status cw__min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_options *opt) {
     static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
-    if (!g || !out_bytes) return CW_ERR_INVALID_ARG;
+    if (!out_bytes) return CW_ERR_INVALID_ARG;
     if (!opt) opt = &dflt;
     CW_TRY(cw__opt_check(g->ctx, opt));
     if (g->n_outputs == 0) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_min_budget: the graph has no outputs");
-    char last[CW__ERR_LEN];
-    cw__error_save(g->ctx, last);
     int64_t hi, lo;
     CW_TRY(cw__feasible_budget(g, opt, &hi, &lo));
     cw_status st = CW_OK;
     if (opt->policy == CW_PATCHES_NONE) {
         *out_bytes = hi;
-        cw__error_restore(g->ctx, last);
         return CW_OK;
     }
     /* smallest budget that compiles: compile success is monotone enough in the budget
@@ -363,14 +396,12 @@ cw_status cw_graph_min_budget(cw_graph *g, int64_t *out_bytes, const cw_compile_
         }
     }
     *out_bytes = (hi + 4095) / 4096 * 4096;
-    cw__error_restore(g->ctx, last);
     return CW_OK;
 }
 
-cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
-                                 const cw_compile_options *opt) {
+static cw_status cw__memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
+                                   const cw_compile_options *opt) {
     static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
-    if (!g) return CW_ERR_INVALID_ARG;
     if (!out_n) return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_memory_ladder: out_n is NULL");
     *out_n = 0;
     if (max_points < 0 || (max_points > 0 && !points))
@@ -383,8 +414,6 @@ cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_
     cw_status st = CW_OK;
     if (g->n_outputs == 0)
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_memory_ladder: the graph has no outputs");
-    char last[CW__ERR_LEN];
-    cw__error_save(g->ctx, last);
     cw_compile_options o = *opt;
     o.memory_budget = 0; /* the temporary budget alone, as cw_graph_compile resolves it */
     int64_t budget = cw__opt_budget(g->ctx, &o);
@@ -433,7 +462,6 @@ cw_status cw_graph_memory_ladder(cw_graph *g, cw_memory_point *points, int *out_
     }
     for (int i = 0; i < n && i < max_points; i++) points[i] = kept[n - 1 - i]; /* least memory first */
     *out_n = n;
-    cw__error_restore(g->ctx, last);
     return CW_OK;
 }
 
@@ -542,17 +570,14 @@ static void cw__plan_shrink(cw_plan *p) {
     cw__shrink((void **)&p->drops, &p->cap_drops, p->n_drops, sizeof *p->drops);
 }
 
-cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt) {
+static cw_status cw__compile(cw_graph *g, cw_plan **out, const cw_compile_options *opt) {
     static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
-    if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = NULL;
     if (!opt) opt = &dflt;
     cw_context *ctx = g->ctx;
     CW_TRY(cw__opt_check(ctx, opt));
     if (g->n_outputs == 0) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_graph_compile: the graph has no outputs");
     if (opt->comm) CW_TRY(cw__comm_check_config(g, opt));
-    char last[CW__ERR_LEN];
-    cw__error_save(ctx, last);
     int64_t budget = cw__opt_budget(ctx, opt);
     cw_plan *p = NULL;
     cw_status st = opt->memory_budget > 0 ? cw__compile_in_memory(g, opt, budget, &p) : cw__compile_at(g, opt, budget, 1, NULL, &p);
@@ -579,7 +604,6 @@ cw_status cw_graph_compile(cw_graph *g, cw_plan **out, const cw_compile_options 
     /* the candidate plans the budget and memory searches built and dropped leave freed heap
      * that glibc would keep resident through every run (17 MiB for the SD decoder) */
     cw__host_trim();
-    cw__error_restore(ctx, last); /* not the refused candidates' messages */
     *out = p;
     return CW_OK;
 }

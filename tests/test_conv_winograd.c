@@ -68,7 +68,8 @@ static void test_budget(int sp, const int64_t *xd, int grouped_expected) {
     const int64_t budgets[9] = {minb, 1 * mib, 2 * mib, 3 * mib, 4 * mib, 6 * mib, 8 * mib, 16 * mib, 64 * mib};
     int n_wino = 0, last_wino = 0, n_grouped = 0;
     for (int b = 0; b < 9; b++) {
-        /* sanitizer builds: the 256-channel case's direct-conv budgets once (1-4 MiB plan as minb does) */
+        /* sanitizer builds: the 256-channel case skips the 1-4 MiB budgets (each checked as the
+         * others are; on the machines seen they plan what minb does, but nothing relies on it) */
         if (cw_test_quick() && grouped_expected && b >= 1 && b <= 4) continue;
         o.temp_budget = budgets[b];
         cw_plan *p;

@@ -232,6 +232,8 @@ int run_ranks(const opts *o, const job *jb, child_area *final) {
         run_result r = ar->rank[bad];
         char tmp[sizeof(r.err)];
         snprintf(tmp, sizeof(tmp), "%s", r.err);
+        /* "rank %d/%d: " takes at most 30 bytes (two ints of up to 11 and 8 more): the message is
+         * cut to leave room for it, and a bound GCC sees at -O0 too */
         snprintf(r.err, sizeof(r.err), "rank %d/%d: %.*s", bad, n, (int)sizeof(r.err) - 32, tmp);
         ret = report_failure(&r);
     } else if (st.end != CHILD_EXITED || st.code != 0) {
