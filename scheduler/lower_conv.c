@@ -43,7 +43,10 @@ typedef struct cw__conv_unit {
     int rec;                 /* the recomputed conv whose bands this conv's prep computes, -1 */
     cw__conv_plan cp;        /* the planner's bands and algorithm */
     int *ws, *pbuf, *prep_task; /* per patch: workspace and prep buffer, prep task (-1) */
-    int *ybuf;               /* per patch (inplace): its output band buffer */
+    int *ybuf;               /* per patch (inplace, pass1): its output band buffer */
+    const cw_tensor_desc *ydesc; /* a band conv's (NULL: its output band's) dims of that buffer,
+                                    holding rows from yrow0 on */
+    int64_t yrow0;
     int *war;                /* inplace: earlier tasks touching other's storage */
     int n_war;
     int rec_x;               /* 1: inplace, and other is the recomputed conv's own input: a
@@ -212,8 +215,9 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
     const cw__patch *pt = &u->cp.patch[j];
     const int ax = u->cp.axis;
     if (u->cp.ws > 0) CW_TRY(cw__temp(L, u->cp.ws, NULL, &u->ws[j]));
-    cw_tensor_desc yb = pt->prob.y;
+    int64_t y0 = u->ydesc ? u->yrow0 : pt->o0; /* the band buffer's first row */
     if (u->inplace || u->pass1) {
+        cw_tensor_desc yb = u->ydesc ? *u->ydesc : pt->prob.y;
         memset(yb.strides, 0, sizeof yb.strides);
         cw__desc_fill_strides(&yb);
         CW_TRY(cw__temp(L, cw__desc_bytes(&yb), &yb, &u->ybuf[j]));
@@ -244,8 +248,9 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
         t->u.conv.b.rank = 1;
         t->u.conv.b.dims[0] = wd->dims[0];
     }
-    t->u.conv.y = u->inplace || u->pass1 ? cw__whole(u->ybuf[j], &yb)
-                                         : cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
+    t->u.conv.y = u->inplace || u->pass1
+                      ? cw__band(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d, ax, pt->o0 - y0, pt->o1 - y0)
+                      : cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
     t->u.conv.ws_buf = u->ws[j];
     t->flops = cw__conv_flops(&pt->prob);
     CW_TRY(cw__task_set_name(L->p, t, "%s L%d patch %d/%d", n->name, u->node, j + 1, u->cp.patches));
@@ -257,7 +262,8 @@ static cw_status cw__emit_conv(cw__lower *L, cw__conv_unit *u, int j, int *id) {
 }
 
 static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, cw__band_in in,
-                                    cw__sc_req *sc, int *ybuf, int *conv, int *ptask, cw__patch *ap);
+                                    cw__sc_req *sc, const cw_tensor_desc *yd, int64_t yrow0, int *ybuf, int *conv,
+                                    int *ptask, cw__patch *ap);
 static cw_status cw__emit_sc_conv(cw__lower *L, int B, int S, int64_t o0, int64_t o1, cw__band_in in, int *sbuf,
                                   int *sconv);
 
@@ -438,12 +444,14 @@ static cw_status cw__rec_band(const cw__lower *L, const cw__conv_unit *u, int q,
 
 static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q);
 
-/* Recomputed conv A's output rows [r0, r1), read by unit b, into a band buffer (*ybuf; *conv
- * gets its conv task, *ptask its prep task or -1, *ap its patch): a one-patch unit for A
- * whose input rows come from A's own prep, or -- where A reads a recomputed conv itself --
- * from that conv's band, recomputed first (recursively), or from `in` (A has no prep). */
+/* Recomputed conv A's output rows [r0, r1), read by unit b, into a band buffer (*ybuf: of dims
+ * yd where given, its row 0 A's row yrow0, else of the band's; *conv gets its conv task, *ptask
+ * its prep task or -1, *ap its patch): a one-patch unit for A whose input rows come from A's
+ * own prep, or -- where A reads a recomputed conv itself -- from that conv's band, recomputed
+ * first (recursively), or from `in` (A has no prep). */
 static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int64_t r1, cw__band_in in,
-                                    cw__sc_req *sc, int *ybuf, int *conv, int *ptask, cw__patch *ap) {
+                                    cw__sc_req *sc, const cw_tensor_desc *yd, int64_t yrow0, int *ybuf, int *conv,
+                                    int *ptask, cw__patch *ap) {
     cw__conv_unit a;
     cw__unit_init(L, A, &a);
     int64_t bounds[2] = {r0, r1};
@@ -460,6 +468,7 @@ static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int6
     a.cp.bounds = bounds;
     a.cp.patch = ap;
     a.ws = &ws, a.pbuf = &pbuf, a.ybuf = ybuf, a.prep_task = ptask;
+    a.ydesc = yd, a.yrow0 = yrow0;
     CW_TRY(cw__node_band(L, A, r0, r1, ap));
     a.cp.axis = ap->axis; /* H: recomputes follow their reader's H bands */
     CW_TRY(cw__rec_algo(L, b, A, &ap->prob, &a.cp.algo));
@@ -476,7 +485,7 @@ static cw_status cw__emit_sc_conv(cw__lower *L, int B, int S, int64_t o0, int64_
                                   int *sconv) {
     cw__patch sp;
     int ptask = -1;
-    CW_TRY(cw__emit_band_conv(L, B, S, o0, o1, in, NULL, sbuf, sconv, &ptask, &sp));
+    CW_TRY(cw__emit_band_conv(L, B, S, o0, o1, in, NULL, NULL, 0, sbuf, sconv, &ptask, &sp));
     L->p->conv_gflop += cw__conv_flops(&sp.prob) * 1e-9;
     return CW_OK;
 }
@@ -494,16 +503,81 @@ static cw_status cw__emit_sc_band(cw__lower *L, cw__sc_req *sc, int xbuf, int xt
     return CW_OK;
 }
 
-/* A's band for patch q of unit u (A = u->rec), into a band buffer (cw__emit_band_conv). */
-static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *ybuf, int *conv) {
-    cw__patch ap, band;
+/* A's rows [r0, r1) for patch q of unit u (A = u->rec), into a band buffer *ybuf (of dims yd
+ * from A's row yrow0 where given: cw__emit_band_conv). */
+static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int64_t r0, int64_t r1,
+                                   const cw_tensor_desc *yd, int64_t yrow0, int *ybuf, int *conv) {
+    cw__patch ap;
     int ptask = -1;
-    CW_TRY(cw__rec_band(L, u, q, &band));
-    CW_TRY(cw__emit_band_conv(L, u->node, u->rec, band.o0, band.o1, (cw__band_in){-1, -1, 0}, u->sc, ybuf, conv,
+    CW_TRY(cw__emit_band_conv(L, u->node, u->rec, r0, r1, (cw__band_in){-1, -1, 0}, u->sc, yd, yrow0, ybuf, conv,
                               &ptask, &ap));
     if (u->rec_x && ap.b > ap.a) u->xr_task[q] = ptask >= 0 ? ptask : *conv; /* what reads other's rows */
     L->p->recompute_flop += cw__conv_flops(&ap.prob);
     return CW_OK;
+}
+
+/* The ring: how many of patch q's first input rows patch q-1's prep buffer still holds,
+ * prepped (its rows [pt->a, pv->b)); 0 where none, or where q's rows go through A's band
+ * otherwise: an epilogue shortcut reads that band raw (u->sc), a distributed plan's patch
+ * q-1 may be another rank's. */
+static int64_t cw__ring_rows(const cw__lower *L, const cw__conv_unit *u, int q) {
+    if (q == 0 || u->sc || u->pbuf[q - 1] < 0 || L->p->opt.comm) return 0;
+    const cw__patch *pv = &u->cp.patch[q - 1], *pt = &u->cp.patch[q];
+    if (pv->b <= pv->a || pv->a > pt->a || pv->b <= pt->a || pv->b >= pt->b) return 0;
+    return pv->b - pt->a;
+}
+
+/* Patch q's input rows by the ring (ov = cw__ring_rows): A's band for the rows after the
+ * first ov recomputed and prepped into q's prep buffer (A's conv writing there directly
+ * where no pad lies between), the first ov rows copied from patch q-1's prep buffer. Each
+ * of A's rows is then recomputed once for the whole pass, not once per band that reads it. */
+static cw_status cw__emit_ring(cw__lower *L, cw__conv_unit *u, int q, int64_t ov) {
+    const cw__patch *pv = &u->cp.patch[q - 1], *pt = &u->cp.patch[q];
+    const int ax = cw__hdim(&pt->prob.x), prepped = u->gn >= 0 || u->silu || u->unary || u->pad >= 0;
+    const int64_t n = pt->b - pt->a, rows = cw__node_rows(L->g, u->rec);
+    cw_tensor_desc bd = pt->prob.x;
+    memset(bd.strides, 0, sizeof bd.strides);
+    cw__desc_fill_strides(&bd);
+    int64_t r0 = pv->b, r1 = pt->b; /* A's rows for q's input rows [pv->b, pt->b) */
+    cw__src_rows(L, u->pad, rows, 1, pv->b, pt->b, &r0, &r1);
+    int ybuf = -1, id = -1, cp = -1, pid = -1;
+    CW_TRY(cw__emit_rec_conv(L, u, q, r0, r1, u->pad >= 0 ? NULL : &bd, pt->a, &ybuf, &id));
+    if (u->pad >= 0) /* allocated where the old path does, after A's band conv */
+        CW_TRY(cw__temp(L, cw__desc_bytes(&bd), &bd, &u->pbuf[q]));
+    else
+        u->pbuf[q] = ybuf;
+    const int dst = u->pbuf[q], prev = u->pbuf[q - 1];
+    cw__task *t = NULL;
+    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &cp));
+    t->u.prep.src = cw__band(prev, &L->p->bufs[prev].d, ax, pt->a - pv->a, pv->b - pv->a);
+    t->u.prep.dst = cw__band(dst, &bd, ax, 0, ov);
+    t->u.prep.ss_buf = -1;
+    t->u.prep.up = 1;
+    t->flops = (double)cw__desc_numel(&bd) * (double)ov / (double)n;
+    CW_TRY(cw__task_set_name(L->p, t, "ring copy L%d rows %" PRId64 "-%" PRId64 " L%d patch %d/%d", u->rec, pt->a,
+                             pv->b, u->node, q + 1, u->cp.patches));
+    CW_TRY(cw__dep(L, cp, u->prep_task[q - 1]));
+    u->prep_task[q] = cp;
+    if (!prepped) return cw__dep(L, cp, id); /* q's conv waits for both through the copy */
+    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &pid));
+    t->u.prep.src = u->pad >= 0 ? cw__whole(ybuf, &L->p->bufs[ybuf].d) : cw__band(dst, &bd, ax, ov, n);
+    t->u.prep.dst = cw__band(dst, &bd, ax, ov, n);
+    t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
+    t->u.prep.silu = u->silu;
+    t->u.prep.unary = u->unary, t->u.prep.ua = u->ua, t->u.prep.ub = u->ub;
+    t->u.prep.up = 1;
+    t->u.prep.dst_row0 = pv->b;
+    t->u.prep.src_row0 = u->pad >= 0 ? r0 : pv->b;
+    if (u->pad >= 0) cw__prep_pad(L, t, u->pad, rows);
+    t->flops = (double)cw__desc_numel(&bd) * 8.0 * (double)(n - ov) / (double)n;
+    CW_TRY(cw__task_set_name(L->p, t, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s%s L%d patch %d/%d",
+             u->rec, r0, r1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->unary ? " unary" : "",
+             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches));
+    CW_TRY(cw__dep(L, pid, id));
+    CW_TRY(cw__dep(L, pid, cp));
+    if (u->gn >= 0) CW_TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
+    u->prep_task[q] = pid;
+    return u->pad >= 0 ? cw__release(L, ybuf) : CW_OK; /* after its prep, in host order */
 }
 
 /* Patch q's input rows of a conv that reads a recomputed conv A, directly or through GN,
@@ -512,15 +586,18 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int *y
  * apply + SiLU + the pad from it into q's prep buffer (A's band is dropped after). Exact: the
  * statistics are A's whole-tensor ones from its first pass. Where A is the x of an epilogue
  * shortcut S waiting for it (u->sc), S's band is computed from A's band first, before the
- * prep overwrites it (cw__emit_sc_band). */
+ * prep overwrites it (cw__emit_sc_band). Where patch q-1's rows overlap q's, the ring
+ * (cw__emit_ring) recomputes only the rows after them. */
 static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
     const cw__patch *pt = &u->cp.patch[q];
+    const int64_t ov = cw__ring_rows(L, u, q);
+    if (ov > 0) return cw__emit_ring(L, u, q, ov);
     int ybuf = -1, id = -1;
-    CW_TRY(cw__emit_rec_conv(L, u, q, &ybuf, &id));
-    u->pbuf[q] = ybuf;
-    u->prep_task[q] = id;
     cw__patch band;
     CW_TRY(cw__rec_band(L, u, q, &band));
+    CW_TRY(cw__emit_rec_conv(L, u, q, band.o0, band.o1, NULL, 0, &ybuf, &id));
+    u->pbuf[q] = ybuf;
+    u->prep_task[q] = id;
     int sconv = -1;
     if (u->sc && u->rec == u->sc->x && u->sc->band < 0) CW_TRY(cw__emit_sc_band(L, u->sc, ybuf, id, band.o0, &sconv));
     if (u->gn < 0 && !u->silu && !u->unary && u->pad < 0) return CW_OK; /* read as it is */

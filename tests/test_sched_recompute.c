@@ -356,8 +356,10 @@ static cw_memory_point least_point(gctx *c, const cw_compile_options *o) {
 /* What a chain's stored plan and its ladder's least plan must show (-1: not checked). */
 typedef struct expect {
     int64_t stored_live;           /* stored plan: live activations peak */
-    int least_rec;                 /* least plan: convs recomputed */
+    int least_rec;                 /* least plan: convs recomputed, at least */
     int64_t least_live, least_act; /* least plan: live activations peak, activation arena */
+    double rec_grow;               /* > 0: the least plan's recompute GFLOP at HW patches over
+                                      that at the fewest patches run, at most */
 } expect;
 
 /* For patches 2, 5, HW and 1-3 streams, with chaos + poison: the stored plan and the ladder's
@@ -365,12 +367,14 @@ typedef struct expect {
  * interpreter within 1e-5, and with the 1-stream least plan bit for bit. */
 static void check_least_runs(const chain *cn, const float *in, const double *ref, const expect *w, const char *what) {
     static const int patches[3] = {2, 5, HW};
-    int runs = 0, bitwise = 0, streams_max = 3, rec = -1;
+    static const int stream_counts[2][4] = {{1, 2, 3, 0}, {1, 3, 0, 0}}; /* full, quick; 0 ends */
+    int runs = 0, bitwise = 0, rec = -1;
     const int quick = cw_test_quick(); /* sanitizer builds: patches 5 and HW, 1 and 3 streams */
-    double worst_stored = 0, worst_ref = 0;
+    double worst_stored = 0, worst_ref = 0, rec_gflop[3] = {0, 0, 0};
     for (int pi = quick; pi < 3; pi++) {
         float *first = NULL; /* the 1-stream least plan's output for these patches */
-        for (int streams = 1; streams <= streams_max; streams += 1 + (quick && streams == 1)) {
+        for (int si = 0; stream_counts[quick][si] > 0; si++) {
+            const int streams = stream_counts[quick][si];
             gctx c;
             chain_build(&c, cn, 7000 + (uint64_t)(10 * pi + streams), CW_FLAG_CHAOS | CW_FLAG_POISON);
             cw_compile_options o = CW_COMPILE_OPTIONS_INIT;
@@ -388,10 +392,11 @@ static void check_least_runs(const chain *cn, const float *in, const double *ref
             ASSERT_OK(cw_plan_get_stats(pr, &sr));
             CHECK_EQ_I(ss.n_recomputed, 0);
             CHECK_EQ_I(ss.activations_live_peak, w->stored_live);
-            CHECK_EQ_I(sr.n_recomputed, w->least_rec);
+            CHECK(sr.n_recomputed >= w->least_rec);
             CHECK_EQ_I(sr.activations_live_peak, w->least_live);
             if (w->least_act >= 0) CHECK_EQ_I(sr.activations_peak, w->least_act);
             rec = sr.n_recomputed;
+            rec_gflop[pi] = sr.recompute_gflop;
             char *txt = NULL; /* describe() names each recomputed conv on one line */
             ASSERT_OK(cw_plan_describe(pr, &txt, 0));
             const char *line = strstr(txt, "  recomputed (");
@@ -431,11 +436,18 @@ static void check_least_runs(const chain *cn, const float *in, const double *ref
         }
         free(first);
     }
+    /* the ring: each recomputed row once per pass, however thin the bands */
+    if (w->rec_grow > 0 && !(rec_gflop[2] <= w->rec_grow * rec_gflop[quick])) {
+        fprintf(stderr, "%s: recompute %.4f GFLOP at %d patches, %.4f at %d\n", what, rec_gflop[2], HW,
+                rec_gflop[quick], patches[quick]);
+        cw_test_failures++;
+    }
     printf("%s%s: %d convs recomputed, live activations %" PRId64 " KiB instead of %" PRId64
            " KiB; %d runs (patches %s5, %d; %s streams; chaos + poison): vs stored <= %.3g (%d bitwise), vs "
            "double <= %.3g\n",
            what, g_replicate ? " (replicate pads)" : g_conv2_first ? " (conv2 + shortcut)" : "", rec,
-           w->least_live / 1024, w->stored_live / 1024, runs, quick ? "" : "2, ", HW, quick ? "1 and 3" : "1-3", worst_stored, bitwise, worst_ref);
+           w->least_live / 1024, w->stored_live / 1024, runs, quick ? "" : "2, ", HW, quick ? "1 and 3" : "1-3",
+           worst_stored, bitwise, worst_ref);
 }
 
 /* Same-shape blocks, each result written over its input while later bands' recomputes still
@@ -448,7 +460,7 @@ static void check_same_shape_chain(void) {
     double *ref = chain_reference(&cn, in);
     /* stored: a block's input and inner activation; least: the input, overwritten by the
      * result (conv_in's result is the first block's residual: stored) */
-    const expect w = {2 * act, 3, act, act};
+    const expect w = {2 * act, 3, act, act, 1.25}; /* 2.96 before the ring */
     check_least_runs(&cn, in, ref, &w, "same-shape chain");
     free(in), free(ref);
     chain_free(&cn);
@@ -517,8 +529,11 @@ static void check_cross_block(void) {
         cw_plan_destroy(p);
         unbuild(&c);
     }
-    /* stored: the first block's input (32 channels: 2 act), inner activation and shortcut */
-    const expect w = {4 * act, 5, act, -1};
+    /* stored: the first block's input (32 channels: 2 act), inner activation and shortcut.
+     * Least: 4 or 5 convs recomputed (the shortcut's band from conv_in's recompute, or not),
+     * the same memory; the climb takes the one with fewer recompute FLOPs, which the ring
+     * (lower_conv.c, cw__emit_ring) makes depend on the patch count. */
+    const expect w = {4 * act, 4, act, -1, -1};
     check_least_runs(&cn, in, ref, &w, "32->16, 16->16, 16->16 across blocks");
     free(in), free(ref);
     chain_free(&cn);
@@ -704,14 +719,15 @@ int main(void) {
     CHECK(cw_graph_compile(c.g, &pr, &o) == CW_ERR_BUDGET);
     CHECK(strstr(cw_context_get_last_error(c.ctx), "with every recomputable block recomputed") != NULL);
     /* a compile that succeeds after refusing candidate plans leaves the last failed call's message */
-    char failed[512];
-    snprintf(failed, sizeof failed, "%s", cw_context_get_last_error(c.ctx));
+    char *failed = strdup(cw_context_get_last_error(c.ctx));
+    ASSERT_TRUE(failed != NULL);
     o.memory_budget = reached;
     ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &pr, &o));
     if (strcmp(cw_context_get_last_error(c.ctx), failed) != 0) {
         fprintf(stderr, "a successful compile changed the last error to: %s\n", cw_context_get_last_error(c.ctx));
         cw_test_failures++;
     }
+    free(failed);
     cw_plan_destroy(pr);
     cw_plan_destroy(ps);
     free(ys);
