@@ -345,11 +345,6 @@ static double bound_at(const bounds_of *bo, int algo, int64_t o, int par, double
 
 /* Runs one case through every algorithm, unpatched and patched. */
 static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
-    /* the GEMM's column buffer of a 3-D conv with y's frames apart: every frame, one frame
-     * (1 byte), or some frames (4 KiB, 64 KiB) a chunk; the default again at the end */
-    static const int64_t caps[4] = {INT64_C(8) << 20, 1, 4096, 65536};
-    static int nth;
-    cw__cpu_gemm_col_cap = caps[nth++ % 4];
     const int64_t nx = cc->x_len, nw = numel(&cc->w), nb = cc->b.dims[0], ny = numel(&cc->y);
     const int half = g_dt != CW_F32;
     /* storage in g_dt; xb/w/b hold the stored values as f32, xo/wo/bo the values before
@@ -539,7 +534,6 @@ static void run_case(cw_rng *r, const conv_case *cc, stats *stt) {
         }
     }
     if (cc->x_strided || cc->y_strided) stt->views++;
-    cw__cpu_gemm_col_cap = caps[0];
     free(xt), free(wt), free(bt), free(y1), free(y2), free(y1f), free(y2f);
     free(xb), free(w), free(b), free(xo), free(wo), free(bo), free(ref), free(ref_o), free(scale), free(sw);
 }

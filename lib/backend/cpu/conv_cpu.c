@@ -97,46 +97,26 @@ typedef struct gemm_ws {
     int64_t w32, out32, col, total;
 } gemm_ws;
 
-int64_t cw__cpu_gemm_col_cap = INT64_C(8) << 20;
-
-/* Output frames per column buffer: an f32 3-D conv whose y is written a frame at a time
- * anyway (a band along H: its frames are not one run, cv_run) goes through im2col and
- * sgemm cw__cpu_gemm_col_cap bytes of columns at a time (one frame at least), since its
- * buffer for every frame is tens of MiB: HunyuanVideo's 256->256 3x3x3 conv, two rows of 64
- * x 17 frames, 57 MiB, which a 32 MiB budget cannot hold; 7 MiB in chunks of two frames,
- * and no slower (the same sgemm calls, a buffer nearer the cache). A y whose frames are one
- * run keeps one buffer: its sgemm is one call over every column. */
-static int64_t gemm_frames(const cv_geom *g) {
-    const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
-    const int64_t frame = R * g->out[1] * g->out[2] * (int64_t)sizeof(float);
-    int lv;
-    if (g->dt != CW_F32 || g->out[0] <= 1 || frame <= 0 || cv_run(g->out, g->ys, &lv) == 0 || lv >= 3)
-        return g->out[0];
-    const int64_t f = cw__cpu_gemm_col_cap / frame;
-    return f < 1 ? 1 : f > g->out[0] ? g->out[0] : f;
-}
-
 static gemm_ws gemm_layout(const cv_geom *g) {
     const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
-    const int64_t P = g->out[0] * g->out[1] * g->out[2], Pc = gemm_frames(g) * g->out[1] * g->out[2];
+    const int64_t P = g->out[0] * g->out[1] * g->out[2];
     gemm_ws l = {0, 0, 0, 0};
     if (g->dt != CW_F32) {
         l.out32 = align64(g->kg * R * (int64_t)sizeof(float));
         l.col = l.out32 + align64(g->kg * P * (int64_t)sizeof(float));
     }
-    l.total = gemm_direct_b(g) ? 0 : l.col + R * Pc * (int64_t)sizeof(float);
+    l.total = gemm_direct_b(g) ? 0 : l.col + R * P * (int64_t)sizeof(float);
     return l;
 }
 
 static int64_t gemm_workspace(const cv_geom *g) { return gemm_layout(g).total; }
 
-/* col[R, P] (f32) for image n, group gi, output frames [d0, d1): row r = (c, kd, kh, kw),
- * column = (od - d0, oh, ow); rows [r_lo, r_hi) only (rows are independent, so threads
- * split them). An f16/bf16 x is converted on the copy. */
-static void im2col(const cv_geom *g, const void *x, int64_t n, int64_t gi, int64_t d0, int64_t d1, float *col,
-                   int64_t r_lo, int64_t r_hi) {
-    const int64_t Ho = g->out[1], Wo = g->out[2];
-    const int64_t P = (d1 - d0) * Ho * Wo;
+/* col[R, P] (f32) for image n, group gi: row r = (c, kd, kh, kw), column = (od, oh, ow);
+ * rows [r_lo, r_hi) only (rows are independent, so threads split them). An f16/bf16 x is
+ * converted on the copy. */
+static void im2col(const cv_geom *g, const void *x, int64_t n, int64_t gi, float *col, int64_t r_lo, int64_t r_hi) {
+    const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
+    const int64_t P = Do * Ho * Wo;
     const int64_t kvol = g->ks[0] * g->ks[1] * g->ks[2];
     for (int64_t r = r_lo; r < r_hi; r++) {
         const int64_t c = r / kvol, kd = r / (g->ks[1] * g->ks[2]) % g->ks[0], kh = r / g->ks[2] % g->ks[1],
@@ -145,11 +125,11 @@ static void im2col(const cv_geom *g, const void *x, int64_t n, int64_t gi, int64
         float *dst = col + r * P;
         int64_t offw = kw * g->dl[2] - g->pp[2], wlo, whi;
         cw__cpu_conv_range(offw, g->st[2], g->in[2], Wo, &wlo, &whi);
-        for (int64_t od = d0; od < d1; od++) {
+        for (int64_t od = 0; od < Do; od++) {
             int64_t id = od * g->st[0] - g->pp[0] + kd * g->dl[0];
             for (int64_t oh = 0; oh < Ho; oh++) {
                 int64_t ih = oh * g->st[1] - g->pp[1] + kh * g->dl[1];
-                float *row = dst + ((od - d0) * Ho + oh) * Wo;
+                float *row = dst + (od * Ho + oh) * Wo;
                 if (id < 0 || id >= g->in[0] || ih < 0 || ih >= g->in[1]) {
                     memset(row, 0, (size_t)Wo * sizeof(float));
                     continue;
@@ -173,20 +153,20 @@ static void im2col(const cv_geom *g, const void *x, int64_t n, int64_t gi, int64
 typedef struct im2col_arg {
     const cv_geom *g;
     const void *x;
-    int64_t n, gi, d0, d1;
+    int64_t n, gi;
     float *col;
 } im2col_arg;
 
 static void im2col_range(void *p, int64_t lo, int64_t hi) {
     im2col_arg *a = p;
-    im2col(a->g, a->x, a->n, a->gi, a->d0, a->d1, a->col, lo, hi);
+    im2col(a->g, a->x, a->n, a->gi, a->col, lo, hi);
 }
 
 static void conv_gemm(const cv_geom *g, const float *x, const float *w, const float *b, float *y, void *ws_,
                       int threads) {
     float *ws = ws_;
     const int64_t Do = g->out[0], Ho = g->out[1], Wo = g->out[2];
-    const int64_t P = Do * Ho * Wo, F = gemm_frames(g);
+    const int64_t P = Do * Ho * Wo;
     const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2];
     int levels;
     const int64_t run = cv_run(g->out, g->ys, &levels);
@@ -194,41 +174,37 @@ static void conv_gemm(const cv_geom *g, const float *x, const float *w, const fl
     const int direct_b = gemm_direct_b(g);
     const int64_t lda = g->kg > 1 ? g->wsd[0] : R;
     const int64_t ldc = g->kg > 1 ? g->ys[1] : run;
-    /* Runs: the outer (not collapsed) spatial dims are looped over; a run over every
-     * frame (levels 3) is cut at the column buffer's frames [d0, d1) */
+    /* Runs: the outer (not collapsed) spatial dims are looped over. */
+    const int64_t outer_d = levels >= 3 ? 1 : Do;
     const int64_t outer_h = levels >= 2 ? 1 : Ho;
     for (int64_t n = 0; n < g->n; n++) {
         for (int64_t gi = 0; gi < g->g; gi++) {
+            const float *B;
+            int64_t ldb;
+            if (direct_b) {
+                B = x + n * g->xs[0] + gi * g->cg * g->xs[1];
+                ldb = g->cg > 1 ? g->xs[1] : P;
+            } else {
+                im2col_arg ia = {g, x, n, gi, ws};
+                /* thread helpers only pay off for column buffers of ~1 MiB and more */
+                cw__cpu_parallel(R * P >= (1 << 18) ? threads : 1, R, im2col_range, &ia);
+                B = ws;
+                ldb = P;
+            }
             const float *A = w + gi * g->kg * g->wsd[0];
             float *yg = y + n * g->ys[0] + gi * g->kg * g->ys[1];
-            for (int64_t d0 = 0; d0 < Do; d0 += direct_b ? Do : F) {
-                const int64_t d1 = direct_b || d0 + F > Do ? Do : d0 + F, Pc = (d1 - d0) * Ho * Wo;
-                const float *B;
-                int64_t ldb;
-                if (direct_b) {
-                    B = x + n * g->xs[0] + gi * g->cg * g->xs[1];
-                    ldb = g->cg > 1 ? g->xs[1] : P;
-                } else {
-                    im2col_arg ia = {g, x, n, gi, d0, d1, ws};
-                    /* thread helpers only pay off for column buffers of ~1 MiB and more */
-                    cw__cpu_parallel(R * Pc >= (1 << 18) ? threads : 1, R, im2col_range, &ia);
-                    B = ws;
-                    ldb = Pc;
-                }
-                const int64_t N = levels >= 3 ? Pc : run;
-                for (int64_t od = d0; od < (levels >= 3 ? d0 + 1 : d1); od++) {
-                    for (int64_t oh = 0; oh < outer_h; oh++) {
-                        /* column index of the run's first output position */
-                        int64_t col0 = ((od - d0) * Ho + oh) * Wo;
-                        float *C = yg + od * g->ys[2] + oh * g->ys[3];
-                        cw__gemm_params gp = {0, 0, g->kg, N, R, 1.0f, 0.0f, A, lda, B + col0, ldb, C, ldc, threads};
-                        cw__cpu_sgemm(&gp, threads);
-                        if (g->has_bias) {
-                            for (int64_t m = 0; m < g->kg; m++) {
-                                const float bv = b[gi * g->kg + m];
-                                float *cr = C + m * g->ys[1];
-                                for (int64_t j = 0; j < N; j++) cr[j] += bv;
-                            }
+            for (int64_t od = 0; od < outer_d; od++) {
+                for (int64_t oh = 0; oh < outer_h; oh++) {
+                    /* column index of the run's first output position */
+                    int64_t col0 = (od * Ho + oh) * Wo;
+                    float *C = yg + od * g->ys[2] + oh * g->ys[3];
+                    cw__gemm_params gp = {0, 0, g->kg, run, R, 1.0f, 0.0f, A, lda, B + col0, ldb, C, ldc, threads};
+                    cw__cpu_sgemm(&gp, threads);
+                    if (g->has_bias) {
+                        for (int64_t m = 0; m < g->kg; m++) {
+                            const float bv = b[gi * g->kg + m];
+                            float *cr = C + m * g->ys[1];
+                            for (int64_t j = 0; j < run; j++) cr[j] += bv;
                         }
                     }
                 }
@@ -294,7 +270,7 @@ static void conv_gemm_half(const cv_geom *g, const void *x, const void *w, const
     for (int64_t gi = 0; gi < g->g; gi++) {
         half_weights(g, w, w32, gi);
         for (int64_t n = 0; n < g->n; n++) {
-            im2col_arg ia = {g, x, n, gi, 0, g->out[0], col};
+            im2col_arg ia = {g, x, n, gi, col};
             cw__cpu_parallel(R * P >= (1 << 18) ? threads : 1, R, im2col_range, &ia);
             cw__gemm_params gp = {0, 0, g->kg, P, R, 1.0f, 0.0f, w32, R, col, P, out32, P, threads};
             cw__cpu_sgemm(&gp, threads);
@@ -365,16 +341,13 @@ void cw__cpu_conv_run(const cw__conv_problem *p, int algo, const void *x, const 
 static double cost_gemm(const cv_geom *g, double flops) {
     int lv;
     int64_t run = cv_run(g->out, g->ys, &lv);
-    const int64_t F = gemm_frames(g), runs = g->out[0] * g->out[1] * g->out[2] / (run > 0 ? run : 1);
-    const int64_t chunks = (g->out[0] + F - 1) / F; /* a run over every frame is cut per chunk */
-    double calls = (double)g->n * (double)g->g * (double)(runs > chunks ? runs : chunks);
+    double calls = (double)g->n * (double)g->g * (double)(g->out[0] * g->out[1] * g->out[2] / (run > 0 ? run : 1));
     double eff = (double)(g->kg + 8) / 48.0;
     if (eff > 1.0) eff = 1.0;
     const int64_t R = g->cg * g->ks[0] * g->ks[1] * g->ks[2], P = g->out[0] * g->out[1] * g->out[2];
-    const int64_t Pc = gemm_frames(g) * g->out[1] * g->out[2]; /* a column buffer's columns */
-    int64_t ws = gemm_direct_b(g) ? 0 : R * Pc * (int64_t)sizeof(float);
+    int64_t ws = gemm_direct_b(g) ? 0 : R * P * (int64_t)sizeof(float);
     double per_elem = ws <= (INT64_C(16) << 20) ? 0.3 : 2.0;
-    double col = (double)ws / sizeof(float) * (double)(g->n * g->g) * (double)P / (double)Pc;
+    double col = (double)ws / sizeof(float) * (double)(g->n * g->g);
     /* f16/bf16: one sgemm per (n, group), plus converting the weights and writing the f32
      * output block back (~0.5 ns per element) */
     if (g->dt != CW_F32)

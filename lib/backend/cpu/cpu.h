@@ -83,10 +83,6 @@ enum {
     CW__CPU_ALGO_COUNT
 };
 #define CW__CPU_IS_WINO(id) ((id) == CW__CPU_ALGO_WINOGRAD || (id) == CW__CPU_ALGO_WINOGRAD_KB)
-/* The GEMM algorithm's column buffer for an f32 3-D conv, bytes: its output frames go
- * through im2col + sgemm in chunks of at most this (one frame at least; conv_cpu.c). 8 MiB;
- * tests lower it to run the chunks on small shapes. Read when algorithms are listed and run. */
-extern int64_t cw__cpu_gemm_col_cap;
 
 /* conv_geom.c: a problem's geometry as the cpu algorithms read it. 2-D is 3-D with D = 1;
  * extents and strides are in elements, in (D, H, W) or (n/k, c, d, h, w) order. */
