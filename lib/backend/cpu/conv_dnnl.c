@@ -296,11 +296,21 @@ int cw__cpu_dnnl_hold(cw__dnnl_plan *pl, const cw__conv_problem *p) {
 }
 
 /* ---- sub-bands: a function of the patch's shape only ----------------------------------- */
-/* Sub-bands of at least 4 halo rows (input read twice stays under ~25 %) and ~8 MFLOP
- * (~0.2 ms on one core, so oneDNN's per-call cost stays under 1 %), at most DN_MAX_SUB:
- * enough to spread over 16 threads. */
-static int sub_count(int64_t rows, int64_t halo, double flops_per_row) {
-    int64_t min_rows = halo > 0 ? 4 * halo : 1;
+/* Sub-bands of ~8 MFLOP at least (~0.2 ms on one core, so oneDNN's per-call cost stays
+ * under 1 %), at most DN_MAX_SUB: enough to spread over 16 threads. Each sub-band reorders
+ * its halo input rows again (in_row_bytes each): at most 4 halo rows of output per halo
+ * row (input read twice under ~25 %), fewer where the conv's work per row dwarfs the copy
+ * -- at cost_dnnl's ~0.1 ns per byte moved (read and written: 0.2) against ~48 GFLOP/s,
+ * the copy stays under 5 % of the sub-band's time from halo x in_row_bytes x 192 /
+ * flops_per_row rows on. A 3x3x3 conv of 256 channels in two-row patches (HunyuanVideo
+ * 64^2, 17 frames) then runs two one-row sub-bands, one per thread, not one sub-band on one
+ * thread while the other waits (8 rows at least before). */
+static int sub_count(int64_t rows, int64_t halo, double flops_per_row, double in_row_bytes) {
+    int64_t min_rows = 1;
+    if (halo > 0) {
+        double r = flops_per_row > 0 ? ceil((double)halo * in_row_bytes * 192.0 / flops_per_row) : 4.0 * (double)halo;
+        min_rows = r < 4.0 * (double)halo ? (r > 1.0 ? (int64_t)r : 1) : 4 * halo;
+    }
     int64_t by_flops = flops_per_row > 0 ? (int64_t)ceil(8e6 / flops_per_row) : rows;
     if (by_flops > min_rows) min_rows = by_flops;
     int64_t n = rows / (min_rows > 0 ? min_rows : 1);
@@ -454,7 +464,9 @@ static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__d
     const int64_t rows = p->y.dims[hd], h_in = p->x.dims[hd];
     const int64_t s_h = p->stride[hd - 2], d_h = p->dilation[hd - 2], pre = p->pad_pre[hd - 2];
     const int64_t eff = d_h * (p->w.dims[hd] - 1) + 1;
-    pl->nsub = rows > 0 ? sub_count(rows, eff > s_h ? eff - s_h : 0, per_row) : 0;
+    double in_row = (double)cw_dtype_size(p->x.dtype); /* bytes of one input row along H */
+    for (int i = 0; i < p->x.rank; i++) in_row *= i == hd ? 1.0 : (double)p->x.dims[i];
+    pl->nsub = rows > 0 ? sub_count(rows, eff > s_h ? eff - s_h : 0, per_row, in_row) : 0;
     for (int j = 0; j < pl->nsub; j++) {
         dn_sub *sb = &pl->sub[j];
         sb->r0 = rows * j / pl->nsub;
