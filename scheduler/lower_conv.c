@@ -518,10 +518,12 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int64_
 
 /* The ring: how many of patch q's first input rows patch q-1's prep buffer still holds,
  * prepped (its rows [pt->a, pv->b)); 0 where none, or where q's rows go through A's band
- * otherwise: an epilogue shortcut reads that band raw (u->sc), a distributed plan's patch
- * q-1 may be another rank's. */
+ * otherwise: an epilogue shortcut reads that band raw (A is the shortcut's x), a
+ * distributed plan's patch q-1 may be another rank's. (A shortcut whose x is recomputed
+ * inside A's band is computed there, from the band of x the new rows need, when its rows
+ * lie in it: cw__emit_sc_band.) */
 static int64_t cw__ring_rows(const cw__lower *L, const cw__conv_unit *u, int q) {
-    if (q == 0 || u->sc || u->pbuf[q - 1] < 0 || L->p->opt.comm) return 0;
+    if (q == 0 || (u->sc && u->sc->x == u->rec) || u->pbuf[q - 1] < 0 || L->p->opt.comm) return 0;
     const cw__patch *pv = &u->cp.patch[q - 1], *pt = &u->cp.patch[q];
     if (pv->b <= pv->a || pv->a > pt->a || pv->b <= pt->a || pv->b >= pt->b) return 0;
     return pv->b - pt->a;
