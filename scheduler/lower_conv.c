@@ -516,6 +516,34 @@ static cw_status cw__emit_rec_conv(cw__lower *L, cw__conv_unit *u, int q, int64_
     return CW_OK;
 }
 
+/* The prep task of u's patch q on A's recomputed rows [r0, r1) in src (src's row 0 is A's
+ * row src_row0): u's GN apply, SiLU, unary op and pad into q's input rows from dst_row0 on,
+ * dst (elems elements); after A's band conv (task id) and the GN's statistics. It becomes
+ * q's prep task (*pid). */
+static cw_status cw__emit_rec_prep(cw__lower *L, cw__conv_unit *u, int q, cw__vref src, cw__vref dst,
+                                   int64_t src_row0, int64_t dst_row0, int64_t r0, int64_t r1, double elems, int id,
+                                   int *pid) {
+    cw__task *t = NULL;
+    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, pid));
+    t->u.prep.src = src;
+    t->u.prep.dst = dst;
+    t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
+    t->u.prep.silu = u->silu;
+    t->u.prep.unary = u->unary, t->u.prep.ua = u->ua, t->u.prep.ub = u->ub;
+    t->u.prep.up = 1;
+    t->u.prep.dst_row0 = dst_row0;
+    t->u.prep.src_row0 = src_row0;
+    if (u->pad >= 0) cw__prep_pad(L, t, u->pad, cw__node_rows(L->g, u->rec));
+    t->flops = elems * 8.0;
+    CW_TRY(cw__task_set_name(L->p, t, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s%s L%d patch %d/%d",
+             u->rec, r0, r1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->unary ? " unary" : "",
+             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches));
+    CW_TRY(cw__dep(L, *pid, id));
+    if (u->gn >= 0) CW_TRY(cw__dep(L, *pid, L->nd[u->gn].gn_fin));
+    u->prep_task[q] = *pid;
+    return CW_OK;
+}
+
 /* The ring: how many of patch q's first input rows patch q-1's prep buffer still holds,
  * prepped (its rows [pt->a, pv->b)); 0 where none, or where q's rows go through A's band
  * otherwise: an epilogue shortcut reads that band raw (A is the shortcut's x), a
@@ -561,24 +589,11 @@ static cw_status cw__emit_ring(cw__lower *L, cw__conv_unit *u, int q, int64_t ov
     CW_TRY(cw__dep(L, cp, u->prep_task[q - 1]));
     u->prep_task[q] = cp;
     if (!prepped) return cw__dep(L, cp, id); /* q's conv waits for both through the copy */
-    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &pid));
-    t->u.prep.src = u->pad >= 0 ? cw__whole(ybuf, &L->p->bufs[ybuf].d) : cw__band(dst, &bd, ax, ov, n);
-    t->u.prep.dst = cw__band(dst, &bd, ax, ov, n);
-    t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
-    t->u.prep.silu = u->silu;
-    t->u.prep.unary = u->unary, t->u.prep.ua = u->ua, t->u.prep.ub = u->ub;
-    t->u.prep.up = 1;
-    t->u.prep.dst_row0 = pv->b;
-    t->u.prep.src_row0 = u->pad >= 0 ? r0 : pv->b;
-    if (u->pad >= 0) cw__prep_pad(L, t, u->pad, rows);
-    t->flops = (double)cw__desc_numel(&bd) * 8.0 * (double)(n - ov) / (double)n;
-    CW_TRY(cw__task_set_name(L->p, t, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s%s L%d patch %d/%d",
-             u->rec, r0, r1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->unary ? " unary" : "",
-             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches));
-    CW_TRY(cw__dep(L, pid, id));
+    const cw__vref tail = cw__band(dst, &bd, ax, ov, n); /* q's rows after the copied ones */
+    CW_TRY(cw__emit_rec_prep(L, u, q, u->pad >= 0 ? cw__whole(ybuf, &L->p->bufs[ybuf].d) : tail, tail,
+                             u->pad >= 0 ? r0 : pv->b, pv->b, r0, r1,
+                             (double)cw__desc_numel(&bd) * (double)(n - ov) / (double)n, id, &pid));
     CW_TRY(cw__dep(L, pid, cp));
-    if (u->gn >= 0) CW_TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
-    u->prep_task[q] = pid;
     return u->pad >= 0 ? cw__release(L, ybuf) : CW_OK; /* after its prep, in host order */
 }
 
@@ -611,25 +626,10 @@ static cw_status cw__emit_recompute(cw__lower *L, cw__conv_unit *u, int q) {
         cw__desc_fill_strides(&bd);
         CW_TRY(cw__temp(L, cw__desc_bytes(&bd), &bd, &u->pbuf[q]));
     }
-    cw__task *t = NULL;
     int pid = -1;
-    CW_TRY(cw__new_task(L, CW__T_PREP, CW_STAGE_PREP, L->light, u->node, &t, &pid));
-    t->u.prep.src = cw__whole(ybuf, &yd);
-    t->u.prep.dst = u->pad >= 0 ? cw__whole(u->pbuf[q], &bd) : t->u.prep.src;
-    t->u.prep.ss_buf = u->gn >= 0 ? L->nd[u->gn].gn_ss : -1;
-    t->u.prep.silu = u->silu;
-    t->u.prep.unary = u->unary, t->u.prep.ua = u->ua, t->u.prep.ub = u->ub;
-    t->u.prep.up = 1;
-    t->u.prep.dst_row0 = pt->a;
-    t->u.prep.src_row0 = band.o0;
-    if (u->pad >= 0) cw__prep_pad(L, t, u->pad, cw__node_rows(L->g, u->rec));
-    t->flops = (double)cw__desc_numel(&bd) * 8.0;
-    CW_TRY(cw__task_set_name(L->p, t, "recompute L%d rows %" PRId64 "-%" PRId64 " + prep%s%s%s%s L%d patch %d/%d",
-             u->rec, band.o0, band.o1, u->gn >= 0 ? " gn" : "", u->silu ? " silu" : "", u->unary ? " unary" : "",
-             u->pad >= 0 ? " pad" : "", u->node, q + 1, u->cp.patches));
-    CW_TRY(cw__dep(L, pid, id));
-    if (u->gn >= 0) CW_TRY(cw__dep(L, pid, L->nd[u->gn].gn_fin));
-    u->prep_task[q] = pid;
+    const cw__vref src = cw__whole(ybuf, &yd);
+    CW_TRY(cw__emit_rec_prep(L, u, q, src, u->pad >= 0 ? cw__whole(u->pbuf[q], &bd) : src, band.o0, pt->a, band.o0,
+                             band.o1, (double)cw__desc_numel(&bd), id, &pid));
     if (sconv >= 0) CW_TRY(cw__dep(L, pid, sconv)); /* write after S's read */
     if (u->pad >= 0) CW_TRY(cw__release(L, ybuf)); /* after its prep, in host order */
     return CW_OK;

@@ -306,11 +306,9 @@ int cw__cpu_dnnl_hold(cw__dnnl_plan *pl, const cw__conv_problem *p) {
  * 64^2, 17 frames) then runs two one-row sub-bands, one per thread, not one sub-band on one
  * thread while the other waits (8 rows at least before). */
 static int sub_count(int64_t rows, int64_t halo, double flops_per_row, double in_row_bytes) {
-    int64_t min_rows = 1;
-    if (halo > 0) {
-        double r = flops_per_row > 0 ? ceil((double)halo * in_row_bytes * 192.0 / flops_per_row) : 4.0 * (double)halo;
-        min_rows = r < 4.0 * (double)halo ? (r > 1.0 ? (int64_t)r : 1) : 4 * halo;
-    }
+    const double cap = 4.0 * (double)halo; /* the input read twice under ~25 % */
+    const double by_copy = flops_per_row > 0 ? ceil((double)halo * in_row_bytes * 192.0 / flops_per_row) : cap;
+    int64_t min_rows = (int64_t)fmax(1.0, fmin(cap, by_copy));
     int64_t by_flops = flops_per_row > 0 ? (int64_t)ceil(8e6 / flops_per_row) : rows;
     if (by_flops > min_rows) min_rows = by_flops;
     int64_t n = rows / (min_rows > 0 ? min_rows : 1);
