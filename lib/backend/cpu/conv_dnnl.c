@@ -101,10 +101,10 @@ struct cw__dnnl_plan {
     int in_cache;                      /* on the LRU list; guarded by cache_mu */
     int built;                         /* its primitives made (else descriptors only) */
     int64_t bytes;                     /* what the cache charges for it (DN_CACHE_BYTES) */
-    int hd;                            /* H dim index in x / y (2 or 3) */
+    int hd;                            /* the dim its sub-bands cut (split_dim): H, or D */
     dnnl_data_type_t dt;               /* x, w, bias and y */
     size_t es;                         /* bytes per element */
-    int64_t xs_h, ys_h;                /* H strides of x and y, elements */
+    int64_t xs_h, ys_h;                /* x's and y's strides along hd, elements */
     int nsub, ncls, nslot, main_cls;
     dn_sub sub[DN_MAX_SUB];
     dn_class cls[DN_MAX_CLASS];
@@ -304,10 +304,15 @@ int cw__cpu_dnnl_hold(cw__dnnl_plan *pl, const cw__conv_problem *p) {
  * the copy stays under 5 % of the sub-band's time from halo x in_row_bytes x 192 /
  * flops_per_row rows on. A 3x3x3 conv of 256 channels in two-row patches (HunyuanVideo
  * 64^2, 17 frames) then runs two one-row sub-bands, one per thread, not one sub-band on one
- * thread while the other waits (8 rows at least before). */
-static int sub_count(int64_t rows, int64_t halo, double flops_per_row, double in_row_bytes) {
+ * thread while the other waits (8 rows at least before). Frames (a D split, split_dim)
+ * keep the 4 x halo minimum: each sub-band's blocked input holds its halo frames again, and
+ * that is workspace the planner's share pays for. In one-frame sub-bands a two-row patch
+ * of HunyuanVideo's 128-channel conv needed 9.3 MiB, not 6.4, and the planner fell to
+ * cpu_direct under its share. */
+static int sub_count(int64_t rows, int64_t halo, double flops_per_row, double in_row_bytes, int frames) {
     const double cap = 4.0 * (double)halo; /* the input read twice under ~25 % */
-    const double by_copy = flops_per_row > 0 ? ceil((double)halo * in_row_bytes * 192.0 / flops_per_row) : cap;
+    const double by_copy =
+        flops_per_row > 0 && !frames ? ceil((double)halo * in_row_bytes * 192.0 / flops_per_row) : cap;
     int64_t min_rows = (int64_t)fmax(1.0, fmin(cap, by_copy));
     int64_t by_flops = flops_per_row > 0 ? (int64_t)ceil(8e6 / flops_per_row) : rows;
     if (by_flops > min_rows) min_rows = by_flops;
@@ -424,9 +429,9 @@ static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, 
     return s;
 }
 
-/* Fills in how the plan sees x and y: the H dim, dtype, element size and H strides. */
-static void plan_views(const cw__conv_problem *p, cw__dnnl_plan *pl) {
-    const int hd = p->spatial; /* H is dim 2 of NCHW, dim 3 of NCDHW */
+/* Fills in how the plan sees x and y: the dim its sub-bands cut, dtype, element size and
+ * the strides along that dim. */
+static void plan_views(const cw__conv_problem *p, int hd, cw__dnnl_plan *pl) {
     pl->hd = hd;
     pl->dt = dn_dtype(p->x.dtype);
     pl->es = cw_dtype_size(p->x.dtype);
@@ -438,11 +443,30 @@ static void plan_views(const cw__conv_problem *p, cw__dnnl_plan *pl) {
     pl->ys_h = yst[hd];
 }
 
-/* Returns the FLOPs (multiply and add counted as 2) of one output row of p along H. */
+/* Returns the FLOPs (multiply and add counted as 2) of one output row of p along dim hd. */
 static double row_flops(const cw__conv_problem *p, int hd) {
     double per_row = 2.0 * (double)p->y.dims[0] * (double)p->y.dims[1] * (double)p->w.dims[1];
     for (int i = 2; i < p->spatial + 2; i++) per_row *= (double)p->w.dims[i] * (double)(i == hd ? 1 : p->y.dims[i]);
     return per_row;
+}
+
+/* How many sub-bands cutting p along dim hd gives (sub_count on that dim's halo). */
+static int axis_subs(const cw__conv_problem *p, int hd) {
+    const int64_t s = p->stride[hd - 2], eff = p->dilation[hd - 2] * (p->w.dims[hd] - 1) + 1;
+    double in_row = (double)cw_dtype_size(p->x.dtype); /* bytes of one input row along hd */
+    for (int i = 0; i < p->x.rank; i++) in_row *= i == hd ? 1.0 : (double)p->x.dims[i];
+    const int64_t rows = p->y.dims[hd];
+    return rows > 0 ? sub_count(rows, eff > s ? eff - s : 0, row_flops(p, hd), in_row, hd < p->spatial) : 0;
+}
+
+/* The dim a patch's sub-bands cut: H, or for a 3-D patch D where D gives more sub-bands.
+ * A patch of one or two rows (a deep recompute's, HunyuanVideo's 3x3x3 convs at 44 MiB)
+ * otherwise ran as one sub-band on one thread while the other waited; its frames split
+ * across threads as rows do. A function of the shape alone, so the bits do not follow
+ * the thread count (docs/determinism.md). */
+static int split_dim(const cw__conv_problem *p) {
+    const int h = p->spatial; /* H is dim 2 of NCHW, dim 3 of NCDHW */
+    return p->spatial == 3 && axis_subs(p, h - 1) > axis_subs(p, h) ? h - 1 : h;
 }
 
 /* Returns the index of the class with c's shape in pl, or pl->ncls when there is none. */
@@ -454,17 +478,15 @@ static int find_class(const cw__dnnl_plan *pl, const dn_class *c) {
     return k;
 }
 
-/* Cuts the patch's output rows into pl->nsub sub-bands and gives each the class of its
+/* Cuts the patch's output rows along pl->hd into pl->nsub sub-bands and gives each the class of its
  * shape (DESIGN.md's halo formula, inside the patch). Fails only when the shapes outnumber
  * DN_MAX_CLASS. */
-static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl, double per_row) {
+static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl) {
     const int hd = pl->hd;
     const int64_t rows = p->y.dims[hd], h_in = p->x.dims[hd];
-    const int64_t s_h = p->stride[hd - 2], d_h = p->dilation[hd - 2], pre = p->pad_pre[hd - 2];
-    const int64_t eff = d_h * (p->w.dims[hd] - 1) + 1;
-    double in_row = (double)cw_dtype_size(p->x.dtype); /* bytes of one input row along H */
-    for (int i = 0; i < p->x.rank; i++) in_row *= i == hd ? 1.0 : (double)p->x.dims[i];
-    pl->nsub = rows > 0 ? sub_count(rows, eff > s_h ? eff - s_h : 0, per_row, in_row) : 0;
+    const int64_t s_h = p->stride[hd - 2], pre = p->pad_pre[hd - 2];
+    const int64_t eff = p->dilation[hd - 2] * (p->w.dims[hd] - 1) + 1;
+    pl->nsub = axis_subs(p, hd);
     for (int j = 0; j < pl->nsub; j++) {
         dn_sub *sb = &pl->sub[j];
         sb->r0 = rows * j / pl->nsub;
@@ -602,10 +624,9 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, int build
     DN_TRY(dnnl_primitive_attr_create(&attr), "attributes");
     DN_TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "attributes");
 
-    plan_views(p, pl);
-    const double per_row = row_flops(p, pl->hd);
-    pl->flops = per_row * (double)p->y.dims[pl->hd];
-    if ((st = plan_subbands(ctx, p, pl, per_row)) != CW_OK) goto fail;
+    plan_views(p, split_dim(p), pl);
+    pl->flops = row_flops(p, pl->hd) * (double)p->y.dims[pl->hd];
+    if ((st = plan_subbands(ctx, p, pl)) != CW_OK) goto fail;
     if (pl->nsub == 0) goto done;
     pl->main_cls = pl->sub[pl->nsub / 2].cls;
 
