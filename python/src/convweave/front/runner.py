@@ -38,6 +38,7 @@ class Program:
                         "moves host memory through gloo; NCCL from Python is not supported (run the module on cpu, "
                         "or use the C API's NCCL communicator, convweave_cuda.h)")
         self.comm, self.gather = comm, gather
+        self.ran = False  # run(): the context's cache emptied after the first
         self.ctx = context(self.device)
         args, kwargs = pytree.tree_unflatten(flat, spec)
         ep = export(mod, args, kwargs)
@@ -263,6 +264,9 @@ class Program:
                 env.pop(k, None)
         flat_out = _walk(self.outputs, lambda v: self._band(v, self._fetch(env, v.seg, v.node))
                          if self.banded and isinstance(v, Cw) else self._value(env, v))
+        if not self.ran and not keep_memory:  # the first run made the plans' kernels: the heap
+            self.ctx.empty_cache()                  # that left free goes back (keep_memory keeps the pools')
+        self.ran = True
         return pytree.tree_unflatten(list(flat_out), self.out_spec)
 
     def _run_segment(self, env, seg, keep_memory):
