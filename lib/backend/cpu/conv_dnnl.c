@@ -478,9 +478,9 @@ static int find_class(const cw__dnnl_plan *pl, const dn_class *c) {
     return k;
 }
 
-/* Cuts the patch's output rows along pl->hd into pl->nsub sub-bands and gives each the class of its
- * shape (DESIGN.md's halo formula, inside the patch). Fails only when the shapes outnumber
- * DN_MAX_CLASS. */
+/* Cuts the patch's output rows along pl->hd into pl->nsub sub-bands and gives each the
+ * class of its shape (DESIGN.md's halo formula, inside the patch). Fails only when the
+ * shapes outnumber DN_MAX_CLASS. */
 static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl) {
     const int hd = pl->hd;
     const int64_t rows = p->y.dims[hd], h_in = p->x.dims[hd];
