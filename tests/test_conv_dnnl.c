@@ -92,7 +92,7 @@ static void test_streams_threads(void) {
 /* Part 2b: one oneDNN patch (3x3(x3), padding 1 on every side, several sub-bands) on 1-4
  * threads: the same bits on each, within 1e-5 of the double reference. min_subs: the
  * sub-bands it must have (a 3-D patch one row tall is cut along D: both threads). */
-static void test_direct_threads(int sp, const int64_t *xd, int min_subs) {
+static void test_direct_threads(int sp, const int64_t *xd, int min_subs, int even) {
     cw__conv_problem p;
     memset(&p, 0, sizeof p);
     p.spatial = sp;
@@ -114,9 +114,9 @@ static void test_direct_threads(int sp, const int64_t *xd, int min_subs) {
     cw__dnnl_info info;
     int listed = 0;
     ASSERT_OK_CTX(ctx, cw__cpu_dnnl_cost(ctx, &p, &info, &listed));
-    if (info.subbands < min_subs) {
-        fprintf(stderr, "%d-D oneDNN patch of %lld rows: %d sub-bands, want >= %d\n", sp, (long long)xd[sp],
-                info.subbands, min_subs);
+    if (info.subbands < min_subs || (even && info.subbands % 2)) {
+        fprintf(stderr, "%d-D oneDNN patch of %lld rows: %d sub-bands, want >= %d%s\n", sp, (long long)xd[sp],
+                info.subbands, min_subs, even ? " and even" : "");
         cw_test_failures++;
     }
     const int64_t nx = cw_tensor_desc_numel(&p.x), nw = cw_tensor_desc_numel(&p.w);
@@ -162,9 +162,14 @@ int main(void) {
     test_budget(3, x3);
     test_streams_threads();
     const int64_t d2[4] = {1, 24, 61, 50}, d3[5] = {1, 16, 5, 37, 30}, thin[5] = {1, 64, 16, 1, 48};
-    test_direct_threads(2, d2, 2);
-    test_direct_threads(3, d3, 2);
-    test_direct_threads(3, thin, 2);
+    test_direct_threads(2, d2, 2, 0);
+    test_direct_threads(3, d3, 2, 0);
+    test_direct_threads(3, thin, 2, 0);
+    /* an odd number of row sub-bands (5 one-row ones; 3 in 2-D) is cut in a grid along D
+     * (W in 2-D), so that 2 threads end together: 10 and 6 sub-bands */
+    const int64_t odd3[5] = {1, 64, 12, 5, 40}, odd2[4] = {1, 128, 3, 64};
+    test_direct_threads(3, odd3, 10, 1);
+    test_direct_threads(2, odd2, 6, 1);
     /* ctest runs this with OMP_NUM_THREADS=4: a oneDNN call that kept the OpenMP default
      * (a split that follows the thread count) shows here on any CPU, even where oneDNN's
      * kernels give the same bits for every split (this AVX2 host's jit:avx2 do) */

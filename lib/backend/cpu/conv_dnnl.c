@@ -65,10 +65,10 @@ cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, c
 
 #define DN_ALIGN 64       /* bytes: every workspace region starts on a cache line */
 #define DN_MAX_SUB 64     /* sub-bands per patch */
-#define DN_MAX_CLASS 8    /* distinct sub-band shapes per patch (first, last, interior) */
+#define DN_MAX_CLASS 16   /* distinct sub-band shapes per patch: (first, interior, last)^2 */
 #define DN_SLOTS 16       /* scratchpad slots = cw__cpu_parallel's thread cap */
 /* Bytes of plans the cache keeps that nothing else holds (least recently used evicted
- * beyond it). A plan is charged sizeof(cw__dnnl_plan) (~70 KiB of descriptors) plus
+ * beyond it). A plan is charged its descriptors (~8 KiB, and ~7 KiB per sub-band class) plus
  * DN_PRIM_BYTES per primitive: measured 16-96 KiB of heap and JIT pages per primitive
  * (AVX2, C 32-256, W 64-1024; most at large W), ~0.6 MiB per plan for the tiny VAE at
  * 1024^2, so the charge bounds the real bytes from above for those shapes. Plans a
@@ -77,9 +77,11 @@ cw_status cw__cpu_dnnl_run(const cw__dnnl_plan *pl, const cw__conv_problem *p, c
 #define DN_PRIM_BYTES (INT64_C(96) << 10)
 #define DN_KEY_LEN 48
 
-/* One distinct sub-band shape: its conv primitive and the two reorders around it. */
+/* One distinct sub-band shape: its extent along the plan's cut dims (f: the second, when
+ * the patch is cut in a grid), its conv primitive and the two reorders around it. */
 typedef struct dn_class {
     int64_t in_rows, out_rows, pre, post;
+    int64_t in_f, out_f, pre_f, post_f;
     int fallback;                   /* oneDNN refused it or it reads no input: cpu_direct */
     dnnl_primitive_t conv, rin, rout;
     dnnl_memory_desc_t src_user, src, dst, dst_user, scratch, rin_scratch, rout_scratch;
@@ -89,6 +91,7 @@ typedef struct dn_class {
 
 typedef struct dn_sub {
     int64_t r0, r1, a;              /* output rows [r0, r1); first input row a (clipped) */
+    int64_t f0, f1, fa;             /* the same along the second cut dim (0, its extent, 0: none) */
     int cls;
     int64_t src_off, dst_off;       /* workspace byte offsets of its blocked buffers */
 } dn_sub;
@@ -102,12 +105,14 @@ struct cw__dnnl_plan {
     int built;                         /* its primitives made (else descriptors only) */
     int64_t bytes;                     /* what the cache charges for it (DN_CACHE_BYTES) */
     int hd;                            /* the dim its sub-bands cut (split_dim): H, or D */
+    int fd, nf;                        /* the second dim cut (grid_cut; 0: none) and its pieces */
     dnnl_data_type_t dt;               /* x, w, bias and y */
     size_t es;                         /* bytes per element */
     int64_t xs_h, ys_h;                /* x's and y's strides along hd, elements */
+    int64_t xs_f, ys_f;                /* ... and along fd */
     int nsub, ncls, nslot, main_cls;
     dn_sub sub[DN_MAX_SUB];
-    dn_class cls[DN_MAX_CLASS];
+    dn_class *cls;                     /* ncls of them */
     dnnl_primitive_t rw;               /* weights reorder (NULL when every sub-band falls back) */
     dnnl_memory_desc_t w_user, w, bias, w_scratch;
     int has_bias;
@@ -173,6 +178,7 @@ static void plan_destroy(cw__dnnl_plan *pl) {
         if (pl->cls[c].rout) dnnl_primitive_destroy(pl->cls[c].rout);
     }
     if (pl->rw) dnnl_primitive_destroy(pl->rw);
+    cw__free(pl->cls);
     cw__free(pl);
 }
 
@@ -337,13 +343,16 @@ static int64_t align_up(int64_t v) { return (v + DN_ALIGN - 1) / DN_ALIGN * DN_A
 
 static dnnl_data_type_t dn_dtype(cw_dtype dt) { return dt == CW_F16 ? dnnl_f16 : dt == CW_BF16 ? dnnl_bf16 : dnnl_f32; }
 
-/* x's or y's view as oneDNN sees it, with the H extent replaced by rows. */
-static dnnl_status_t view_md(dnnl_memory_desc_t *md, const cw_tensor_desc *d, int hd, int64_t rows) {
+/* x's or y's view as oneDNN sees it, with the extent along hd replaced by rows and, when
+ * fd is not 0, the extent along fd by frames. */
+static dnnl_status_t view_md(dnnl_memory_desc_t *md, const cw_tensor_desc *d, int hd, int64_t rows, int fd,
+                             int64_t frames) {
     dnnl_dims_t dims, st;
     int64_t sts[CW_MAX_RANK];
     full_strides(d, sts);
     for (int i = 0; i < d->rank; i++) dims[i] = d->dims[i], st[i] = sts[i];
     dims[hd] = rows;
+    if (fd) dims[fd] = frames;
     return dnnl_memory_desc_init_by_strides(md, d->rank, dims, dn_dtype(d->dtype), st);
 }
 
@@ -372,7 +381,7 @@ static int64_t md_bytes(const dnnl_memory_desc_t *md) { return (int64_t)dnnl_mem
 /* Makes class c's conv primitive. wfix: the weights layout every class shares (NULL: any,
  * and *w_chosen gets what oneDNN chose). dnnl_unimplemented: oneDNN has no kernel, and the
  * class falls back. */
-static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, const dnnl_memory_desc_t *wfix,
+static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, int fd, dn_class *c, const dnnl_memory_desc_t *wfix,
                                 dnnl_memory_desc_t *w_chosen, const_dnnl_primitive_attr_t attr, int build) {
     const int sp = p->spatial, rank = sp + 2;
     dnnl_dims_t sd, dd, wd, bd, strd, dil, pl, pr;
@@ -393,6 +402,12 @@ static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, 
     }
     pl[hd - 2] = c->pre;
     pr[hd - 2] = c->post;
+    if (fd) {
+        sd[fd] = c->in_f;
+        dd[fd] = c->out_f;
+        pl[fd - 2] = c->pre_f;
+        pr[fd - 2] = c->post_f;
+    }
     dnnl_memory_desc_t smd, wmd, bmd, dmd;
     dnnl_status_t s;
     const dnnl_data_type_t dt = dn_dtype(p->x.dtype);
@@ -431,8 +446,10 @@ static dnnl_status_t class_conv(const cw__conv_problem *p, int hd, dn_class *c, 
 
 /* Fills in how the plan sees x and y: the dim its sub-bands cut, dtype, element size and
  * the strides along that dim. */
-static void plan_views(const cw__conv_problem *p, int hd, cw__dnnl_plan *pl) {
+static void plan_views(const cw__conv_problem *p, int hd, int fd, int nf, cw__dnnl_plan *pl) {
     pl->hd = hd;
+    pl->fd = fd;
+    pl->nf = fd ? nf : 1;
     pl->dt = dn_dtype(p->x.dtype);
     pl->es = cw_dtype_size(p->x.dtype);
     pl->has_bias = p->has_bias;
@@ -441,6 +458,8 @@ static void plan_views(const cw__conv_problem *p, int hd, cw__dnnl_plan *pl) {
     full_strides(&p->y, yst);
     pl->xs_h = xst[hd];
     pl->ys_h = yst[hd];
+    pl->xs_f = fd ? xst[fd] : 0;
+    pl->ys_f = fd ? yst[fd] : 0;
 }
 
 /* Returns the FLOPs (multiply and add counted as 2) of one output row of p along dim hd. */
@@ -469,38 +488,81 @@ static int split_dim(const cw__conv_problem *p) {
     return p->spatial == 3 && axis_subs(p, h - 1) > axis_subs(p, h) ? h - 1 : h;
 }
 
+/* The second dim a patch's sub-bands cut, in nf pieces (*nf 1 and 0 returned: none). An odd
+ * number n of sub-bands leaves threads idle at the patch's end: 5 one-row sub-bands take
+ * 3 rounds on 2 threads, where 4 take 2, and one takes a thread while the others wait
+ * (HunyuanVideo 64^2: 256->256 3x3x3 in 5-row patches ran at 0.83x the speed of 4-row
+ * ones). Such a count under DN_SLOTS is doubled by halving the patch along its other
+ * outer dim (D beside H, H beside D, W in 2-D) where each half keeps its 8 MFLOP and at
+ * least as many outputs as its halo. The halves' inputs share that halo: a second copy
+ * of 2 frames of 17 (a 3x3x3 conv) in their blocked buffers. A function of the shape
+ * alone, like the count. */
+static int grid_cut(const cw__conv_problem *p, int hd, int n, int *nf) {
+    *nf = 1;
+    const int sp = p->spatial;
+    const int fd = sp == 3 ? (hd == 3 ? 2 : 3) : sp == 2 ? 3 : 0;
+    if (!fd || n % 2 == 0 || n >= DN_SLOTS) return 0;
+    const int64_t len = p->y.dims[fd], s = p->stride[fd - 2];
+    const int64_t eff = p->dilation[fd - 2] * (p->w.dims[fd] - 1) + 1, halo = eff > s ? eff - s : 0;
+    const double flops = row_flops(p, hd) * (double)p->y.dims[hd];
+    if (len / 2 < (halo > 1 ? halo : 1) || flops / (2.0 * n) < 8e6) return 0;
+    *nf = 2;
+    return fd;
+}
+
 /* Returns the index of the class with c's shape in pl, or pl->ncls when there is none. */
 static int find_class(const cw__dnnl_plan *pl, const dn_class *c) {
     int k = 0;
     while (k < pl->ncls && !(pl->cls[k].in_rows == c->in_rows && pl->cls[k].out_rows == c->out_rows &&
-                             pl->cls[k].pre == c->pre && pl->cls[k].post == c->post))
+                             pl->cls[k].pre == c->pre && pl->cls[k].post == c->post &&
+                             pl->cls[k].in_f == c->in_f && pl->cls[k].out_f == c->out_f &&
+                             pl->cls[k].pre_f == c->pre_f && pl->cls[k].post_f == c->post_f))
         k++;
     return k;
 }
 
-/* Cuts the patch's output rows along pl->hd into pl->nsub sub-bands and gives each the
- * class of its shape (DESIGN.md's halo formula, inside the patch). Fails only when the
- * shapes outnumber DN_MAX_CLASS. */
+/* Piece j of n along dim d of p: output [*o0, *o1), first input *a (clipped to x), input
+ * extent *in, and the padding before and after it (DESIGN.md's halo formula). */
+static void cut_piece(const cw__conv_problem *p, int d, int64_t j, int64_t n, int64_t *o0, int64_t *o1, int64_t *a,
+                      int64_t *in, int64_t *pre, int64_t *post) {
+    const int64_t len = p->y.dims[d], x_len = p->x.dims[d];
+    const int64_t s = p->stride[d - 2], pad = p->pad_pre[d - 2];
+    const int64_t eff = p->dilation[d - 2] * (p->w.dims[d] - 1) + 1;
+    *o0 = len * j / n;
+    *o1 = len * (j + 1) / n;
+    const int64_t i0 = *o0 * s - pad, i1 = (*o1 - 1) * s - pad + eff;
+    int64_t lo = i0 > 0 ? i0 : 0, hi = i1 < x_len ? i1 : x_len;
+    if (hi < lo) hi = lo;
+    *a = lo;
+    *in = hi - lo;
+    *pre = lo - i0;
+    *post = i1 - hi;
+}
+
+/* Cuts the patch's output rows along pl->hd into pl->nsub sub-bands -- along pl->fd too
+ * when the patch is cut in a grid, rows outer -- and gives each the class of its shape.
+ * Fails only when the shapes outnumber DN_MAX_CLASS or host memory runs out. */
 static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__dnnl_plan *pl) {
-    const int hd = pl->hd;
-    const int64_t rows = p->y.dims[hd], h_in = p->x.dims[hd];
-    const int64_t s_h = p->stride[hd - 2], pre = p->pad_pre[hd - 2];
-    const int64_t eff = p->dilation[hd - 2] * (p->w.dims[hd] - 1) + 1;
-    pl->nsub = axis_subs(p, hd);
+    const int nh = axis_subs(p, pl->hd), nf = pl->nf;
+    pl->nsub = nh * nf;
+    pl->ncls = 0;
+    if (pl->nsub > DN_MAX_SUB)
+        return cw__error(ctx, CW_ERR_BACKEND, "cpu dnnl: %d sub-bands in one patch (at most %d)", pl->nsub,
+                         DN_MAX_SUB);
+    if (!pl->cls && !(pl->cls = cw__calloc(DN_MAX_CLASS, sizeof *pl->cls)))
+        return cw__error(ctx, CW_ERR_OUT_OF_MEMORY, "cpu dnnl: out of host memory for a plan's sub-bands");
     for (int j = 0; j < pl->nsub; j++) {
         dn_sub *sb = &pl->sub[j];
-        sb->r0 = rows * j / pl->nsub;
-        sb->r1 = rows * (j + 1) / pl->nsub;
-        int64_t i0 = sb->r0 * s_h - pre, i1 = (sb->r1 - 1) * s_h - pre + eff;
-        int64_t a = i0 > 0 ? i0 : 0, b = i1 < h_in ? i1 : h_in;
-        if (b < a) b = a;
-        sb->a = a;
         dn_class c;
         memset(&c, 0, sizeof c);
-        c.in_rows = b - a;
+        cut_piece(p, pl->hd, j / nf, nh, &sb->r0, &sb->r1, &sb->a, &c.in_rows, &c.pre, &c.post);
         c.out_rows = sb->r1 - sb->r0;
-        c.pre = a - i0;
-        c.post = i1 - b;
+        sb->f0 = sb->fa = 0;
+        sb->f1 = pl->fd ? p->y.dims[pl->fd] : 0;
+        if (pl->fd) {
+            cut_piece(p, pl->fd, j % nf, nf, &sb->f0, &sb->f1, &sb->fa, &c.in_f, &c.pre_f, &c.post_f);
+            c.out_f = sb->f1 - sb->f0;
+        }
         int k = find_class(pl, &c);
         if (k == pl->ncls) {
             if (pl->ncls == DN_MAX_CLASS)
@@ -510,6 +572,8 @@ static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__d
         }
         sb->cls = k;
     }
+    dn_class *fit = pl->ncls ? cw__realloc(pl->cls, (size_t)pl->ncls * sizeof *pl->cls) : NULL;
+    if (fit) pl->cls = fit; /* a plan lives on in the cache: only the classes it has */
     return CW_OK;
 }
 
@@ -517,14 +581,14 @@ static cw_status plan_subbands(cw_context *ctx, const cw__conv_problem *p, cw__d
  * the shared weights layout: taken as given when *have_w, else chosen here (and *have_w
  * set). A class oneDNN refuses (no kernel, or arguments it rejects) or one that reads
  * no input falls back to cpu_direct. */
-static cw_status class_make(cw_context *ctx, const cw__conv_problem *p, int hd, dn_class *c,
+static cw_status class_make(cw_context *ctx, const cw__conv_problem *p, int hd, int fd, dn_class *c,
                             const_dnnl_primitive_attr_t attr, dnnl_memory_desc_t *wfix, int *have_w, int build) {
     cw_status st = CW_OK;
-    if (c->in_rows == 0) { /* pure padding: bias only */
+    if (c->in_rows == 0 || (fd && c->in_f == 0)) { /* pure padding: bias only */
         c->fallback = 1;
         return CW_OK;
     }
-    dnnl_status_t s = class_conv(p, hd, c, *have_w ? wfix : NULL, *have_w ? NULL : wfix, attr, build);
+    dnnl_status_t s = class_conv(p, hd, fd, c, *have_w ? wfix : NULL, *have_w ? NULL : wfix, attr, build);
     if (s == dnnl_unimplemented || s == dnnl_invalid_arguments) {
         c->fallback = 1;
         if (c->conv) dnnl_primitive_destroy(c->conv), c->conv = NULL;
@@ -532,8 +596,8 @@ static cw_status class_make(cw_context *ctx, const cw__conv_problem *p, int hd, 
     }
     DN_TRY(s, "convolution primitive");
     *have_w = 1;
-    DN_TRY(view_md(&c->src_user, &p->x, hd, c->in_rows), "input view");
-    DN_TRY(view_md(&c->dst_user, &p->y, hd, c->out_rows), "output view");
+    DN_TRY(view_md(&c->src_user, &p->x, hd, c->in_rows, fd, c->in_f), "input view");
+    DN_TRY(view_md(&c->dst_user, &p->y, hd, c->out_rows, fd, c->out_f), "output view");
     DN_TRY(make_reorder(&c->rin, &c->src_user, &c->src, attr, &c->rin_scratch, build), "input reorder");
     DN_TRY(make_reorder(&c->rout, &c->dst, &c->dst_user, attr, &c->rout_scratch, build), "output reorder");
     c->src_bytes = align_up(md_bytes(&c->src));
@@ -553,7 +617,7 @@ static cw_status plan_classes(cw_context *ctx, const cw__conv_problem *p, cw__dn
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < pl->ncls; k++) {
             if ((pass == 0) != (k == pl->main_cls)) continue;
-            CW_TRY(class_make(ctx, p, pl->hd, &pl->cls[k], attr, wfix, have_w, build));
+            CW_TRY(class_make(ctx, p, pl->hd, pl->fd, &pl->cls[k], attr, wfix, have_w, build));
         }
     }
     return CW_OK;
@@ -624,7 +688,10 @@ static cw_status plan_make(cw_context *ctx, const cw__conv_problem *p, int build
     DN_TRY(dnnl_primitive_attr_create(&attr), "attributes");
     DN_TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "attributes");
 
-    plan_views(p, split_dim(p), pl);
+    const int hd = split_dim(p);
+    int nf = 1;
+    const int fd = grid_cut(p, hd, axis_subs(p, hd), &nf);
+    plan_views(p, hd, fd, nf, pl);
     pl->flops = row_flops(p, pl->hd) * (double)p->y.dims[pl->hd];
     if ((st = plan_subbands(ctx, p, pl)) != CW_OK) goto fail;
     if (pl->nsub == 0) goto done;
@@ -686,7 +753,7 @@ cw_status cw__cpu_dnnl_plan_get(cw_context *ctx, const cw__conv_problem *p, cw__
     int nprims = pl->rw != NULL;
     for (int c = 0; c < pl->ncls; c++)
         nprims += (pl->cls[c].conv != NULL) + (pl->cls[c].rin != NULL) + (pl->cls[c].rout != NULL);
-    pl->bytes = (int64_t)sizeof *pl + nprims * DN_PRIM_BYTES;
+    pl->bytes = (int64_t)(sizeof *pl + (size_t)pl->ncls * sizeof *pl->cls) + nprims * DN_PRIM_BYTES;
     memcpy(pl->key, key, sizeof key);
     pl->hash = h;
     pl->refs = 2; /* the cache's and the caller's */
@@ -825,6 +892,14 @@ static dnnl_status_t exec(dnnl_primitive_t prim, dnnl_stream_t strm, int n, cons
     return s == dnnl_success ? dnnl_stream_wait(strm) : s;
 }
 
+/* Where sub-band sb's input view starts in x, and its output view in y. */
+static const char *sub_x(const run_arg *r, const dn_sub *sb) {
+    return r->x + (sb->a * r->pl->xs_h + sb->fa * r->pl->xs_f) * (int64_t)r->pl->es;
+}
+static char *sub_y(const run_arg *r, const dn_sub *sb) {
+    return r->y + (sb->r0 * r->pl->ys_h + sb->f0 * r->pl->ys_f) * (int64_t)r->pl->es;
+}
+
 /* Sub-band j on this thread: reorder in, convolve, reorder out; or cpu_direct. */
 static dnnl_status_t run_sub(run_arg *r, int j, dnnl_stream_t strm, char *scratch, const char **what) {
     const cw__dnnl_plan *pl = r->pl;
@@ -844,8 +919,13 @@ static dnnl_status_t run_sub(run_arg *r, int j, dnnl_stream_t strm, char *scratc
         q.y.dims[hd] = c->out_rows;
         q.pad_pre[hd - 2] = c->pre;
         q.pad_post[hd - 2] = c->post;
-        const int64_t es = (int64_t)pl->es;
-        cw__cpu_conv_direct(&q, r->x + sb->a * pl->xs_h * es, r->w, r->b, r->y + sb->r0 * pl->ys_h * es, 1);
+        if (pl->fd) {
+            q.x.dims[pl->fd] = c->in_f;
+            q.y.dims[pl->fd] = c->out_f;
+            q.pad_pre[pl->fd - 2] = c->pre_f;
+            q.pad_post[pl->fd - 2] = c->post_f;
+        }
+        cw__cpu_conv_direct(&q, sub_x(r, sb), r->w, r->b, sub_y(r, sb), 1);
         return dnnl_success;
     }
     /* m: user input, blocked input, weights, bias, blocked output, user output, and one
@@ -855,12 +935,12 @@ static dnnl_status_t run_sub(run_arg *r, int j, dnnl_stream_t strm, char *scratc
     const struct {
         const dnnl_memory_desc_t *md;
         void *h;
-    } mk[9] = {{&c->src_user, (void *)(r->x + sb->a * pl->xs_h * (int64_t)pl->es)},
+    } mk[9] = {{&c->src_user, (void *)sub_x(r, sb)},
                {&c->src, r->ws + sb->src_off},
                {&pl->w, r->ws + pl->w_off},
                {&pl->bias, (void *)r->b},
                {&c->dst, r->ws + sb->dst_off},
-               {&c->dst_user, r->y + sb->r0 * pl->ys_h * (int64_t)pl->es},
+               {&c->dst_user, sub_y(r, sb)},
                {&c->rin_scratch, scratch},
                {&c->scratch, scratch},
                {&c->rout_scratch, scratch}};
