@@ -167,7 +167,7 @@ int main(void) {
     test_direct_threads(3, thin, 2, 0);
     /* an odd number of row sub-bands (5 one-row ones; 3 in 2-D) is cut in a grid along D
      * (W in 2-D), so that 2 threads end together: 10 and 6 sub-bands */
-    const int64_t odd3[5] = {1, 64, 12, 5, 40}, odd2[4] = {1, 128, 3, 64};
+    const int64_t odd3[5] = {1, 64, 17, 5, 40}, odd2[4] = {1, 128, 3, 64};
     test_direct_threads(3, odd3, 10, 1);
     test_direct_threads(2, odd2, 6, 1);
     /* ctest runs this with OMP_NUM_THREADS=4: a oneDNN call that kept the OpenMP default

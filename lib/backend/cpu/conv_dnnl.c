@@ -493,10 +493,11 @@ static int split_dim(const cw__conv_problem *p) {
  * 3 rounds on 2 threads, where 4 take 2, and one takes a thread while the others wait
  * (HunyuanVideo 64^2: 256->256 3x3x3 in 5-row patches ran at 0.83x the speed of 4-row
  * ones). Such a count under DN_SLOTS is doubled by halving the patch along its other
- * outer dim (D beside H, H beside D, W in 2-D) where each half keeps its 8 MFLOP and at
- * least as many outputs as its halo. The halves' inputs share that halo: a second copy
- * of 2 frames of 17 (a 3x3x3 conv) in their blocked buffers. A function of the shape
- * alone, like the count. */
+ * outer dim (D beside H, H beside D, W in 2-D) where each half keeps its 8 MFLOP and 4 x
+ * halo outputs (sub_count's cap). The halves' inputs both hold the halo, workspace the
+ * planner's share pays for: halving 5 frames (9 input frames for 7) pushed HunyuanVideo's
+ * 512-channel 16^2 patches at 44 MiB out of oneDNN into cpu_direct, 1.1x -> 1.9x its time;
+ * 17 frames take 21 for 19. A function of the shape alone, like the count. */
 static int grid_cut(const cw__conv_problem *p, int hd, int n, int *nf) {
     *nf = 1;
     const int sp = p->spatial;
@@ -505,7 +506,7 @@ static int grid_cut(const cw__conv_problem *p, int hd, int n, int *nf) {
     const int64_t len = p->y.dims[fd], s = p->stride[fd - 2];
     const int64_t eff = p->dilation[fd - 2] * (p->w.dims[fd] - 1) + 1, halo = eff > s ? eff - s : 0;
     const double flops = row_flops(p, hd) * (double)p->y.dims[hd];
-    if (len / 2 < (halo > 1 ? halo : 1) || flops / (2.0 * n) < 8e6) return 0;
+    if (len / 2 < (halo > 0 ? 4 * halo : 1) || flops / (2.0 * n) < 8e6) return 0;
     *nf = 2;
     return fd;
 }
