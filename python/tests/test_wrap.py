@@ -192,6 +192,29 @@ def test_new_shape_compiles_once_and_cache_is_bounded():
     assert keys == [(1, 2, 8, 8), (1, 2, 6, 6)]  # 4x4 dropped, 6x6 most recent
 
 
+def test_heap_given_back_around_runs(monkeypatch):
+    """Unless keep_memory is set, a compiled program's first run ends with its context's
+    empty_cache, and a cpu program planning >= 32 MiB empties it again before each later
+    run (what its callers freed goes back before the run's peak); a small one does not."""
+    import convweave._core as core
+    calls = []
+    real = core.Context.empty_cache
+    monkeypatch.setattr(core.Context, "empty_cache", lambda self: (calls.append(self), real(self))[1])
+    mod = nn.Sequential(nn.Conv2d(32, 32, 3, padding=1), nn.SiLU(), nn.Conv2d(32, 32, 3, padding=1)).eval()
+    for shape, keep, want in (((1, 32, 256, 256), False, 3), ((1, 32, 16, 16), False, 1),
+                              ((1, 32, 256, 256), True, 0)):
+        w = cwt.wrap(mod, (rand(*shape),), keep_memory=keep)
+        st = w.describe()["segments"][0]["plan"]
+        assert (st["activations_peak"] + st["temp_predicted"] >= 32 << 20) == (shape[2] == 256)
+        del calls[:]
+        with torch.no_grad():
+            ys = [w(rand(*shape, seed=k)) for k in range(3)]
+        assert len(calls) == want, (shape, keep, len(calls))
+        for k, y in enumerate(ys):
+            with torch.no_grad():
+                assert max_err(y, mod(rand(*shape, seed=k))) < 1e-4
+
+
 def test_parameters_changed_in_place_and_replaced():
     """Half GroupNorm vectors are copied to float32: an in-place change must reach them; a
     replaced parameter (new storage) must be read from its new place."""
