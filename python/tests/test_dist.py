@@ -30,7 +30,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import dist_worker as W  # noqa: E402  the same model, latent and patches as the ranks
 
-LAUNCH_LIMIT = 90  # seconds for a whole launch: a hang fails the test, never the suite
+# seconds for a whole launch: a hang fails the test, never the suite. The 4-rank decode
+# launch takes ~80 s alone on a 2-core machine, and passed 90 s under CI's second pytest
+# worker: the limit is for hangs, not a timing (the dead-rank tests bound their own time).
+LAUNCH_LIMIT = 300
 
 
 def launch(tmp_path, scenario, world, variant=None):
