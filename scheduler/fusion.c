@@ -51,9 +51,33 @@ static int cw__fuses(const cw__lower *L, int i) {
     return 1;
 }
 
+/* The conv whose result node m multiplies, where m may be the scale link of a residual
+ * epilogue add(other, m) (cw__fusion_analyse), else -1: m is a binary mul used once, not an
+ * output, of a conv used only by m and of a tensor s other than the add's other operand,
+ * materialised (not fused), of m's dims or broadcast over its channels (cw_binary_bcast), so
+ * that each of the conv's output bands is scaled by s's rows of that band before the add. */
+static int cw__scaled_conv(const cw__lower *L, int m, int other) {
+    const cw_graph *g = L->g;
+    const cw__node *mn = &g->nodes[m];
+    if (mn->kind != CW__N_OP || mn->op != CW_OP_BINARY || mn->param.i[0] != CW_BINARY_MUL || mn->n_uses != 1 ||
+        mn->is_output || !L->nd[m].live || mn->in[0] == mn->in[1])
+        return -1;
+    for (int a = 0; a < 2; a++) {
+        const int c = mn->in[a], s = mn->in[1 - a];
+        const cw__node *cn = &g->nodes[c], *sn = &g->nodes[s];
+        if (cn->kind != CW__N_CONV || cn->n_uses != 1 || cn->is_output || s == other || L->nd[s].fused ||
+            sn->desc.rank != mn->desc.rank)
+            continue;
+        int same = 1;
+        for (int d = 0; d < mn->desc.rank; d++) same &= sn->desc.dims[d] == mn->desc.dims[d] || (d == 1 && sn->desc.dims[1] == 1);
+        if (same) return c;
+    }
+    return -1;
+}
+
 void cw__fusion_analyse(cw__lower *L) {
     cw_graph *g = L->g;
-    for (int i = 0; i < g->n; i++) L->nd[i].epi = L->nd[i].epi_into = L->nd[i].add_of = -1;
+    for (int i = 0; i < g->n; i++) L->nd[i].epi = L->nd[i].epi_into = L->nd[i].add_of = L->nd[i].epi_mul = -1;
     if (!L->fuse) return;
     for (int i = g->n - 1; i >= 0; i--) {
         const cw__node *n = &g->nodes[i];
@@ -61,7 +85,8 @@ void cw__fusion_analyse(cw__lower *L) {
         L->nd[i].fused = cw__fuses(L, i);
     }
     /* Residual epilogue: add(a, b) where one operand is a conv used only here (the second
-     * first; cw__fusion_recompute may move it to the first, cw__rec_epilogue). */
+     * first; cw__fusion_recompute may move it to the first, cw__rec_epilogue), or else the
+     * conv's result times a tensor read row by row (cw__scaled_conv). */
     for (int i = 0; i < g->n; i++) {
         const cw__node *n = &g->nodes[i];
         if (n->kind != CW__N_ADD || n->in[0] == n->in[1] || !L->nd[i].live) continue;
@@ -72,7 +97,25 @@ void cw__fusion_analyse(cw__lower *L) {
             L->nd[c].add_of = i;
             if (L->nd[i].epi < 0) L->nd[i].epi = c, L->nd[c].epi_into = i;
         }
+        for (int a = 1; a >= 0 && L->nd[i].epi < 0; a--) {
+            const int m = n->in[a], c = cw__scaled_conv(L, m, n->in[1 - a]);
+            if (c >= 0) L->nd[i].epi = L->nd[m].epi = c, L->nd[c].epi_into = i, L->nd[c].epi_mul = m;
+        }
     }
+}
+
+int cw__fusion_epi_other(const cw__lower *L, int c) {
+    const int addn = L->nd[c].epi_into, via = L->nd[c].epi_mul >= 0 ? L->nd[c].epi_mul : c;
+    if (addn < 0) return -1;
+    const cw__node *a = &L->g->nodes[addn];
+    return a->in[0] == via ? a->in[1] : a->in[0];
+}
+
+int cw__fusion_epi_scale(const cw__lower *L, int c) {
+    const int m = L->nd[c].epi_mul;
+    if (m < 0) return -1;
+    const cw__node *mn = &L->g->nodes[m];
+    return mn->in[0] == c ? mn->in[1] : mn->in[0];
 }
 
 int cw__fusion_pad(const cw__lower *L, int x) { return L->nd[x].fused && cw__is_pad(&L->g->nodes[x]) ? x : -1; }
@@ -113,13 +156,11 @@ int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]) {
         int src, silu, up;
         cw__fusion_chain(L, n->in[0], &src, &gn, &silu, &up);
         out[k++] = src;
-        if (L->nd[i].epi_into >= 0) {
-            const cw__node *a = &L->g->nodes[L->nd[i].epi_into];
-            int other = a->in[0] == i ? a->in[1] : a->in[0];
-            if (other != src) out[k++] = other;
-        }
-    } else if (n->kind == CW__N_ADD) {
-        if (L->nd[i].epi >= 0) return -1; /* part of its conv's unit */
+        const int other = cw__fusion_epi_other(L, i), sc = cw__fusion_epi_scale(L, i);
+        if (other >= 0 && other != src) out[k++] = other;
+        if (sc >= 0 && sc != src && sc != other) out[k++] = sc;
+    } else if (n->kind == CW__N_ADD || (n->kind == CW__N_OP && L->nd[i].epi >= 0)) {
+        if (L->nd[i].epi >= 0) return -1; /* part of its conv's unit (the add, its scale link) */
         out[k++] = n->in[0];
         if (n->in[1] != n->in[0]) out[k++] = n->in[1];
     } else if (cw__fusable(n)) {
@@ -176,9 +217,9 @@ static int cw__rec_x_dies(const cw__lower *L, int x, int addn, int a, int b, int
     return readers == 2;
 }
 
-/* Walks node n's live readers (n is conv a or a fused GN/SiLU link after it): each must take
- * it as a conv's x (a conv whose bands never come out empty, cw__rec_consumer_ok) or be a
- * fused GN/SiLU link whose own readers pass the same test; an upsample, an add, attention or
+/* Walks node n's live readers (n is conv a or a fused link after it): each must take it as
+ * a conv's x (a conv whose bands never come out empty, cw__rec_consumer_ok) or be a fused
+ * GN/SiLU/unary/pad link whose own readers pass the same test; an upsample, an add, attention or
  * an output read of a's result needs it stored. Counts the conv readers in *convs (their
  * last in *last) and the GroupNorms on the way in *gns. Returns 1 when every reader passes. */
 static int cw__rec_readers(const cw__lower *L, int n, int *convs, int *last, int *gns) {
@@ -191,7 +232,8 @@ static int cw__rec_readers(const cw__lower *L, int n, int *convs, int *last, int
             if (c->in[s] != n) continue;
             if (c->kind == CW__N_CONV && s == 0 && cw__rec_consumer_ok(g, c)) {
                 (*convs)++, *last = j;
-            } else if (L->nd[j].fused && s == 0 && (c->kind == CW__N_GN || c->kind == CW__N_SILU || cw__is_pad(c))) {
+            } else if (L->nd[j].fused && s == 0 &&
+                       (c->kind == CW__N_GN || c->kind == CW__N_SILU || cw__is_unary(c) || cw__is_pad(c))) {
                 *gns += c->kind == CW__N_GN;
                 if (!cw__rec_readers(L, j, convs, last, gns)) return 0;
             } else {
@@ -222,8 +264,7 @@ static int cw__rec_candidate(const cw__lower *L, int a, int *gns) {
         int src, gn, silu, up, addn = L->nd[j].epi_into;
         if (g->nodes[j].kind != CW__N_CONV || !L->nd[j].live || addn < 0) continue;
         cw__fusion_chain(L, g->nodes[j].in[0], &src, &gn, &silu, &up);
-        const cw__node *an = &g->nodes[addn];
-        if (src != a || (an->in[0] == j ? an->in[1] : an->in[0]) != asrc) continue;
+        if (src != a || cw__fusion_epi_other(L, j) != asrc) continue;
         if (convs > 1 || !cw__rec_x_dies(L, asrc, addn, a, j, 0)) return 0;
     }
     return 1;

@@ -121,8 +121,7 @@ static int cw__dying_operand(const cw__lower *L, int i, int m, const int rd[4], 
  * each band's write (cw__emit_patches). The unscheduled reference keeps a buffer per node. */
 static int cw__inplace_operand(const cw__lower *L, int i, int u) {
     const cw_graph *g = L->g;
-    const cw__node *an = &g->nodes[i];
-    int other = an->in[0] == u ? an->in[1] : an->in[0];
+    int other = cw__fusion_epi_other(L, u);
     int m = cw__fusion_inplace_target(L, other);
     if (L->none || m < 0) return -1;
     int rd[4], src, gn, silu, up;
@@ -256,7 +255,7 @@ static cw_status cw__lower_init(cw__lower *L, cw_plan *p, cw_graph *g, int64_t b
     if (!L->nd || !p->in || !p->out) return cw__oom(L);
     for (int i = 0; i < g->n; i++) {
         cw__lnode *ln = &L->nd[i];
-        ln->buf = ln->epi = ln->epi_into = -1;
+        ln->buf = ln->epi = ln->epi_into = ln->epi_mul = -1;
         ln->gn_part = ln->gn_ss = ln->gn_fin = ln->gn_nparts = ln->gn_stats_first = -1;
     }
     return CW_OK;

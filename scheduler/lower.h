@@ -22,8 +22,10 @@ typedef struct cw__lnode {
                            residual add; a lone elementwise op): that node frees it, not this one */
     int fused;          /* 1: absorbed into its consumers' prep */
     int live;           /* 1: an output depends on it */
-    int epi;            /* ADD: the conv fused into it as an epilogue */
+    int epi;            /* ADD, or its scale link (epi_mul): the conv fused into it as an epilogue */
     int epi_into;       /* CONV: the ADD it writes into */
+    int epi_mul;        /* CONV with an epilogue: the binary mul between it and the ADD (its result
+                           times a tensor read by rows, cw__fusion_epi_scale), -1: none */
     int add_of;         /* CONV used once, by an ADD of two different operands, not an output: that
                            ADD (whether or not it is its epilogue), -1 */
     int reads;          /* lowering units still to read it */
@@ -106,8 +108,13 @@ int cw__next_heavy(cw__lower *L);
 
 /* ---- fusion.c: what fuses into what ---- */
 /* Fills nd[].fused (GroupNorm/SiLU/upsample chains absorbed into a conv's prep) and
- * nd[].epi / epi_into (a conv used only by a residual add writes through it). */
+ * nd[].epi / epi_into / epi_mul (a conv used only by a residual add, directly or through a
+ * mul by a tensor read row by row, writes through it). */
 void cw__fusion_analyse(cw__lower *L);
+/* Conv c's epilogue: the ADD's other operand (the residual), and the tensor its result is
+ * multiplied by first (its scale link's other operand); -1 where there is none. */
+int cw__fusion_epi_other(const cw__lower *L, int c);
+int cw__fusion_epi_scale(const cw__lower *L, int c);
 /* A conv's x when it is a fused replicate pad (the chain's last link), else -1. */
 int cw__fusion_pad(const cw__lower *L, int x);
 /* Follows a conv's x through fused nodes: src (materialised), gn node (-1), silu, up (a

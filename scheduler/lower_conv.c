@@ -36,6 +36,8 @@ typedef struct cw__conv_unit {
     int pad;                 /* the chain's replicate pad node (cw__fusion_pad), -1 */
     int prep;                /* 1 when the chain is not empty */
     int other;               /* the residual operand, -1 without epilogue */
+    int scale;               /* what each output band is multiplied by before the add, -1: none
+                                (cw__fusion_epi_scale) */
     int inplace;             /* 1: the add's result is written into other's storage: each
                                 patch's conv writes a band buffer, the epilogue adds it in */
     int pass1;               /* 1: a recomputed conv's first pass: each band goes to a band
@@ -70,7 +72,7 @@ static void cw__unit_init(const cw__lower *L, int i, cw__conv_unit *u) {
     const int x = L->g->nodes[i].in[0];
     memset(u, 0, sizeof *u);
     u->node = u->outn = i;
-    u->other = u->rec = -1;
+    u->other = u->scale = u->rec = -1;
     u->in.xbuf = -1;
     cw__fusion_chain(L, x, &u->src, &u->gn, &u->silu, &u->up);
     cw__fusion_unary(L, x, &u->unary, &u->ua, &u->ub);
@@ -267,6 +269,28 @@ static cw_status cw__emit_band_conv(cw__lower *L, int b, int A, int64_t r0, int6
 static cw_status cw__emit_sc_conv(cw__lower *L, int B, int S, int64_t o0, int64_t o1, cw__band_in in, int *sbuf,
                                   int *sconv);
 
+/* Patch j's output band y (the conv's band buffer, or its rows of the add's result) times
+ * u->scale's rows of the band, in place, after task *after (the conv); *after gets this task.
+ * The binary kernels read each element before they write it, so the alias is exact. */
+static cw_status cw__emit_scale(cw__lower *L, cw__conv_unit *u, int j, cw__vref y, int *after) {
+    const cw_graph *g = L->g;
+    const cw__patch *pt = &u->cp.patch[j];
+    const int m = L->nd[u->node].epi_mul, ax = u->cp.axis;
+    cw__task *t = NULL;
+    int id = -1;
+    CW_TRY(cw__new_task(L, CW__T_OP, CW_STAGE_EPILOGUE, L->light, m, &t, &id));
+    t->u.op.code = CW_OP_BINARY;
+    t->u.op.param = g->nodes[m].param;
+    t->u.op.out = t->u.op.in[0] = y;
+    t->u.op.in[1] = cw__band(L->nd[u->scale].buf, &g->nodes[u->scale].desc, ax, pt->o0, pt->o1);
+    t->flops = (double)cw__desc_numel(&g->nodes[m].desc) * (double)(pt->o1 - pt->o0) / (double)u->ci->out_rows;
+    CW_TRY(cw__task_set_name(L->p, t, "scale L%d patch %d/%d", m, j + 1, u->cp.patches));
+    CW_TRY(cw__dep(L, id, *after));
+    if (g->nodes[u->scale].kind != CW__N_CONST) CW_TRY(cw__dep_band(L, id, u->scale, ax, pt->o0, pt->o1));
+    *after = id;
+    return CW_OK;
+}
+
 /* The residual add of patch j after its conv task `conv`; *id gets it. Where the operand is
  * an epilogue shortcut S (nd[].rec_epi), S's rows [o0, o1) are computed first, into a band
  * buffer, from x's rows (S maps rows one to one) -- or, where x is recomputed, they were
@@ -282,8 +306,10 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
     else if (shortcut)
         CW_TRY(cw__emit_sc_conv(L, u->node, u->other, pt->o0, pt->o1, (cw__band_in){-1, -1, 0}, &sbuf, &sconv));
     cw__task *e = NULL;
+    const cw__vref dst = cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
+    if (u->scale >= 0) CW_TRY(cw__emit_scale(L, u, j, u->inplace ? cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d) : dst, &conv));
     CW_TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
-    e->u.add.dst = cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
+    e->u.add.dst = dst;
     cw__vref other = shortcut ? cw__whole(sbuf, &L->p->bufs[sbuf].d)
                               : cw__band(L->nd[u->other].buf, &g->nodes[u->other].desc, ax, pt->o0, pt->o1);
     if (u->inplace) { /* dst is other's (or x's) storage: other + band, written over it */
@@ -710,8 +736,8 @@ cw_status cw__lower_conv(cw__lower *L, int i) {
     cw__unit_init(L, i, &u);
     int addn = L->nd[i].epi_into;
     u.outn = addn >= 0 ? addn : i;
-    const cw__node *an = addn >= 0 ? &g->nodes[addn] : NULL;
-    u.other = an ? (an->in[0] == i ? an->in[1] : an->in[0]) : -1;
+    u.other = cw__fusion_epi_other(L, i);
+    u.scale = cw__fusion_epi_scale(L, i);
     const int tgt = cw__fusion_inplace_target(L, u.other); /* whose storage an in-place add takes */
     u.inplace = tgt >= 0 && L->nd[tgt].moved && L->nd[tgt].buf == L->nd[u.outn].buf;
     u.pass1 = L->nd[i].rec;
