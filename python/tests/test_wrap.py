@@ -168,6 +168,49 @@ def test_rematerialize_a_cheap_early_tensor(monkeypatch):
     assert peak < d0["segments"][0]["plan"]["activations_peak"], (peak, d0["segments"][0]["plan"])
 
 
+def _least_total(w, budget):
+    """The memory ladder's least total of w's plans: the largest of its segments' least."""
+    segs = [s[1] for s in w.last_program.steps if s[0] == "seg"]
+    return max(seg.g.memory_ladder(budget=budget, streams=2)[0]["total_bytes"] for seg in segs)
+
+
+def test_memory_cap_recomputes_dearer_cones(monkeypatch):
+    """memory= as a size that the plans miss at remat.SHARE: wrap compiles once more at
+    remat.SHARE_CAPPED (front/runner.py, Wrapped._compile), f is recomputed before the mix,
+    and the plan fits, exactly. Shares of 0 and 1 stand in for a real decoder's 2 % and 5 %.
+    The copy's product with (1 - mask) is its conv's epilogue (scheduler/fusion.c). With
+    SHARE_CAPPED no larger than SHARE nothing is retried: CW_ERR_BUDGET."""
+    from convweave.front import remat
+    mod, ins = _remat_module()
+    monkeypatch.setattr(remat, "SHARE", 0.0)
+    monkeypatch.setattr(remat, "SHARE_CAPPED", 1.0)
+    least0 = _least_total(cwt.wrap(mod.eval(), ins, budget="1MiB"), "1MiB")
+    w, _, _ = check_module(mod, ins, fallback=False, budget="1MiB", memory=least0 - 1)
+    d = w.describe()
+    assert d["remat_share"] == 1.0 and [r["node"] for r in d["rematerialized"]] == ["conv2d"], d
+    p = d["segments"][0]["plan"]
+    assert p["activations_peak"] + p["temp_predicted"] <= least0 - 1, (p, least0)
+    monkeypatch.setattr(remat, "SHARE_CAPPED", 0.0)
+    with pytest.raises(convweave.Error, match=r"^CW_ERR_BUDGET: .*memory budget"):
+        cwt.wrap(mod.eval(), ins, budget="1MiB", memory=least0 - 1)
+
+
+def test_ladder_recomputes_a_conv_read_through_relu():
+    """A conv whose only reader is the next conv through a ReLU (a fused unary link) is on the
+    recompute ladder like one read through GroupNorm/SiLU: the least memory point recomputes
+    it, exactly."""
+    torch.manual_seed(0)
+    mod = Fn(lambda s, x: s.c(F.relu(s.b(F.relu(s.a(x))))), a=nn.Conv2d(3, 16, 3, padding=1),
+             b=nn.Conv2d(16, 16, 3, padding=1), c=nn.Conv2d(16, 3, 3, padding=1))
+    ins = (rand(1, 3, 128, 128),)
+    w0 = cwt.wrap(mod.eval(), ins, budget="1MiB")
+    stored = w0.describe()["segments"][0]["plan"]
+    least = _least_total(w0, "1MiB")
+    w, _, _ = check_module(mod, ins, fallback=False, budget="1MiB", memory=least)
+    p = w.describe()["segments"][0]["plan"]
+    assert p["n_recomputed"] >= 1 and p["activations_peak"] < stored["activations_peak"], (p, stored)
+
+
 def test_multiple_outputs_keep_structure():
     conv = nn.Conv2d(2, 4, 3, padding=1)
     mod = Fn(lambda s, x: {"y": s.c(x), "pair": (F.silu(s.c(x)), x * 2.0)}, c=conv)

@@ -12,7 +12,13 @@ GFLOP that recompute in well under a second. A tensor qualifies when:
 - every node it is made from (its cone: the nodes back to placeholders and attributes) is an
   op convweave lowers, at most MAX_CONE of them, so that recomputing keeps nothing else alive
   (the module's inputs and parameters are held by the caller anyway);
-- its cone costs at most SHARE of the graph's convolution FLOPs.
+- its cone costs at most `share` of the graph's convolution FLOPs: SHARE by default,
+  SHARE_CAPPED where a memory cap (wrap's memory= as a size) is missed at SHARE -- the climb
+  of the C planner's memory ladder (recompute before approximation) continued on the exported
+  graph. AsymmetricAutoencoderKL's second condition map (384 channels at the image's size,
+  350 GFLOP from the first, ~3.5 % of its 512² decode) is taken only then; the copy's
+  product with the mix's (1 - mask) is the copy's conv epilogue (scheduler/fusion.c), so it
+  is never whole either.
 
 The copies go right before the late reader; each copy is exact (the same ops on the same
 values; a different patching may round differently, within the determinism contract)."""
@@ -26,6 +32,7 @@ from .partition import _CONVS
 MIN_BYTES = 1 << 20
 MAX_CONE = 8
 SHARE = 0.02
+SHARE_CAPPED = 0.05
 
 
 def _val(node):
@@ -60,9 +67,10 @@ def _cone(node):
     return list(seen)
 
 
-def rematerialize(graph):
-    """Rewrites graph in place (see the module's docstring); returns what it copied: per
-    tensor its node's name, bytes and the GFLOP its recompute costs."""
+def rematerialize(graph, share=None):
+    """Rewrites graph in place (see the module's docstring; share: SHARE where None); returns
+    what it copied: per tensor its node's name, bytes and the GFLOP its recompute costs."""
+    share = SHARE if share is None else share
     order = {n: i for i, n in enumerate(graph.nodes)}
     nodes = list(graph.nodes)
     total = sum(_flops(n) for n in nodes)
@@ -77,7 +85,7 @@ def rematerialize(graph):
             continue
         cone = _cone(n)
         cost = sum(_flops(c) for c in cone) if cone else 0
-        if cone is None or cost > SHARE * total:
+        if cone is None or cost > share * total:
             continue
         env = {}
         with graph.inserting_before(last):

@@ -15,6 +15,7 @@ from .._core import Context, Error, format_bytes, parse_bytes
 from .. import _lib as C
 from .export import export, placeholders, slot
 from .partition import Lowering, _tensors, _walk
+from . import remat as remat_mod
 from .remat import rematerialize
 from .values import Bcast, Const, Cw, Pad, Shuffle, Split, Torch
 
@@ -31,12 +32,12 @@ class Program:
     """One compiled signature: the steps, their segments' plans, and what it read."""
 
     def __init__(self, mod, flat, spec, context, fallback=True, compile=True, comm=None, gather=True, donate=(),
-                 **opts):
+                 share=None, **opts):
         """mod exported for the inputs flat (spec: their pytree), lowered and (compile=True)
         compiled on context(device) with compile options opts (memory, budget, streams,
         patches, fuse). comm: None, or the convweave.dist.Comm every plan is compiled with
         (see _distribute for gather). donate: positions in flat of inputs the caller gives up
-        (_donations)."""
+        (_donations). share: the recompute share of front/remat.py (None: its SHARE)."""
         self.device = next((t.device for t in flat if isinstance(t, torch.Tensor)), torch.device("cpu"))
         if comm is not None and self.device.type != "cpu":
             raise Error("CW_ERR_UNSUPPORTED", f"convweave: process_group with inputs on {self.device}: convweave.dist "
@@ -48,7 +49,8 @@ class Program:
         self.ctx = context(self.device)
         args, kwargs = pytree.tree_unflatten(flat, spec)
         ep = export(mod, args, kwargs)
-        remat = rematerialize(ep.graph)
+        self.share = remat_mod.SHARE if share is None else share
+        remat = rematerialize(ep.graph, self.share)
         self.out_spec = ep.call_spec.out_spec
         vals, self.users, read = placeholders(ep, mod)
         L = Lowering(self.ctx, self.device, fallback)
@@ -71,7 +73,7 @@ class Program:
                         "fallbacks": [{"node": f.node, "op": f.op, "module": f.module, "shape": f.shape,
                                        "bytes": f.bytes, "reason": f.reason, "where": f.where}
                                       for f in L.fallbacks],
-                        "copied_bytes": L.copied, "rematerialized": remat}
+                        "copied_bytes": L.copied, "rematerialized": remat, "remat_share": self.share}
         opts = dict(dict(memory=None, budget=0, streams=0, patches=None, fuse=True), **opts)  # 0: the context's
         self._distribute()
         pairs = self._donations(donate) if comm is None else {}
@@ -411,14 +413,33 @@ class Wrapped(torch.nn.Module):
                 del self._programs[key]
                 prog = None
             if prog is None:
-                prog = Program(self.module, flat, spec, self._context, self.fallback, donate=self._donated(args),
-                               **self.options)
+                prog = self._compile(flat, spec, args)
                 self._programs[key] = prog
                 while len(self._programs) > self.max_plans:
                     self._programs.popitem(last=False)
             self._programs.move_to_end(key)
             self.last_program = prog
             return prog
+
+    def _compile(self, flat, spec, args):
+        """A Program for these inputs. Under memory= as a size that the plans miss with the
+        default recompute share (CW_ERR_BUDGET), once more with remat.SHARE_CAPPED: tensors
+        whose recompute costs up to that share of the convolutions are recomputed before
+        their late readers rather than held (front/remat.py); its error is raised if that
+        misses too."""
+        def build(share=None):
+            return Program(self.module, flat, spec, self._context, self.fallback, donate=self._donated(args),
+                           share=share, **self.options)
+        memory = self.options["memory"]
+        if memory is None or (isinstance(memory, str) and memory.startswith("auto")) or \
+                remat_mod.SHARE_CAPPED <= remat_mod.SHARE:
+            return build()
+        try:
+            return build()
+        except Error as e:
+            if e.status != "CW_ERR_BUDGET":
+                raise
+        return build(remat_mod.SHARE_CAPPED)
 
     @torch.compiler.disable
     def forward(self, *args, **kwargs):
