@@ -69,7 +69,8 @@ static int cw__scaled_conv(const cw__lower *L, int m, int other) {
             sn->desc.rank != mn->desc.rank)
             continue;
         int same = 1;
-        for (int d = 0; d < mn->desc.rank; d++) same &= sn->desc.dims[d] == mn->desc.dims[d] || (d == 1 && sn->desc.dims[1] == 1);
+        for (int d = 0; d < mn->desc.rank; d++)
+            same &= sn->desc.dims[d] == mn->desc.dims[d] || (d == 1 && sn->desc.dims[1] == 1);
         if (same) return c;
     }
     return -1;

@@ -307,7 +307,8 @@ static cw_status cw__emit_epilogue(cw__lower *L, cw__conv_unit *u, int j, int co
         CW_TRY(cw__emit_sc_conv(L, u->node, u->other, pt->o0, pt->o1, (cw__band_in){-1, -1, 0}, &sbuf, &sconv));
     cw__task *e = NULL;
     const cw__vref dst = cw__band(L->nd[u->outn].buf, &n->desc, ax, pt->o0, pt->o1);
-    if (u->scale >= 0) CW_TRY(cw__emit_scale(L, u, j, u->inplace ? cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d) : dst, &conv));
+    if (u->scale >= 0) /* the conv's band: its band buffer, or the add's rows it wrote */
+        CW_TRY(cw__emit_scale(L, u, j, u->inplace ? cw__whole(u->ybuf[j], &L->p->bufs[u->ybuf[j]].d) : dst, &conv));
     CW_TRY(cw__new_task(L, CW__T_ADD, CW_STAGE_EPILOGUE, L->light, addn, &e, id));
     e->u.add.dst = dst;
     cw__vref other = shortcut ? cw__whole(sbuf, &L->p->bufs[sbuf].d)

@@ -136,16 +136,22 @@ static inline void check_output(cw_context *ctx, cw_tensor *t, const cw_tensor_d
     free(raw), free(y);
 }
 
+/* g compiled under policy: unscheduled on one stream, or `patches` patches on 3 streams. */
+static inline cw_plan *compile_policy(cw_context *ctx, cw_graph *g, cw_patch_policy policy, int patches) {
+    cw_compile_options opt = CW_COMPILE_OPTIONS_INIT;
+    opt.policy = policy;
+    opt.patches = patches;
+    opt.streams = policy == CW_PATCHES_NONE ? 1 : 3;
+    cw_plan *p;
+    ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &opt));
+    return p;
+}
+
 /* Compiles g (policy, 3 streams when patched), runs it on `in`, checks each output's
  * relative error against ref[o] within bound[o]. */
 static inline void run_and_check(cw_context *ctx, cw_graph *g, cw_patch_policy policy, cw_tensor *in, int n_out,
                           const cw_tensor_desc *od, double *const *ref, const double *bound) {
-    cw_compile_options opt = CW_COMPILE_OPTIONS_INIT;
-    opt.policy = policy;
-    opt.patches = 3;
-    opt.streams = policy == CW_PATCHES_NONE ? 1 : 3;
-    cw_plan *p;
-    ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &opt));
+    cw_plan *p = compile_policy(ctx, g, policy, 3);
     cw_tensor *outs[2];
     for (int o = 0; o < n_out; o++) outs[o] = upload(ctx, od[o].dtype, od[o].rank, od[o].dims, NULL);
     ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, outs, n_out));
@@ -154,6 +160,26 @@ static inline void run_and_check(cw_context *ctx, cw_graph *g, cw_patch_policy p
         cw_tensor_destroy(outs[o]);
     }
     cw_plan_destroy(p);
+}
+
+/* Runs g twice on `in` (the second run reuses the arena's stale contents), compiled as
+ * compile_policy does with 4 patches, checks its n_out outputs (each of desc od) against
+ * ref[o] within bound, and returns the plan's live activation peak
+ * (cw_plan_stats.activations_live_peak). */
+static inline int64_t run_twice_live_peak(cw_context *ctx, cw_graph *g, cw_tensor *in, cw_patch_policy policy,
+                                          int n_out, const cw_tensor_desc *od, double *const *ref, double bound) {
+    cw_plan *p = compile_policy(ctx, g, policy, 4);
+    cw_tensor *out[2];
+    for (int o = 0; o < n_out; o++) out[o] = upload(ctx, od->dtype, od->rank, od->dims, NULL);
+    for (int rep = 0; rep < 2; rep++) {
+        ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, out, n_out));
+        for (int o = 0; o < n_out; o++) check_output(ctx, out[o], od, ref[o], bound, (int)policy, o);
+    }
+    cw_plan_stats st;
+    ASSERT_OK_CTX(ctx, cw_plan_get_stats(p, &st));
+    for (int o = 0; o < n_out; o++) cw_tensor_destroy(out[o]);
+    cw_plan_destroy(p);
+    return st.activations_live_peak;
 }
 
 /* Runs g on `in` unscheduled and patched on 3 streams (run_and_check each: output o against

@@ -104,31 +104,6 @@ static cw_graph *build(cw_context *ctx, const weights *s, cw_dtype dt, int keep)
     return g;
 }
 
-/* Compiles g (policy; patched: 4 patches on 3 streams), runs it twice, checks z (and y with
- * keep) against ref[0] (ref[1]) within bound, and returns the plan's live activation peak. */
-static int64_t run(cw_context *ctx, cw_graph *g, const weights *s, cw_dtype dt, cw_patch_policy policy, int keep,
-                   double *const ref[2], double bound) {
-    cw_tensor_desc yd;
-    ASSERT_OK(cw_tensor_desc_make(&yd, dt, 4, ydims));
-    cw_compile_options opt = CW_COMPILE_OPTIONS_INIT;
-    opt.policy = policy;
-    opt.patches = 4;
-    opt.streams = policy == CW_PATCHES_NONE ? 1 : 3;
-    cw_plan *p;
-    ASSERT_OK_CTX(ctx, cw_graph_compile(g, &p, &opt));
-    cw_tensor *out[2] = {upload(ctx, dt, 4, ydims, NULL), upload(ctx, dt, 4, ydims, NULL)};
-    cw_tensor *in = s->tx;
-    for (int rep = 0; rep < 2; rep++) {
-        ASSERT_OK_CTX(ctx, cw_plan_run(p, &in, 1, out, 1 + keep));
-        for (int o = 0; o <= keep; o++) check_output(ctx, out[o], &yd, ref[o], bound, (int)policy, o);
-    }
-    cw_plan_stats st;
-    ASSERT_OK_CTX(ctx, cw_plan_get_stats(p, &st));
-    cw_tensor_destroy(out[0]), cw_tensor_destroy(out[1]);
-    cw_plan_destroy(p);
-    return st.activations_live_peak;
-}
-
 /* Bytes of an activation as the plan's arena holds it (rounded up to 512). */
 static int64_t held(int64_t bytes) { return (bytes + 511) / 512 * 512; }
 
@@ -141,11 +116,14 @@ static void test_scaled(cw_context *ctx, cw_rng *r, cw_dtype dt, int64_t kb, int
     double *const ref[2] = {z, y};
     reference(&s, dt, y, z);
     const double bound = dt == CW_F32 ? 1e-5 : 64 * unit_roundoff(dt);
+    cw_tensor_desc yd;
+    ASSERT_OK(cw_tensor_desc_make(&yd, dt, 4, ydims));
     for (int keep = 0; keep < 2; keep++) {
         cw_graph *g = build(ctx, &s, dt, keep);
-        const int64_t ref_peak = run(ctx, g, &s, dt, CW_PATCHES_NONE, keep, ref, bound);
-        const int64_t peak = run(ctx, g, &s, dt, CW_PATCHES_FIXED, keep, ref, bound);
-        fprintf(stderr, "%s m of %lld channel(s)%s keep %d: live activations %lld bytes patched, %lld unscheduled (a tensor %lld)\n",
+        const int64_t ref_peak = run_twice_live_peak(ctx, g, s.tx, CW_PATCHES_NONE, 1 + keep, &yd, ref, bound);
+        const int64_t peak = run_twice_live_peak(ctx, g, s.tx, CW_PATCHES_FIXED, 1 + keep, &yd, ref, bound);
+        fprintf(stderr, "%s m of %lld channel(s)%s keep %d: live activations %lld bytes patched, %lld unscheduled "
+                        "(a tensor %lld)\n",
                 cw__dtype_name(dt), (long long)kb, m_first ? ", mul(m, f) first in the add" : "", keep,
                 (long long)peak, (long long)ref_peak, (long long)bytes);
         /* unscheduled: o, m, f and f * m at once at least; patched: o (y in its storage, or
