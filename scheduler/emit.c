@@ -89,18 +89,26 @@ cw_status cw__dep(cw__lower *L, int task, int dep) {
     return CW_OK;
 }
 
-/* The reads are long done in practice, so the write-after-read deps cost no parallelism. */
+/* The reads are long done in practice, so the write-after-read deps cost no parallelism.
+ * Only the last task touching b on each stream: a stream runs its tasks in host order, so
+ * waiting for it waits for the earlier ones there (sync.c keeps one wait per stream pair
+ * anyway; a distributed plan remakes its orders from row accesses). The whole list made
+ * every in-place epilogue of a long residual chain depend on thousands of tasks, each
+ * cw__dep a scan of those before it: cubic, most of a memory ladder's compile time. */
 cw_status cw__touching(cw__lower *L, int b, int **out, int *n) {
     const cw_plan *p = L->p;
     *out = NULL;
     *n = 0;
-    int *list = cw__malloc((size_t)p->n_tasks * sizeof *list + 1);
+    int *list = cw__malloc((size_t)p->n_streams * sizeof *list + 1), seen = 0;
     if (!list) return cw__oom(L);
-    for (int t = 0; t < p->n_tasks; t++) {
+    for (int t = p->n_tasks - 1; t >= 0 && *n < p->n_streams; t--) {
+        const int s = p->tasks[t].stream;
+        if (seen & (1 << s)) continue;
         int tb[CW__TASK_MAX_BUFS];
         for (int k = 0, m = cw__task_bufs(&p->tasks[t], tb); k < m; k++)
             if (tb[k] == b) {
                 list[(*n)++] = t;
+                seen |= 1 << s;
                 break;
             }
     }

@@ -81,8 +81,8 @@ cw_status cw__release_tail(cw__lower *L, int buf);
 cw_status cw__new_task(cw__lower *L, cw__tkind kind, int stage, int stream, int node, cw__task **out, int *id);
 /* task runs after dep (dep < 0: nothing). */
 cw_status cw__dep(cw__lower *L, int task, int dep);
-/* The tasks so far that touch buffer b, into *out (cw__free it), *n of them: a write into
- * b's storage in place waits for them (write after read). */
+/* The last task so far touching buffer b on each stream, into *out (cw__free it), *n of
+ * them: a write into b's storage in place waits for them (write after read). */
 cw_status cw__touching(cw__lower *L, int b, int **out, int *n);
 /* task runs after every writer of node n's rows [r0, r1) along H. */
 cw_status cw__dep_rows(cw__lower *L, int task, int n, int64_t r0, int64_t r1);
