@@ -14,9 +14,9 @@ flux2: AutoencoderKLFlux2 at FLUX.2's released widths (the class's defaults: 128
 config (decoder 192/384/768/768, 3 layers per up block; encoder as SD's), decoding with an
 image and a mask as StableDiffusionInpaintPipeline passes them (enable() refuses its
 MaskConditionDecoder: use --modes diffusers,wrap). --memory least: the memory ladder's least
-total at --budget (computed in a process of its own, then passed as memory=). Prints one line
-per configuration, the ratios, and the largest difference between the two outputs relative
-to max|ref|.
+total at --budget, at either recompute share of front/remat.py (computed in a process of its
+own, then passed as memory=). Prints one line per configuration, the ratios, and the largest
+difference between the two outputs relative to max|ref|.
 
   python bench/bench_python_vae.py --config sd --latent 64 --budget 128MiB --repeat 2
   python bench/bench_python_vae.py --latent 64 --memory auto --procs 3   # medians of 3 processes
@@ -147,17 +147,24 @@ def child(args):
 
 
 def ladder(args, vae, inp, extra):
-    """Prints the memory ladder of the part's plan(s) at --budget (wrap's lowering, the same
-    graph enable() builds): per segment, least total first."""
+    """Prints the memory ladders of the part's plan(s) at --budget (wrap's lowering, the same
+    graph enable() builds), per segment, least total first: [ladders at remat.SHARE, at
+    remat.SHARE_CAPPED] -- the graphs wrap compiles under a memory cap (Wrapped._compile)."""
     import torch
     import convweave.torch
+    from convweave.front import remat
+    from convweave.front.runner import Program
     part = getattr(vae, args.part)
     example = (torch.empty_like(inp) if args.part == "decoder" else inp,)
     if extra:
         example += (extra["image"], extra["mask"])
     w = convweave.torch.wrap(part, example, budget=args.budget, streams=args.streams, threads=args.threads)
-    segs = [s[1] for s in w.last_program.steps if s[0] == "seg"]
-    print(json.dumps([seg.g.memory_ladder(budget=args.budget, streams=args.streams) for seg in segs]))
+    out = []
+    for share in (remat.SHARE, remat.SHARE_CAPPED):
+        prog = Program(part, *w._flatten(example, {}), w._context, compile=False, share=share)
+        segs = [s[1] for s in prog.steps if s[0] == "seg"]
+        out.append([seg.g.memory_ladder(budget=args.budget, streams=args.streams) for seg in segs])
+    print(json.dumps(out))
 
 
 def run_mode(args, mode, out):
@@ -210,8 +217,8 @@ def main():
     if args.memory == "least":
         with tempfile.TemporaryDirectory() as tmp:
             segs = run_mode(args, "ladder", os.path.join(tmp, "ladder.pt"))
-        # memory= caps each plan: the least that every segment's plan reaches
-        least = max(pts[0]["total_bytes"] for pts in segs)
+        # memory= caps each plan: the least that every segment's plan reaches, at either share
+        least = min(max(pts[0]["total_bytes"] for pts in lad) for lad in segs)
         args.memory = str(least)
     with tempfile.TemporaryDirectory() as tmp:
         res, procs = {}, {m: [] for m in modes}
@@ -272,9 +279,11 @@ def main():
         for f in res[m].get("fallbacks", []):
             print(f"  run by PyTorch: {f['op']} {f['shape']} ({f['bytes'] / mib:.1f} MiB): {f['reason']}")
     if least is not None:
-        for i, pts in enumerate(segs):
-            print(f"ladder (segment {i}, --budget {args.budget}): " + ", ".join(
-                f"{p['total_bytes']} ({p['total_bytes'] / mib:.0f} MiB, {p['n_recomputed']} recomputed)" for p in pts))
+        for name, lad in zip(("remat.SHARE", "remat.SHARE_CAPPED"), segs):
+            for i, pts in enumerate(lad):
+                print(f"ladder at {name} (segment {i}, --budget {args.budget}): " + ", ".join(
+                    f"{p['total_bytes']} ({p['total_bytes'] / mib:.0f} MiB, {p['n_recomputed']} recomputed)"
+                    for p in pts))
 
 
 if __name__ == "__main__":
