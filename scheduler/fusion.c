@@ -53,9 +53,11 @@ static int cw__fuses(const cw__lower *L, int i) {
 
 /* The conv whose result node m multiplies, where m may be the scale link of a residual
  * epilogue add(other, m) (cw__fusion_analyse), else -1: m is a binary mul used once, not an
- * output, of a conv used only by m and of a tensor s other than the add's other operand,
- * materialised (not fused), of m's dims or broadcast over its channels (cw_binary_bcast), so
- * that each of the conv's output bands is scaled by s's rows of that band before the add. */
+ * output, of a conv of m's dims used only by m and of a tensor s other than the add's other
+ * operand, materialised (not fused), so that each of the conv's output bands is scaled by
+ * s's rows of that band before the add. s is m's dims or, as m's second operand, broadcast
+ * over its channels (cw_graph_binary checked it); a conv of one channel broadcast over s's
+ * is not taken (its band is smaller than the product's). */
 static int cw__scaled_conv(const cw__lower *L, int m, int other) {
     const cw_graph *g = L->g;
     const cw__node *mn = &g->nodes[m];
@@ -64,14 +66,10 @@ static int cw__scaled_conv(const cw__lower *L, int m, int other) {
         return -1;
     for (int a = 0; a < 2; a++) {
         const int c = mn->in[a], s = mn->in[1 - a];
-        const cw__node *cn = &g->nodes[c], *sn = &g->nodes[s];
-        if (cn->kind != CW__N_CONV || cn->n_uses != 1 || cn->is_output || s == other || L->nd[s].fused ||
-            sn->desc.rank != mn->desc.rank)
-            continue;
-        int same = 1;
-        for (int d = 0; d < mn->desc.rank; d++)
-            same &= sn->desc.dims[d] == mn->desc.dims[d] || (d == 1 && sn->desc.dims[1] == 1);
-        if (same) return c;
+        const cw__node *cn = &g->nodes[c];
+        if (cn->kind == CW__N_CONV && cn->n_uses == 1 && !cn->is_output && s != other && !L->nd[s].fused &&
+            cw__same_dims(&cn->desc, &mn->desc))
+            return c;
     }
     return -1;
 }
@@ -160,8 +158,9 @@ int cw__fusion_unit_reads(const cw__lower *L, int i, int out[4]) {
         const int other = cw__fusion_epi_other(L, i), sc = cw__fusion_epi_scale(L, i);
         if (other >= 0 && other != src) out[k++] = other;
         if (sc >= 0 && sc != src && sc != other) out[k++] = sc;
-    } else if (n->kind == CW__N_ADD || (n->kind == CW__N_OP && L->nd[i].epi >= 0)) {
-        if (L->nd[i].epi >= 0) return -1; /* part of its conv's unit (the add, its scale link) */
+    } else if (L->nd[i].epi >= 0) {
+        return -1; /* part of its conv's unit: the add, or the product between them */
+    } else if (n->kind == CW__N_ADD) {
         out[k++] = n->in[0];
         if (n->in[1] != n->in[0]) out[k++] = n->in[1];
     } else if (cw__fusable(n)) {

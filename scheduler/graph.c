@@ -248,13 +248,6 @@ cw_status cw_graph_upsample2x(cw_graph *g, cw_node *out, cw_node x) {
     return cw__unary(g, out, x, CW__N_UP2, "cw_graph_upsample2x");
 }
 
-static int cw__same_dims(const cw_tensor_desc *a, const cw_tensor_desc *b) {
-    if (a->rank != b->rank) return 0;
-    for (int i = 0; i < a->rank; i++)
-        if (a->dims[i] != b->dims[i]) return 0;
-    return 1;
-}
-
 cw_status cw_graph_add(cw_graph *g, cw_node *out, cw_node a, cw_node b) {
     if (!g || !out) return CW_ERR_INVALID_ARG;
     *out = CW_NODE_NONE;

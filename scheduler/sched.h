@@ -282,6 +282,14 @@ static inline const char *cw__task_name(const cw_plan *p, const cw__task *t) {
 }
 static inline cw__conv_ext *cw__conv_of(const cw_plan *p, const cw__task *t) { return &p->cexts[t->u.conv.ext]; }
 
+/* a and b have the same rank and dims. */
+static inline int cw__same_dims(const cw_tensor_desc *a, const cw_tensor_desc *b) {
+    if (a->rank != b->rank) return 0;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return 0;
+    return 1;
+}
+
 /* drops.c: inserts DROP actions into the host-ordered action list (before cw__plan_sync). */
 cw_status cw__plan_drops(cw_plan *p);
 /* arena.c: places every activation at a fixed offset of one arena (after cw__plan_sync). */
