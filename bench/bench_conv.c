@@ -94,7 +94,7 @@ static int run_one(const bcase *bc, int64_t budget, int64_t max_ws, int threads,
     openblas_set_num_threads(threads);
     cw__conv_problem pr;
     make_problem(bc, &pr);
-    cw__backend be = {&algos_rt, &algos_ops, NULL, threads};
+    cw__backend be = {&algos_rt, &algos_ops, NULL, threads, 1};
     int P = 1;
     cw__conv_algo algo;
     int64_t min_cap = 0;

@@ -108,6 +108,17 @@ static cw_status cw__compile_at(cw_graph *g, const cw_compile_options *o, int64_
  * temp_predicted). */
 static int64_t cw__plan_memory(const cw_plan *p) { return p->act_bytes + p->temp_predicted; }
 
+/* cw_plan_stats.conv_cost_ms: the chosen algorithms' costs summed over every conv task (each
+ * patch, each recompute, each band of a thin patch's sub-bands as the backend costs it), in
+ * ms; -1 where the backend's costs are an order, not a time (cw__backend.cost_ns). */
+static double cw__plan_conv_cost(const cw_plan *p) {
+    if (!p->ctx->be->cost_ns) return -1.0;
+    double ns = 0.0;
+    for (int k = 0; k < p->n_tasks; k++)
+        if (p->tasks[k].kind == CW__T_CONV) ns += cw__conv_of(p, &p->tasks[k])->algo.cost;
+    return ns * 1e-6;
+}
+
 /* The recompute steps the planner climbs under a memory budget, cheapest in FLOPs first:
  * rec_min[0] = 0 stores every activation; rec_min[k] recomputes the inner activation of the
  * ResNet-style blocks holding >= rec_min[k] bytes (each step adds the blocks of the next
@@ -448,6 +459,7 @@ static cw_status cw__memory_ladder(cw_graph *g, cw_memory_point *points, int *ou
             q->temp_bytes = p->temp_predicted;
             q->n_recomputed = p->n_recomputed;
             q->recompute_gflop = p->recompute_flop * 1e-9;
+            q->conv_cost_ms = cw__plan_conv_cost(p);
         }
         cw__plan_free(p);
     }
@@ -548,6 +560,7 @@ static void cw__plan_compile_stats(cw_plan *p) {
     p->stats.activations_peak = p->act_bytes;
     p->stats.n_recomputed = p->n_recomputed;
     p->stats.recompute_gflop = p->recompute_flop * 1e-9;
+    p->stats.conv_cost_ms = cw__plan_conv_cost(p);
     for (int c = 0; c < p->n_convs; c++) p->stats.n_patches += p->convs[c].patches;
 }
 

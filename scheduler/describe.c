@@ -50,6 +50,7 @@ static cJSON *cw__describe_json(const cw_plan *p) {
     cJSON_AddNumberToObject(root, "conv_gflop", p->conv_gflop);
     cJSON_AddNumberToObject(root, "halo_overhead_pct", p->stats.halo_overhead_pct);
     cJSON_AddNumberToObject(root, "recompute_gflop", p->recompute_flop * 1e-9);
+    cJSON_AddNumberToObject(root, "conv_cost_ms", p->stats.conv_cost_ms);
     cJSON *rn = cJSON_AddArrayToObject(root, "recomputed"); /* conv nodes whose results are recomputed */
     for (int i = 0; rn && i < p->n_recomputed; i++) cJSON_AddItemToArray(rn, cJSON_CreateNumber(p->rec_nodes[i]));
     cJSON *convs = cJSON_AddArrayToObject(root, "convs");

@@ -237,7 +237,7 @@ static void sweep(cw_context *ctx, cw_rng *r, const char *name, int sp, const in
     for (int64_t i = 0; i < pr.y.dims[1]; i++) b[i] = cw_rng_float(r);
     cw_ref_conv(&pr.x, x, &pr.w, w, b, p, &pr.y, ref);
 
-    cw__backend be_cpu = {&cpu_rt, &cpu_ops, ctx, 1}, be_gemm = {&gemm_rt, &gemm_ops, ctx, 1};
+    cw__backend be_cpu = {&cpu_rt, &cpu_ops, ctx, 1, 1}, be_gemm = {&gemm_rt, &gemm_ops, ctx, 1, 1};
     cw__conv_algo fastest[2];
     int nf;
     ASSERT_OK(cw__cpu_conv_algos(NULL, &pr, fastest, 2, &nf));

@@ -520,7 +520,7 @@ static cw_status fake_conv_algos(cw__backend *be, const cw__conv_problem *p, cw_
 static void test_dry(void) {
     static const cw__runtime_i fake_rt = {.name = "fake"};
     static const cw__ops_i fake_ops = {.conv_algos = fake_conv_algos};
-    cw__backend fake = {&fake_rt, &fake_ops, NULL, 0};
+    cw__backend fake = {&fake_rt, &fake_ops, NULL, 0, 0};
     cw__backend *d = NULL;
     ASSERT_OK(cw__backend_dry_create(&fake, &d));
     ASSERT_TRUE(d && d != &fake);

@@ -16,7 +16,7 @@
 #include "vae.h"
 
 #define MEMORY_AUTO (-1)       /* opts.memory: chosen from the memory ladder */
-#define AUTO_RECOMPUTE_PCT 10  /* --memory auto pays at most this many % more conv FLOPs */
+#define AUTO_RECOMPUTE_PCT 10  /* --memory auto pays at most this many % more conv time (memory_auto) */
 
 enum { EXIT_USAGE = 2, EXIT_RUN = 1 };
 
@@ -31,7 +31,7 @@ typedef struct opts {
     int budget_given;
     int64_t memory;          /* --memory: cap on activations + temporaries, bytes; 0 none;
                                 MEMORY_AUTO: the least the memory ladder gives for at most
-                                auto_pct % more conv FLOPs */
+                                auto_pct % more conv time */
     double auto_pct;         /* --memory auto[:PCT] */
     int streams;
     int patches;             /* 0 auto, -1 none, N fixed */

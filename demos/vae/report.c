@@ -18,9 +18,9 @@ void fmt_bytes(char *buf, size_t len, int64_t b) {
 /* --plan: the plans a --memory chooses between at this --budget (cw_graph_memory_ladder),
  * least memory first, the compiled one marked. */
 void print_ladder(vae_model *m, const cw_plan *plan, const cw_compile_options *co) {
-    cw_memory_point pts[65];
+    cw_memory_point pts[129]; /* the most a ladder has */
     int n = 0;
-    if (cw_graph_memory_ladder(m->graph, pts, &n, 65, co) != CW_OK) {
+    if (cw_graph_memory_ladder(m->graph, pts, &n, 129, co) != CW_OK) {
         printf("memory ladder: %s\n\n", cw_context_get_last_error(m->ctx));
         return;
     }
@@ -29,10 +29,12 @@ void print_ladder(vae_model *m, const cw_plan *plan, const cw_compile_options *c
     char w[32];
     fmt_bytes(w, sizeof(w), ps.weights_bytes);
     printf("memory ladder: the smallest --memory (activations + temporaries; weights %s apart) for each\n"
-           "amount of recompute, at this --budget; a --memory from one row's total up to the next's runs that row\n",
+           "amount of recompute, at this --budget; a --memory from one row's total up to the next's runs that row\n"
+           "(conv time: the backend's estimate against the last row's, which stores everything)\n",
            w);
-    printf("  %-12s %11s %12s %12s %11s %12s\n", "--memory", "total", "activations", "temporaries", "recomputed",
-           "extra GFLOP");
+    printf("  %-12s %11s %12s %12s %11s %12s %10s\n", "--memory", "total", "activations", "temporaries", "recomputed",
+           "extra GFLOP", "conv time");
+    const double ref = n > 0 ? pts[n - 1].conv_cost_ms : -1.0;
     for (int i = 0; i < n; i++) {
         char t[32], a[32], b[32];
         fmt_bytes(t, sizeof(t), pts[i].total_bytes);
@@ -40,8 +42,10 @@ void print_ladder(vae_model *m, const cw_plan *plan, const cw_compile_options *c
         fmt_bytes(b, sizeof(b), pts[i].temp_bytes);
         int self = pts[i].activations_bytes == ps.activations_peak && pts[i].temp_bytes == ps.temp_predicted &&
                    pts[i].n_recomputed == ps.n_recomputed;
-        printf("  %-12" PRId64 " %11s %12s %12s %11d %12.4g%s\n", pts[i].total_bytes, t, a, b, pts[i].n_recomputed,
-               pts[i].recompute_gflop, self ? "  <- this plan" : "");
+        char ct[32] = "-";
+        if (ref > 0 && pts[i].conv_cost_ms >= 0) snprintf(ct, sizeof(ct), "%.2fx", pts[i].conv_cost_ms / ref);
+        printf("  %-12" PRId64 " %11s %12s %12s %11d %12.4g %10s%s\n", pts[i].total_bytes, t, a, b, pts[i].n_recomputed,
+               pts[i].recompute_gflop, ct, self ? "  <- this plan" : "");
     }
     printf("\n");
 }

@@ -117,19 +117,24 @@ static void diagnose_nonfinite(const opts *o, cw_context *ctx, const job *jb, ru
 }
 
 
-/* --memory auto: the plan of the ladder's least total whose recompute costs at most
- * pct % of *plan's conv FLOPs (the plan that stores everything); *plan stays
- * where no such point holds less. Sets co->memory_budget to the total chosen. */
+/* --memory auto: the plan of the ladder's least total whose convs the backend estimates at
+ * most pct % slower than those of the plan that stores everything (*plan), or, on a backend
+ * without a time model, whose recompute costs at most pct % of *plan's conv FLOPs; *plan
+ * stays where no such point holds less. Sets co->memory_budget to the total chosen. */
 static cw_status memory_auto(vae_model *m, double pct, cw_compile_options *co, cw_plan **plan, char *err,
                              size_t errlen) {
-    cw_memory_point pts[65];
+    cw_memory_point pts[129]; /* the most a ladder has (cw_graph_memory_ladder) */
     int n = 0;
     cw_plan_stats ps;
     cw_plan_get_stats(*plan, &ps);
-    if (cw_graph_memory_ladder(m->graph, pts, &n, 65, co) != CW_OK || n < 2) return CW_OK; /* keep the plan */
-    if (n > 65) n = 65;
+    if (cw_graph_memory_ladder(m->graph, pts, &n, 129, co) != CW_OK || n < 2 || n > 129) return CW_OK; /* keep it */
+    /* the backend's conv time model where it has one (the last point stores everything),
+     * else the recompute's FLOPs */
+    const double ref = pts[n - 1].conv_cost_ms;
     for (int i = 0; i < n - 1; i++) {
-        if (pts[i].recompute_gflop > ps.conv_gflop * pct / 100.0) continue;
+        if (ref > 0 && pts[i].conv_cost_ms >= 0 ? pts[i].conv_cost_ms > ref * (1.0 + pct / 100.0)
+                                                : pts[i].recompute_gflop > ps.conv_gflop * pct / 100.0)
+            continue;
         cw_plan *p2 = NULL;
         co->memory_budget = pts[i].total_bytes;
         cw_status st = vae_compile(m, co, &p2, err, errlen);

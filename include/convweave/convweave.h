@@ -676,6 +676,7 @@ typedef struct cw_memory_point {
     int64_t temp_bytes;        /* its temporaries' predicted peak (cw_plan_stats.temp_predicted) */
     int n_recomputed;          /* blocks that recompute their inner activation (n_recomputed) */
     double recompute_gflop;    /* conv GFLOP per run those blocks pay again (recompute_gflop) */
+    double conv_cost_ms;       /* the plan's cw_plan_stats.conv_cost_ms (-1: no time model) */
 } cw_memory_point;
 
 /* The memory ladder: the plans cw_graph_compile(g, opt) chooses between as
@@ -741,6 +742,10 @@ typedef struct cw_plan_stats {
                                       the arena holding them at fixed offsets) */
     int n_recomputed;           /* blocks whose inner activation is recomputed, not stored */
     double recompute_gflop;     /* conv GFLOP per run those blocks pay again */
+    double conv_cost_ms;        /* the backend's estimate of the convs' time per run, recomputes
+                                   and thin patches included: ms on one core (cpu's cost model,
+                                   fitted per algorithm, within ~0.7-2x of each conv); -1 where
+                                   the backend has no time model (cuda ranks its algorithms) */
 } cw_plan_stats;
 
 CW_API cw_status cw_plan_get_stats(const cw_plan *p, cw_plan_stats *out);

@@ -230,6 +230,8 @@ struct cw__backend {
     const cw__ops_i *ops; /* NULL: the backend runs no operations (dry, test fakes) */
     cw_context *ctx;   /* for error messages; may be NULL in tests */
     int threads;       /* host threads its ops may use in total (cpu); 0 on device backends */
+    int cost_ns;       /* conv_algos' cost is a time model, estimated ns of one call on one
+                          core (cpu); 0: only an order (cuda's heuristics rank) */
 };
 
 /* The handle of s a user allocator sees (the optional stream_handle hook, or s). */

@@ -181,9 +181,55 @@ def test_enable_on_the_decoder_itself_and_twice(make_vae):
 
 
 
+def test_memory_auto_point_rule():
+    """auto_point on made-up ladders: the least total within PCT % of the stored plan's
+    estimated conv time, whatever the FLOPs say; FLOPs where the backend has no time model."""
+    from convweave._core import auto_point
+
+    def pt(total, gflop, ms):
+        return {"total_bytes": total, "recompute_gflop": gflop, "conv_cost_ms": ms}
+    # more FLOPs but cheap convs (a 1x1 shortcut's) come first; a thin band's slow ones last
+    ladder = [pt(10, 5.0, 150.0), pt(20, 30.0, 105.0), pt(30, 2.0, 120.0), pt(40, 0.0, 100.0)]
+    assert auto_point(ladder, 100.0, 10)["total_bytes"] == 20
+    assert auto_point(ladder, 100.0, 25)["total_bytes"] == 20
+    assert auto_point(ladder, 100.0, 50)["total_bytes"] == 10
+    assert auto_point(ladder, 100.0, 4) is None
+    untimed = [dict(p, conv_cost_ms=-1.0) for p in ladder]  # cuda: a rank, no time
+    assert auto_point(untimed, 100.0, 10)["total_bytes"] == 10
+    assert auto_point(untimed, 100.0, 3)["total_bytes"] == 30
+    assert auto_point(untimed, 100.0, 1) is None
+    assert auto_point(ladder[-1:], 100.0, 1000) is None
+
+
+def test_memory_auto_bounds_the_estimated_conv_time(make_vae):
+    """wrap(memory="auto:PCT"): the plan it runs is the ladder's least total whose estimated
+    conv time is within PCT % of storing everything's (checked on the plan's own stats)."""
+    import convweave.torch as cwt
+
+    vae = make_vae("tiny", 0)
+    z = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = vae.decoder(z)
+        seen = set()
+        for pct in (0, 5, 20, 1000):
+            w = cwt.wrap(vae.decoder, (z,), budget="256KiB", memory=f"auto:{pct}")
+            out = w(z)
+            (seg,) = [s[1] for s in w.last_program.steps if s[0] == "seg"]
+            ladder = seg.g.memory_ladder(budget="256KiB", streams=2)
+            st = w.last_program.plans()[0].stats()
+            stored = ladder[-1]["conv_cost_ms"]
+            assert stored > 0 and rel_err(out, ref) < 1e-5
+            assert st["conv_cost_ms"] <= stored * (1 + pct / 100) * (1 + 1e-9), pct
+            within = [p for p in ladder if p["conv_cost_ms"] <= stored * (1 + pct / 100)]
+            assert st["activations_peak"] + st["temp_predicted"] <= within[0]["total_bytes"], pct
+            seen.add(st["n_recomputed"])
+    assert len(ladder) >= 2 and len(seen) >= 2  # the bound chose between plans
+
+
 def test_memory_auto(make_vae):
-    """memory="auto[:PCT]": the memory ladder's least total whose recompute costs at most PCT %
-    more conv FLOPs (Graph.compile); the values do not change (recompute is exact)."""
+    """memory="auto[:PCT]": the memory ladder's least total whose estimated conv time is at
+    most PCT % above storing everything's (Graph.compile); the values do not change (recompute
+    is exact)."""
     vae = make_vae("tiny", 0)
     z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(5))
     got = {}

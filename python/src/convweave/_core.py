@@ -390,7 +390,7 @@ def conv_params(spatial, stride, dilation, pad_pre, pad_post, groups):
     return p
 
 
-AUTO_RECOMPUTE_PCT = 10  # memory="auto": at most this many % more conv FLOPs (as cw-vae's)
+AUTO_RECOMPUTE_PCT = 10  # memory="auto": at most this many % more estimated conv time (as cw-vae's)
 
 
 def memory_auto_pct(memory):
@@ -404,8 +404,24 @@ def memory_auto_pct(memory):
         pct = None
     if pct is None or not 0 <= pct <= 1000:
         raise ArgumentError(f"convweave: memory {memory!r}: 'auto' or 'auto:PCT' takes a percentage of extra conv "
-                         "FLOPs in 0..1000")
+                         "time in 0..1000")
     return pct
+
+
+def auto_point(ladder, conv_gflop, pct):
+    """memory="auto:PCT"'s point of a memory ladder (least total first; the last point is the
+    stored plan, of conv_gflop), or None for the stored plan: the least total whose convs the
+    backend's cost model (conv_cost_ms) puts at most PCT % above the stored plan's. Thin
+    recompute bands run slower convs than their FLOPs say, and recomputes of cheap convs
+    cost less: SD's decoder at 256², +12 % conv FLOPs measured 0.92x the stored plan's time
+    and +75 % 1.19x, where the model said 1.06x and 1.26x. A backend without a time model
+    (cuda: conv_cost_ms < 0) bounds the recompute's FLOPs by PCT % of conv_gflop instead."""
+    ref = ladder[-1]["conv_cost_ms"] if ladder else -1
+    timed = ref > 0 and all(pt["conv_cost_ms"] >= 0 for pt in ladder)
+    for pt in ladder[:-1]:
+        if (pt["conv_cost_ms"] <= ref * (1 + pct / 100)) if timed else pt["recompute_gflop"] <= conv_gflop * pct / 100:
+            return pt
+    return None
 
 
 def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0, memory=None, axis=None,
@@ -529,17 +545,19 @@ class Graph:
 
     def memory_ladder(self, **opts):
         """cw_graph_memory_ladder: the plans a memory= cap chooses between, least total first,
-        as dicts (total_bytes, activations_bytes, temp_bytes, n_recomputed, recompute_gflop)."""
+        as dicts (total_bytes, activations_bytes, temp_bytes, n_recomputed, recompute_gflop,
+        conv_cost_ms)."""
         o = compile_options(**opts)
-        pts = (C.cw_memory_point * 65)()
+        pts = (C.cw_memory_point * 129)()
         n = ctypes.c_int()
-        self.ctx.call(lib.cw_graph_memory_ladder, self.handle, pts, ctypes.byref(n), 65, ctypes.byref(o))
-        return [{f: getattr(p, f) for f, _ in C.cw_memory_point._fields_} for p in pts[:min(n.value, 65)]]
+        self.ctx.call(lib.cw_graph_memory_ladder, self.handle, pts, ctypes.byref(n), 129, ctypes.byref(o))
+        return [{f: getattr(p, f) for f, _ in C.cw_memory_point._fields_} for p in pts[:min(n.value, 129)]]
 
     def compile(self, **opts):
-        """cw_graph_compile. memory="auto[:PCT]": the memory ladder's least total whose recompute
-        costs at most PCT % (default 10) more conv FLOPs than storing everything (needs a
-        temporary budget; without one, or where no step is cheap enough, nothing recomputes)."""
+        """cw_graph_compile. memory="auto[:PCT]": the memory ladder's least total whose plan
+        the backend estimates at most PCT % (default 10) slower in its convs than storing
+        everything (auto_point; needs a temporary budget: without one, or where no step is cheap
+        enough, nothing recomputes)."""
         pct = memory_auto_pct(opts.get("memory"))
         plan = self._compile(**opts)
         if pct is None:
@@ -548,12 +566,11 @@ class Graph:
             ladder = self.memory_ladder(**dict(opts, comm=None))
         except Error:  # no fixed temporary budget: the stored plan
             return plan
-        gflop = plan.stats()["conv_gflop"]
-        for pt in ladder[:-1]:
-            if pt["recompute_gflop"] <= gflop * pct / 100:
-                plan.close()
-                return self._compile(**dict(opts, memory=pt["total_bytes"]))
-        return plan
+        pt = auto_point(ladder, plan.stats()["conv_gflop"], pct)
+        if pt is None:
+            return plan
+        plan.close()
+        return self._compile(**dict(opts, memory=pt["total_bytes"]))
 
     def _compile(self, **opts):
         o = compile_options(**opts)
@@ -760,6 +777,7 @@ class Plan:
             "activations_live_peak": s.activations_live_peak,
             "n_recomputed": s.n_recomputed,
             "recompute_gflop": s.recompute_gflop,
+            "conv_cost_ms": s.conv_cost_ms,
         }
 
     def write_trace(self, path):

@@ -180,12 +180,12 @@ class cw_plan_stats(ctypes.Structure):
                 ("temp_predicted", c_int64), ("activations_peak", c_int64), ("weights_bytes", c_int64),
                 ("total_peak", c_int64), ("host_syncs", c_int64), ("conv_gflop", c_double),
                 ("halo_overhead_pct", c_double), ("activations_live_peak", c_int64), ("n_recomputed", c_int),
-                ("recompute_gflop", c_double)]
+                ("recompute_gflop", c_double), ("conv_cost_ms", c_double)]
 
 
 class cw_memory_point(ctypes.Structure):
     _fields_ = [("total_bytes", c_int64), ("activations_bytes", c_int64), ("temp_bytes", c_int64),
-                ("n_recomputed", c_int), ("recompute_gflop", c_double)]
+                ("n_recomputed", c_int), ("recompute_gflop", c_double), ("conv_cost_ms", c_double)]
 
 
 STRUCTS = (cw_context_config, cw_allocator, cw_tensor_desc, cw_comm, cw_memory_stats, cw_conv_params, cw_compile_options,

@@ -642,7 +642,8 @@ def enable(vae, budget="256MiB", streams=2, *, encoder=True, decoder=True, timin
     on activations + temporaries of each plan (like budget); where storing every activation
     needs more, blocks recompute their inner activation band by band (exact; stats() counts
     the cost); "auto" ("auto:PCT"): the least memory the memory ladder gives for at most 10
-    (PCT) % more conv FLOPs, as cw-vae's default. torch_allocator=True (a CUDA vae): convweave's
+    (PCT) % more conv time (the backend's cost model; on cuda, which ranks its algorithms
+    without times, % more conv FLOPs), as cw-vae's default. torch_allocator=True (a CUDA vae): convweave's
     memory (temporaries within the budget, activations) comes from PyTorch's caching
     allocator, so torch.cuda.memory_allocated() counts it and the two share cached memory
     (convweave.torch.use_torch_allocator); raises Error CW_ERR_UNSUPPORTED for a vae on cpu.

@@ -67,10 +67,10 @@ def _cone(node):
     return list(seen)
 
 
-def rematerialize(graph, share=None):
-    """Rewrites graph in place (see the module's docstring; share: SHARE where None); returns
-    what it copied: per tensor its node's name, bytes and the GFLOP its recompute costs."""
-    share = SHARE if share is None else share
+def rematerialize(graph, share):
+    """Rewrites graph in place (see the module's docstring; share: SHARE or SHARE_CAPPED, as
+    the Program chose); returns what it copied: per tensor its node's name, bytes and the GFLOP
+    its recompute costs."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     nodes = list(graph.nodes)
     total = sum(_flops(n) for n in nodes)
