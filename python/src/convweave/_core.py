@@ -412,10 +412,11 @@ def auto_point(ladder, conv_gflop, pct):
     """memory="auto:PCT"'s point of a memory ladder (least total first; the last point is the
     stored plan, of conv_gflop), or None for the stored plan: the least total whose convs the
     backend's cost model (conv_cost_ms) puts at most PCT % above the stored plan's. Thin
-    recompute bands run slower convs than their FLOPs say, and recomputes of cheap convs
-    cost less: SD's decoder at 256², +12 % conv FLOPs measured 0.92x the stored plan's time
-    and +75 % 1.19x, where the model said 1.06x and 1.26x. A backend without a time model
-    (cuda: conv_cost_ms < 0) bounds the recompute's FLOPs by PCT % of conv_gflop instead."""
+    recompute bands run slower per FLOP, and recomputes of cheap convs cost less than their
+    FLOPs' share (bench/bench_ladder_time.py: SD's decoder at 256², +37 % conv FLOPs measured
+    1.29x the stored plan's time, model 1.26x; AsymmetricAutoencoderKL's +8.6 % 1.12x, model
+    1.10x). A backend without a time model (cuda: conv_cost_ms < 0) bounds the recompute's
+    FLOPs by PCT % of conv_gflop instead."""
     ref = ladder[-1]["conv_cost_ms"] if ladder else -1
     timed = ref > 0 and all(pt["conv_cost_ms"] >= 0 for pt in ladder)
     for pt in ladder[:-1]:
