@@ -110,9 +110,9 @@ static int64_t cw__plan_memory(const cw_plan *p) { return p->act_bytes + p->temp
 
 /* cw_plan_stats.conv_cost_ms: the chosen algorithms' costs summed over every conv task (each
  * patch, each recompute, each band of a thin patch's sub-bands as the backend costs it), in
- * ms; -1 where the backend's costs are an order, not a time (cw__backend.cost_ns). */
+ * ms; -1 where the backend's costs are an order, not a time (cw__backend.costs_are_ns). */
 static double cw__plan_conv_cost(const cw_plan *p) {
-    if (!p->ctx->be->cost_ns) return -1.0;
+    if (!p->ctx->be->costs_are_ns) return -1.0;
     double ns = 0.0;
     for (int k = 0; k < p->n_tasks; k++)
         if (p->tasks[k].kind == CW__T_CONV) ns += cw__conv_of(p, &p->tasks[k])->algo.cost;

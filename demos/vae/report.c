@@ -43,7 +43,7 @@ void print_ladder(vae_model *m, const cw_plan *plan, const cw_compile_options *c
         int self = pts[i].activations_bytes == ps.activations_peak && pts[i].temp_bytes == ps.temp_predicted &&
                    pts[i].n_recomputed == ps.n_recomputed;
         char ct[32] = "-";
-        if (ref > 0 && pts[i].conv_cost_ms >= 0) snprintf(ct, sizeof(ct), "%.2fx", pts[i].conv_cost_ms / ref);
+        if (ref > 0) snprintf(ct, sizeof(ct), "%.2fx", pts[i].conv_cost_ms / ref);
         printf("  %-12" PRId64 " %11s %12s %12s %11d %12.4g %10s%s\n", pts[i].total_bytes, t, a, b, pts[i].n_recomputed,
                pts[i].recompute_gflop, ct, self ? "  <- this plan" : "");
     }

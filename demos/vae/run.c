@@ -128,12 +128,11 @@ static cw_status memory_auto(vae_model *m, double pct, cw_compile_options *co, c
     cw_plan_stats ps;
     cw_plan_get_stats(*plan, &ps);
     if (cw_graph_memory_ladder(m->graph, pts, &n, 129, co) != CW_OK || n < 2 || n > 129) return CW_OK; /* keep it */
-    /* the backend's conv time model where it has one (the last point stores everything),
-     * else the recompute's FLOPs */
+    /* the backend's conv time model where it has one (every point has a time, or none; the
+     * last point stores everything), else the recompute's FLOPs */
     const double ref = pts[n - 1].conv_cost_ms;
     for (int i = 0; i < n - 1; i++) {
-        if (ref > 0 && pts[i].conv_cost_ms >= 0 ? pts[i].conv_cost_ms > ref * (1.0 + pct / 100.0)
-                                                : pts[i].recompute_gflop > ps.conv_gflop * pct / 100.0)
+        if (ref > 0 ? pts[i].conv_cost_ms > ref * (1.0 + pct / 100.0) : pts[i].recompute_gflop > ps.conv_gflop * pct / 100.0)
             continue;
         cw_plan *p2 = NULL;
         co->memory_budget = pts[i].total_bytes;

@@ -230,7 +230,7 @@ struct cw__backend {
     const cw__ops_i *ops; /* NULL: the backend runs no operations (dry, test fakes) */
     cw_context *ctx;   /* for error messages; may be NULL in tests */
     int threads;       /* host threads its ops may use in total (cpu); 0 on device backends */
-    int cost_ns;       /* conv_algos' cost is a time model, estimated ns of one call on one
+    int costs_are_ns;  /* conv_algos' cost is a time model, estimated ns of one call on one
                           core (cpu); 0: only an order (cuda's heuristics rank) */
 };
 

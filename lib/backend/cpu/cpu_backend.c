@@ -546,7 +546,7 @@ cw_status cw__backend_cpu_create(cw_context *ctx, const cw_context_config *cfg, 
         cb->threads = n > 0 ? (int)n : 1;
     }
     cb->base.threads = cb->threads;
-    cb->base.cost_ns = 1; /* conv_cpu.c's cost model */
+    cb->base.costs_are_ns = 1; /* conv_cpu.c's cost model */
     cw__cpu_blas_single(); /* convweave splits GEMMs itself (par_cpu.c) */
 
     cb->chaos = (cfg->flags & CW_FLAG_CHAOS) != 0;

@@ -417,10 +417,9 @@ def auto_point(ladder, conv_gflop, pct):
     1.29x the stored plan's time, model 1.26x; AsymmetricAutoencoderKL's +8.6 % 1.12x, model
     1.10x). A backend without a time model (cuda: conv_cost_ms < 0) bounds the recompute's
     FLOPs by PCT % of conv_gflop instead."""
-    ref = ladder[-1]["conv_cost_ms"] if ladder else -1
-    timed = ref > 0 and all(pt["conv_cost_ms"] >= 0 for pt in ladder)
+    ref = ladder[-1]["conv_cost_ms"] if ladder else -1  # one backend: every point has a time, or none
     for pt in ladder[:-1]:
-        if (pt["conv_cost_ms"] <= ref * (1 + pct / 100)) if timed else pt["recompute_gflop"] <= conv_gflop * pct / 100:
+        if (pt["conv_cost_ms"] <= ref * (1 + pct / 100)) if ref > 0 else pt["recompute_gflop"] <= conv_gflop * pct / 100:
             return pt
     return None
 
