@@ -269,6 +269,91 @@ static cw_status cw__compile_in_memory(cw_graph *g, const cw_compile_options *o,
                      o->memory_budget, (double)o->memory_budget / 1048576.0, best, (double)best / 1048576.0);
 }
 
+/* The memory ladder's climb: the recompute steps' plans (cw__rec_step) in order, most memory
+ * first; each that holds less than every step before it is a ladder point, handed to visit,
+ * which returns 1 where it keeps the plan (else it is freed). Steps whose temporaries do not
+ * fit the temp budget are passed over; *n_points: how many points there were. */
+typedef int (*cw__ladder_visit)(void *arg, cw_plan *p);
+
+static cw_status cw__ladder_climb(cw_graph *g, const cw_compile_options *o, int64_t budget, cw__ladder_visit visit,
+                                  void *arg, int *n_points) {
+    cw__rec_climb c;
+    int64_t least = -1;
+    *n_points = 0;
+    cw_status st = cw__rec_climb_init(g, &c);
+    for (int k = 0; st == CW_OK && k < cw__rec_nsteps(&c); k++) {
+        cw_plan *p = NULL;
+        st = cw__rec_step(g, o, budget, &c, k, &p);
+        if (st == CW_ERR_BUDGET) {
+            st = CW_OK;
+            continue;
+        }
+        if (st != CW_OK) break;
+        int64_t m = cw__plan_memory(p);
+        int kept = 0;
+        if (least < 0 || m < least) {
+            least = m;
+            (*n_points)++;
+            kept = visit(arg, p);
+        }
+        if (!kept) cw__plan_free(p);
+    }
+    cw__rec_climb_free(&c);
+    return st;
+}
+
+static void cw__memory_point_of(const cw_plan *p, cw_memory_point *q) {
+    q->total_bytes = cw__plan_memory(p);
+    q->activations_bytes = p->act_bytes;
+    q->temp_bytes = p->temp_predicted;
+    q->n_recomputed = p->n_recomputed;
+    q->recompute_gflop = p->recompute_flop * 1e-9;
+    q->conv_cost_ms = cw__plan_conv_cost(p);
+}
+
+int cw__memory_auto_accepts(const cw_memory_point *stored, double stored_gflop, const cw_memory_point *pt,
+                            double pct) {
+    if (stored->conv_cost_ms > 0) return pt->conv_cost_ms <= stored->conv_cost_ms * (1.0 + pct / 100.0);
+    return pt->recompute_gflop <= stored_gflop * pct / 100.0;
+}
+
+/* memory_budget CW_MEMORY_AUTO: the ladder's first point (the plan that stores everything,
+ * or the least recompute whose temporaries fit) is the reference and the choice until a
+ * later point (less memory) is accepted. */
+typedef struct cw__auto_pick {
+    double pct;
+    cw_memory_point stored;
+    double stored_gflop;
+    cw_plan *chosen;
+} cw__auto_pick;
+
+static int cw__auto_visit(void *arg, cw_plan *p) {
+    cw__auto_pick *a = arg;
+    cw_memory_point q;
+    cw__memory_point_of(p, &q);
+    if (a->chosen) {
+        if (!cw__memory_auto_accepts(&a->stored, a->stored_gflop, &q, a->pct)) return 0;
+        cw__plan_free(a->chosen);
+    } else {
+        a->stored = q, a->stored_gflop = p->conv_gflop;
+    }
+    a->chosen = p;
+    return 1;
+}
+
+static cw_status cw__compile_auto(cw_graph *g, const cw_compile_options *o, int64_t budget, cw_plan **out) {
+    cw__auto_pick a = {o->memory_auto_pct, {0}, 0.0, NULL};
+    int n = 0;
+    cw_status st = cw__ladder_climb(g, o, budget, cw__auto_visit, &a, &n);
+    if (st == CW_OK && !a.chosen) st = CW_ERR_BUDGET; /* no step's temporaries fit */
+    if (st != CW_OK) {
+        cw__plan_free(a.chosen);
+        return st;
+    }
+    *out = a.chosen;
+    return CW_OK;
+}
+
 static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
     if (o->size != sizeof(cw_compile_options) || o->version != CW_COMPILE_OPTIONS_VERSION)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options: size %zu / version %d, expected %zu / %d",
@@ -281,8 +366,12 @@ static cw_status cw__opt_check(cw_context *ctx, const cw_compile_options *o) {
     if (o->policy == CW_PATCHES_FIXED && o->patches < 1)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.patches = %d, must be >= 1 for CW_PATCHES_FIXED",
                          o->patches);
-    if (o->memory_budget < 0)
-        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.memory_budget = %" PRId64 " < 0", o->memory_budget);
+    if (o->memory_budget < 0 && o->memory_budget != CW_MEMORY_AUTO)
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.memory_budget = %" PRId64 " < 0 (CW_MEMORY_AUTO "
+                         "is -1)", o->memory_budget);
+    if (!(o->memory_auto_pct >= 0.0 && o->memory_auto_pct <= 1e9))
+        return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.memory_auto_pct = %g: must be a percentage >= 0",
+                         o->memory_auto_pct);
     if (o->patch_axis != CW_PATCH_AXIS_AUTO && o->patch_axis != CW_PATCH_AXIS_H && o->patch_axis != CW_PATCH_AXIS_D)
         return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_compile_options.patch_axis = %d is not a cw_patch_axis",
                          (int)o->patch_axis);
@@ -410,6 +499,17 @@ static cw_status cw__min_budget(cw_graph *g, int64_t *out_bytes, const cw_compil
     return CW_OK;
 }
 
+typedef struct cw__ladder_points {
+    cw_memory_point pts[2 * CW__REC_STEPS];
+    int n;
+} cw__ladder_points;
+
+static int cw__ladder_record(void *arg, cw_plan *p) {
+    cw__ladder_points *l = arg;
+    cw__memory_point_of(p, &l->pts[l->n++]);
+    return 0;
+}
+
 static cw_status cw__memory_ladder(cw_graph *g, cw_memory_point *points, int *out_n, int max_points,
                                    const cw_compile_options *opt) {
     static const cw_compile_options dflt = CW_COMPILE_OPTIONS_INIT;
@@ -422,7 +522,6 @@ static cw_status cw__memory_ladder(cw_graph *g, cw_memory_point *points, int *ou
                          max_points, points ? "set" : "NULL");
     if (!opt) opt = &dflt;
     CW_TRY(cw__opt_check(g->ctx, opt));
-    cw_status st = CW_OK;
     if (g->n_outputs == 0)
         return cw__error(g->ctx, CW_ERR_INVALID_ARG, "cw_graph_memory_ladder: the graph has no outputs");
     cw_compile_options o = *opt;
@@ -436,34 +535,9 @@ static cw_status cw__memory_ladder(cw_graph *g, cw_memory_point *points, int *ou
                          opt->temp_budget, g->ctx->cfg.temp_budget);
     /* every step's plan, as cw__compile_in_memory builds it; a step is on the ladder when it
      * holds less than every step before it (cw_graph_compile takes the first that fits) */
-    cw_memory_point kept[2 * CW__REC_STEPS];
-    cw__rec_climb c;
+    cw__ladder_points kept = {{{0}}, 0};
     int n = 0;
-    if ((st = cw__rec_climb_init(g, &c)) != CW_OK) {
-        cw__rec_climb_free(&c);
-        return st;
-    }
-    for (int k = 0; k < cw__rec_nsteps(&c); k++) {
-        cw_plan *p = NULL;
-        st = cw__rec_step(g, &o, budget, &c, k, &p);
-        if (st == CW_ERR_BUDGET) continue;
-        if (st != CW_OK) {
-            cw__rec_climb_free(&c);
-            return st;
-        }
-        int64_t m = cw__plan_memory(p);
-        if (n == 0 || m < kept[n - 1].total_bytes) {
-            cw_memory_point *q = &kept[n++];
-            q->total_bytes = m;
-            q->activations_bytes = p->act_bytes;
-            q->temp_bytes = p->temp_predicted;
-            q->n_recomputed = p->n_recomputed;
-            q->recompute_gflop = p->recompute_flop * 1e-9;
-            q->conv_cost_ms = cw__plan_conv_cost(p);
-        }
-        cw__plan_free(p);
-    }
-    cw__rec_climb_free(&c);
+    CW_TRY(cw__ladder_climb(g, &o, budget, cw__ladder_record, &kept, &n));
     if (n == 0) {
         int64_t need = -1;
         if (cw_graph_min_budget(g, &need, &o) != CW_OK) need = -1;
@@ -472,7 +546,7 @@ static cw_status cw__memory_ladder(cw_graph *g, cw_memory_point *points, int *ou
                          "temp budget that works is %" PRId64 " bytes (%.1f MiB)",
                          budget, (double)budget / 1048576.0, need, (double)need / 1048576.0);
     }
-    for (int i = 0; i < n && i < max_points; i++) points[i] = kept[n - 1 - i]; /* least memory first */
+    for (int i = 0; i < n && i < max_points; i++) points[i] = kept.pts[n - 1 - i]; /* least memory first */
     *out_n = n;
     return CW_OK;
 }
@@ -590,11 +664,22 @@ static cw_status cw__compile(cw_graph *g, cw_plan **out, const cw_compile_option
     cw_context *ctx = g->ctx;
     CW_TRY(cw__opt_check(ctx, opt));
     if (g->n_outputs == 0) return cw__error(ctx, CW_ERR_INVALID_ARG, "cw_graph_compile: the graph has no outputs");
-    if (opt->comm) CW_TRY(cw__comm_check_config(g, opt));
     int64_t budget = cw__opt_budget(ctx, opt);
+    const int in_memory = opt->memory_budget > 0, auto_memory = opt->memory_budget == CW_MEMORY_AUTO && budget > 0;
+    if (opt->comm && !auto_memory) CW_TRY(cw__comm_check_config(g, opt));
     cw_plan *p = NULL;
-    cw_status st = opt->memory_budget > 0 ? cw__compile_in_memory(g, opt, budget, &p) : cw__compile_at(g, opt, budget, 1, NULL, &p);
-    if (st == CW_ERR_BUDGET && opt->memory_budget > 0) return st; /* its message says why */
+    cw_status st = in_memory     ? cw__compile_in_memory(g, opt, budget, &p)
+                   : auto_memory ? cw__compile_auto(g, opt, budget, &p)
+                                 : cw__compile_at(g, opt, budget, 1, NULL, &p);
+    if (st == CW_OK && opt->comm && auto_memory) { /* the ranks' choices agree (their costs can differ by host) */
+        cw_compile_options chosen = *opt;
+        chosen.memory_budget = cw__plan_memory(p);
+        if ((st = cw__comm_check_config(g, &chosen)) != CW_OK) {
+            cw__plan_free(p);
+            return st;
+        }
+    }
+    if (st == CW_ERR_BUDGET && in_memory) return st; /* its message says why */
     if (st == CW_ERR_BUDGET) {
         int64_t need = -1;
         if (cw_graph_min_budget(g, &need, opt) != CW_OK) need = -1;

@@ -297,6 +297,12 @@ cw_status cw__plan_place_activations(cw_plan *p);
 /* distribute.c: makes p, a finished single-process plan, this rank's share under
  * p->opt.comm (a no-op without one), then places its events, frees and activations again. */
 cw_status cw__plan_distribute(cw_plan *p);
+/* budget.c: whether memory_budget CW_MEMORY_AUTO with memory_auto_pct pct may take ladder
+ * point pt over `stored`, the ladder's last point (its conv FLOPs stored_gflop): pt's
+ * estimated conv time at most pct % above stored's, or where stored has no time
+ * (conv_cost_ms <= 0), pt's recompute FLOPs at most pct % of stored_gflop. */
+int cw__memory_auto_accepts(const cw_memory_point *stored, double stored_gflop, const cw_memory_point *pt,
+                            double pct);
 /* distribute.c: checks that every rank compiles g with the same options (compile time,
  * host calls); names what differs. */
 cw_status cw__comm_check_config(cw_graph *g, const cw_compile_options *opt);

@@ -31,9 +31,13 @@
  * - both chains again with every 3x3 conv reading a replicate pad (HunyuanVideo's), fused
  *   into its prep: the same live activations, recomputed through the pads;
  * - two 64-channel blocks at tight temp budgets: conv2, recomputing conv1, takes a GEMM over
- *   cpu_direct where the whole share less conv1's band fits it, within the budget, exact. */
+ *   cpu_direct where the whole share less conv1's band fits it, within the budget, exact.
+ * - memory_budget CW_MEMORY_AUTO compiles the ladder point the rule names (checked against
+ *   the ladder with the rule written out here), for several percentages; the rule's FLOPs
+ *   branch (a backend without a time model) on made-up points. */
 #include "convweave/convweave.h"
 #include "hb_check.h"
+#include "scheduler/sched.h"
 #include "testutil.h"
 
 static cw_rng rng;
@@ -591,6 +595,54 @@ static void check_ladder(const double *ref, const float *in) {
             cw_plan_destroy(p);
         }
     }
+    /* CW_MEMORY_AUTO: the least total whose estimated conv time is within pct % of the last
+     * point's (the cpu backend has a time model); pct 1e6 takes the least, 0 the last unless
+     * a point is no dearer */
+    CHECK(pts[n - 1].conv_cost_ms > 0);
+    double pcts[2 + 2 * 16] = {0.0, 1e6};
+    int np = 2;
+    for (int i = 0; i + 1 < n; i++) { /* just above and just below each point's extra time */
+        double x = 100.0 * (pts[i].conv_cost_ms / pts[n - 1].conv_cost_ms - 1.0);
+        if (x > 0) pcts[np++] = x * (1 + 1e-9) + 1e-9, pcts[np++] = x * (1 - 1e-6);
+    }
+    int seen_mid = 0;
+    for (int j = 0; j < np; j++) {
+        int want = n - 1;
+        for (int i = n - 2; i >= 0; i--)
+            if (pts[i].conv_cost_ms <= pts[n - 1].conv_cost_ms * (1.0 + pcts[j] / 100.0)) want = i;
+        o.memory_budget = CW_MEMORY_AUTO;
+        o.memory_auto_pct = pcts[j];
+        ASSERT_OK_CTX(c.ctx, cw_graph_compile(c.g, &p, &o));
+        ASSERT_OK(cw_plan_get_stats(p, &s));
+        printf("auto:%g: ladder point %d (%d recomputed)\n", pcts[j], want, s.n_recomputed);
+        CHECK(s.activations_peak == pts[want].activations_bytes && s.temp_predicted == pts[want].temp_bytes);
+        CHECK(s.n_recomputed == pts[want].n_recomputed && s.conv_cost_ms == pts[want].conv_cost_ms);
+        int64_t ny;
+        float *y = run(&c, p, in, &ny);
+        CHECK(cw_err_rel_d(y, ref, ny) <= 1e-5);
+        free(y);
+        cw_plan_destroy(p);
+        if (j == 1) CHECK(want == 0);
+        seen_mid |= want > 0 && want < n - 1;
+    }
+    CHECK(n < 3 || seen_mid); /* a point between the ends was chosen */
+    o.memory_auto_pct = -1.0;
+    ASSERT_STATUS(cw_graph_compile(c.g, &p, &o), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(c.ctx), "memory_auto_pct") != NULL);
+    o.memory_auto_pct = 10.0;
+    o.memory_budget = -2;
+    ASSERT_STATUS(cw_graph_compile(c.g, &p, &o), CW_ERR_INVALID_ARG);
+    CHECK(strstr(cw_context_get_last_error(c.ctx), "memory_budget") != NULL);
+    /* the rule on made-up points: more FLOPs but cheap convs (a 1x1 shortcut's) can cost less
+     * time; without a time model (conv_cost_ms -1: cuda) the recompute FLOPs decide */
+    const cw_memory_point stored = {40, 0, 0, 0, 0.0, 100.0}, cheap = {20, 0, 0, 1, 30.0, 105.0},
+                          slow = {10, 0, 0, 2, 5.0, 150.0};
+    CHECK(cw__memory_auto_accepts(&stored, 100.0, &cheap, 10.0) && !cw__memory_auto_accepts(&stored, 100.0, &cheap, 4.0));
+    CHECK(!cw__memory_auto_accepts(&stored, 100.0, &slow, 25.0) && cw__memory_auto_accepts(&stored, 100.0, &slow, 50.0));
+    cw_memory_point untimed = stored, cheap_u = cheap, slow_u = slow;
+    untimed.conv_cost_ms = cheap_u.conv_cost_ms = slow_u.conv_cost_ms = -1.0;
+    CHECK(!cw__memory_auto_accepts(&untimed, 100.0, &cheap_u, 10.0) && cw__memory_auto_accepts(&untimed, 100.0, &slow_u, 10.0));
+    CHECK(cw__memory_auto_accepts(&untimed, 100.0, &cheap_u, 30.0) && !cw__memory_auto_accepts(&untimed, 100.0, &slow_u, 4.0));
     o.memory_budget = pts[0].total_bytes - 1;
     p = NULL;
     ASSERT_STATUS(cw_graph_compile(c.g, &p, &o), CW_ERR_BUDGET);

@@ -16,6 +16,12 @@
 #include <strings.h>
 
 #include "cli.h"
+
+/* --memory auto's percentage where none is given: the library's (CW_COMPILE_OPTIONS_INIT) */
+static double auto_pct_default(void) {
+    const cw_compile_options d = CW_COMPILE_OPTIONS_INIT;
+    return d.memory_auto_pct;
+}
 #include "sys.h"
 
 const char *prog = "cw-vae";
@@ -275,7 +281,7 @@ static int parse_memory(const char *arg, opts *o) {
     if (strncmp(arg, "auto", 4) == 0 && (arg[4] == 0 || arg[4] == ':')) {
         char *end = NULL;
         o->memory = MEMORY_AUTO;
-        o->auto_pct = arg[4] ? strtod(arg + 5, &end) : AUTO_RECOMPUTE_PCT;
+        o->auto_pct = arg[4] ? strtod(arg + 5, &end) : auto_pct_default();
         if (arg[4] && (end == arg + 5 || *end || !(o->auto_pct >= 0) || o->auto_pct > 1000))
             return die_usage("--memory '%s': auto:PCT takes a percentage of extra conv FLOPs in 0..1000", arg);
     } else if (strcmp(arg, "none") == 0) {
@@ -401,7 +407,7 @@ static void set_defaults(opts *o) {
     memset(o, 0, sizeof(*o));
     o->budget = 512ll << 20;
     o->memory = MEMORY_AUTO;
-    o->auto_pct = AUTO_RECOMPUTE_PCT;
+    o->auto_pct = auto_pct_default();
     o->streams = 2;
     o->repeat = 1;
     o->ranks = 1;

@@ -16,7 +16,6 @@
 #include "vae.h"
 
 #define MEMORY_AUTO (-1)       /* opts.memory: chosen from the memory ladder */
-#define AUTO_RECOMPUTE_PCT 10  /* --memory auto pays at most this many % more conv time (memory_auto) */
 
 enum { EXIT_USAGE = 2, EXIT_RUN = 1 };
 

@@ -117,34 +117,6 @@ static void diagnose_nonfinite(const opts *o, cw_context *ctx, const job *jb, ru
 }
 
 
-/* --memory auto: the plan of the ladder's least total whose convs the backend estimates at
- * most pct % slower than those of the plan that stores everything (*plan), or, on a backend
- * without a time model, whose recompute costs at most pct % of *plan's conv FLOPs; *plan
- * stays where no such point holds less. Sets co->memory_budget to the total chosen. */
-static cw_status memory_auto(vae_model *m, double pct, cw_compile_options *co, cw_plan **plan, char *err,
-                             size_t errlen) {
-    cw_memory_point pts[129]; /* the most a ladder has (cw_graph_memory_ladder) */
-    int n = 0;
-    cw_plan_stats ps;
-    cw_plan_get_stats(*plan, &ps);
-    if (cw_graph_memory_ladder(m->graph, pts, &n, 129, co) != CW_OK || n < 2 || n > 129) return CW_OK; /* keep it */
-    /* the backend's conv time model where it has one (every point has a time, or none; the
-     * last point stores everything), else the recompute's FLOPs */
-    const double ref = pts[n - 1].conv_cost_ms;
-    for (int i = 0; i < n - 1; i++) {
-        if (ref > 0 ? pts[i].conv_cost_ms > ref * (1.0 + pct / 100.0) : pts[i].recompute_gflop > ps.conv_gflop * pct / 100.0)
-            continue;
-        cw_plan *p2 = NULL;
-        co->memory_budget = pts[i].total_bytes;
-        cw_status st = vae_compile(m, co, &p2, err, errlen);
-        if (st != CW_OK) return st;
-        cw_plan_destroy(*plan);
-        *plan = p2;
-        return CW_OK;
-    }
-    return CW_OK;
-}
-
 /* The child: everything big is created here, so ru_maxrss covers this configuration only. */
 /* The child's context for rc; fills res->backend. */
 static cw_status open_context(const opts *o, const run_cfg *rc, cw_context **ctx, run_result *res) {
@@ -189,7 +161,12 @@ static cw_status compile_for(const opts *o, const run_cfg *rc, const job *jb, va
     co->comm = jb->comm; /* a rank: this rank's share of the plan, the output gathered on rank 0 */
     co->gather_rank = 0;
     co->temp_budget = rc->budget;
-    co->memory_budget = (rc->budget < 0 && rc->policy == CW_PATCHES_NONE) || o->memory == MEMORY_AUTO ? 0 : o->memory;
+    /* --memory auto[:PCT]: the ladder's least total whose convs the backend estimates at most
+     * PCT % slower than storing everything (cw_compile_options.memory_auto_pct) */
+    co->memory_budget = o->memory == MEMORY_AUTO ? (rc->policy == CW_PATCHES_NONE ? 0 : CW_MEMORY_AUTO)
+                        : rc->budget < 0 && rc->policy == CW_PATCHES_NONE ? 0
+                                                                        : o->memory;
+    co->memory_auto_pct = o->auto_pct;
     co->streams = rc->streams;
     co->policy = rc->policy;
     co->patches = rc->patches;
@@ -197,8 +174,6 @@ static cw_status compile_for(const opts *o, const run_cfg *rc, const job *jb, va
     if (st == CW_ERR_BUDGET && o->memory > 0 && !o->budget_given && rc->policy != CW_PATCHES_NONE)
         st = fit_memory(o, m, co, plan, res);
     res->temp_budget = co->temp_budget;
-    if (st == CW_OK && o->memory == MEMORY_AUTO && rc->policy != CW_PATCHES_NONE && rc->budget > 0)
-        st = memory_auto(m, o->auto_pct, co, plan, res->err, sizeof(res->err));
     if (st == CW_ERR_BUDGET) {
         res->over_budget = 1;
         res->min_budget = res->min_memory = -1;

@@ -612,7 +612,9 @@ typedef struct cw_comm {
     cw_status (*recv)(void *user, const cw_tensor_desc *d, void *data, int peer, int64_t tag, void *stream);
 } cw_comm;
 
-#define CW_COMPILE_OPTIONS_VERSION 4
+#define CW_COMPILE_OPTIONS_VERSION 5
+/* cw_compile_options.memory_budget: choose the cap from the memory ladder (memory_auto_pct) */
+#define CW_MEMORY_AUTO ((int64_t)-1)
 typedef struct cw_compile_options {
     size_t size;
     int version;
@@ -634,7 +636,8 @@ typedef struct cw_compile_options {
      * (cw_plan_stats.recompute_gflop). Below that, a conv read by several convs (an
      * upsampler's output, read by a block's first conv and its shortcut) is recomputed by
      * each reader, nested inside the recompute of the first conv: its FLOPs paid 3-4 times
-     * more. */
+     * more. CW_MEMORY_AUTO: the plan of the memory ladder's least total within
+     * memory_auto_pct (version 5). */
     int64_t memory_budget;
     /* (version 3) which axis a 5-D conv's patches cut; default CW_PATCH_AXIS_AUTO. A forced
      * D (time) does not apply to the convs of recomputed blocks (cw_compile_options
@@ -652,10 +655,21 @@ typedef struct cw_compile_options {
     /* (version 4) with comm: the rank whose outputs hold every row after a run (0 by
      * default); -1: each rank's outputs hold only its band (cw_plan_get_band). */
     int gather_rank;
+    /* (version 5) with memory_budget = CW_MEMORY_AUTO: the plan of cw_graph_memory_ladder's
+     * least total whose convs the backend estimates at most memory_auto_pct % slower than
+     * those of its last point, the plan that stores everything (cw_memory_point
+     * .conv_cost_ms); on a backend without a time model (conv_cost_ms -1: cuda, whose cuDNN
+     * heuristics rank, not time), whose recompute costs at most memory_auto_pct % of that
+     * plan's conv FLOPs. No point so cheap, or no fixed temporary budget (the ladder needs
+     * one; nor CW_PATCHES_NONE): the plan that stores everything. One climb of the ladder
+     * (as slow as cw_graph_memory_ladder), the chosen plan kept from it. Default 10; must be
+     * >= 0. */
+    double memory_auto_pct;
 } cw_compile_options;
 
 #define CW_COMPILE_OPTIONS_INIT \
-    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0, CW_PATCH_AXIS_AUTO, NULL, 0 }
+    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0, CW_PATCH_AXIS_AUTO, NULL, 0, \
+      10.0 }
 
 /* Lowers g into a plan of tasks on streams and simulates the run's temporary allocations
  * under opt's budget (opt NULL: CW_COMPILE_OPTIONS_INIT). If the plan cannot fit, returns

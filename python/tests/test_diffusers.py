@@ -181,26 +181,6 @@ def test_enable_on_the_decoder_itself_and_twice(make_vae):
 
 
 
-def test_memory_auto_point_rule():
-    """auto_point on made-up ladders: the least total within PCT % of the stored plan's
-    estimated conv time, whatever the FLOPs say; FLOPs where the backend has no time model."""
-    from convweave._core import auto_point
-
-    def pt(total, gflop, ms):
-        return {"total_bytes": total, "recompute_gflop": gflop, "conv_cost_ms": ms}
-    # more FLOPs but cheap convs (a 1x1 shortcut's) come first; a thin band's slow ones last
-    ladder = [pt(10, 5.0, 150.0), pt(20, 30.0, 105.0), pt(30, 2.0, 120.0), pt(40, 0.0, 100.0)]
-    assert auto_point(ladder, 100.0, 10)["total_bytes"] == 20
-    assert auto_point(ladder, 100.0, 25)["total_bytes"] == 20
-    assert auto_point(ladder, 100.0, 50)["total_bytes"] == 10
-    assert auto_point(ladder, 100.0, 4) is None
-    untimed = [dict(p, conv_cost_ms=-1.0) for p in ladder]  # cuda: a rank, no time
-    assert auto_point(untimed, 100.0, 10)["total_bytes"] == 10
-    assert auto_point(untimed, 100.0, 3)["total_bytes"] == 30
-    assert auto_point(untimed, 100.0, 1) is None
-    assert auto_point(ladder[-1:], 100.0, 1000) is None
-
-
 def test_memory_auto_bounds_the_estimated_conv_time(make_vae):
     """wrap(memory="auto:PCT"): the plan it runs is the ladder's least total whose estimated
     conv time is within PCT % of storing everything's (checked on the plan's own stats)."""

@@ -264,7 +264,7 @@ def _conv_slow(input, weight, bias, stride, padding, dilation, groups, spatial, 
         wn = g.constant("w", wv.obj)
         bn = g.constant("b", bv.obj) if bv is not None else None
         g.output(g.conv(xn, wn, bn, params), "y")
-        plan = g._compile(budget=budget, streams=streams or 1, patches=patches)
+        plan = g.compile(budget=budget, streams=streams or 1, patches=patches)
     except BaseException:
         g.close()
         raise

@@ -390,16 +390,14 @@ def conv_params(spatial, stride, dilation, pad_pre, pad_post, groups):
     return p
 
 
-AUTO_RECOMPUTE_PCT = 10  # memory="auto": at most this many % more estimated conv time (as cw-vae's)
-
-
 def memory_auto_pct(memory):
-    """memory="auto" or "auto:PCT" -> PCT (default AUTO_RECOMPUTE_PCT); anything else -> None."""
+    """memory="auto" or "auto:PCT" -> PCT (default: CW_COMPILE_OPTIONS_INIT's memory_auto_pct,
+    10); anything else -> None. The rule is cw_compile_options.memory_auto_pct's."""
     if not isinstance(memory, str) or not memory.startswith("auto"):
         return None
     rest = memory[4:]
     try:
-        pct = float(rest[1:]) if rest.startswith(":") else (AUTO_RECOMPUTE_PCT if rest == "" else None)
+        pct = float(rest[1:]) if rest.startswith(":") else (C.cw_compile_options().memory_auto_pct if rest == "" else None)
     except ValueError:
         pct = None
     if pct is None or not 0 <= pct <= 1000:
@@ -408,33 +406,18 @@ def memory_auto_pct(memory):
     return pct
 
 
-def auto_point(ladder, conv_gflop, pct):
-    """memory="auto:PCT"'s point of a memory ladder (least total first; the last point is the
-    stored plan, of conv_gflop), or None for the stored plan: the least total whose convs the
-    backend's cost model (conv_cost_ms) puts at most PCT % above the stored plan's. Thin
-    recompute bands run slower per FLOP, and recomputes of cheap convs cost less than their
-    FLOPs' share (bench/bench_ladder_time.py: SD's decoder at 256², +37 % conv FLOPs measured
-    1.29x the stored plan's time, model 1.26x; AsymmetricAutoencoderKL's +8.6 % 1.12x, model
-    1.10x). A backend without a time model (cuda: conv_cost_ms < 0) bounds the recompute's
-    FLOPs by PCT % of conv_gflop instead."""
-    ref = ladder[-1]["conv_cost_ms"] if ladder else -1  # one backend: every point has a time, or none
-    for pt in ladder[:-1]:
-        if (pt["conv_cost_ms"] <= ref * (1 + pct / 100)) if ref > 0 else pt["recompute_gflop"] <= conv_gflop * pct / 100:
-            return pt
-    return None
-
-
 def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows=0, memory=None, axis=None,
                     comm=None, gather_rank=0):
     """budget: 0 = the context's, None = unlimited, else parse_bytes; patches: None auto, an int fixed,
     'none' the unscheduled reference; memory: None, or a cap on activations + temporaries
-    (parse_bytes) under which blocks' inner activations are recomputed where needed ("auto":
-    Graph.compile chooses one from the memory ladder); axis: the axis 5-D convs' patches cut,
+    (parse_bytes) under which blocks' inner activations are recomputed where needed ("auto[:PCT]":
+    CW_MEMORY_AUTO, the memory ladder's least total whose plan the backend estimates at most
+    PCT % slower in its convs than storing everything; needs a temporary budget: without one,
+    nothing recomputes); axis: the axis 5-D convs' patches cut,
     None or "auto" (per conv, from the budget), "H" (rows) or "D" (frames); comm: None (one
     process) or a convweave.dist.Comm, whose struct the caller keeps alive as long as the plan;
     gather_rank: with comm, the rank whose outputs hold every row (-1: each rank its band)."""
-    if memory_auto_pct(memory) is not None:
-        memory = None
+    pct = memory_auto_pct(memory)
     o = C.cw_compile_options()
     o.temp_budget = 0 if budget == 0 else parse_bytes(budget)
     o.streams = streams
@@ -444,7 +427,10 @@ def compile_options(budget=0, streams=0, patches=None, fuse=True, max_patch_rows
         o.policy, o.patches = C.CW_PATCHES_FIXED, int(patches)
     o.fuse = int(bool(fuse))
     o.max_patch_rows = max_patch_rows
-    o.memory_budget = 0 if memory is None else parse_bytes(memory)
+    if pct is not None:
+        o.memory_budget, o.memory_auto_pct = C.CW_MEMORY_AUTO, pct
+    else:
+        o.memory_budget = 0 if memory is None else parse_bytes(memory)
     axes = {None: C.CW_PATCH_AXIS_AUTO, "auto": C.CW_PATCH_AXIS_AUTO, "H": C.CW_PATCH_AXIS_H, "D": C.CW_PATCH_AXIS_D}
     if axis not in axes:
         raise ArgumentError(f"convweave: axis {axis!r}: None, 'auto', 'H' or 'D'")
@@ -554,25 +540,7 @@ class Graph:
         return [{f: getattr(p, f) for f, _ in C.cw_memory_point._fields_} for p in pts[:min(n.value, 129)]]
 
     def compile(self, **opts):
-        """cw_graph_compile. memory="auto[:PCT]": the memory ladder's least total whose plan
-        the backend estimates at most PCT % (default 10) slower in its convs than storing
-        everything (auto_point; needs a temporary budget: without one, or where no step is cheap
-        enough, nothing recomputes)."""
-        pct = memory_auto_pct(opts.get("memory"))
-        plan = self._compile(**opts)
-        if pct is None:
-            return plan
-        try:  # the single-process ladder: the same on every rank, so no message is needed
-            ladder = self.memory_ladder(**dict(opts, comm=None))
-        except Error:  # no fixed temporary budget: the stored plan
-            return plan
-        pt = auto_point(ladder, plan.stats()["conv_gflop"], pct)
-        if pt is None:
-            return plan
-        plan.close()
-        return self._compile(**dict(opts, memory=pt["total_bytes"]))
-
-    def _compile(self, **opts):
+        """cw_graph_compile (opts: compile_options')."""
         o = compile_options(**opts)
         h = ctypes.c_void_p()
         comm = opts.get("comm")

@@ -81,7 +81,8 @@ CW_PATCH_AXIS_AUTO, CW_PATCH_AXIS_H, CW_PATCH_AXIS_D = 0, 1, 2
 CW_NODE_NONE = -1
 CW_CONTEXT_CONFIG_VERSION = 1
 CW_CONV_PARAMS_VERSION = 1
-CW_COMPILE_OPTIONS_VERSION = 4
+CW_COMPILE_OPTIONS_VERSION = 5
+CW_MEMORY_AUTO = -1
 CW_ALLOCATOR_VERSION = 1
 CW_COMM_VERSION = 1
 # the statuses this package returns from its own callbacks (cw_status)
@@ -166,11 +167,12 @@ class cw_conv_params(ctypes.Structure):
 class cw_compile_options(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("version", c_int), ("temp_budget", c_int64), ("streams", c_int),
                 ("policy", c_int), ("patches", c_int), ("fuse", c_int), ("max_patch_rows", c_int64),
-                ("memory_budget", c_int64), ("patch_axis", c_int), ("comm", c_void_p), ("gather_rank", c_int)]
+                ("memory_budget", c_int64), ("patch_axis", c_int), ("comm", c_void_p), ("gather_rank", c_int),
+                ("memory_auto_pct", ctypes.c_double)]
 
     def __init__(self):  # CW_COMPILE_OPTIONS_INIT
         super().__init__(ctypes.sizeof(self), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0,
-                         CW_PATCH_AXIS_AUTO, None, 0)
+                         CW_PATCH_AXIS_AUTO, None, 0, 10.0)
 
 
 class cw_plan_stats(ctypes.Structure):
