@@ -16,7 +16,7 @@ for m in "${modes[@]}"; do
   case "$m" in
     release) dir=build;      flags=(-DCMAKE_BUILD_TYPE=Release); env=() ;;
     asan)    dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_ASAN=ON -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_BENCH=OFF); env=(CW_TEST_QUICK=1) ;;
-    tsan)    dir=build-tsan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_TSAN=ON -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_BENCH=OFF); env=(CW_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1) ;;
+    tsan)    dir=build-tsan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_TSAN=ON -DCONVWEAVE_CUDA=OFF -DCONVWEAVE_BUILD_BENCH=OFF); env=(CW_TEST_QUICK=1 CW_TEST_TSAN=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1) ;;
     fuzz)
       echo "=== [${SECONDS}s] fuzz build (build-fuzz)"
       CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVWEAVE_FUZZ=ON \

@@ -22,15 +22,19 @@ def test_tiny_matches_diffusers_across_budgets_streams_and_shapes(make_vae):
     vae = make_vae("tiny", 3)
     zs = [torch.randn(1, 4, 8, 8), torch.randn(2, 4, 6, 10), torch.randn(1, 4, 5, 7)]
     refs = [decode(vae, z) for z in zs]
-    for budget, streams, patches in (("256MiB", 2, None), ("1MiB", 3, None), (None, 1, None), ("64MiB", 2, 3)):
+    # every shape under the default and the tightest setting; the odd batch-2 shape under the
+    # other two (each shape is an export, ~5 s of this test's time)
+    for budget, streams, patches, n in (("256MiB", 2, None, 3), ("1MiB", 3, None, 3), (None, 1, None, 1),
+                                        ("64MiB", 2, 3, 1)):
         st = cd.enable(vae, budget=budget, streams=streams, patches=patches)
-        for z, ref in zip(zs, refs):
+        some = list(zip(zs, refs))[1:1 + n] + list(zip(zs, refs))[:max(0, n - 2)]
+        for z, ref in some:
             out = decode(vae, z)
             assert out.shape == ref.shape and out.dtype == torch.float32
             assert rel_err(out, ref) <= 1e-5, (budget, streams, patches, tuple(z.shape))
-        assert len(st.plans) == len(zs)  # one plan per input shape
-        decode(vae, zs[0])
-        assert len(st.plans) == len(zs)  # and reused
+        assert len(st.plans) == n  # one plan per input shape
+        decode(vae, some[0][0])
+        assert len(st.plans) == n  # and reused
     # the same plan twice gives the same bits (contract clause 1)
     assert torch.equal(decode(vae, zs[1]), decode(vae, zs[1]))
     cd.disable(vae)
