@@ -32,21 +32,25 @@ def test_tiny_encoder_matches_diffusers_across_budgets_streams_and_shapes(make_v
     xs = [image(1, 3, 64, 64, seed=1), image(2, 3, 48, 40, seed=2), image(1, 3, 33, 37, seed=3)]
     refs = [run_encoder(vae, x) for x in xs]
     dists = [encode(vae, x) for x in xs]
-    for budget, streams, patches in (("256MiB", 2, None), ("512KiB", 3, None), (None, 1, None), ("64MiB", 2, 3)):
+    # every shape under the default and the tightest setting; the odd sides under the other
+    # two (each shape is an export, most of this test's time)
+    for budget, streams, patches, n in (("256MiB", 2, None, 3), ("512KiB", 3, None, 3), (None, 1, None, 1),
+                                        ("64MiB", 2, 3, 1)):
         st = cd.enable(vae, budget=budget, streams=streams, patches=patches, decoder=False)
         assert isinstance(st, cd.ConvweaveEncoder) and st.module is vae.encoder
-        for x, ref, dist in zip(xs, refs, dists):
+        some = list(zip(xs, refs, dists))[3 - n:]
+        for x, ref, dist in some:
             out = run_encoder(vae, x)
             assert out.shape == ref.shape == (x.shape[0], 8, x.shape[2] // 8, x.shape[3] // 8)
             assert rel_err(out, ref) <= 1e-5, (budget, streams, patches, tuple(x.shape))
             d = encode(vae, x)  # quant_conv and DiagonalGaussianDistribution stay diffusers'
             assert rel_err(d.mean, dist.mean) <= 1e-5 and rel_err(d.std, dist.std) <= 1e-5
-        assert len(st.plans) == len(xs)  # one plan per input shape
-        run_encoder(vae, xs[0])
-        assert len(st.plans) == len(xs)  # and reused
+        assert len(st.plans) == n  # one plan per input shape
+        run_encoder(vae, some[0][0])
+        assert len(st.plans) == n  # and reused
         if budget == "512KiB":
             assert 0 < st.last_plan.stats()["temp_peak"] <= 512 << 10
-    assert torch.equal(run_encoder(vae, xs[1]), run_encoder(vae, xs[1]))  # same plan, same bits
+    assert torch.equal(run_encoder(vae, xs[2]), run_encoder(vae, xs[2]))  # same plan, same bits
     cd.disable(vae)
     assert not cd.is_enabled(vae) and "forward" not in vae.encoder.__dict__
     assert torch.equal(run_encoder(vae, xs[0]), refs[0])
