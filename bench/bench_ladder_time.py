@@ -10,6 +10,7 @@ then --repeat times (the best time counts). Random weights (bench_python_vae.py'
 
   python bench/bench_ladder_time.py --model sd --latent 32 --budget 32MiB --threads 2
   python bench/bench_ladder_time.py --model asymmetric --latent 32 --budget 32MiB --threads 2
+  python bench/bench_ladder_time.py --model asymmetric --latent 64 --budget 128MiB --model-only
 """
 import argparse
 import os
@@ -28,6 +29,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--points", type=int, default=4, help="at most this many points below the stored plan")
+    ap.add_argument("--model-only", action="store_true",
+                    help="no runs: each ladder point's memory saved and the model's extra time, against the stored plan")
     args = ap.parse_args()
 
     import torch
@@ -51,6 +54,20 @@ def main():
         plans = w.last_program.plans()
         return best, sum(p.stats()["conv_cost_ms"] for p in plans), w
 
+    if args.model_only:  # wrap compiles for its example inputs
+        w = convweave.torch.wrap(vae.decoder, inputs, budget=args.budget, threads=args.threads)
+        (seg, *_) = [s[1] for s in w.last_program.steps if s[0] == "seg"]
+        ladder = seg.g.memory_ladder(budget=args.budget, streams=2)
+        st = ladder[-1]
+        print(f"{args.model} decoder, latent {args.latent}x{args.latent}, budget {args.budget}: stored plan "
+              f"{st['total_bytes'] / 2**20:.0f} MiB, model {st['conv_cost_ms']:.0f} ms")
+        print(f"{'MiB':>6} {'saved':>6} {'recomputed':>10} {'model time':>10} {'saved % / extra time %':>23}")
+        for pt in ladder[:-1]:
+            saved = 100 * (1 - pt["total_bytes"] / st["total_bytes"])
+            extra = 100 * (pt["conv_cost_ms"] / st["conv_cost_ms"] - 1)
+            print(f"{pt['total_bytes'] / 2**20:>6.0f} {saved:>5.1f}% {pt['n_recomputed']:>10} {extra:>+9.1f}% "
+                  f"{saved / extra if extra > 0 else float('inf'):>23.2f}")
+        return
     t0, c0, w = run(None)
     (seg, *_) = [s[1] for s in w.last_program.steps if s[0] == "seg"]
     ladder = seg.g.memory_ladder(budget=args.budget, streams=2)
