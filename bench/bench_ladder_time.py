@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--points", type=int, default=4, help="at most this many points below the stored plan")
     ap.add_argument("--model-only", action="store_true",
-                    help="no runs: each ladder point's memory saved and the model's extra time, against the stored plan")
+                    help="no runs: each ladder point's memory saved and the model's extra time (vs the stored plan)")
     args = ap.parse_args()
 
     import torch

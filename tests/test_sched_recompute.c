@@ -637,12 +637,16 @@ static void check_ladder(const double *ref, const float *in) {
      * time; without a time model (conv_cost_ms -1: cuda) the recompute FLOPs decide */
     const cw_memory_point stored = {40, 0, 0, 0, 0.0, 100.0}, cheap = {20, 0, 0, 1, 30.0, 105.0},
                           slow = {10, 0, 0, 2, 5.0, 150.0};
-    CHECK(cw__memory_auto_accepts(&stored, 100.0, &cheap, 10.0) && !cw__memory_auto_accepts(&stored, 100.0, &cheap, 4.0));
-    CHECK(!cw__memory_auto_accepts(&stored, 100.0, &slow, 25.0) && cw__memory_auto_accepts(&stored, 100.0, &slow, 50.0));
+    CHECK(cw__memory_auto_accepts(&stored, 100.0, &cheap, 10.0));
+    CHECK(!cw__memory_auto_accepts(&stored, 100.0, &cheap, 4.0));
+    CHECK(!cw__memory_auto_accepts(&stored, 100.0, &slow, 25.0));
+    CHECK(cw__memory_auto_accepts(&stored, 100.0, &slow, 50.0));
     cw_memory_point untimed = stored, cheap_u = cheap, slow_u = slow;
     untimed.conv_cost_ms = cheap_u.conv_cost_ms = slow_u.conv_cost_ms = -1.0;
-    CHECK(!cw__memory_auto_accepts(&untimed, 100.0, &cheap_u, 10.0) && cw__memory_auto_accepts(&untimed, 100.0, &slow_u, 10.0));
-    CHECK(cw__memory_auto_accepts(&untimed, 100.0, &cheap_u, 30.0) && !cw__memory_auto_accepts(&untimed, 100.0, &slow_u, 4.0));
+    CHECK(!cw__memory_auto_accepts(&untimed, 100.0, &cheap_u, 10.0));
+    CHECK(cw__memory_auto_accepts(&untimed, 100.0, &slow_u, 10.0));
+    CHECK(cw__memory_auto_accepts(&untimed, 100.0, &cheap_u, 30.0));
+    CHECK(!cw__memory_auto_accepts(&untimed, 100.0, &slow_u, 4.0));
     o.memory_budget = pts[0].total_bytes - 1;
     p = NULL;
     ASSERT_STATUS(cw_graph_compile(c.g, &p, &o), CW_ERR_BUDGET);

@@ -668,8 +668,8 @@ typedef struct cw_compile_options {
 } cw_compile_options;
 
 #define CW_COMPILE_OPTIONS_INIT \
-    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0, CW_PATCH_AXIS_AUTO, NULL, 0, \
-      10.0 }
+    { sizeof(cw_compile_options), CW_COMPILE_OPTIONS_VERSION, 0, 0, CW_PATCHES_AUTO, 0, 1, 0, 0, CW_PATCH_AXIS_AUTO, \
+      NULL, 0, 10.0 }
 
 /* Lowers g into a plan of tasks on streams and simulates the run's temporary allocations
  * under opt's budget (opt NULL: CW_COMPILE_OPTIONS_INIT). If the plan cannot fit, returns

@@ -395,9 +395,9 @@ def memory_auto_pct(memory):
     10); anything else -> None. The rule is cw_compile_options.memory_auto_pct's."""
     if not isinstance(memory, str) or not memory.startswith("auto"):
         return None
-    rest = memory[4:]
+    rest, default = memory[4:], C.cw_compile_options().memory_auto_pct
     try:
-        pct = float(rest[1:]) if rest.startswith(":") else (C.cw_compile_options().memory_auto_pct if rest == "" else None)
+        pct = float(rest[1:]) if rest.startswith(":") else (default if rest == "" else None)
     except ValueError:
         pct = None
     if pct is None or not 0 <= pct <= 1000:
